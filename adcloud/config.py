@@ -1,0 +1,127 @@
+"""Typed, frozen settings with layered overrides.
+
+Every settings class is a frozen dataclass.  :func:`load_settings` builds one from,
+in increasing precedence: the class defaults, a YAML/JSON file section, environment
+variables ``ADCLOUD_<SECTION>_<FIELD>`` and explicit keyword overrides.  The
+effective settings are written next to every output with :func:`write_settings`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from adcloud.errors import ConfigError
+
+__all__ = ["load_settings", "settings_dict", "write_settings"]
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Convert ``value`` (often a string from the environment) to ``typ``."""
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
+            return None
+        return _coerce(value, args[0], where)
+    if origin is tuple:
+        items = value.split(",") if isinstance(value, str) else list(value)
+        (inner, *_rest) = typing.get_args(typ) or (str,)
+        return tuple(_coerce(v.strip() if isinstance(v, str) else v, inner, where) for v in items)
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError(value)
+        if typ in (int, float, str):
+            return typ(value)
+        if typ is Path:
+            return Path(value).expanduser()
+    except (TypeError, ValueError) as err:
+        msg = f"{where}: cannot read {value!r} as {getattr(typ, '__name__', typ)}"
+        raise ConfigError(msg) from err
+    return value
+
+
+def load_settings(
+    cls: type[T],
+    section: str,
+    *,
+    file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> T:
+    """Build settings ``cls`` from defaults, a file section, ``ADCLOUD_`` env vars and overrides.
+
+    ``section`` names both the file section and the environment prefix: field ``master``
+    of section ``spark`` is overridden by ``ADCLOUD_SPARK_MASTER``.
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    environ = os.environ if environ is None else environ
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    if file is not None:
+        path = Path(file)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise ConfigError(f"{path}: cannot read settings file: {err}") from err
+        part = loaded.get(section, {}) if isinstance(loaded, dict) else {}
+        if not isinstance(part, dict):
+            raise ConfigError(f"{path}: section {section!r} must be a mapping")
+        values.update(part)
+    prefix = f"ADCLOUD_{section.upper()}_"
+    for field in dataclasses.fields(cls):
+        env_name = prefix + field.name.upper()
+        if env_name in environ:
+            values[field.name] = environ[env_name]
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown {section} setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    coerced = {
+        name: _coerce(value, hints[name], f"{section}.{name}") for name, value in values.items()
+    }
+    return cls(**coerced)
+
+
+def settings_dict(settings: object) -> dict[str, Any]:
+    """Plain, JSON-serialisable form of a settings dataclass (paths as strings)."""
+    if not dataclasses.is_dataclass(settings) or isinstance(settings, type):
+        raise TypeError(f"{settings!r} is not a dataclass instance")
+    out: dict[str, Any] = {}
+    for key, value in dataclasses.asdict(settings).items():
+        if isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[key] = value
+    return out
+
+
+def write_settings(path: str | Path, **sections: object) -> None:
+    """Write the effective settings, one section per keyword, as JSON next to an output."""
+    data = {name: settings_dict(obj) for name, obj in sections.items()}
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
