@@ -114,10 +114,11 @@ def settings_dict(settings: object) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in dataclasses.asdict(settings).items():
         if isinstance(value, Path):
-            value = str(value)
+            out[key] = str(value)
         elif isinstance(value, tuple):
-            value = list(value)
-        out[key] = value
+            out[key] = list(value)
+        else:
+            out[key] = value
     return out
 
 

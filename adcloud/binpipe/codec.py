@@ -23,7 +23,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from enum import IntEnum, IntFlag
-from typing import BinaryIO, NamedTuple, TypeAlias
+from typing import IO, BinaryIO, NamedTuple, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -46,10 +46,12 @@ __all__ = [
     "StreamReader",
     "StreamWriter",
     "encode_block",
+    "encode_blocks",
     "encode_end_block",
     "encode_stream",
     "iter_blocks",
     "iter_records",
+    "seal_block",
     "stream_header",
 ]
 
@@ -64,6 +66,8 @@ BLOCK_HEADER_SIZE = 40
 DEFAULT_MAX_BLOCK_BYTES = 1 << 30
 #: Writers close a block once its payload reaches this size.
 DEFAULT_BLOCK_BYTES = 1 << 20
+#: Blocks with at least this many records are decoded column by column.
+_COLUMNAR_MIN_RECORDS = 64
 #: Writers close a block once it holds this many records.
 DEFAULT_BLOCK_RECORDS = 8192
 
@@ -158,7 +162,7 @@ def _check_stream_header(data: bytes | memoryview, offset: int = 0) -> None:
         raise BinpipeError(
             f"truncated stream at offset {offset}: {len(data)} of {STREAM_HEADER_SIZE} header bytes"
         )
-    magic, version, _flags, crc = _STREAM_HEADER.unpack_from(data, 0)
+    magic, version, flags, crc = _STREAM_HEADER.unpack_from(data, 0)
     if magic != STREAM_MAGIC:
         raise BinpipeError(
             f"not a BinPipe stream at offset {offset}: magic {bytes(magic)!r}, "
@@ -171,6 +175,8 @@ def _check_stream_header(data: bytes | memoryview, offset: int = 0) -> None:
             f"unsupported BinPipe version {version} at offset {offset}; "
             f"this adcloud reads version {FORMAT_VERSION}"
         )
+    if flags:
+        raise BinpipeError(f"unsupported stream flags {flags:#x} at offset {offset}")
 
 
 def _encode_field(value: object, types: bytearray, parts: list[bytes | memoryview]) -> int:
@@ -179,12 +185,20 @@ def _encode_field(value: object, types: bytearray, parts: list[bytes | memoryvie
         types.append(FieldType.NONE)
         return 0
     if isinstance(value, str):
-        raw = value.encode("utf-8")
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise BinpipeError(f"string field is not encodable as UTF-8: {err.reason}") from None
         types.append(FieldType.STR)
         parts.append(raw)
         return len(raw)
-    if isinstance(value, bool):
+    if isinstance(value, bool | np.bool_):
         raise BinpipeError("bool fields are not supported; encode them as int 0/1")
+    # NumPy scalars export a buffer, so without this they would silently become BYTES.
+    if isinstance(value, np.integer):
+        value = int(value)
+    elif isinstance(value, np.floating):
+        value = float(value)
     if isinstance(value, int):
         if not _I64_MIN <= value <= _I64_MAX:
             raise BinpipeError(f"integer field {value} does not fit a signed 64-bit integer")
@@ -355,6 +369,8 @@ class StreamWriter:
 
     def write_meta(self, records: Iterable[Iterable[object]]) -> None:
         """Write a META block (e.g. message definitions) after flushing pending records."""
+        if self._closed:
+            raise BinpipeError("write to a closed BinPipe stream")
         self.flush_block()
         builder = _BlockBuilder()
         for record in records:
@@ -364,10 +380,18 @@ class StreamWriter:
 
     def write_block(self, block: bytes | bytearray | memoryview) -> None:
         """Append an already encoded DATA or META block, validating its tables."""
+        if self._closed:
+            raise BinpipeError("write to a closed BinPipe stream")
         self.flush_block()
-        parsed = Block.parse(memoryview(block), verify_payload=False)
+        view = memoryview(block)
+        parsed = Block.parse(view, verify_payload=False)
         if parsed.kind == BlockKind.END:
             raise BinpipeError("END blocks are written by close(), not write_block()")
+        if parsed.nbytes != view.nbytes:
+            raise BinpipeError(
+                f"write_block() takes exactly one block: got {view.nbytes} bytes, "
+                f"the block is {parsed.nbytes}"
+            )
         self._count += parsed.n_records
         self._emit([parsed.raw])
 
@@ -414,6 +438,7 @@ class Block:
         "_field_types",
         "_payload",
         "_record_ends",
+        "_schema",
         "header",
         "offset",
         "raw",
@@ -446,7 +471,7 @@ class Block:
                 f"{BLOCK_HEADER_SIZE} header bytes"
             )
         fields = _BLOCK_HEADER.unpack_from(data, 0)
-        magic, kind, flags, nrec, nfld, plen, tcrc, pcrc, _reserved, hcrc = fields
+        magic, kind, flags, nrec, nfld, plen, tcrc, pcrc, reserved, hcrc = fields
         if magic != BLOCK_MAGIC:
             raise BinpipeError(
                 f"corrupt stream at offset {offset}: block magic {bytes(magic)!r}, "
@@ -458,18 +483,22 @@ class Block:
             raise BinpipeError(f"corrupt block at offset {offset}: unknown kind {kind}")
         if flags & ~int(BlockFlag.PAYLOAD_CRC):
             raise BinpipeError(f"corrupt block at offset {offset}: unknown flags {flags:#x}")
+        if reserved:
+            raise BinpipeError(f"corrupt block at offset {offset}: reserved word is {reserved:#x}")
         return BlockHeader(kind, flags, nrec, nfld, plen, tcrc, pcrc)
 
     @classmethod
     def parse(
         cls,
-        data: memoryview,
+        data: bytes | bytearray | memoryview,
         offset: int = 0,
         *,
         verify_payload: bool = True,
         max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
     ) -> Block:
         """Parse the block at the start of ``data`` (which may extend past it)."""
+        # Slicing bytes would copy and BYTES fields would come back as bytes, not views.
+        data = memoryview(data)
         header = cls.read_header(data, offset)
         size = header.block_size
         if size > max_block_bytes:
@@ -498,6 +527,9 @@ class Block:
         if verify_payload and header.flags & BlockFlag.PAYLOAD_CRC:
             if zlib.crc32(payload) != header.payload_crc:
                 raise BinpipeError(f"corrupt block payload at offset {offset + p0}: CRC mismatch")
+        # Padding is outside the payload CRC; requiring zeros catches flips there too.
+        if any(tables[r0 + 4 * nrec : y0]) or any(tables[y0 + nfld :]) or any(raw[p0 + plen :]):
+            raise BinpipeError(f"corrupt block at offset {offset}: non-zero padding")
         if header.kind == BlockKind.END and (nrec != 1 or nfld != 1 or field_types[0] != 3):
             raise BinpipeError(f"corrupt END block at offset {offset}: expected one INT record")
         return cls(raw, header, field_ends, record_ends, field_types, payload, offset)
@@ -545,13 +577,18 @@ class Block:
         last = int(self._record_ends[i])
         ends = self._field_ends
         return tuple(
-            self._value(
-                j, int(ends[j - 1]) if j else 0, int(ends[j]), int(self._field_types[j])
-            )
+            self._value(j, int(ends[j - 1]) if j else 0, int(ends[j]), int(self._field_types[j]))
             for j in range(first, last)
         )
 
     def __iter__(self) -> Iterator[Record]:
+        schema = self.schema() if self.n_records >= _COLUMNAR_MIN_RECORDS else None
+        if schema:
+            # Uniform blocks (the common case: every message record has the same four
+            # fields) are decoded column by column, with the loops inside NumPy and
+            # list comprehensions instead of one Python call per field.
+            yield from zip(*(self._column_values(j, t) for j, t in enumerate(schema)), strict=True)
+            return
         ends = self._field_ends.tolist()
         types = self._field_types.tolist()
         value = self._value
@@ -565,6 +602,32 @@ class Block:
                 start = end
             first = last
             yield tuple(fields)
+
+    def _column_values(self, j: int, typ: FieldType) -> list[FieldValue]:
+        if typ in (FieldType.INT, FieldType.FLOAT):
+            return self.int_column(j).tolist()  # type: ignore[no-any-return]
+        if typ == FieldType.NONE:
+            return [None] * self.n_records
+        starts, ends = self.column_spans(j)
+        payload = self._payload
+        spans = zip(starts.tolist(), ends.tolist(), strict=True)
+        if typ == FieldType.BYTES:
+            return [payload[a:b] for a, b in spans]
+        try:
+            # Topics and type names repeat: decode each distinct byte string once.
+            # Slicing one bytes copy of the payload is cheaper than a memoryview slice
+            # plus a decode per field.
+            cache: dict[bytes, str] = {}
+            raw = payload.tobytes()
+            return [
+                cache.get(key) or cache.setdefault(key, key.decode("utf-8"))
+                for key in (raw[a:b] for a, b in spans)
+            ]
+        except UnicodeDecodeError:
+            # Re-walk record by record to name the offending field's offset.
+            for i in range(self.n_records):
+                self.record(i)
+            raise
 
     def messages(self) -> Iterator[Message]:
         """The records as :class:`Message` tuples; every record must have that shape."""
@@ -585,6 +648,13 @@ class Block:
 
     def schema(self) -> tuple[FieldType, ...] | None:
         """The field types shared by every record, or None if records differ."""
+        try:
+            return self._schema
+        except AttributeError:
+            self._schema = self._find_schema()
+            return self._schema
+
+    def _find_schema(self) -> tuple[FieldType, ...] | None:
         nrec = self.n_records
         if nrec == 0:
             return ()
@@ -622,10 +692,12 @@ class Block:
         assert schema is not None
         if schema[j] not in (FieldType.INT, FieldType.FLOAT):
             raise BinpipeError(f"column {j} of the block at offset {self.offset} is not numeric")
-        buf = np.frombuffer(self._payload, dtype=np.uint8)
-        idx = starts.astype(np.intp)[:, None] + np.arange(8)
+        windows = np.lib.stride_tricks.sliding_window_view(
+            np.frombuffer(self._payload, dtype=np.uint8), 8
+        )
         dtype = "<i8" if schema[j] == FieldType.INT else "<f8"
-        return buf[idx].copy().view(dtype).reshape(-1)
+        values: npt.NDArray[np.int64] = windows[starts.astype(np.intp)].view(dtype).reshape(-1)
+        return values
 
     @property
     def payload(self) -> memoryview:
@@ -648,8 +720,10 @@ def _validate_tables(
             raise BinpipeError(f"corrupt {where}: payload without fields")
     else:
         if int(field_ends[-1]) != plen:
-            raise BinpipeError(f"corrupt {where}: field offsets end at {int(field_ends[-1])}, "
-                               f"payload has {plen} bytes")
+            raise BinpipeError(
+                f"corrupt {where}: field offsets end at {int(field_ends[-1])}, "
+                f"payload has {plen} bytes"
+            )
         lengths = np.diff(field_ends, prepend=np.uint64(0)).astype(np.int64)
         if nfld > 1 and bool((field_ends[1:] < field_ends[:-1]).any()):
             raise BinpipeError(f"corrupt {where}: field offsets go backwards")
@@ -665,8 +739,10 @@ def _validate_tables(
             raise BinpipeError(f"corrupt {where}: fields without records")
     else:
         if int(record_ends[-1]) != nfld:
-            raise BinpipeError(f"corrupt {where}: record table ends at {int(record_ends[-1])}, "
-                               f"block has {nfld} fields")
+            raise BinpipeError(
+                f"corrupt {where}: record table ends at {int(record_ends[-1])}, "
+                f"block has {nfld} fields"
+            )
         if nrec > 1 and bool((record_ends[1:] < record_ends[:-1]).any()):
             raise BinpipeError(f"corrupt {where}: record table goes backwards")
 
@@ -681,7 +757,7 @@ class StreamReader:
 
     def __init__(
         self,
-        fileobj: BinaryIO,
+        fileobj: IO[bytes],
         *,
         verify_payload: bool = True,
         max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
@@ -709,9 +785,17 @@ class StreamReader:
         return buf
 
     def __iter__(self) -> Iterator[Block]:
-        head = self._in.read(STREAM_HEADER_SIZE)
+        # Pipes and sockets may return fewer bytes than asked; only b"" means end of input.
+        head = b""
+        while len(head) < STREAM_HEADER_SIZE:
+            chunk = self._in.read(STREAM_HEADER_SIZE - len(head))
+            if not chunk:
+                break
+            head += chunk
         if not head:
-            raise BinpipeError(f"{self._name}: empty input, expected a BinPipe stream header")
+            raise BinpipeError(
+                f"{self._name}: empty input at offset 0, expected a BinPipe stream header"
+            )
         try:
             _check_stream_header(head, 0)
         except BinpipeError as err:
@@ -762,10 +846,10 @@ class StreamReader:
 
 
 def _check_end(block: Block, count: int, name: str) -> None:
-    (declared,) = block.record(0)
+    declared = block.record(0)[0]
     if declared != count:
         raise BinpipeError(
-            f"{name}: END block at offset {block.offset} declares {declared} records, "
+            f"{name}: END block at offset {block.offset} declares {declared!r} records, "
             f"the stream held {count} (records were lost or duplicated)"
         )
 
@@ -811,3 +895,38 @@ def iter_records(
     for block in iter_blocks(data):
         if block.kind == BlockKind.DATA or include_meta:
             yield from block
+
+
+def encode_blocks(
+    records: Iterable[Iterable[object]],
+    *,
+    kind: BlockKind = BlockKind.DATA,
+    checksum: bool = False,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    block_records: int = DEFAULT_BLOCK_RECORDS,
+) -> Iterator[bytes]:
+    """Encode records lazily into a sequence of blocks of bounded size (no stream framing)."""
+    builder = _BlockBuilder()
+    for record in records:
+        builder.add(record)
+        if builder.payload_len >= block_bytes or len(builder) >= block_records:
+            yield b"".join(builder.chunks(kind, checksum))
+            builder = _BlockBuilder()
+    if len(builder):
+        yield b"".join(builder.chunks(kind, checksum))
+
+
+def seal_block(raw: bytes | bytearray | memoryview) -> bytes:
+    """Return the block with its payload CRC computed and the PAYLOAD_CRC flag set.
+
+    Used when blocks leave memory for storage, where silent bit rot must be caught.
+    """
+    view = memoryview(raw)
+    block = Block.parse(view, verify_payload=True)
+    if block.header.flags & BlockFlag.PAYLOAD_CRC:
+        return bytes(view)
+    head = bytearray(view[:BLOCK_HEADER_SIZE])
+    struct.pack_into("<H", head, 6, block.header.flags | BlockFlag.PAYLOAD_CRC)
+    struct.pack_into("<I", head, 28, zlib.crc32(block.payload))
+    struct.pack_into("<I", head, 36, zlib.crc32(head[:36]))
+    return bytes(head) + bytes(view[BLOCK_HEADER_SIZE:])

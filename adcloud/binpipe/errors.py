@@ -33,7 +33,10 @@ class PipeCommandError(BinpipeError):
     def __reduce__(self) -> tuple[object, ...]:
         # Spark ships task exceptions to the driver by pickling them; keyword-only
         # constructor arguments need an explicit reduce to survive that trip.
-        return (_rebuild_pipe_error, (self.args[0], self.command, self.returncode, self.stderr_tail))
+        return (
+            _rebuild_pipe_error,
+            (self.args[0], self.command, self.returncode, self.stderr_tail),
+        )
 
 
 def _rebuild_pipe_error(

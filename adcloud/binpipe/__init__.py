@@ -1,0 +1,3 @@
+"""BinPipe: ROS bags as binary byte-stream partitions for Spark."""
+
+from __future__ import annotations

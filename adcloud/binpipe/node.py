@@ -1,0 +1,89 @@
+"""The Python side of a pipe command: read records on stdin, write records on stdout.
+
+A program used with :meth:`BinPipeRDD.pipe` (or as a replay node) reads one BinPipe
+stream on standard input and writes one on standard output::
+
+    from adcloud.binpipe.node import run_node
+
+    def double(record):
+        topic, stamp, msgtype, data = record
+        return (topic, stamp, msgtype, bytes(data) * 2)
+
+    if __name__ == "__main__":
+        run_node(double)
+
+META blocks (message definitions) are passed through unchanged.  Logging goes to
+standard error, which the caller keeps the tail of for error reports.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO
+
+from adcloud.binpipe.codec import BlockKind, Message, Record, StreamReader, StreamWriter
+
+__all__ = ["NodeFunction", "read_records", "run_node"]
+
+#: Maps one input record to nothing (None), one output record (a tuple), or an
+#: iterable of output records.
+NodeFunction = Callable[[Record], "Record | Iterable[Record] | None"]
+
+
+def read_records(stdin: BinaryIO | None = None) -> Iterator[Record]:
+    """Every DATA record of the stream on ``stdin`` (message-shaped ones as :class:`Message`)."""
+    source = stdin if stdin is not None else sys.stdin.buffer
+    for block in StreamReader(source, name="stdin"):
+        if block.kind == BlockKind.DATA:
+            for rec in block:
+                yield _as_message(rec)
+
+
+def _as_message(rec: Record) -> Record:
+    if (
+        len(rec) == 4
+        and isinstance(rec[0], str)
+        and isinstance(rec[1], int)
+        and isinstance(rec[2], str)
+        and isinstance(rec[3], memoryview)
+    ):
+        return Message(rec[0], rec[1], rec[2], rec[3])
+    return rec
+
+
+def run_node(
+    fn: NodeFunction,
+    *,
+    stdin: BinaryIO | None = None,
+    stdout: BinaryIO | None = None,
+    block_bytes: int = 1 << 20,
+) -> int:
+    """Run ``fn`` over every input record, writing what it returns; return the output count.
+
+    Output is flushed block by block, so a downstream reader sees records while the
+    input is still arriving.  The output stream is closed (END block) only when the
+    input ended cleanly; on an exception no END is written, so the caller sees a
+    truncated stream and the exception's traceback on stderr.
+    """
+    source = stdin if stdin is not None else sys.stdin.buffer
+    sink = stdout if stdout is not None else sys.stdout.buffer
+    writer = StreamWriter(sink, block_bytes=block_bytes)
+    for block in StreamReader(source, name="stdin"):
+        if block.kind == BlockKind.META:
+            writer.write_block(block.raw)
+            continue
+        for rec in block:
+            out = fn(_as_message(rec))
+            if out is None:
+                continue
+            if isinstance(out, tuple):
+                writer.write(out)
+            else:
+                for item in out:
+                    writer.write(item)
+        writer.flush_block()
+        sink.flush()
+    writer.close()
+    sink.flush()
+    return writer.record_count

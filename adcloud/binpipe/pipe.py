@@ -1,0 +1,236 @@
+"""Binary-safe piping of BinPipe streams through an external process.
+
+Spark's ``RDD.pipe`` writes text lines; :func:`pipe_blocks` writes one BinPipe stream
+to the command's stdin from a feeder thread while the calling thread reads the
+command's stdout as a BinPipe stream, so neither side can deadlock on a full pipe
+buffer however large the output.  Standard error is drained by a third thread that
+keeps only its tail.  Any failure -- non-zero exit, a malformed output stream, a
+timeout -- raises :class:`~adcloud.binpipe.errors.PipeCommandError` with the exit
+code and the stderr tail.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import IO
+
+from adcloud.binpipe.codec import (
+    DEFAULT_MAX_BLOCK_BYTES,
+    Block,
+    StreamReader,
+    encode_end_block,
+    stream_header,
+)
+from adcloud.binpipe.errors import BinpipeError, PipeCommandError
+
+__all__ = ["pipe_blocks"]
+
+log = logging.getLogger(__name__)
+
+_STDERR_TAIL_BYTES = 8192
+
+
+def _args(command: str | Sequence[str]) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def _write_all(sink: IO[bytes], data: bytes | memoryview) -> None:
+    # The pipe is unbuffered (bufsize=0): a raw write may take only part of a big
+    # buffer (e.g. when interrupted by a signal), so loop until all of it is taken.
+    view = memoryview(data)
+    while view:
+        n = sink.write(view)
+        if n is None:  # non-blocking sink with a full buffer: cannot happen on a pipe
+            raise BinpipeError("pipe to the command would block")
+        view = view[n:]
+
+
+class _Feeder(threading.Thread):
+    """Writes the input stream to the process; remembers why it stopped."""
+
+    def __init__(self, blocks: Iterable[bytes | bytearray | memoryview], sink: IO[bytes]) -> None:
+        super().__init__(name="binpipe-feeder", daemon=True)
+        self._blocks = blocks
+        self._sink = sink
+        self.error: BaseException | None = None
+        self.broken_pipe = False
+        self.records = 0
+
+    def run(self) -> None:
+        try:
+            _write_all(self._sink, stream_header())
+            for raw in self._blocks:
+                view = memoryview(raw)
+                # Header check only: the blocks were validated when they were made,
+                # and re-hashing every payload here would halve the pipe's throughput.
+                header = Block.read_header(view)
+                if len(view) != header.block_size:
+                    raise BinpipeError(
+                        f"an RDD element of {len(view)} bytes is not one whole block "
+                        f"({header.block_size} bytes)"
+                    )
+                self.records += header.n_records
+                _write_all(self._sink, view)
+            _write_all(self._sink, encode_end_block(self.records))
+        except BrokenPipeError:
+            self.broken_pipe = True
+        except BaseException as err:  # reported by the reading side
+            self.error = err
+        finally:
+            try:
+                self._sink.close()
+            except BrokenPipeError:
+                self.broken_pipe = True
+            except OSError:
+                pass
+
+
+class _TailReader(threading.Thread):
+    """Drains a stream, keeping its last bytes."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        super().__init__(name="binpipe-stderr", daemon=True)
+        self._source = source
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._size = 0
+
+    def run(self) -> None:
+        while chunk := self._source.read(65536):
+            self._tail.append(chunk)
+            self._size += len(chunk)
+            while self._size - len(self._tail[0]) > _STDERR_TAIL_BYTES:
+                self._size -= len(self._tail.popleft())
+
+    @property
+    def text(self) -> str:
+        data = b"".join(self._tail)[-_STDERR_TAIL_BYTES:]
+        return data.decode("utf-8", errors="replace")
+
+
+def pipe_blocks(
+    blocks: Iterable[bytes | bytearray | memoryview],
+    command: str | Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: float | None = None,
+    max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+) -> Iterator[bytearray]:
+    """Send ``blocks`` through ``command`` and yield the blocks it writes back.
+
+    ``command`` is split with :func:`shlex.split` when it is a string (no shell, as
+    in ``RDD.pipe``).  ``env`` adds to the inherited environment.  ``timeout`` bounds
+    the whole run in seconds; on expiry the process is killed.  The yielded blocks
+    are fresh buffers the caller owns.  Closing the generator early kills the process.
+    """
+    args = _args(command)
+    shown = shlex.join(args)
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            cwd=cwd,
+            bufsize=0,
+        )
+    except OSError as err:
+        raise PipeCommandError(
+            f"cannot start {shown!r}: {err.strerror}; check the command and PATH",
+            command=shown,
+            returncode=None,
+            stderr_tail="",
+        ) from err
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    feeder = _Feeder(blocks, proc.stdin)
+    stderr = _TailReader(proc.stderr)
+    feeder.start()
+    stderr.start()
+    timed_out = threading.Event()
+    watchdog: threading.Timer | None = None
+    if timeout is not None:
+
+        def expire() -> None:
+            timed_out.set()
+            proc.kill()
+
+        watchdog = threading.Timer(timeout, expire)
+        watchdog.daemon = True
+        watchdog.start()
+
+    def failure(reason: str, cause: BaseException | None = None) -> PipeCommandError:
+        proc.kill()
+        proc.wait()
+        stderr.join(timeout=5)
+        code = proc.returncode
+        if timed_out.is_set():
+            reason = f"timed out after {timeout} s"
+            code = None
+        tail = stderr.text
+        msg = f"command {shown!r} {reason}"
+        if code is not None:
+            msg += f" (exit code {code})"
+        if tail:
+            msg += f"; stderr tail:\n{tail}"
+        err = PipeCommandError(msg, command=shown, returncode=code, stderr_tail=tail)
+        err.__cause__ = cause
+        return err
+
+    started = time.monotonic()
+    completed = False
+    try:
+        reader = StreamReader(
+            proc.stdout, max_block_bytes=max_block_bytes, name=f"output of {shown!r}"
+        )
+        try:
+            for block in reader:
+                raw = block.raw.obj
+                assert isinstance(raw, bytearray)
+                yield raw
+        except BinpipeError as err:
+            # A node that died mid-stream shows up here as a truncated stream;
+            # report the exit code rather than the symptom when there is one.
+            if proc.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=1)
+            feeder.join(timeout=5)
+            if feeder.error is not None:
+                # The input itself failed (e.g. a corrupt bag): that is the cause.
+                raise feeder.error from None
+            code = proc.returncode
+            reason = f"exited before finishing its output: {err}" if code else f"wrote {err}"
+            raise failure(reason, err) from err
+        code = proc.wait()
+        feeder.join()
+        stderr.join()
+        if feeder.error is not None:
+            raise feeder.error
+        if timed_out.is_set():
+            raise failure("timed out")
+        if code != 0:
+            raise failure("failed")
+        if feeder.broken_pipe:
+            # The command closed its stdin early yet exited 0 with a valid stream:
+            # that is its right (e.g. `head`), but it is worth a log line.
+            log.info("command %r stopped reading its input early", shown)
+        completed = True
+        elapsed = time.monotonic() - started
+        log.debug("piped %d records through %r in %.2f s", feeder.records, shown, elapsed)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        if not completed and proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,499 @@
+"""BinPipeRDD: an RDD whose elements are BinPipe blocks.
+
+Each element is one encoded block (``bytes`` or ``bytearray``): a partition built
+from a bag holds a META block describing its connections, then DATA blocks of
+:class:`~adcloud.binpipe.codec.Message` records.  A partition, framed with a stream
+header and an END block, is exactly one BinPipe stream -- what :meth:`pipe` writes
+to a command and what :meth:`save` writes to a file.  Blocks are a few hundred KiB
+to a few MiB, so Spark moves big buffers rather than millions of small objects, and
+no partition is ever held whole.
+
+Everything that crosses a closure is a description (a :class:`BagPartition`, a URL,
+a command line); bags and files are opened on the executors.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import posixpath
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+
+from adcloud.binpipe.bags import (
+    BagPartition,
+    TimeSource,
+    plan_partitions,
+    read_partition,
+)
+from adcloud.binpipe.codec import (
+    DEFAULT_BLOCK_BYTES,
+    Block,
+    BlockKind,
+    Message,
+    Record,
+    StreamReader,
+    StreamWriter,
+    encode_blocks,
+    seal_block,
+)
+from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder, meta_block
+from adcloud.binpipe.errors import BinpipeError
+from adcloud.binpipe.pipe import pipe_blocks
+
+if TYPE_CHECKING:
+    from pyspark import RDD
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["BinPipeRDD", "expand_uris"]
+
+log = logging.getLogger(__name__)
+
+_PART_SUFFIX = ".binpipe"
+
+
+def expand_uris(
+    uris: str | Sequence[str], storage_options: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Expand globs and directories into a sorted list of bag URLs.
+
+    A directory expands to the ``*.bag`` and ``*.mcap`` files in it and, for ROS 2,
+    to itself when it holds a ``metadata.yaml``.
+    """
+    items = [uris] if isinstance(uris, str) else list(uris)
+    out: list[str] = []
+    for item in items:
+        fs, path = fsspec.core.url_to_fs(item, **(storage_options or {}))
+        protocol = item.split("://", 1)[0] + "://" if "://" in item else ""
+
+        def url(p: str, fs: Any = fs, protocol: str = protocol) -> str:
+            return protocol + p if protocol else p
+
+        if any(ch in path for ch in "*?["):
+            found = sorted(fs.glob(path))
+            if not found:
+                raise BinpipeError(f"no bag matches {item!r}")
+            out.extend(url(p) for p in found)
+        elif fs.isdir(path):
+            if fs.exists(posixpath.join(path, "metadata.yaml")):
+                out.append(item)
+                continue
+            found = sorted(p for p in fs.ls(path, detail=False) if p.endswith((".bag", ".mcap")))
+            if not found:
+                raise BinpipeError(f"directory {item!r} holds no .bag or .mcap file")
+            out.extend(url(p) for p in found)
+        elif fs.exists(path):
+            out.append(item)
+        else:
+            raise BinpipeError(f"bag {item!r} does not exist")
+    return out
+
+
+def _connection_infos(part: BagPartition) -> list[ConnectionInfo]:
+    return [
+        ConnectionInfo(c.topic, c.msgtype, c.msgdef_format, c.msgdef, c.md5sum, c.serialization)
+        for c in part.connections
+    ]
+
+
+def _bag_blocks(parts: Iterable[BagPartition], block_bytes: int) -> Iterator[bytes]:
+    for part in parts:
+        yield meta_block(_connection_infos(part))
+        yield from encode_blocks(read_partition(part), block_bytes=block_bytes)
+
+
+def _as_record(rec: Record) -> Record:
+    if (
+        len(rec) == 4
+        and isinstance(rec[0], str)
+        and isinstance(rec[1], int)
+        and isinstance(rec[2], str)
+        and isinstance(rec[3], memoryview)
+    ):
+        return Message(rec[0], rec[1], rec[2], rec[3])
+    return rec
+
+
+def _transform(
+    blocks: Iterable[bytes | bytearray],
+    fn: Callable[..., Any],
+    mode: str,
+    decode: bool,
+    block_bytes: int,
+) -> Iterator[bytes]:
+    """Apply a per-record map or filter to a partition's blocks, re-encoding the output."""
+    decoder = MessageDecoder()
+
+    def outputs() -> Iterator[Record]:
+        for raw in blocks:
+            block = Block.parse(memoryview(raw))
+            if block.kind == BlockKind.META:
+                for rec in block:
+                    decoder.add(ConnectionInfo(*rec))  # type: ignore[arg-type]
+                meta.append(bytes(raw))
+                continue
+            for rec in block:
+                item = _as_record(rec)
+                args: tuple[Any, ...] = (item,)
+                if decode:
+                    if not isinstance(item, Message):
+                        raise BinpipeError(f"decode=True needs message records, got {item!r}")
+                    args = (item, decoder.decode(item))
+                if mode == "filter":
+                    if fn(*args):
+                        yield item
+                    continue
+                out = fn(*args)
+                if out is None:
+                    continue
+                if isinstance(out, tuple):
+                    yield out
+                else:
+                    yield from out
+
+    meta: list[bytes] = []
+    # META blocks are passed on ahead of the data they describe.
+    pending = encode_blocks(outputs(), block_bytes=block_bytes)
+    for data in pending:
+        while meta:
+            yield meta.pop(0)
+        yield data
+    while meta:
+        yield meta.pop(0)
+
+
+def _pipe_partition(
+    blocks: Iterable[bytes | bytearray],
+    command: str | Sequence[str],
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float | None,
+) -> Iterator[bytearray]:
+    return pipe_blocks(blocks, command, env=env, cwd=cwd, timeout=timeout)
+
+
+def _save_partition(
+    index: int,
+    blocks: Iterable[bytes | bytearray],
+    url: str,
+    storage_options: Mapping[str, Any],
+) -> Iterator[tuple[int, int, int]]:
+    """Write one partition as a stream, atomically: temp file, then rename."""
+    fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    final = posixpath.join(root, f"part-{index:05d}{_PART_SUFFIX}")
+    tmp = posixpath.join(root, "_temporary", f"part-{index:05d}-{uuid.uuid4().hex}{_PART_SUFFIX}")
+    fs.makedirs(posixpath.dirname(tmp), exist_ok=True)
+    try:
+        with fs.open(tmp, "wb") as out:
+            writer = StreamWriter(out)
+            for raw in blocks:
+                writer.write_block(seal_block(raw))
+            writer.close()
+            size = writer.bytes_written
+            count = writer.record_count
+        fs.mv(tmp, final)
+    except BaseException:
+        try:
+            if fs.exists(tmp):
+                fs.rm(tmp)
+        except OSError:
+            log.warning("could not remove temporary file %s", tmp)
+        raise
+    yield (index, count, size)
+
+
+def _load_file(url: str, storage_options: Mapping[str, Any]) -> Iterator[bytearray]:
+    with fsspec.open(url, "rb", **storage_options) as src:
+        for block in StreamReader(src, name=url):
+            raw = block.raw.obj
+            assert isinstance(raw, bytearray)
+            yield raw
+
+
+def _records(blocks: Iterable[bytes | bytearray], include_meta: bool = False) -> Iterator[Record]:
+    for raw in blocks:
+        block = Block.parse(memoryview(raw))
+        if block.kind == BlockKind.DATA:
+            for rec in block:
+                yield _as_record(rec)
+        elif include_meta:
+            yield from block
+
+
+def _message_rows(blocks: Iterable[bytes | bytearray]) -> Iterator[tuple[str, int, str, bytes]]:
+    for raw in blocks:
+        block = Block.parse(memoryview(raw))
+        if block.kind == BlockKind.DATA:
+            for msg in block.messages():
+                yield (msg.topic, msg.timestamp, msg.msgtype, bytes(msg.data))
+
+
+def _count_records(raw: bytes | bytearray) -> int:
+    header = Block.read_header(raw)
+    return header.n_records if header.kind == BlockKind.DATA else 0
+
+
+class BinPipeRDD:
+    """An RDD of BinPipe blocks with record-level operations.
+
+    Build one with :meth:`from_bags`, :meth:`from_records` or :meth:`load`; the
+    underlying ``pyspark.RDD`` is :attr:`rdd` (elements: encoded blocks).
+    """
+
+    def __init__(self, rdd: RDD[Any], *, block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
+        self.rdd = rdd
+        self.block_bytes = block_bytes
+
+    # -- construction -------------------------------------------------------------
+
+    @classmethod
+    def from_bags(
+        cls,
+        spark: SparkSession,
+        uris: str | Sequence[str],
+        *,
+        topics: Sequence[str] | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        partitions_per_bag: int | None = None,
+        time_source: TimeSource | str = TimeSource.RECORD,
+        storage_options: Mapping[str, Any] | None = None,
+        reindex_dir: str | None = None,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+    ) -> BinPipeRDD:
+        """Partition bags (ROS 1, ROS 2 sqlite3, MCAP; any fsspec URL) into an RDD.
+
+        Only indexes are read here, on the driver; each task reads its own byte range.
+        ``start``/``end`` are nanoseconds (record time, ``[start, end)``); ``topics``
+        selects topics before any chunk is read.  ``time_source`` picks what each
+        message's ``timestamp`` holds: the bag's record time or the message's header
+        stamp.  ``partitions_per_bag=None`` makes one partition per chunk.
+        """
+        parts: list[BagPartition] = []
+        for uri in expand_uris(uris, storage_options):
+            parts.extend(
+                plan_partitions(
+                    uri,
+                    topics=topics,
+                    start=start,
+                    end=end,
+                    partitions_per_bag=partitions_per_bag,
+                    time_source=TimeSource(time_source),
+                    storage_options=storage_options,
+                    reindex_dir=reindex_dir,
+                )
+            )
+        log.info("planned %d partitions from %s", len(parts), uris)
+        return cls.from_partitions(spark, parts, block_bytes=block_bytes)
+
+    @classmethod
+    def from_partitions(
+        cls,
+        spark: SparkSession,
+        parts: Sequence[BagPartition],
+        *,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+    ) -> BinPipeRDD:
+        """One RDD partition per planned bag partition (see :func:`plan_partitions`)."""
+        sc = spark.sparkContext
+        if not parts:
+            return cls(sc.emptyRDD(), block_bytes=block_bytes)
+        rdd = sc.parallelize(list(parts), len(parts)).mapPartitions(
+            functools.partial(_bag_blocks, block_bytes=block_bytes)
+        )
+        return cls(rdd, block_bytes=block_bytes)
+
+    @classmethod
+    def from_records(
+        cls,
+        spark: SparkSession,
+        records: Sequence[Iterable[object]],
+        num_partitions: int | None = None,
+        *,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+    ) -> BinPipeRDD:
+        """Distribute records held on the driver (tuples of str/int/float/bytes/None)."""
+        sc = spark.sparkContext
+        rows = [tuple(r) for r in records]
+        rdd = sc.parallelize(rows, num_partitions).mapPartitions(
+            functools.partial(encode_blocks, block_bytes=block_bytes)
+        )
+        return cls(rdd, block_bytes=block_bytes)
+
+    @classmethod
+    def load(
+        cls, spark: SparkSession, uri: str, *, storage_options: Mapping[str, Any] | None = None
+    ) -> BinPipeRDD:
+        """Read streams written by :meth:`save` (one partition per part file)."""
+        options = dict(storage_options or {})
+        fs, root = fsspec.core.url_to_fs(uri, **options)
+        if not fs.exists(posixpath.join(root, "_SUCCESS")):
+            raise BinpipeError(
+                f"{uri} is not a complete BinPipe save (no _SUCCESS marker); "
+                "was the job that wrote it interrupted?"
+            )
+        protocol = uri.split("://", 1)[0] + "://" if "://" in uri else ""
+        files = sorted(
+            p
+            for p in fs.ls(root, detail=False)
+            if posixpath.basename(p).startswith("part-") and p.endswith(_PART_SUFFIX)
+        )
+        urls = [protocol + p if protocol else p for p in files]
+        sc = spark.sparkContext
+        if not urls:
+            return cls(sc.emptyRDD())
+        rdd = sc.parallelize(urls, len(urls)).flatMap(
+            functools.partial(_load_file, storage_options=options)
+        )
+        return cls(rdd)
+
+    # -- transformations --------------------------------------------------------------
+
+    def _derive(self, rdd: RDD[Any]) -> BinPipeRDD:
+        return BinPipeRDD(rdd, block_bytes=self.block_bytes)
+
+    def pipe(
+        self,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> BinPipeRDD:
+        """Stream each partition through an external command's stdin/stdout.
+
+        The command reads one BinPipe stream and writes one (see
+        :mod:`adcloud.binpipe.node` for the Python side).  A failing command fails
+        the task with :class:`~adcloud.binpipe.errors.PipeCommandError` carrying the
+        exit code and stderr tail.  ``timeout`` is per partition, in seconds.
+        """
+        fn = functools.partial(
+            _pipe_partition,
+            command=command,
+            env=dict(env) if env else None,
+            cwd=cwd,
+            timeout=timeout,
+        )
+        return self._derive(self.rdd.mapPartitions(fn))
+
+    def map_records(self, fn: Callable[..., Any], *, decode: bool = False) -> BinPipeRDD:
+        """Apply ``fn`` to every DATA record on the executors.
+
+        ``fn(record)`` returns a record (tuple), an iterable of records, or None to
+        drop it.  Message-shaped records arrive as :class:`Message` with ``data`` a
+        zero-copy memoryview valid during the call.  With ``decode=True`` it is called
+        as ``fn(message, decoded)`` where ``decoded`` is the rosbags message object,
+        typed from the definitions that travel with the partition.
+        """
+        part = functools.partial(
+            _transform, fn=fn, mode="map", decode=decode, block_bytes=self.block_bytes
+        )
+        return self._derive(self.rdd.mapPartitions(part))
+
+    def filter(self, pred: Callable[..., Any], *, decode: bool = False) -> BinPipeRDD:
+        """Keep the records for which ``pred`` is true (same calling convention as map)."""
+        part = functools.partial(
+            _transform, fn=pred, mode="filter", decode=decode, block_bytes=self.block_bytes
+        )
+        return self._derive(self.rdd.mapPartitions(part))
+
+    def cache(self) -> BinPipeRDD:
+        """Keep the blocks in executor memory."""
+        self.rdd.cache()
+        return self
+
+    def getNumPartitions(self) -> int:  # noqa: N802 - the RDD's own spelling
+        """Number of partitions."""
+        return int(self.rdd.getNumPartitions())
+
+    # -- actions ----------------------------------------------------------------------
+
+    def count(self) -> int:
+        """Number of DATA records (from block headers; no record is decoded)."""
+        return int(self.rdd.map(_count_records).sum())
+
+    def collect_records(self) -> list[Record]:
+        """All DATA records on the driver, in partition order.
+
+        Message-shaped records come back as :class:`Message`; their ``data`` are
+        memoryviews into the collected blocks.
+        """
+        return list(_records(self.rdd.collect()))
+
+    def connections(self) -> list[ConnectionInfo]:
+        """The distinct connection descriptions carried in META blocks."""
+        metas = self.rdd.filter(lambda raw: Block.read_header(raw).kind == BlockKind.META).collect()
+        seen: dict[tuple[str, str], ConnectionInfo] = {}
+        for raw in metas:
+            for rec in Block.parse(memoryview(raw)):
+                info = ConnectionInfo(*rec)  # type: ignore[arg-type]
+                seen.setdefault((info.topic, info.msgtype), info)
+        return list(seen.values())
+
+    def save(
+        self,
+        uri: str,
+        *,
+        overwrite: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Write each partition as one stream file ``part-NNNNN.binpipe`` under ``uri``.
+
+        Each file is written to ``_temporary/`` and renamed into place, so readers
+        never see half a partition; ``_SUCCESS`` and ``manifest.json`` are written
+        last by the driver.  Blocks get payload CRCs on the way to storage.
+        Returns the manifest.
+        """
+        options = dict(storage_options or {})
+        fs, root = fsspec.core.url_to_fs(uri, **options)
+        if fs.exists(root) and fs.ls(root, detail=False):
+            if not overwrite:
+                raise BinpipeError(
+                    f"{uri} already exists and is not empty; pass overwrite=True to replace it"
+                )
+            fs.rm(root, recursive=True)
+        fs.makedirs(root, exist_ok=True)
+        written = self.rdd.mapPartitionsWithIndex(
+            functools.partial(_save_partition, url=uri, storage_options=options)
+        ).collect()
+        tmp_dir = posixpath.join(root, "_temporary")
+        if fs.exists(tmp_dir):
+            fs.rm(tmp_dir, recursive=True)
+        manifest = {
+            "format": "binpipe",
+            "version": 1,
+            "partitions": [
+                {"file": f"part-{i:05d}{_PART_SUFFIX}", "records": n, "bytes": size}
+                for i, n, size in sorted(written)
+            ],
+            "records": sum(n for _, n, _ in written),
+        }
+        with fs.open(posixpath.join(root, "manifest.json"), "w") as out:
+            out.write(json.dumps(manifest, indent=2) + "\n")
+        with fs.open(posixpath.join(root, "_SUCCESS"), "w") as out:
+            out.write("")
+        return manifest
+
+    def to_dataframe(self, spark: SparkSession) -> DataFrame:
+        """Message records as a DataFrame ``(topic, timestamp, msgtype, data)``."""
+        from pyspark.sql.types import (  # noqa: PLC0415 - pyspark is heavy; import on use
+            BinaryType,
+            LongType,
+            StringType,
+            StructField,
+            StructType,
+        )
+
+        schema = StructType(
+            [
+                StructField("topic", StringType(), False),
+                StructField("timestamp", LongType(), False),
+                StructField("msgtype", StringType(), False),
+                StructField("data", BinaryType(), False),
+            ]
+        )
+        return spark.createDataFrame(self.rdd.mapPartitions(_message_rows), schema)

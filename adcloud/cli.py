@@ -1,0 +1,359 @@
+"""The ``adcloud`` command line.
+
+Every job command (``ingest``, ``demo``) builds its SparkSession through
+:func:`adcloud.spark.get_session`, so the same command runs on ``local[*]``, on a
+standalone cluster (``--master spark://...``) or under ``spark-submit`` on any
+cluster manager: ``adcloud submit -- ingest ...`` builds that ``spark-submit`` line,
+whose application file is this module.
+
+Only this module prints and chooses exit codes; the library raises
+:class:`~adcloud.errors.AdcloudError` subclasses, turned here into one-line messages
+(exit 2 for bad input or missing components, 1 for anything unexpected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from adcloud.errors import AdcloudError
+
+__all__ = ["main"]
+
+log = logging.getLogger("adcloud")
+
+_EPILOG_INGEST = """examples:
+  adcloud ingest drive.bag --out out/drive.binpipe
+  adcloud ingest 's3://bucket/drives/*.bag' --topics /imu/data,/fix --out s3://bucket/ingest/
+  adcloud submit --master spark://127.0.0.1:7077 -- ingest drive.bag --out out/x
+"""
+
+
+def _ns(text: str | None) -> int | None:
+    """Parse a time bound: integer nanoseconds, or seconds with a decimal point."""
+    if text is None:
+        return None
+    try:
+        return int(text) if text.lstrip("-").isdigit() else round(float(text) * 1e9)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (ns or seconds like 1.5)") from None
+
+
+def _topics(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def _fmt_time(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / 1e9)) + f".{ns % 10**9 // 10**6:03d}"
+
+
+def _cmd_bag_info(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.binpipe import expand_uris, summarize  # noqa: PLC0415 - keep --help fast
+
+    summaries = [summarize(uri) for uri in expand_uris(args.bags)]
+    if args.json:
+        console.print_json(json.dumps([s.to_dict() for s in summaries]))
+        return 0
+    for s in summaries:
+        duration = (s.end - s.start) / 1e9 if s.message_count else 0.0
+        console.print(f"[bold]{s.uri}[/bold]")
+        console.print(
+            f"  format {s.format}  size {s.size:,} B  chunks {s.chunk_count}  "
+            f"compression {s.compression}  indexed {'yes' if s.indexed else 'NO'}"
+        )
+        if s.message_count:
+            console.print(
+                f"  start {_fmt_time(s.start)}  end {_fmt_time(s.end)}  "
+                f"duration {duration:.3f} s  messages {s.message_count:,}"
+            )
+        table = Table(show_edge=False, pad_edge=False)
+        table.add_column("topic")
+        table.add_column("type")
+        table.add_column("count", justify="right")
+        table.add_column("Hz", justify="right")
+        for t in s.topics:
+            hz = t.count / duration if duration > 0 else 0.0
+            table.add_row(t.topic, t.msgtype, f"{t.count:,}", f"{hz:.1f}")
+        console.print(table)
+    return 0
+
+
+def _session(args: argparse.Namespace) -> Any:
+    from adcloud.spark import get_session  # noqa: PLC0415
+
+    overrides: dict[str, Any] = {}
+    if getattr(args, "master", None):
+        overrides["master"] = args.master
+    return get_session(**overrides)
+
+
+def _cmd_ingest(args: argparse.Namespace, console: Console) -> int:
+    from tqdm import tqdm  # noqa: PLC0415
+
+    from adcloud.binpipe import BinPipeRDD, expand_uris, plan_partitions  # noqa: PLC0415
+
+    uris = expand_uris(args.bags)
+    spark = _session(args)
+    parts = []
+    for uri in tqdm(uris, desc="indexing bags", unit="bag", disable=args.quiet):
+        parts.extend(
+            plan_partitions(
+                uri,
+                topics=_topics(args.topics),
+                start=args.start,
+                end=args.end,
+                partitions_per_bag=args.partitions_per_bag,
+                time_source=args.time_source,
+            )
+        )
+    rdd = BinPipeRDD.from_partitions(spark, parts)
+    started = time.monotonic()
+    with _SparkProgress(spark, total=len(parts), quiet=args.quiet):
+        manifest = rdd.save(args.out, overwrite=args.overwrite)
+    elapsed = time.monotonic() - started
+    size = sum(p["bytes"] for p in manifest["partitions"])
+    console.print(
+        f"ingested {manifest['records']:,} messages from {len(uris)} bag(s) into "
+        f"{len(manifest['partitions'])} partitions ({size / 1e6:.1f} MB) at {args.out} "
+        f"in {elapsed:.1f} s"
+    )
+    return 0
+
+
+class _SparkProgress:
+    """A tqdm bar fed by Spark's status tracker while a job runs in this thread."""
+
+    def __init__(self, spark: Any, total: int, quiet: bool) -> None:
+        self._spark = spark
+        self._total = total
+        self._quiet = quiet
+        self._stop = False
+        self._thread: Any = None
+
+    def __enter__(self) -> _SparkProgress:
+        if self._quiet or not self._total:
+            return self
+        import threading  # noqa: PLC0415
+
+        from tqdm import tqdm  # noqa: PLC0415
+
+        tracker = self._spark.sparkContext.statusTracker()
+        bar = tqdm(total=self._total, desc="partitions", unit="part")
+
+        def poll() -> None:
+            done = 0
+            while not self._stop:
+                now = 0
+                for stage_id in tracker.getActiveStageIds():
+                    info = tracker.getStageInfo(stage_id)
+                    if info is not None:
+                        now = max(now, info.numCompletedTasks)
+                if now > done:
+                    bar.update(now - done)
+                    done = now
+                time.sleep(0.2)
+            bar.update(self._total - done)
+            bar.close()
+
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _demo_bags() -> list[Path]:
+    here = Path(__file__).resolve().parent.parent
+    shared = here.parent / "shared" / "data"
+    return sorted(shared.glob("*/*.bag"))
+
+
+def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.binpipe import BinPipeRDD, summarize  # noqa: PLC0415
+
+    out = Path(args.out).resolve()
+    bags = [Path(b) for b in args.bag] if args.bag else _demo_bags()
+    if not bags:
+        console.print(
+            "no bag given and no sample recordings found beside the checkout "
+            "(../shared/data); pass one with --bag drive.bag"
+        )
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    spark = _session(args)
+    console.rule("adcloud demo: ROS bags as binary Spark partitions")
+    console.print(f"Spark {spark.version} master [bold]{spark.sparkContext.master}[/bold]")
+    for bag in bags:
+        s = summarize(str(bag))
+        console.print(
+            f"{bag.name}: {s.format}, {s.message_count:,} messages on {len(s.topics)} topics, "
+            f"{s.chunk_count} chunks ({s.compression})"
+        )
+    rdd = BinPipeRDD.from_bags(spark, [str(b) for b in bags]).cache()
+    console.print(f"partitions: {rdd.getNumPartitions()} (one per chunk), records: {rdd.count():,}")
+    piped = rdd.pipe("cat")
+    console.print(f"piped every partition through `cat` as binary: {piped.count():,} records back")
+    df = rdd.to_dataframe(spark)
+    counts = df.groupBy("topic", "msgtype").count().orderBy("topic").collect()
+    table = Table(title="messages per topic (Spark SQL over the BinPipeRDD)")
+    table.add_column("topic")
+    table.add_column("type")
+    table.add_column("count", justify="right")
+    for row in counts:
+        table.add_row(row["topic"], row["msgtype"], f"{row['count']:,}")
+    console.print(table)
+    ingest_dir = out / "ingest"
+    manifest = rdd.save(str(ingest_dir), overwrite=True)
+    console.print(
+        f"saved {manifest['records']:,} records as {len(manifest['partitions'])} BinPipe "
+        f"streams under [bold]{ingest_dir}[/bold]"
+    )
+    console.rule("outputs")
+    console.print(f"BinPipe partitions: {ingest_dir}  (manifest.json, part-*.binpipe)")
+    return 0
+
+
+def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.spark import spark_home  # noqa: PLC0415
+
+    submit = spark_home() / "bin" / "spark-submit"
+    job = [a for a in args.job if a != "--"]
+    if not job:
+        console.print(
+            "nothing to submit: give the job after --, e.g. adcloud submit -- ingest x.bag"
+        )
+        return 2
+    cmd = [str(submit), "--master", args.master]
+    for conf in args.conf or []:
+        cmd += ["--conf", conf]
+    cmd += [str(Path(__file__).resolve()), *job]
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if args.dry_run:
+        console.print(" ".join(cmd), soft_wrap=True)
+        return 0
+    if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
+        console.print("Java 17 is needed by spark-submit: apt-get install openjdk-17-jre-headless")
+        return 2
+    return subprocess.call(cmd, env=env)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="adcloud",
+        description="adcloud: ROS-bag data on Spark -- ingest, inspect and process drives.",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the main job on the embedded default (local Spark) and show its outputs",
+        description="Ingest sample bags into BinPipe partitions on local Spark, pipe them "
+        "through a native process, query them with Spark SQL and save them.",
+    )
+    demo.add_argument(
+        "--bag", action="append", help="bag to use (repeatable); default: ../shared/data"
+    )
+    demo.add_argument("--out", default="out/demo", help="output directory (default: out/demo)")
+    demo.add_argument(
+        "--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)"
+    )
+    demo.set_defaults(func=_cmd_demo)
+
+    bag = sub.add_parser("bag", help="inspect bags", description="Inspect bags (any fsspec URL).")
+    bag_sub = bag.add_subparsers(dest="bag_command", metavar="COMMAND", required=True)
+    info = bag_sub.add_parser(
+        "info",
+        help="topics, types, counts, time span and chunking of bags",
+        description="Print what a bag holds, reading only its index: topics, message types, "
+        "counts, rates, time span, chunks and compression. Works on ROS 1 .bag, ROS 2 "
+        "(sqlite3 directories) and MCAP, local or remote (s3://, hdfs://, memory://).",
+    )
+    info.add_argument("bags", nargs="+", help="bag files, directories or globs")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(func=_cmd_bag_info)
+
+    ingest = sub.add_parser(
+        "ingest",
+        help="split bags into BinPipe partitions and save them to a store",
+        description="Split bags into BinPipe partitions (one per chunk, read in parallel by "
+        "Spark tasks, each reading only its byte range) and save them as binary stream "
+        "files, atomically per partition.",
+        epilog=_EPILOG_INGEST,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ingest.add_argument("bags", nargs="+", help="bag files, directories or globs (any fsspec URL)")
+    ingest.add_argument("--out", required=True, help="output directory or URL")
+    ingest.add_argument("--topics", help="comma-separated topics to keep (default: all)")
+    ingest.add_argument("--start", type=_ns, help="first record time to keep (ns, or s with a dot)")
+    ingest.add_argument("--end", type=_ns, help="record time to stop before (ns, or s with a dot)")
+    ingest.add_argument(
+        "--partitions-per-bag", type=int, help="group chunks into at most N partitions per bag"
+    )
+    ingest.add_argument(
+        "--time-source",
+        choices=["record", "header"],
+        default="record",
+        help="timestamp of each record: bag record time (default) or message header stamp",
+    )
+    ingest.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    ingest.add_argument(
+        "--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)"
+    )
+    ingest.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    ingest.set_defaults(func=_cmd_ingest)
+
+    submit = sub.add_parser(
+        "submit",
+        help="run an adcloud job through spark-submit on any cluster manager",
+        description="Build and run the spark-submit line for an adcloud job. Everything after "
+        "-- is the job's own command line.",
+        epilog="example: adcloud submit --master spark://127.0.0.1:7077 -- ingest d.bag --out o",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    submit.add_argument("--master", default="local[*]", help="Spark master URL (default: local[*])")
+    submit.add_argument("--conf", action="append", help="Spark setting KEY=VALUE (repeatable)")
+    submit.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    submit.add_argument("job", nargs=argparse.REMAINDER, help="-- then the adcloud job command")
+    submit.set_defaults(func=_cmd_submit)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``adcloud`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    console = Console()
+    try:
+        return int(args.func(args, console))
+    except AdcloudError as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""pipe_blocks and the node SDK, through real external processes (no Spark needed)."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from adcloud.binpipe.codec import (
+    BlockKind,
+    Message,
+    StreamWriter,
+    encode_blocks,
+    iter_records,
+)
+from adcloud.binpipe.decode import ConnectionInfo, meta_block
+from adcloud.binpipe.errors import BagError, BinpipeError, PipeCommandError
+from adcloud.binpipe.node import read_records, run_node
+from adcloud.binpipe.pipe import pipe_blocks
+
+
+def _records(n: int, size: int = 100) -> list[tuple[str, int, str, bytes]]:
+    return [
+        (f"/t{i % 3}", 1_600_000_000_000_000_000 + i, "std_msgs/msg/String", os.urandom(size))
+        for i in range(n)
+    ]
+
+
+def _node(tmp_path: Path, body: str) -> list[str]:
+    script = tmp_path / "node.py"
+    script.write_text(textwrap.dedent(body))
+    return [sys.executable, str(script)]
+
+
+def _decode(blocks: list[bytearray]) -> list[tuple[object, ...]]:
+    out: list[tuple[object, ...]] = []
+    for raw in blocks:
+        from adcloud.binpipe.codec import Block
+
+        block = Block.parse(memoryview(raw))
+        if block.kind == BlockKind.DATA:
+            out.extend(
+                tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in block
+            )
+    return out
+
+
+def test_cat_round_trips_binary_records_exactly() -> None:
+    recs = _records(5000, 300)
+    blocks = list(encode_blocks(recs, block_bytes=64 * 1024))
+    assert len(blocks) > 5
+    out = list(pipe_blocks(blocks, "cat"))
+    assert _decode(out) == recs
+
+
+def test_python_node_transforms_and_passes_meta(tmp_path: Path) -> None:
+    cmd = _node(
+        tmp_path,
+        """
+        from adcloud.binpipe.node import run_node
+        def fn(msg):
+            if msg.topic == "/t0":
+                return None
+            return (msg.topic + "/out", msg.timestamp + 1, msg.msgtype, bytes(msg.data)[::-1])
+        run_node(fn)
+        """,
+    )
+    recs = _records(3000)
+    meta = meta_block(
+        [ConnectionInfo("/t1", "std_msgs/msg/String", "ros1msg", "string data", "x", "ros1")]
+    )
+    out = list(pipe_blocks([meta, *encode_blocks(recs)], cmd))
+    from adcloud.binpipe.codec import Block
+
+    assert Block.parse(memoryview(out[0])).kind == BlockKind.META
+    expected = [(t + "/out", s + 1, m, d[::-1]) for t, s, m, d in recs if t != "/t0"]
+    assert _decode(out) == expected
+
+
+def test_large_output_does_not_deadlock(tmp_path: Path) -> None:
+    # Each input record fans out into 64 KiB outputs: far more than any pipe buffer,
+    # written while the input is still being fed.
+    cmd = _node(
+        tmp_path,
+        """
+        from adcloud.binpipe.node import run_node
+        def fn(msg):
+            return [(msg.topic, msg.timestamp, msg.msgtype, bytes(65536)) for _ in range(8)]
+        run_node(fn)
+        """,
+    )
+    recs = _records(400, 10)
+    out = _decode(list(pipe_blocks(list(encode_blocks(recs, block_bytes=1024)), cmd, timeout=120)))
+    assert len(out) == 400 * 8
+    assert all(len(r[3]) == 65536 for r in out)  # type: ignore[arg-type]
+
+
+def test_failing_command_reports_exit_code_and_stderr(tmp_path: Path) -> None:
+    cmd = _node(
+        tmp_path,
+        """
+        import sys
+        sys.stderr.write("something broke: bad calibration\\n")
+        sys.exit(3)
+        """,
+    )
+    with pytest.raises(PipeCommandError) as info:
+        list(pipe_blocks(list(encode_blocks(_records(10))), cmd))
+    assert info.value.returncode == 3
+    assert "bad calibration" in info.value.stderr_tail
+    assert "exit code 3" in str(info.value)
+
+
+def test_node_crashing_mid_stream_is_reported(tmp_path: Path) -> None:
+    cmd = _node(
+        tmp_path,
+        """
+        from adcloud.binpipe.node import run_node
+        seen = 0
+        def fn(msg):
+            global seen
+            seen += 1
+            if seen == 50:
+                raise RuntimeError("segfault-like crash at record 50")
+            return msg
+        run_node(fn, block_bytes=256)
+        """,
+    )
+    with pytest.raises(PipeCommandError) as info:
+        list(pipe_blocks(list(encode_blocks(_records(200), block_bytes=512)), cmd))
+    assert info.value.returncode not in (0, None)
+    assert "crash at record 50" in info.value.stderr_tail
+
+
+def test_garbage_output_is_a_clear_error(tmp_path: Path) -> None:
+    cmd = _node(
+        tmp_path,
+        """
+        import sys
+        sys.stdin.buffer.read()
+        sys.stdout.write("hello, I am a text program\\n")
+        """,
+    )
+    with pytest.raises(PipeCommandError) as info:
+        list(pipe_blocks(list(encode_blocks(_records(10))), cmd))
+    assert "not a BinPipe stream" in str(info.value)
+
+
+def test_missing_command(tmp_path: Path) -> None:
+    with pytest.raises(PipeCommandError, match="cannot start"):
+        list(pipe_blocks([], str(tmp_path / "no-such-program")))
+
+
+def test_timeout_kills_a_hanging_command() -> None:
+    with pytest.raises(PipeCommandError, match="timed out"):
+        list(pipe_blocks(list(encode_blocks(_records(10))), "sleep 30", timeout=1))
+
+
+def test_input_error_propagates_with_its_own_type() -> None:
+    def broken_input():  # type: ignore[no-untyped-def]
+        yield from encode_blocks(_records(10))
+        raise BagError("drive.bag: chunk at offset 4096 is corrupt")
+
+    with pytest.raises(BagError, match="offset 4096"):
+        list(pipe_blocks(broken_input(), "cat"))
+
+
+def test_run_node_in_process_and_read_records() -> None:
+    src = io.BytesIO()
+    with StreamWriter(src) as w:
+        for r in _records(20):
+            w.write(r)
+    src.seek(0)
+    dst = io.BytesIO()
+    n = run_node(lambda m: (m.topic, m.timestamp, m.msgtype, b"!"), stdin=src, stdout=dst)
+    assert n == 20
+    dst.seek(0)
+    got = list(read_records(dst))
+    assert all(isinstance(m, Message) and bytes(m.data) == b"!" for m in got)
+    assert [m[1] for m in got] == [r[1] for r in _records(20)]
+
+
+def test_node_without_end_block_is_truncated() -> None:
+    src = io.BytesIO()
+    w = StreamWriter(src)
+    w.write(("a", 1, "b", b"c"))
+    w.flush_block()  # no close(): the producer died
+    with pytest.raises(BinpipeError, match="truncated"):
+        list(iter_records(src.getvalue()))

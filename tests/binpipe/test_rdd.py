@@ -1,0 +1,198 @@
+"""BinPipeRDD and the rosbag data source on a real SparkSession, checked against rosbags."""
+
+from __future__ import annotations
+
+import heapq
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rosbags.highlevel import AnyReader
+from rosbags.typesys import Stores, get_typestore
+
+from adcloud.binpipe import BinPipeRDD, Block, BlockKind, Message
+from adcloud.binpipe.datasource import register_rosbag_source
+
+pytestmark = pytest.mark.spark
+
+LUMINAR = "01_embag_luminar_ros1/embag_test.bag"
+HUSKY = "02_husky_gps_imu_odom_ros1/robot_localization_test1.bag"
+
+
+def reference(path: Path, topics: list[str] | None = None) -> list[tuple[str, int, bytes]]:
+    """Every message as rosbags' own reader yields it: (topic, record time, raw bytes)."""
+    with AnyReader([path], default_typestore=get_typestore(Stores.ROS1_NOETIC)) as reader:
+        conns = [c for c in reader.connections if topics is None or c.topic in topics]
+        return [(c.topic, t, bytes(raw)) for c, t, raw in reader.messages(connections=conns)]
+
+
+def per_partition(rdd: BinPipeRDD) -> list[list[tuple[str, int, bytes]]]:
+    parts = rdd.rdd.glom().collect()
+    out = []
+    for blocks in parts:
+        msgs = []
+        for raw in blocks:
+            block = Block.parse(memoryview(raw))
+            if block.kind == BlockKind.DATA:
+                msgs.extend((m.topic, m.timestamp, bytes(m.data)) for m in block.messages())
+        out.append(msgs)
+    return out
+
+
+def merged(parts: list[list[tuple[str, int, bytes]]]) -> list[tuple[str, int, bytes]]:
+    """Merge partitions by (record time, partition index): rosbags' global order."""
+    keyed = [[(m[1], i, k, m) for k, m in enumerate(p)] for i, p in enumerate(parts)]
+    return [item[3] for item in heapq.merge(*keyed)]
+
+
+@pytest.mark.parametrize("bag", [LUMINAR, HUSKY])
+@pytest.mark.parametrize("partitions_per_bag", [None, 2])
+def test_from_bags_matches_rosbags(
+    spark: Any, shared_data: Path, bag: str, partitions_per_bag: int | None
+) -> None:
+    path = shared_data / bag
+    rdd = BinPipeRDD.from_bags(spark, str(path), partitions_per_bag=partitions_per_bag)
+    if partitions_per_bag:
+        assert rdd.getNumPartitions() == partitions_per_bag
+    parts = per_partition(rdd)
+    assert merged(parts) == reference(path)
+    assert rdd.count() == len(reference(path))
+
+
+def test_topic_and_time_filters(spark: Any, shared_data: Path) -> None:
+    path = shared_data / HUSKY
+    ref = reference(path, ["/fix"])
+    start, end = ref[100][1], ref[300][1]
+    rdd = BinPipeRDD.from_bags(spark, str(path), topics=["/fix"], start=start, end=end)
+    got = merged(per_partition(rdd))
+    assert got == [m for m in ref if start <= m[1] < end]
+    assert len(got) == 200
+
+
+def test_pipe_through_cat_and_a_python_node(spark: Any, shared_data: Path, tmp_path: Path) -> None:
+    path = shared_data / LUMINAR
+    rdd = BinPipeRDD.from_bags(spark, str(path)).cache()
+    original = per_partition(rdd)
+    assert per_partition(rdd.pipe("cat")) == original
+
+    node = tmp_path / "reverse_node.py"
+    node.write_text(
+        textwrap.dedent(
+            """
+            from adcloud.binpipe.node import run_node
+            run_node(lambda m: (m.topic, m.timestamp, m.msgtype, bytes(m.data)[::-1]))
+            """
+        )
+    )
+    out = per_partition(rdd.pipe([sys.executable, str(node)]))
+    assert out == [[(t, s, d[::-1]) for t, s, d in p] for p in original]
+
+
+def test_pipe_failure_reaches_the_driver(spark: Any, shared_data: Path) -> None:
+    rdd = BinPipeRDD.from_bags(spark, str(shared_data / LUMINAR), partitions_per_bag=1)
+    with pytest.raises(Exception, match="exit code 7") as info:
+        rdd.pipe(["sh", "-c", "cat >/dev/null; echo 'node: lidar driver failed' >&2; exit 7"]).count()
+    assert "lidar driver failed" in str(info.value)
+
+
+def test_map_filter_and_decode(spark: Any, shared_data: Path) -> None:
+    path = shared_data / HUSKY
+    rdd = BinPipeRDD.from_bags(spark, str(path), topics=["/fix"])
+
+    def latitude(msg: Message, decoded: Any) -> tuple[str, int, float]:
+        return (msg.topic, msg.timestamp, float(decoded.latitude))
+
+    got = rdd.map_records(latitude, decode=True).collect_records()
+    store = get_typestore(Stores.ROS1_NOETIC)
+    with AnyReader([path], default_typestore=store) as reader:
+        conns = [c for c in reader.connections if c.topic == "/fix"]
+        expected = [
+            ("/fix", t, float(reader.deserialize(raw, c.msgtype).latitude))
+            for c, t, raw in reader.messages(connections=conns)
+        ]
+    assert sorted(got) == sorted(expected)
+
+    late = expected[len(expected) // 2][1]
+    kept = rdd.filter(lambda m: m.timestamp >= late).count()
+    assert kept == sum(1 for e in expected if e[1] >= late)
+
+
+def test_save_and_load_round_trip(spark: Any, shared_data: Path, tmp_path: Path) -> None:
+    rdd = BinPipeRDD.from_bags(spark, str(shared_data / LUMINAR))
+    out = tmp_path / "ingest"
+    manifest = rdd.save(str(out))
+    files = sorted(p.name for p in out.iterdir())
+    assert "_SUCCESS" in files and "manifest.json" in files and "_temporary" not in files
+    assert len([f for f in files if f.startswith("part-")]) == rdd.getNumPartitions()
+    assert manifest["records"] == rdd.count()
+    loaded = BinPipeRDD.load(spark, str(out))
+    assert per_partition(loaded) == per_partition(rdd)
+    with pytest.raises(Exception, match="already exists"):
+        rdd.save(str(out))
+
+
+def test_failed_save_leaves_no_partial_output(spark: Any, shared_data: Path, tmp_path: Path) -> None:
+    rdd = BinPipeRDD.from_bags(spark, str(shared_data / HUSKY), partitions_per_bag=3)
+
+    def explode(msg: Message) -> Message:
+        if msg.topic == "/imu/data" and msg.timestamp % 97 == 0:
+            raise RuntimeError("executor blew up")
+        return msg
+
+    out = tmp_path / "broken"
+    with pytest.raises(Exception, match="executor blew up"):
+        rdd.map_records(explode).save(str(out))
+    assert not (out / "_SUCCESS").exists()
+    with pytest.raises(Exception, match="_SUCCESS"):
+        BinPipeRDD.load(spark, str(out))
+    # whatever partitions finished are whole streams, never half-written files
+    from adcloud.binpipe import StreamReader
+
+    for part in out.glob("part-*.binpipe"):
+        with part.open("rb") as f:
+            for _ in StreamReader(f, name=str(part)):
+                pass
+
+
+def test_to_dataframe(spark: Any, shared_data: Path) -> None:
+    path = shared_data / HUSKY
+    df = BinPipeRDD.from_bags(spark, str(path)).to_dataframe(spark)
+    counts = {r["topic"]: r["count"] for r in df.groupBy("topic").count().collect()}
+    assert counts == {"/fix": 989, "/husky_velocity_controller/odom": 3952, "/imu/data": 11865}
+
+
+def test_rosbag_datasource(spark: Any, shared_data: Path) -> None:
+    register_rosbag_source(spark)
+    paths = [str(shared_data / LUMINAR), str(shared_data / HUSKY)]
+    df = spark.read.format("rosbag").load(paths)
+    assert df.count() == 15 + 16806
+    fix = df.filter(df.topic == "/fix")
+    rows = fix.select("record_time", "data").orderBy("record_time").collect()
+    ref = reference(shared_data / HUSKY, ["/fix"])
+    assert [(r["record_time"], bytes(r["data"])) for r in rows] == [(m[1], m[2]) for m in ref]
+    # the topic filter is pushed into partition planning: chunks without /fix are not read
+    assert fix.rdd.getNumPartitions() <= df.rdd.getNumPartitions()
+
+
+def test_rosbag_datasource_single_path_and_options(spark: Any, shared_data: Path) -> None:
+    register_rosbag_source(spark)
+    df = (
+        spark.read.format("rosbag")
+        .option("topics", "/luminar_pointcloud")
+        .load(str(shared_data / LUMINAR))
+    )
+    rows = df.collect()
+    assert len(rows) == 5
+    assert {r["msgtype"] for r in rows} == {"sensor_msgs/msg/PointCloud2"}
+
+
+@pytest.mark.cluster
+def test_binpipe_on_standalone_cluster(cluster_spark: Any, shared_data: Path) -> None:
+    path = shared_data / HUSKY
+    rdd = BinPipeRDD.from_bags(cluster_spark, str(path), partitions_per_bag=4)
+    assert merged(per_partition(rdd.pipe("cat"))) == reference(path)
+    pids = set(rdd.rdd.mapPartitions(lambda _: [os.getpid()]).collect())
+    assert len(pids) >= 2, "tasks should run in more than one executor process"
