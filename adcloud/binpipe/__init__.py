@@ -1,3 +1,68 @@
-"""BinPipe: ROS bags as binary byte-stream partitions for Spark."""
+"""BinPipe: ROS bags as binary byte-stream partitions for Spark.
+
+- :mod:`~adcloud.binpipe.codec` -- the stream format (records, blocks, streams);
+- :mod:`~adcloud.binpipe.bags` -- reading ROS 1, ROS 2 and MCAP bags by byte range;
+- :class:`BinPipeRDD` -- an RDD of blocks with ``pipe``, ``map_records``, ``save``;
+- :mod:`~adcloud.binpipe.datasource` -- ``spark.read.format("rosbag")``;
+- :mod:`~adcloud.binpipe.node` -- the Python side of a pipe command.
+"""
 
 from __future__ import annotations
+
+from adcloud.binpipe.bags import (
+    BagFormat,
+    BagPartition,
+    BagSummary,
+    Connection,
+    TimeSource,
+    plan_partitions,
+    read_partition,
+    read_partition_timed,
+    summarize,
+)
+from adcloud.binpipe.codec import (
+    Block,
+    BlockKind,
+    FieldType,
+    Message,
+    Record,
+    StreamReader,
+    StreamWriter,
+    encode_stream,
+    iter_blocks,
+    iter_records,
+)
+from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder
+from adcloud.binpipe.errors import BagError, BinpipeError, PipeCommandError
+from adcloud.binpipe.rdd import BinPipeRDD, expand_uris
+from adcloud.binpipe.reindex import reindex_bag
+
+__all__ = [
+    "BagError",
+    "BagFormat",
+    "BagPartition",
+    "BagSummary",
+    "BinPipeRDD",
+    "BinpipeError",
+    "Block",
+    "BlockKind",
+    "Connection",
+    "ConnectionInfo",
+    "FieldType",
+    "Message",
+    "MessageDecoder",
+    "PipeCommandError",
+    "Record",
+    "StreamReader",
+    "StreamWriter",
+    "TimeSource",
+    "encode_stream",
+    "expand_uris",
+    "iter_blocks",
+    "iter_records",
+    "plan_partitions",
+    "read_partition",
+    "read_partition_timed",
+    "reindex_bag",
+    "summarize",
+]

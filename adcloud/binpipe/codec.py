@@ -439,6 +439,7 @@ class Block:
         "_payload",
         "_record_ends",
         "_schema",
+        "_schema_known",
         "header",
         "offset",
         "raw",
@@ -461,6 +462,8 @@ class Block:
         self._field_types = field_types
         self._payload = payload
         self.offset = offset
+        self._schema: tuple[FieldType, ...] | None = None
+        self._schema_known = False
 
     @staticmethod
     def read_header(data: bytes | bytearray | memoryview, offset: int = 0) -> BlockHeader:
@@ -577,7 +580,9 @@ class Block:
         last = int(self._record_ends[i])
         ends = self._field_ends
         return tuple(
-            self._value(j, int(ends[j - 1]) if j else 0, int(ends[j]), int(self._field_types[j]))
+            self._value(
+                j, int(ends[j - 1]) if j else 0, int(ends[j]), int(self._field_types[j])
+            )
             for j in range(first, last)
         )
 
@@ -648,11 +653,10 @@ class Block:
 
     def schema(self) -> tuple[FieldType, ...] | None:
         """The field types shared by every record, or None if records differ."""
-        try:
-            return self._schema
-        except AttributeError:
+        if not self._schema_known:
             self._schema = self._find_schema()
-            return self._schema
+            self._schema_known = True
+        return self._schema
 
     def _find_schema(self) -> tuple[FieldType, ...] | None:
         nrec = self.n_records
@@ -720,10 +724,8 @@ def _validate_tables(
             raise BinpipeError(f"corrupt {where}: payload without fields")
     else:
         if int(field_ends[-1]) != plen:
-            raise BinpipeError(
-                f"corrupt {where}: field offsets end at {int(field_ends[-1])}, "
-                f"payload has {plen} bytes"
-            )
+            raise BinpipeError(f"corrupt {where}: field offsets end at {int(field_ends[-1])}, "
+                               f"payload has {plen} bytes")
         lengths = np.diff(field_ends, prepend=np.uint64(0)).astype(np.int64)
         if nfld > 1 and bool((field_ends[1:] < field_ends[:-1]).any()):
             raise BinpipeError(f"corrupt {where}: field offsets go backwards")
@@ -739,10 +741,8 @@ def _validate_tables(
             raise BinpipeError(f"corrupt {where}: fields without records")
     else:
         if int(record_ends[-1]) != nfld:
-            raise BinpipeError(
-                f"corrupt {where}: record table ends at {int(record_ends[-1])}, "
-                f"block has {nfld} fields"
-            )
+            raise BinpipeError(f"corrupt {where}: record table ends at {int(record_ends[-1])}, "
+                               f"block has {nfld} fields")
         if nrec > 1 and bool((record_ends[1:] < record_ends[:-1]).any()):
             raise BinpipeError(f"corrupt {where}: record table goes backwards")
 

@@ -34,7 +34,12 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from adcloud.binpipe.bags import BagPartition, TimeSource, plan_partitions, read_partition
+from adcloud.binpipe.bags import (
+    BagPartition,
+    TimeSource,
+    plan_partitions,
+    read_partition_timed,
+)
 from adcloud.binpipe.errors import BinpipeError
 
 if TYPE_CHECKING:
@@ -54,13 +59,13 @@ def register_rosbag_source(spark: SparkSession) -> None:
     spark.dataSource.register(RosbagDataSource)
 
 
-class _Partition(InputPartition):  # type: ignore[misc]
+class _Partition(InputPartition):
     def __init__(self, part: BagPartition) -> None:
         super().__init__(part)
         self.part = part
 
 
-class RosbagDataSource(DataSource):  # type: ignore[misc]
+class RosbagDataSource(DataSource):
     """The ``rosbag`` format for ``spark.read``."""
 
     @classmethod
@@ -87,7 +92,7 @@ def _paths(options: dict[str, str]) -> list[str]:
     raise BinpipeError('spark.read.format("rosbag") needs a path: .load("drive.bag")')
 
 
-class RosbagReader(DataSourceReader):  # type: ignore[misc]
+class RosbagReader(DataSourceReader):
     """Plans chunk partitions on the driver and reads them on executors."""
 
     def __init__(self, options: dict[str, str]) -> None:
@@ -111,13 +116,14 @@ class RosbagReader(DataSourceReader):  # type: ignore[misc]
         pushed here can never change a result, only how much is read.
         """
         for flt in filters:
-            column = flt.attribute[0] if len(flt.attribute) == 1 else None
+            attribute: tuple[str, ...] = getattr(flt, "attribute", ())
+            column = attribute[0] if len(attribute) == 1 else None
             if column == "topic" and isinstance(flt, EqualTo) and isinstance(flt.value, str):
                 self._narrow_topics({flt.value})
             elif column == "topic" and isinstance(flt, In):
                 self._narrow_topics({v for v in flt.value if isinstance(v, str)})
             elif column == "record_time" and isinstance(getattr(flt, "value", None), int):
-                value = int(flt.value)
+                value = int(getattr(flt, "value"))  # noqa: B009 - Filter subclasses differ
                 if isinstance(flt, GreaterThanOrEqual | GreaterThan):
                     low = value + (1 if isinstance(flt, GreaterThan) else 0)
                     self.start = low if self.start is None else max(self.start, low)
@@ -166,7 +172,7 @@ class RosbagReader(DataSourceReader):  # type: ignore[misc]
         ]
         schema = pa.schema(list(zip(names, types, strict=True)))
         cols: list[list[Any]] = [[] for _ in names]
-        for msg, record_time in read_partition_with_record_time(part):
+        for msg, record_time in read_partition_timed(part):
             cols[0].append(part.uri)
             cols[1].append(msg.topic)
             cols[2].append(msg.timestamp)
@@ -183,23 +189,3 @@ class RosbagReader(DataSourceReader):  # type: ignore[misc]
             yield pa.RecordBatch.from_arrays(
                 [pa.array(c, t) for c, t in zip(cols, types, strict=True)], schema=schema
             )
-
-
-def read_partition_with_record_time(part: BagPartition) -> Iterator[tuple[Any, int]]:
-    """Messages of a partition with their record time (whatever ``time_source`` says)."""
-    if part.time_source == TimeSource.RECORD:
-        for msg in read_partition(part):
-            yield msg, msg.timestamp
-        return
-    record_part = _with_record_time(part)
-    header_part = part
-    for rec_msg, hdr_msg in zip(
-        read_partition(record_part), read_partition(header_part), strict=True
-    ):
-        yield hdr_msg, rec_msg.timestamp
-
-
-def _with_record_time(part: BagPartition) -> BagPartition:
-    import dataclasses  # noqa: PLC0415
-
-    return dataclasses.replace(part, time_source=TimeSource.RECORD)

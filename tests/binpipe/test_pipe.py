@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from adcloud.binpipe.codec import (
+    Block,
     BlockKind,
     Message,
     StreamWriter,
@@ -39,8 +40,6 @@ def _node(tmp_path: Path, body: str) -> list[str]:
 def _decode(blocks: list[bytearray]) -> list[tuple[object, ...]]:
     out: list[tuple[object, ...]] = []
     for raw in blocks:
-        from adcloud.binpipe.codec import Block
-
         block = Block.parse(memoryview(raw))
         if block.kind == BlockKind.DATA:
             out.extend(
@@ -74,8 +73,6 @@ def test_python_node_transforms_and_passes_meta(tmp_path: Path) -> None:
         [ConnectionInfo("/t1", "std_msgs/msg/String", "ros1msg", "string data", "x", "ros1")]
     )
     out = list(pipe_blocks([meta, *encode_blocks(recs)], cmd))
-    from adcloud.binpipe.codec import Block
-
     assert Block.parse(memoryview(out[0])).kind == BlockKind.META
     expected = [(t + "/out", s + 1, m, d[::-1]) for t, s, m, d in recs if t != "/t0"]
     assert _decode(out) == expected

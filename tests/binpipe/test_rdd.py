@@ -13,7 +13,7 @@ import pytest
 from rosbags.highlevel import AnyReader
 from rosbags.typesys import Stores, get_typestore
 
-from adcloud.binpipe import BinPipeRDD, Block, BlockKind, Message
+from adcloud.binpipe import BinPipeRDD, Block, BlockKind, Message, StreamReader
 from adcloud.binpipe.datasource import register_rosbag_source
 
 pytestmark = pytest.mark.spark
@@ -94,7 +94,9 @@ def test_pipe_through_cat_and_a_python_node(spark: Any, shared_data: Path, tmp_p
 def test_pipe_failure_reaches_the_driver(spark: Any, shared_data: Path) -> None:
     rdd = BinPipeRDD.from_bags(spark, str(shared_data / LUMINAR), partitions_per_bag=1)
     with pytest.raises(Exception, match="exit code 7") as info:
-        rdd.pipe(["sh", "-c", "cat >/dev/null; echo 'node: lidar driver failed' >&2; exit 7"]).count()
+        rdd.pipe(
+            ["sh", "-c", "cat >/dev/null; echo 'node: lidar driver failed' >&2; exit 7"]
+        ).count()
     assert "lidar driver failed" in str(info.value)
 
 
@@ -134,7 +136,9 @@ def test_save_and_load_round_trip(spark: Any, shared_data: Path, tmp_path: Path)
         rdd.save(str(out))
 
 
-def test_failed_save_leaves_no_partial_output(spark: Any, shared_data: Path, tmp_path: Path) -> None:
+def test_failed_save_leaves_no_partial_output(
+    spark: Any, shared_data: Path, tmp_path: Path
+) -> None:
     rdd = BinPipeRDD.from_bags(spark, str(shared_data / HUSKY), partitions_per_bag=3)
 
     def explode(msg: Message) -> Message:
@@ -149,8 +153,6 @@ def test_failed_save_leaves_no_partial_output(spark: Any, shared_data: Path, tmp
     with pytest.raises(Exception, match="_SUCCESS"):
         BinPipeRDD.load(spark, str(out))
     # whatever partitions finished are whole streams, never half-written files
-    from adcloud.binpipe import StreamReader
-
     for part in out.glob("part-*.binpipe"):
         with part.open("rb") as f:
             for _ in StreamReader(f, name=str(part)):

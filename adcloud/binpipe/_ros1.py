@@ -1,0 +1,591 @@
+"""ROS 1 bag (format 2.0) backend: index reading on the driver, chunk-range reading on executors.
+
+Layout (http://wiki.ros.org/Bags/Format/2.0): the magic ``#ROSBAG V2.0\\n``, the bag
+header record at byte 13 (``index_pos``, ``conn_count``, ``chunk_count``; padded to
+4096 bytes), then CHUNK records each followed by its INDEX_DATA records, and at
+``index_pos`` the CONNECTION and CHUNK_INFO records.  A record is ``u32 header_len,
+header, u32 data_len, data``; a header is a run of ``u32 len, name=value`` fields.
+
+The driver reads the first few KiB and ``[index_pos, EOF)``: two ranged reads.  Chunk
+``i`` spans ``[chunk_pos_i, chunk_pos_{i+1})`` (the last up to ``index_pos``).  An
+executor reads only its range, learns each chunk's connections and times from the
+INDEX_DATA after it (so chunks without selected messages are never decompressed),
+and decompresses (none / bz2 / lz4 frame) the others.  Offsets are 64-bit throughout.
+
+Message order inside a partition is rosbags' (``rosbag1.Reader.messages``): by record
+time, then connection rank in the bag's connection list, then file position.
+"""
+
+from __future__ import annotations
+
+import bz2
+import logging
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import lz4.frame
+from rosbags.typesys.msg import normalize_msgtype
+
+from adcloud.binpipe.bags_io import (
+    RangeReader,
+    file_size,
+    join_member,
+    open_fs,
+    read_range,
+)
+from adcloud.binpipe.bags_model import (
+    BagFormat,
+    BagIndexError,
+    BagPartition,
+    BagSummary,
+    ChunkRef,
+    Connection,
+    PlanRequest,
+    RawMessage,
+    UnindexedBagError,
+)
+from adcloud.binpipe.bags_plan import (
+    SortKey,
+    chunk_partitions,
+    merge_chunk_messages,
+    summary_from_chunks,
+)
+from adcloud.binpipe.errors import BagError
+
+__all__ = [
+    "MAGIC",
+    "FormatError",
+    "Op",
+    "Ros1Backend",
+    "Ros1Index",
+    "bag_header",
+    "chunk_messages",
+    "chunk_records",
+    "decompress_chunk",
+    "encode_header",
+    "encode_record",
+    "encode_time",
+    "op_of",
+    "parse_header",
+    "read_connection",
+    "read_index",
+    "topic_name",
+]
+
+_log = logging.getLogger(__name__)
+
+MAGIC = b"#ROSBAG V2.0\n"
+_HEAD_BYTES = 8192
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_TIME = struct.Struct("<II")
+_REINDEX_HINT = (
+    "; write an indexed copy with adcloud.binpipe.reindex.reindex_bag "
+    "(or plan_partitions(..., reindex_dir=DIR))"
+)
+
+
+class Op(IntEnum):
+    """ROS 1 record opcodes (the ``op`` header field)."""
+
+    MSGDATA = 2
+    BAGHEADER = 3
+    IDXDATA = 4
+    CHUNK = 5
+    CHUNK_INFO = 6
+    CONNECTION = 7
+
+
+class FormatError(ValueError):
+    """A malformed structure at ``offset`` (relative to whatever buffer was parsed)."""
+
+    def __init__(self, offset: int, what: str) -> None:
+        super().__init__(what)
+        self.offset = offset
+        self.what = what
+
+
+def parse_header(buf: bytes | memoryview, base: int = 0) -> dict[str, bytes]:
+    """Fields of a record header (the bytes after its length prefix).
+
+    ``base`` is added to offsets in :class:`FormatError`.
+    """
+    fields: dict[str, bytes] = {}
+    pos = 0
+    n = len(buf)
+    while pos < n:
+        if pos + 4 > n:
+            raise FormatError(base + pos, "a header field length is cut off")
+        (size,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        if pos + size > n:
+            raise FormatError(base + pos, f"a header field of {size} bytes runs past its header")
+        field = bytes(buf[pos : pos + size])
+        eq = field.find(b"=")
+        if eq < 0:
+            raise FormatError(base + pos, "a header field has no '='")
+        fields[field[:eq].decode("latin-1")] = field[eq + 1 :]
+        pos += size
+    return fields
+
+
+def _u8(fields: Mapping[str, bytes], name: str, base: int) -> int:
+    value = fields.get(name)
+    if value is None or len(value) != 1:
+        raise FormatError(base, f"header field {name!r} is missing or not a uint8")
+    return value[0]
+
+
+def _u32(fields: Mapping[str, bytes], name: str, base: int) -> int:
+    value = fields.get(name)
+    if value is None or len(value) != 4:
+        raise FormatError(base, f"header field {name!r} is missing or not a uint32")
+    return int(_U32.unpack(value)[0])
+
+
+def _u64(fields: Mapping[str, bytes], name: str, base: int) -> int:
+    value = fields.get(name)
+    if value is None or len(value) != 8:
+        raise FormatError(base, f"header field {name!r} is missing or not a uint64")
+    return int(_U64.unpack(value)[0])
+
+
+def _time(fields: Mapping[str, bytes], name: str, base: int) -> int:
+    value = fields.get(name)
+    if value is None or len(value) != 8:
+        raise FormatError(base, f"header field {name!r} is missing or not a time")
+    sec, nsec = _TIME.unpack(value)
+    return int(sec) * 1_000_000_000 + int(nsec)
+
+
+def _str(fields: Mapping[str, bytes], name: str, base: int) -> str:
+    value = fields.get(name)
+    if value is None:
+        raise FormatError(base, f"header field {name!r} is missing")
+    try:
+        return value.decode()
+    except UnicodeDecodeError as err:
+        raise FormatError(base, f"header field {name!r} is not UTF-8") from err
+
+
+def op_of(fields: Mapping[str, bytes], base: int) -> int:
+    """The record opcode of a parsed header."""
+    return _u8(fields, "op", base)
+
+
+def encode_time(ns: int) -> bytes:
+    """A ROS 1 ``time`` (u32 sec, u32 nsec) from nanoseconds."""
+    return _TIME.pack(ns // 1_000_000_000, ns % 1_000_000_000)
+
+
+def encode_header(fields: Mapping[str, bytes]) -> bytes:
+    """A record header with its length prefix."""
+    body = b"".join(
+        _U32.pack(len(name) + 1 + len(value)) + name.encode() + b"=" + value
+        for name, value in fields.items()
+    )
+    return _U32.pack(len(body)) + body
+
+
+def encode_record(fields: Mapping[str, bytes], data: bytes | memoryview) -> bytes:
+    """A complete record: header and data, each with its length prefix."""
+    return encode_header(fields) + _U32.pack(len(data)) + bytes(data)
+
+
+def topic_name(name: str) -> str:
+    """A topic normalized the way rosbags does (no empty path segments)."""
+    lead = "/" if name.startswith("/") else ""
+    return lead + "/".join(x for x in name.split("/") if x)
+
+
+def decompress_chunk(compression: str, data: memoryview, size: int) -> bytes | memoryview:
+    """The uncompressed content of a chunk; FormatError if it fails or has the wrong size."""
+    try:
+        if compression == "none":
+            out: bytes | memoryview = data
+        elif compression == "bz2":
+            out = bz2.decompress(data)
+        elif compression == "lz4":
+            out = lz4.frame.decompress(bytes(data))
+        else:
+            raise FormatError(0, f"chunk compression {compression!r} is not supported")
+    except (OSError, ValueError, RuntimeError, EOFError) as err:
+        if isinstance(err, FormatError):
+            raise
+        raise FormatError(0, f"{compression} decompression of the chunk failed: {err}") from err
+    if len(out) != size:
+        raise FormatError(
+            0, f"chunk holds {len(out)} bytes after decompression, its header says {size}"
+        )
+    return out
+
+
+def read_connection(fields: Mapping[str, bytes], data: memoryview, base: int) -> Connection:
+    """A :class:`Connection` from a CONNECTION record's header fields and data."""
+    conn = _u32(fields, "conn", base)
+    topic = topic_name(_str(fields, "topic", base))
+    info = parse_header(data, base)
+    msgtype = _str(info, "type", base)
+    try:
+        normalized = normalize_msgtype(msgtype)
+    except Exception as err:  # rosbags raises its own and ValueError on odd names
+        raise FormatError(base, f"message type {msgtype!r} is not valid: {err}") from err
+    return Connection(
+        topic=topic,
+        msgtype=normalized,
+        msgdef=_str(info, "message_definition", base) if "message_definition" in info else "",
+        msgdef_format="ros1msg",
+        md5sum=_str(info, "md5sum", base) if "md5sum" in info else "",
+        serialization="ros1",
+        id=conn,
+    )
+
+
+class _Buf:
+    """Bounds-checked cursor over an in-memory buffer (index region, chunk content)."""
+
+    def __init__(self, buf: bytes | memoryview, base: int) -> None:
+        self.buf = memoryview(buf)
+        self.base = base
+        self.pos = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.buf) - self.pos
+
+    def take(self, n: int, what: str) -> memoryview:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise FormatError(
+                self.base + self.pos,
+                f"{what} of {n} bytes runs past the end of its region "
+                f"({self.remaining} bytes left)",
+            )
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def u32(self, what: str) -> int:
+        return int(_U32.unpack(self.take(4, what))[0])
+
+    def record(self) -> tuple[int, dict[str, bytes], memoryview]:
+        """(absolute record offset, header fields, data) of the next record."""
+        start = self.base + self.pos
+        try:
+            hlen = self.u32("a record header length")
+            fields = parse_header(self.take(hlen, "a record header"), self.base + self.pos - hlen)
+            dlen = self.u32("a record data length")
+            data = self.take(dlen, "a record's data")
+        except FormatError as err:
+            # Name the record, not the byte inside it where parsing gave up.
+            raise FormatError(start, f"record: {err.what}") from err
+        return start, fields, data
+
+
+@dataclass(frozen=True)
+class Ros1Index:
+    """What the driver knows about a ROS 1 bag after reading its header and index."""
+
+    size: int
+    index_pos: int
+    data_start: int
+    connections: tuple[Connection, ...]
+    chunks: tuple[ChunkRef, ...]
+
+
+def bag_header(head: bytes, uri: str) -> tuple[dict[str, bytes], int]:
+    """Fields of the bag header record and the offset just past it."""
+    if not head.startswith(b"#ROSBAG V"):
+        raise BagError(f"{uri}: not a ROS 1 bag: bad magic {head[:13]!r} at byte offset 0")
+    if not head.startswith(MAGIC):
+        raise BagError(f"{uri}: ROS bag version {head[:13]!r} is not supported (only V2.0)")
+    cursor = _Buf(head, 0)
+    cursor.take(len(MAGIC), "magic")
+    try:
+        _, fields, _ = cursor.record()
+        if op_of(fields, len(MAGIC)) != Op.BAGHEADER:
+            raise FormatError(len(MAGIC), "the first record is not a bag header")
+    except FormatError as err:
+        raise BagError(
+            f"{uri}: byte offset {err.offset}: bag header record is unreadable "
+            f"({err.what}); the file is truncated or not a bag"
+        ) from err
+    return fields, cursor.pos
+
+
+def read_index(fs: Any, path: str, uri: str) -> Ros1Index:
+    """Read the bag header and the index region of a ROS 1 bag (two ranged reads).
+
+    Raises :class:`BagIndexError` for unindexed bags and damaged indexes,
+    :class:`BagError` for files that are not bags or are truncated.
+    """
+    size = file_size(fs, path, uri)
+    head = read_range(fs, path, 0, min(size, _HEAD_BYTES), uri=uri, where="bag header")
+    fields, data_start = bag_header(head, uri)
+    try:
+        index_pos = _u64(fields, "index_pos", len(MAGIC))
+        conn_count = _u32(fields, "conn_count", len(MAGIC))
+        chunk_count = _u32(fields, "chunk_count", len(MAGIC))
+    except FormatError as err:
+        raise BagIndexError(f"{uri}: bag header: {err.what}{_REINDEX_HINT}") from err
+    if fields.get("encryptor"):
+        raise BagError(f"{uri}: encrypted bags are not supported")
+    if index_pos == 0:
+        raise UnindexedBagError(
+            f"{uri}: bag is not indexed (index_pos is 0, as a killed recorder leaves it)"
+            + _REINDEX_HINT
+        )
+    if index_pos < data_start or index_pos > size:
+        raise BagIndexError(
+            f"{uri}: bag index is damaged: index_pos {index_pos} lies outside the file's "
+            f"data [{data_start}, {size}) (is the file truncated?)" + _REINDEX_HINT
+        )
+    region = read_range(fs, path, index_pos, size, uri=uri, where="bag index")
+    cursor = _Buf(region, index_pos)
+    connections: list[Connection] = []
+    infos: list[tuple[int, int, int, dict[int, int]]] = []
+    try:
+        for _ in range(conn_count):
+            offset, rfields, data = cursor.record()
+            if op_of(rfields, offset) != Op.CONNECTION:
+                raise FormatError(offset, "expected a connection record")
+            connections.append(read_connection(rfields, data, offset))
+        for _ in range(chunk_count):
+            offset, rfields, data = cursor.record()
+            if op_of(rfields, offset) != Op.CHUNK_INFO:
+                raise FormatError(offset, "expected a chunk info record")
+            if (ver := _u32(rfields, "ver", offset)) != 1:
+                raise FormatError(offset, f"chunk info version {ver} is not supported")
+            pos = _u64(rfields, "chunk_pos", offset)
+            count = _u32(rfields, "count", offset)
+            start = _time(rfields, "start_time", offset) if count else 2**63 - 1
+            end = _time(rfields, "end_time", offset) + 1 if count else 0
+            if len(data) != 8 * count:
+                raise FormatError(offset, f"chunk info holds {len(data)} bytes for {count} pairs")
+            counts = {int(c): int(n) for c, n in struct.iter_unpack("<II", data)}
+            infos.append((pos, start, end, counts))
+    except FormatError as err:
+        raise BagIndexError(
+            f"{uri}: bag index is damaged at byte offset {err.offset}: {err.what}" + _REINDEX_HINT
+        ) from err
+    infos.sort(key=lambda x: x[0])
+    chunks: list[ChunkRef] = []
+    for i, (pos, start, end, counts) in enumerate(infos):
+        nxt = infos[i + 1][0] if i + 1 < len(infos) else index_pos
+        if pos < data_start or nxt <= pos:
+            raise BagIndexError(
+                f"{uri}: bag index is damaged: chunk {i} at byte offset {pos} lies outside "
+                f"[{data_start}, {index_pos}) or overlaps the next chunk" + _REINDEX_HINT
+            )
+        chunks.append(ChunkRef(pos, nxt, start, end, counts, ""))
+    return Ros1Index(size, index_pos, data_start, tuple(connections), tuple(chunks))
+
+
+class _ChunkDesc:
+    """A chunk met while scanning a partition's range, before it is decoded."""
+
+    def __init__(
+        self, offset: int, compression: str, size: int, data_pos: int, data_len: int
+    ) -> None:
+        self.offset = offset
+        self.compression = compression
+        self.size = size
+        self.data_pos = data_pos
+        self.data_len = data_len
+        self.conns: set[int] = set()
+        self.min_time: int | None = None
+        self.max_time: int | None = None
+        self.has_index = False
+
+    def add_index(self, conn: int, data: memoryview) -> None:
+        self.has_index = True
+        self.conns.add(conn)
+        for sec, nsec, _ in struct.iter_unpack("<III", data):
+            t = int(sec) * 1_000_000_000 + int(nsec)
+            if self.min_time is None or t < self.min_time:
+                self.min_time = t
+            if self.max_time is None or t > self.max_time:
+                self.max_time = t
+
+
+def _range_records(reader: RangeReader) -> Iterator[tuple[int, dict[str, bytes], int, int]]:
+    """Top-level records of a range: (offset, header fields, data offset, data length).
+
+    Data is skipped, not fetched; callers read it with ``reader.read_at``.
+    """
+    while reader.remaining > 0:
+        offset = reader.pos
+        hlen = int(_U32.unpack(reader.read(4))[0])
+        try:
+            fields = parse_header(reader.read(hlen), offset + 4)
+        except FormatError as err:
+            raise reader.error(err.offset, f"record header is corrupt: {err.what}") from err
+        dlen = int(_U32.unpack(reader.read(4))[0])
+        data_pos = reader.pos
+        reader.skip(dlen)
+        yield offset, fields, data_pos, dlen
+
+
+def scan_chunks(reader: RangeReader) -> Iterator[_ChunkDesc]:
+    """The chunks of a range with what their INDEX_DATA records say, data not yet fetched."""
+    current: _ChunkDesc | None = None
+    for offset, fields, data_pos, dlen in _range_records(reader):
+        try:
+            op = op_of(fields, offset)
+            if op == Op.CHUNK:
+                if current is not None:
+                    yield current
+                current = _ChunkDesc(
+                    offset,
+                    _str(fields, "compression", offset),
+                    _u32(fields, "size", offset),
+                    data_pos,
+                    dlen,
+                )
+            elif op == Op.IDXDATA:
+                if current is None:
+                    raise FormatError(offset, "index data before any chunk")
+                if (ver := _u32(fields, "ver", offset)) != 1:
+                    raise FormatError(offset, f"index data version {ver} is not supported")
+                conn = _u32(fields, "conn", offset)
+                count = _u32(fields, "count", offset)
+                if dlen != 12 * count:
+                    raise FormatError(offset, f"index data of {dlen} bytes for {count} entries")
+                current.add_index(conn, reader.read_at(data_pos, dlen))
+            elif op == Op.CONNECTION:
+                continue
+            else:
+                raise FormatError(offset, f"unexpected record op {op} between chunks")
+        except FormatError as err:
+            raise reader.error(err.offset, err.what) from err
+    if current is not None:
+        yield current
+
+
+def chunk_records(
+    content: bytes | memoryview, base: int = 0
+) -> Iterator[tuple[int, int, dict[str, bytes], memoryview, int]]:
+    """(offset, op, header fields, data, end offset) of each record inside a chunk.
+
+    Offsets are relative to ``content``; ``base`` only labels errors.
+    """
+    cursor = _Buf(content, base)
+    while cursor.remaining > 0:
+        rel = cursor.pos
+        offset, fields, data = cursor.record()
+        yield rel, op_of(fields, offset), fields, data, cursor.pos
+
+
+def chunk_messages(
+    content: bytes | memoryview, base: int = 0
+) -> Iterator[tuple[int, int, int, memoryview]]:
+    """(offset in content, conn id, record time, data) of each message of a chunk.
+
+    Connection records inside the chunk are skipped.  ``base`` only labels errors.
+    """
+    for rel, op, fields, data, _end in chunk_records(content, base):
+        if op == Op.MSGDATA:
+            yield rel, _u32(fields, "conn", base + rel), _time(fields, "time", base + rel), data
+        elif op != Op.CONNECTION:
+            raise FormatError(base + rel, f"unexpected record op {op} inside a chunk")
+
+
+def read_partition(part: BagPartition) -> Iterator[RawMessage]:
+    """The messages of a ROS 1 partition, in rosbags' order, filtered by topic and time."""
+    uri = join_member(part.uri, part.member)
+    fs, path = open_fs(uri, part.storage_options)
+    where = f"partition {part.index}"
+    reader = RangeReader(fs, path, part.start_offset, part.end_offset, uri=uri, where=where)
+    ranks = {c.id: (rank, c) for rank, c in enumerate(part.connections)}
+    start, end = part.start, part.end
+
+    def relevant(desc: _ChunkDesc) -> bool:
+        if not desc.has_index:
+            return True
+        if not desc.conns & ranks.keys():
+            return False
+        if desc.min_time is None or desc.max_time is None:
+            return True  # index records without entries: decode and see
+        if start is not None and desc.max_time < start:
+            return False
+        return not (end is not None and desc.min_time >= end)
+
+    def loader(desc: _ChunkDesc, seq: int) -> Callable[[], list[tuple[SortKey, RawMessage]]]:
+        def load() -> list[tuple[SortKey, RawMessage]]:
+            raw = reader.read_at(desc.data_pos, desc.data_len)
+            label = f"chunk at byte offset {desc.offset}"
+            try:
+                content = decompress_chunk(desc.compression, raw, desc.size)
+                items: list[tuple[SortKey, RawMessage]] = []
+                for rel, conn, time, data in chunk_messages(content, 0):
+                    hit = ranks.get(conn)
+                    if hit is None:
+                        continue
+                    if (start is not None and time < start) or (end is not None and time >= end):
+                        continue
+                    items.append(((time, hit[0], seq, rel), RawMessage(time, hit[1], data)))
+            except FormatError as err:
+                where_in = (
+                    f"byte offset {desc.data_pos + err.offset}"
+                    if desc.compression == "none"
+                    else f"uncompressed offset {err.offset}"
+                )
+                raise BagError(f"{uri}: {where}: {label}, {where_in}: {err.what}") from err
+            return items
+
+        return load
+
+    def chunks() -> Iterator[tuple[int | None, Callable[[], list[tuple[SortKey, RawMessage]]]]]:
+        for seq, desc in enumerate(scan_chunks(reader)):
+            if relevant(desc):
+                yield desc.min_time, loader(desc, seq)
+
+    yield from merge_chunk_messages(chunks())
+
+
+def _compression(fs: Any, path: str, uri: str, chunk: ChunkRef) -> str:
+    """Compression of a chunk, from its record header (one small ranged read)."""
+    head = read_range(
+        fs,
+        path,
+        chunk.start_offset,
+        min(chunk.end_offset, chunk.start_offset + 4096),
+        uri=uri,
+        where="chunk header",
+    )
+    try:
+        cursor = _Buf(head, chunk.start_offset)
+        hlen = cursor.u32("a record header length")
+        fields = parse_header(cursor.take(hlen, "a record header"), chunk.start_offset + 4)
+        return _str(fields, "compression", chunk.start_offset)
+    except FormatError as err:
+        raise BagError(f"{uri}: byte offset {err.offset}: chunk header: {err.what}") from err
+
+
+class Ros1Backend:
+    """The ROS 1 entry in the backend registry."""
+
+    def summarize(self, uri: str, storage_options: tuple[tuple[str, object], ...]) -> BagSummary:
+        """Counts, topics and time span from the index; compression from the first chunk."""
+        fs, path = open_fs(uri, storage_options)
+        try:
+            index = read_index(fs, path, uri)
+        except UnindexedBagError:
+            size = file_size(fs, path, uri)
+            return BagSummary(uri, BagFormat.ROS1, size, 0, 0, 0, (), 0, "", False)
+        compression = _compression(fs, path, uri, index.chunks[0]) if index.chunks else "none"
+        return summary_from_chunks(
+            uri, BagFormat.ROS1, index.size, index.connections, index.chunks, compression
+        )
+
+    def plan(self, uri: str, request: PlanRequest) -> list[BagPartition]:
+        """Partitions from the chunk index; see :func:`adcloud.binpipe.bags.plan_partitions`."""
+        fs, path = open_fs(uri, request.storage_options)
+        index = read_index(fs, path, uri)
+        return chunk_partitions(uri, BagFormat.ROS1, index.chunks, index.connections, request)
+
+    def read(self, part: BagPartition) -> Iterator[RawMessage]:
+        """See :func:`read_partition`."""
+        return read_partition(part)
