@@ -66,6 +66,8 @@ BLOCK_HEADER_SIZE = 40
 DEFAULT_MAX_BLOCK_BYTES = 1 << 30
 #: Writers close a block once its payload reaches this size.
 DEFAULT_BLOCK_BYTES = 1 << 20
+#: Readers grow a block's buffer at most this much before the bytes arrive.
+_READ_STEP = 1 << 24
 #: Blocks with at least this many records are decoded column by column.
 _COLUMNAR_MIN_RECORDS = 64
 #: Writers close a block once it holds this many records.
@@ -145,6 +147,16 @@ class BlockHeader(NamedTuple):
     def block_size(self) -> int:
         """Bytes of the whole block, header and padding included."""
         return BLOCK_HEADER_SIZE + self.tables_size + _pad8(self.payload_len)
+
+
+def write_all(sink: IO[bytes], data: bytes | bytearray | memoryview) -> None:
+    """Write all of ``data``, looping over partial writes of raw (unbuffered) files."""
+    view = memoryview(data)
+    while view:
+        n = sink.write(view)
+        if n is None:
+            raise BinpipeError("the output would block; BinPipe needs a blocking file object")
+        view = view[n:]
 
 
 def _pad8(n: int) -> int:
@@ -346,14 +358,10 @@ class StreamWriter:
         self._emit([stream_header()])
 
     def _emit(self, chunks: Sequence[bytes | memoryview]) -> None:
-        small = [c for c in chunks if len(c) < 65536]
-        if len(small) == len(chunks):
-            data = b"".join(chunks)
-            self._out.write(data)
-            self.bytes_written += len(data)
-            return
+        if all(len(c) < 65536 for c in chunks):
+            chunks = [b"".join(chunks)]
         for chunk in chunks:
-            self._out.write(chunk)
+            write_all(self._out, chunk)
             self.bytes_written += len(chunk)
 
     def write(self, record: Iterable[object]) -> None:
@@ -527,9 +535,9 @@ class Block:
         p0 = t0 + header.tables_size
         payload = raw[p0 : p0 + plen]
         _validate_tables(header, field_ends, record_ends, field_types, offset)
-        if verify_payload and header.flags & BlockFlag.PAYLOAD_CRC:
-            if zlib.crc32(payload) != header.payload_crc:
-                raise BinpipeError(f"corrupt block payload at offset {offset + p0}: CRC mismatch")
+        checked = verify_payload and header.flags & BlockFlag.PAYLOAD_CRC
+        if checked and zlib.crc32(payload) != header.payload_crc:
+            raise BinpipeError(f"corrupt block payload at offset {offset + p0}: CRC mismatch")
         # Padding is outside the payload CRC; requiring zeros catches flips there too.
         if any(tables[r0 + 4 * nrec : y0]) or any(tables[y0 + nfld :]) or any(raw[p0 + plen :]):
             raise BinpipeError(f"corrupt block at offset {offset}: non-zero padding")
@@ -580,9 +588,7 @@ class Block:
         last = int(self._record_ends[i])
         ends = self._field_ends
         return tuple(
-            self._value(
-                j, int(ends[j - 1]) if j else 0, int(ends[j]), int(self._field_types[j])
-            )
+            self._value(j, int(ends[j - 1]) if j else 0, int(ends[j]), int(self._field_types[j]))
             for j in range(first, last)
         )
 
@@ -724,8 +730,10 @@ def _validate_tables(
             raise BinpipeError(f"corrupt {where}: payload without fields")
     else:
         if int(field_ends[-1]) != plen:
-            raise BinpipeError(f"corrupt {where}: field offsets end at {int(field_ends[-1])}, "
-                               f"payload has {plen} bytes")
+            raise BinpipeError(
+                f"corrupt {where}: field offsets end at {int(field_ends[-1])}, "
+                f"payload has {plen} bytes"
+            )
         lengths = np.diff(field_ends, prepend=np.uint64(0)).astype(np.int64)
         if nfld > 1 and bool((field_ends[1:] < field_ends[:-1]).any()):
             raise BinpipeError(f"corrupt {where}: field offsets go backwards")
@@ -741,8 +749,10 @@ def _validate_tables(
             raise BinpipeError(f"corrupt {where}: fields without records")
     else:
         if int(record_ends[-1]) != nfld:
-            raise BinpipeError(f"corrupt {where}: record table ends at {int(record_ends[-1])}, "
-                               f"block has {nfld} fields")
+            raise BinpipeError(
+                f"corrupt {where}: record table ends at {int(record_ends[-1])}, "
+                f"block has {nfld} fields"
+            )
         if nrec > 1 and bool((record_ends[1:] < record_ends[:-1]).any()):
             raise BinpipeError(f"corrupt {where}: record table goes backwards")
 
@@ -784,6 +794,37 @@ class StreamReader:
             got += k
         return buf
 
+    def _read_body(self, head: bytearray, size: int) -> bytearray:
+        """Read a whole block of ``size`` bytes whose 40-byte header is ``head``.
+
+        Blocks over 16 MiB grow their buffer with the data that actually arrives, so
+        a header that lies about its size cannot make the reader allocate much more
+        than it is sent.
+        """
+        if size <= _READ_STEP:
+            buf = bytearray(size)
+            buf[:BLOCK_HEADER_SIZE] = head
+        else:
+            buf = bytearray(head)
+        filled = BLOCK_HEADER_SIZE
+        while filled < size:
+            end = min(size, filled + _READ_STEP)
+            if len(buf) < end:
+                buf.extend(bytes(end - len(buf)))
+            view = memoryview(buf)
+            try:
+                while filled < end:
+                    k = self._in.readinto(view[filled:end])  # type: ignore[attr-defined]
+                    if not k:
+                        raise BinpipeError(
+                            f"{self._name}: truncated block at offset {self.offset}: "
+                            f"{filled} of {size} bytes before end of input"
+                        )
+                    filled += k
+            finally:
+                view.release()
+        return buf
+
     def __iter__(self) -> Iterator[Block]:
         # Pipes and sockets may return fewer bytes than asked; only b"" means end of input.
         head = b""
@@ -813,18 +854,8 @@ class StreamReader:
                     )
             except BinpipeError as err:
                 raise BinpipeError(f"{self._name}: {err}") from None
-            buf = bytearray(size)
-            buf[:BLOCK_HEADER_SIZE] = hbuf
+            buf = self._read_body(hbuf, size)
             view = memoryview(buf)
-            got = BLOCK_HEADER_SIZE
-            while got < size:
-                k = self._in.readinto(view[got:])  # type: ignore[attr-defined]
-                if not k:
-                    raise BinpipeError(
-                        f"{self._name}: truncated block at offset {self.offset}: "
-                        f"{got} of {size} bytes before end of input"
-                    )
-                got += k
             try:
                 block = Block.parse(
                     view, self.offset, verify_payload=self._verify, max_block_bytes=self._max

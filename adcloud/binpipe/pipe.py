@@ -28,6 +28,7 @@ from adcloud.binpipe.codec import (
     StreamReader,
     encode_end_block,
     stream_header,
+    write_all,
 )
 from adcloud.binpipe.errors import BinpipeError, PipeCommandError
 
@@ -40,17 +41,6 @@ _STDERR_TAIL_BYTES = 8192
 
 def _args(command: str | Sequence[str]) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else list(command)
-
-
-def _write_all(sink: IO[bytes], data: bytes | memoryview) -> None:
-    # The pipe is unbuffered (bufsize=0): a raw write may take only part of a big
-    # buffer (e.g. when interrupted by a signal), so loop until all of it is taken.
-    view = memoryview(data)
-    while view:
-        n = sink.write(view)
-        if n is None:  # non-blocking sink with a full buffer: cannot happen on a pipe
-            raise BinpipeError("pipe to the command would block")
-        view = view[n:]
 
 
 class _Feeder(threading.Thread):
@@ -66,7 +56,7 @@ class _Feeder(threading.Thread):
 
     def run(self) -> None:
         try:
-            _write_all(self._sink, stream_header())
+            write_all(self._sink, stream_header())
             for raw in self._blocks:
                 view = memoryview(raw)
                 # Header check only: the blocks were validated when they were made,
@@ -78,8 +68,8 @@ class _Feeder(threading.Thread):
                         f"({header.block_size} bytes)"
                     )
                 self.records += header.n_records
-                _write_all(self._sink, view)
-            _write_all(self._sink, encode_end_block(self.records))
+                write_all(self._sink, view)
+            write_all(self._sink, encode_end_block(self.records))
         except BrokenPipeError:
             self.broken_pipe = True
         except BaseException as err:  # reported by the reading side
