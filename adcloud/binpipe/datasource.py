@@ -2,8 +2,13 @@
 
 A Spark 4 Python data source.  Partitions are the same chunk ranges as
 :meth:`BinPipeRDD.from_bags`; each task reads its range and yields Arrow record
-batches.  Filters on ``topic`` (``=``, ``IN``) and ``record_time`` (ranges) are pushed
-down to the partition planner, so unselected chunks are never read.
+batches.  The ``topics``, ``start`` and ``end`` options narrow the partition plan, so
+chunks without a selected topic or outside the time range are never read.
+
+``DataFrame.filter`` is not pushed into the plan: with Spark 4.3's Python data source
+filter pushdown, the narrowed plan of a filtered DataFrame was seen to leak into the
+unfiltered DataFrame it came from (it then returned only the filtered rows).  Until
+that is fixed upstream, narrowing is explicit, through options, and always correct.
 
 Options: ``topics`` (comma-separated), ``start``/``end`` (ns, record time),
 ``partitionsPerBag``, ``timeSource`` (``record`` or ``header``), ``batchSize``
@@ -18,20 +23,13 @@ message bytes as stored), ``partition`` (partition index within the bag).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
     InputPartition,
-    LessThan,
-    LessThanOrEqual,
 )
 
 from adcloud.binpipe.bags import (
@@ -108,32 +106,6 @@ class RosbagReader(DataSourceReader):
         )
         self.time_source = TimeSource(options.get("timeSource", "record"))
         self.batch_size = int(options.get("batchSize", "1024"))
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
-        """Take topic and record-time filters; hand back every filter Spark must still apply.
-
-        Pushed filters only narrow what is read: Spark re-checks them all, so a filter
-        pushed here can never change a result, only how much is read.
-        """
-        for flt in filters:
-            attribute: tuple[str, ...] = getattr(flt, "attribute", ())
-            column = attribute[0] if len(attribute) == 1 else None
-            if column == "topic" and isinstance(flt, EqualTo) and isinstance(flt.value, str):
-                self._narrow_topics({flt.value})
-            elif column == "topic" and isinstance(flt, In):
-                self._narrow_topics({v for v in flt.value if isinstance(v, str)})
-            elif column == "record_time" and isinstance(getattr(flt, "value", None), int):
-                value = int(getattr(flt, "value"))  # noqa: B009 - Filter subclasses differ
-                if isinstance(flt, GreaterThanOrEqual | GreaterThan):
-                    low = value + (1 if isinstance(flt, GreaterThan) else 0)
-                    self.start = low if self.start is None else max(self.start, low)
-                elif isinstance(flt, LessThan | LessThanOrEqual):
-                    high = value + (1 if isinstance(flt, LessThanOrEqual) else 0)
-                    self.end = high if self.end is None else min(self.end, high)
-            yield flt
-
-    def _narrow_topics(self, topics: set[str]) -> None:
-        self.topics = topics if self.topics is None else self.topics & topics
 
     def partitions(self) -> Sequence[InputPartition]:
         from adcloud.binpipe.rdd import expand_uris  # noqa: PLC0415 - avoid an import cycle

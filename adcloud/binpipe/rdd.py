@@ -190,11 +190,12 @@ def _save_partition(
     try:
         with fs.open(tmp, "wb") as out:
             writer = StreamWriter(out)
+            count = 0
             for raw in blocks:
+                count += _count_records(raw)
                 writer.write_block(seal_block(raw))
             writer.close()
             size = writer.bytes_written
-            count = writer.record_count
         fs.mv(tmp, final)
     except BaseException:
         try:

@@ -175,8 +175,23 @@ def test_rosbag_datasource(spark: Any, shared_data: Path) -> None:
     rows = fix.select("record_time", "data").orderBy("record_time").collect()
     ref = reference(shared_data / HUSKY, ["/fix"])
     assert [(r["record_time"], bytes(r["data"])) for r in rows] == [(m[1], m[2]) for m in ref]
-    # the topic filter is pushed into partition planning: chunks without /fix are not read
-    assert fix.rdd.getNumPartitions() <= df.rdd.getNumPartitions()
+    # a filtered DataFrame must not change the one it came from (see datasource.py)
+    assert df.count() == 15 + 16806
+
+
+def test_rosbag_datasource_options_narrow_the_plan(spark: Any, shared_data: Path) -> None:
+    register_rosbag_source(spark)
+    lum_path = str(shared_data / LUMINAR)
+    lum = spark.read.format("rosbag").load(lum_path)
+    scans = spark.read.format("rosbag").option("topics", "/base_scan").load(lum_path)
+    assert scans.count() == 5
+    assert scans.rdd.getNumPartitions() < lum.rdd.getNumPartitions()
+    ref = reference(shared_data / HUSKY, ["/fix"])
+    late = ref[len(ref) // 2][1]
+    husky = spark.read.format("rosbag").load(str(shared_data / HUSKY))
+    tail = spark.read.format("rosbag").option("start", str(late)).load(str(shared_data / HUSKY))
+    assert tail.rdd.getNumPartitions() < husky.rdd.getNumPartitions()
+    assert tail.filter(tail.topic == "/fix").count() == sum(1 for m in ref if m[1] >= late)
 
 
 def test_rosbag_datasource_single_path_and_options(spark: Any, shared_data: Path) -> None:
