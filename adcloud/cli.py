@@ -91,12 +91,12 @@ def _cmd_bag_info(args: argparse.Namespace, console: Console) -> int:
 
 
 def _session(args: argparse.Namespace) -> Any:
-    from adcloud.spark import get_session  # noqa: PLC0415
+    from adcloud.spark import SparkSettings, get_session  # noqa: PLC0415
 
-    overrides: dict[str, Any] = {}
-    if getattr(args, "master", None):
-        overrides["master"] = args.master
-    return get_session(**overrides)
+    master = getattr(args, "master", None)
+    settings = SparkSettings.load(master=master) if master else SparkSettings.load()
+    # The CLI draws its own progress bars; Spark's console bar would interleave with them.
+    return get_session(settings, **{"spark.ui.showConsoleProgress": "false"})
 
 
 def _cmd_ingest(args: argparse.Namespace, console: Console) -> int:

@@ -1,0 +1,30 @@
+# adcloud developer commands. `make demo` runs the main job, `make test` the whole test suite;
+# both install what is missing first (scripts/install.sh is fast when nothing is).
+
+VENV   := .venv
+PYTHON := $(VENV)/bin/python
+# Extra pytest options, e.g. `make test PYTEST_ARGS='-m "not cluster" -x'`.
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint bench
+
+install:
+	bash scripts/install.sh
+
+demo: install
+	$(VENV)/bin/adcloud demo
+
+# pytest exits non-zero on failures and with 5 when no test was collected: both fail `make`.
+test: install
+	$(PYTHON) -m pytest -q --durations=15 $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check adcloud tests benchmarks
+	$(VENV)/bin/mypy
+
+bench: install
+	@if [ -f benchmarks/run_all.py ]; then \
+		$(PYTHON) benchmarks/run_all.py; \
+	else \
+		echo "no benchmarks/run_all.py yet: nothing to run"; \
+	fi

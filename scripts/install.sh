@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Install everything adcloud needs on a Debian 12 machine, into the checkout's .venv.
+#
+#   bash scripts/install.sh        (or: make install)
+#
+# Idempotent: what is already installed is left alone, and a run with nothing to do takes a
+# second or two. Steps:
+#   1. Java 17+ must be present (Spark 4 runs on it); it is not installed here.
+#   2. Debian packages for ROS 1 and Open3D, installed with apt-get only when missing
+#      (through sudo when not root).
+#   3. .venv (python3 -m venv), torch==2.13.0 first (the CPU wheel; any other spec pulls
+#      several GB of CUDA wheels), then `pip install -e '.[dev]'`. A stamp in .venv records
+#      the hash of pyproject.toml so unchanged dependencies are not re-resolved.
+# Environment: PYTHON (interpreter for the venv, default python3), ADCLOUD_SKIP_APT=1 (skip
+# step 2, e.g. on a machine without Debian packages; ROS features then say what is missing).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+TORCH_SPEC="torch==2.13.0"
+APT_PACKAGES=(ros-core python3-rospy python3-rosbag python3-rostest topic-tools rosbash libusb-1.0-0)
+STAMP="$VENV/.adcloud-install-stamp"
+
+say() { printf '==> %s\n' "$*"; }
+die() { printf 'install.sh: error: %s\n' "$*" >&2; exit 1; }
+
+# Run a command with its output kept in a log; show the log only when the command fails.
+quietly() {
+    local log
+    log=$(mktemp)
+    if ! "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        die "command failed: $*"
+    fi
+    rm -f "$log"
+}
+
+# -- 1. Java -------------------------------------------------------------------------------------
+JAVA_HINT="install it with: sudo apt-get install -y --no-install-recommends openjdk-17-jre-headless"
+if [[ -n "${JAVA_HOME:-}" ]]; then
+    JAVA="$JAVA_HOME/bin/java"
+    [[ -x "$JAVA" ]] || die "JAVA_HOME=$JAVA_HOME has no bin/java; fix JAVA_HOME or unset it and $JAVA_HINT"
+else
+    JAVA=$(command -v java || true)
+    [[ -n "$JAVA" ]] || die "Java 17 or newer is required by Spark and no 'java' is on PATH; $JAVA_HINT"
+fi
+JAVA_VERSION=$("$JAVA" -version 2>&1 | awk -F'"' '/version/ {print $2; exit}')
+JAVA_MAJOR=${JAVA_VERSION%%.*}
+if [[ "$JAVA_MAJOR" == 1 ]]; then  # 1.8.0_x -> 8
+    JAVA_MAJOR=$(cut -d. -f2 <<<"$JAVA_VERSION")
+fi
+[[ "$JAVA_MAJOR" =~ ^[0-9]+$ && "$JAVA_MAJOR" -ge 17 ]] ||
+    die "Spark 4 needs Java 17 or newer but $JAVA is '${JAVA_VERSION:-unknown}'; $JAVA_HINT"
+
+# -- 2. Debian packages ---------------------------------------------------------------------------
+installed() { dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed'; }
+
+if [[ "${ADCLOUD_SKIP_APT:-0}" != 1 ]]; then
+    command -v dpkg >/dev/null ||
+        die "this is not a Debian system: install ${APT_PACKAGES[*]} by other means and rerun with ADCLOUD_SKIP_APT=1"
+    wanted=("${APT_PACKAGES[@]}")
+    # Debian's own python3 needs python3-venv for `python3 -m venv`.
+    if [[ ! -x "$VENV/bin/python" ]] && ! "$PYTHON" -c 'import ensurepip' 2>/dev/null; then
+        wanted+=(python3-venv)
+    fi
+    missing=()
+    for package in "${wanted[@]}"; do
+        installed "$package" || missing+=("$package")
+    done
+    if ((${#missing[@]})); then
+        as_root=()
+        if [[ $(id -u) -ne 0 ]]; then
+            command -v sudo >/dev/null || die "need root or sudo to install: ${missing[*]}"
+            as_root=(sudo)
+        fi
+        say "installing Debian packages: ${missing[*]}"
+        quietly "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        quietly "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    fi
+fi
+
+# -- 3. Python environment ------------------------------------------------------------------------
+if [[ ! -x "$VENV/bin/python" ]]; then
+    command -v "$PYTHON" >/dev/null || die "no '$PYTHON' found: install Python 3.11 (or set PYTHON)"
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+        die "adcloud needs Python 3.11+, '$PYTHON' is $("$PYTHON" --version 2>&1)"
+    say "creating $VENV with $("$PYTHON" --version 2>&1)"
+    quietly "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -c '' 2>/dev/null ||
+    die "$VENV is broken (was its Python removed?); delete it (rm -rf $VENV) and run again"
+
+stamp_value="$(sha256sum pyproject.toml | cut -d' ' -f1) $TORCH_SPEC $("$VENV/bin/python" -V 2>&1)"
+packages_present() {
+    # adcloud must resolve to this checkout (editable install), the rest must be importable.
+    "$VENV/bin/python" - "$ROOT" <<'EOF'
+import importlib.util
+import pathlib
+import sys
+
+root = pathlib.Path(sys.argv[1]).resolve()
+spec = importlib.util.find_spec("adcloud")
+ok = spec is not None and spec.origin is not None and root in pathlib.Path(spec.origin).resolve().parents
+ok = ok and all(importlib.util.find_spec(name) for name in ("pyspark", "torch", "pytest", "ruff", "mypy"))
+sys.exit(0 if ok else 1)
+EOF
+}
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$stamp_value" ]] && packages_present; then
+    say "Python packages are up to date ($VENV)"
+else
+    say "installing $TORCH_SPEC (CPU) into $VENV"
+    quietly "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+    say "installing adcloud with its dependencies and dev tools (editable; first run takes minutes)"
+    constraints=$(mktemp)
+    trap 'rm -f "$constraints"' EXIT
+    echo "$TORCH_SPEC" >"$constraints"  # nothing may swap the CPU torch for a CUDA build
+    quietly "$VENV/bin/python" -m pip install -q -c "$constraints" -e '.[dev]'
+    packages_present || die "the packages were installed but adcloud, pyspark or torch does not import from $VENV"
+    echo "$stamp_value" >"$STAMP"
+fi
+
+# -- summary ----------------------------------------------------------------------------------------
+ros="not installed (ADCLOUD_SKIP_APT=1)"
+if installed python3-rospy 2>/dev/null; then
+    ros="ROS 1 rospy $(dpkg-query -W -f='${Version}' python3-rospy), rosbag $(dpkg-query -W -f='${Version}' python3-rosbag)"
+fi
+"$VENV/bin/python" - "$JAVA_VERSION" "$ros" <<'EOF'
+import platform
+import sys
+from importlib.metadata import version
+
+java, ros = sys.argv[1:3]
+print("adcloud is installed:")
+print(f"  python  {platform.python_version()} ({sys.prefix})")
+print(f"  java    {java}")
+print(f"  spark   {version('pyspark')} (pyspark)")
+print(f"  torch   {version('torch')}")
+print(f"  ros     {ros}")
+EOF

@@ -1,0 +1,163 @@
+"""Layered, typed settings (:mod:`adcloud.config`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import FrozenInstanceError, dataclass
+from pathlib import Path
+
+import pytest
+
+from adcloud.config import load_settings, settings_dict, write_settings
+from adcloud.errors import AdcloudError, ConfigError
+
+
+@dataclass(frozen=True)
+class Example:
+    """Covers every field type the loader coerces."""
+
+    name: str = "drive"
+    workers: int = 2
+    ratio: float = 0.5
+    verbose: bool = False
+    root: Path = Path("/tmp/adcloud")
+    topics: tuple[str, ...] = ("/imu",)
+    sizes: tuple[int, ...] = (1, 2)
+    limit: int | None = None
+
+
+def test_defaults_without_file_or_environment() -> None:
+    assert load_settings(Example, "example", environ={}) == Example()
+
+
+def test_settings_are_frozen() -> None:
+    settings = load_settings(Example, "example", environ={})
+    with pytest.raises(FrozenInstanceError):
+        settings.workers = 3  # type: ignore[misc]
+
+
+def test_environment_overrides_with_type_coercion() -> None:
+    settings = load_settings(
+        Example,
+        "example",
+        environ={
+            "ADCLOUD_EXAMPLE_NAME": "night-run",
+            "ADCLOUD_EXAMPLE_WORKERS": "8",
+            "ADCLOUD_EXAMPLE_RATIO": "0.25",
+            "ADCLOUD_EXAMPLE_VERBOSE": "yes",
+            "ADCLOUD_EXAMPLE_ROOT": "~/adcloud-data",
+            "ADCLOUD_EXAMPLE_TOPICS": "/fix, /imu/data",
+            "ADCLOUD_EXAMPLE_SIZES": "3,4,5",
+            "ADCLOUD_EXAMPLE_LIMIT": "100",
+            "ADCLOUD_OTHER_WORKERS": "99",  # another section's variable
+        },
+    )
+    assert settings == Example(
+        name="night-run",
+        workers=8,
+        ratio=0.25,
+        verbose=True,
+        root=Path("~/adcloud-data").expanduser(),
+        topics=("/fix", "/imu/data"),
+        sizes=(3, 4, 5),
+        limit=100,
+    )
+    assert isinstance(settings.workers, int)
+    assert isinstance(settings.root, Path)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("1", True), ("off", False), ("TRUE", True)])
+def test_boolean_spellings(text: str, expected: bool) -> None:
+    environ = {"ADCLOUD_EXAMPLE_VERBOSE": text}
+    assert load_settings(Example, "example", environ=environ).verbose is expected
+
+
+def test_optional_field_reads_none() -> None:
+    settings = load_settings(
+        Example, "example", environ={"ADCLOUD_EXAMPLE_LIMIT": "none"}, limit=None
+    )
+    assert settings.limit is None
+
+
+def test_file_then_environment_then_keyword_overrides(tmp_path: Path) -> None:
+    file = tmp_path / "adcloud.yaml"
+    file.write_text(
+        "example:\n  name: from-file\n  workers: 4\n  topics: [/a, /b]\nother:\n  workers: 1\n"
+    )
+    from_file = load_settings(Example, "example", file=file, environ={})
+    assert (from_file.name, from_file.workers, from_file.topics) == ("from-file", 4, ("/a", "/b"))
+    layered = load_settings(
+        Example,
+        "example",
+        file=file,
+        environ={"ADCLOUD_EXAMPLE_WORKERS": "6", "ADCLOUD_EXAMPLE_NAME": "from-env"},
+        name="from-keyword",
+    )
+    assert (layered.name, layered.workers, layered.topics) == ("from-keyword", 6, ("/a", "/b"))
+
+
+def test_json_file_and_missing_section(tmp_path: Path) -> None:
+    file = tmp_path / "adcloud.json"
+    file.write_text(json.dumps({"example": {"ratio": 2}}))
+    assert load_settings(Example, "example", file=file, environ={}).ratio == 2.0
+    assert load_settings(Example, "absent", file=file, environ={}) == Example()
+
+
+def test_unknown_key_in_file_is_an_error(tmp_path: Path) -> None:
+    file = tmp_path / "adcloud.yaml"
+    file.write_text("example:\n  wokers: 4\n")
+    with pytest.raises(ConfigError, match=r"unknown example setting.*wokers") as info:
+        load_settings(Example, "example", file=file, environ={})
+    assert "workers" in str(info.value)  # the known names are listed
+    assert isinstance(info.value, AdcloudError)
+
+
+def test_unknown_keyword_override_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"unknown example setting.*colour"):
+        load_settings(Example, "example", environ={}, colour="red")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [
+        ("ADCLOUD_EXAMPLE_WORKERS", "many", "example.workers"),
+        ("ADCLOUD_EXAMPLE_RATIO", "half", "example.ratio"),
+        ("ADCLOUD_EXAMPLE_VERBOSE", "maybe", "example.verbose"),
+        ("ADCLOUD_EXAMPLE_SIZES", "1,two", "example.sizes"),
+        ("ADCLOUD_EXAMPLE_LIMIT", "lots", "example.limit"),
+    ],
+)
+def test_bad_value_names_the_field(variable: str, value: str, field: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(field)) as info:
+        load_settings(Example, "example", environ={variable: value})
+    assert repr(value.rsplit(",", maxsplit=1)[-1]) in str(info.value)
+
+
+def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read settings file"):
+        load_settings(Example, "example", file=tmp_path / "missing.yaml", environ={})
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("example: [unclosed\n")
+    with pytest.raises(ConfigError, match="cannot read settings file"):
+        load_settings(Example, "example", file=broken, environ={})
+    not_a_mapping = tmp_path / "list.yaml"
+    not_a_mapping.write_text("example: [1, 2]\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_settings(Example, "example", file=not_a_mapping, environ={})
+
+
+def test_not_a_dataclass_is_a_type_error() -> None:
+    with pytest.raises(TypeError):
+        load_settings(dict, "example", environ={})
+
+
+def test_written_settings_load_back(tmp_path: Path) -> None:
+    settings = Example(name="x", topics=("/a",), root=tmp_path)
+    out = tmp_path / "settings.json"
+    write_settings(out, example=settings)
+    data = json.loads(out.read_text())
+    assert data == {"example": settings_dict(settings)}
+    assert data["example"]["root"] == str(tmp_path)
+    assert data["example"]["topics"] == ["/a"]
+    assert load_settings(Example, "example", file=out, environ={}) == settings

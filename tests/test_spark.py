@@ -1,0 +1,464 @@
+"""Spark sessions and the real standalone cluster (:mod:`adcloud.spark`).
+
+Executors are identified from inside tasks by walking ``/proc`` from the Python worker up to
+its ``CoarseGrainedExecutorBackend`` JVM, whose command line carries ``--executor-id``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from adcloud.errors import ConfigError, MissingComponentError
+from adcloud.spark import (
+    JAVA_INSTALL_HINT,
+    SparkClusterError,
+    SparkSettings,
+    StandaloneCluster,
+    find_java,
+    get_session,
+    spark_home,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def executor_of_this_task(_: object = None) -> tuple[str, int, int, str]:
+    """(executor id, executor JVM pid, Python worker pid, Python executable) of a task."""
+    time.sleep(0.3)  # long enough that the scheduler hands tasks to every free core
+    pid = os.getpid()
+    while pid > 1:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in argv:
+            executor_id = argv[argv.index(b"--executor-id") + 1].decode()
+            return executor_id, pid, os.getpid(), sys.executable
+        pid = parent_pid(pid)
+    return "driver", 0, os.getpid(), sys.executable
+
+
+def parent_pid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (zombies waiting to be reaped count as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    """This environment without adcloud/Spark overrides that would leak into a subprocess."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ADCLOUD_SPARK_", "PYSPARK_", "SPARK_"))
+    }
+    env.update(extra)
+    return env
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+def test_settings_defaults() -> None:
+    settings = SparkSettings.load(environ={})
+    assert settings == SparkSettings()
+    assert settings.master == "local[*]"
+    assert settings.app_name == "adcloud"
+    assert settings.log_level == "WARN"
+    assert settings.conf_pairs() == {}
+
+
+def test_settings_environment_override() -> None:
+    settings = SparkSettings.load(
+        environ={
+            "ADCLOUD_SPARK_MASTER": "spark://127.0.0.1:7077",
+            "ADCLOUD_SPARK_EXECUTOR_MEMORY": "3g",
+            "ADCLOUD_SPARK_CONF": "spark.ui.enabled=false, spark.sql.shuffle.partitions=7",
+        }
+    )
+    assert settings.master == "spark://127.0.0.1:7077"
+    assert settings.executor_memory == "3g"
+    assert settings.conf_pairs() == {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "7",
+    }
+    explicit = SparkSettings.load(environ={"ADCLOUD_SPARK_MASTER": "local[3]"}, master="local[1]")
+    assert explicit.master == "local[1]"
+
+
+def test_settings_conf_entry_without_equals_sign_is_an_error() -> None:
+    settings = SparkSettings(conf=("spark.ui.enabled",))
+    with pytest.raises(ConfigError, match=r"spark\.conf.*key=value"):
+        settings.conf_pairs()
+
+
+def test_get_session_rejects_a_non_spark_key() -> None:
+    with pytest.raises(ConfigError, match="not a Spark configuration key"):
+        get_session(SparkSettings(master="local[1]"), master="local[1]")
+
+
+# -- java --------------------------------------------------------------------------------------
+
+
+def test_find_java_reports_java_17_or_newer() -> None:
+    java, major = find_java()
+    assert java.name == "java"
+    assert major >= 17
+
+
+def test_too_old_java_is_a_missing_component(tmp_path: Path) -> None:
+    fake = tmp_path / "java"
+    fake.write_text("#!/bin/sh\necho 'openjdk version \"11.0.20\" 2023-07-18' >&2\n")
+    fake.chmod(0o755)
+    with pytest.raises(MissingComponentError, match="is Java 11") as info:
+        find_java(environ={"PATH": str(tmp_path)})
+    assert "openjdk-17-jre-headless" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PATH": "/nonexistent"}, "no `java` is on PATH"),
+        ({"PATH": "/nonexistent", "JAVA_HOME": "/nonexistent/jdk"}, "has no executable bin/java"),
+    ],
+)
+def test_get_session_without_java_raises_missing_component(
+    env: dict[str, str], message: str
+) -> None:
+    code = textwrap.dedent(
+        """
+        from adcloud.errors import MissingComponentError
+        from adcloud.spark import SparkSettings, get_session
+        try:
+            get_session(SparkSettings(master="local[1]"))
+        except MissingComponentError as err:
+            print("MISSING:", err)
+        else:
+            print("NO ERROR")
+        """
+    )
+    clean = {k: v for k, v in python_env().items() if k not in ("PATH", "JAVA_HOME")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("MISSING:"), proc.stdout + proc.stderr
+    assert message in proc.stdout
+    assert JAVA_INSTALL_HINT in proc.stdout
+
+
+# -- local session ------------------------------------------------------------------------------
+
+
+def test_spark_home_is_the_bundled_spark() -> None:
+    home = spark_home()
+    assert (home / "bin" / "spark-class").is_file()
+    assert (home / "jars").is_dir()
+
+
+def test_local_session_runs_a_job(spark: SparkSession) -> None:
+    sc = spark.sparkContext
+    assert sc.master == "local[2]"
+    assert sc.getConf().get("spark.sql.execution.arrow.pyspark.enabled") == "true"
+    assert sc.getConf().get("spark.ui.enabled") == "false"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "4"
+    squares = sc.parallelize(range(1000), 4).map(lambda x: x * x)
+    assert squares.sum() == sum(x * x for x in range(1000))
+    # Python workers run the interpreter (and so the venv) of the driver.
+    executables = set(sc.parallelize(range(4), 4).map(lambda _: sys.executable).collect())
+    assert executables == {sys.executable}
+
+
+def test_get_session_returns_the_active_session(spark: SparkSession) -> None:
+    assert get_session(SparkSettings(master="local[2]")) is spark
+
+
+def test_get_session_refuses_a_second_master(spark: SparkSession) -> None:
+    with pytest.raises(ConfigError, match=r"'local\[2\]' is already active"):
+        get_session(SparkSettings(master="local[1]"))
+
+
+# -- standalone cluster -----------------------------------------------------------------------
+
+
+def test_cluster_reports_its_workers_alive(cluster: StandaloneCluster) -> None:
+    status = cluster.status()
+    assert status["status"] == "ALIVE"
+    assert status["url"] == cluster.master_url
+    workers = [w for w in status["workers"] if w["state"] == "ALIVE"]
+    assert len(workers) == 2
+    assert {w["cores"] for w in workers} == {1}
+    assert {w["memory"] for w in workers} == {1024}
+    assert {w["host"] for w in workers} == {"127.0.0.1"}
+
+
+def test_cluster_job_runs_on_two_executors(
+    cluster_spark: SparkSession, cluster: StandaloneCluster
+) -> None:
+    sc = cluster_spark.sparkContext
+    assert sc.master == cluster.master_url
+    seen = sc.parallelize(range(8), 8).map(executor_of_this_task).collect()
+    executor_ids = {s[0] for s in seen}
+    jvm_pids = {s[1] for s in seen}
+    assert len(executor_ids) == 2, seen
+    assert len(jvm_pids) == 2, seen
+    assert {s[3] for s in seen} == {sys.executable}
+    # The executors are children of the cluster's worker JVMs, one per worker.
+    workers = {w.pid for w in cluster.worker_infos}
+    assert {parent_pid(pid) for pid in jvm_pids} == workers
+
+
+GPU_DISCOVERY = """#!/bin/sh
+echo '{"name": "gpu", "addresses": ["0", "1"]}'
+"""
+
+DRIVER = """
+import json, os, sys, time
+from pathlib import Path
+from pyspark import TaskContext
+from adcloud.spark import get_session, wait_for_executors
+
+from pyspark import cloudpickle
+
+sys.path.insert(0, sys.argv[1])
+import test_spark  # noqa: E402
+from test_spark import executor_of_this_task  # noqa: E402
+
+cloudpickle.register_pickle_by_value(test_spark)  # executors cannot import the test module
+
+def probe(index):
+    identity = executor_of_this_task()
+    return (*identity, TaskContext.get().resources()["gpu"].addresses)
+
+spark = get_session()  # everything from ADCLOUD_SPARK_* in the environment
+wait_for_executors(spark, 1)
+sc = spark.sparkContext
+result = {
+    "master": sc.master,
+    "app_name": sc.appName,
+    "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+    "tasks": sc.parallelize(range(4), 4).map(probe).collect(),
+}
+print(json.dumps(result), flush=True)
+sys.stdin.read()  # the application (and its executor) lives until the test closes stdin
+os._exit(0)
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A 1-worker cluster offering 2 "gpu"s and a running application driven from a subprocess.
+
+    The driver subprocess is configured only through ``ADCLOUD_SPARK_*`` variables and keeps
+    its application (and so its executor) running until the fixture ends.  Yields the
+    cluster, the driver process and what the driver printed.
+    """
+    base = tmp_path_factory.mktemp("gpu-cluster")
+    script = base / "discover-gpus.sh"
+    script.write_text(GPU_DISCOVERY)
+    script.chmod(0o755)
+    with StandaloneCluster(
+        1, cores=2, memory="1g", resources={"gpu": (2, script)}, log_dir=base / "logs"
+    ) as cluster:
+        conf = {
+            **cluster.session_conf(),
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "5",
+            "spark.executor.cores": "2",
+            "spark.executor.resource.gpu.amount": "2",
+            "spark.executor.resource.gpu.discoveryScript": str(script),
+            "spark.task.resource.gpu.amount": "1",
+            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        }
+        env = python_env(
+            ADCLOUD_SPARK_MASTER=cluster.master_url,
+            ADCLOUD_SPARK_APP_NAME="from-the-environment",
+            ADCLOUD_SPARK_DRIVER_MEMORY="512m",
+            ADCLOUD_SPARK_EXECUTOR_MEMORY="512m",
+            ADCLOUD_SPARK_CONF=",".join(f"{k}={v}" for k, v in conf.items()),
+        )
+        driver = subprocess.Popen(
+            [sys.executable, "-c", DRIVER, str(Path(__file__).parent)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=(base / "driver.log").open("wb"),
+            text=True,
+        )
+        try:
+            line = driver.stdout.readline() if driver.stdout else ""
+            if not line:
+                driver.wait(timeout=30)
+                log = (base / "driver.log").read_text()[-3000:]
+                pytest.fail(f"driver exited with {driver.returncode}:\n{log}")
+            yield {"cluster": cluster, "driver": driver, "result": json.loads(line)}
+        finally:
+            driver.kill()
+            driver.wait(timeout=30)
+
+
+@pytest.mark.spark
+@pytest.mark.cluster
+def test_environment_settings_reach_a_real_session(gpu_cluster_app: dict[str, Any]) -> None:
+    result = gpu_cluster_app["result"]
+    assert result["master"] == gpu_cluster_app["cluster"].master_url
+    assert result["app_name"] == "from-the-environment"
+    assert result["shuffle_partitions"] == "5"
+
+
+@pytest.mark.spark
+@pytest.mark.cluster
+def test_worker_resources_reach_tasks(gpu_cluster_app: dict[str, Any]) -> None:
+    cluster: StandaloneCluster = gpu_cluster_app["cluster"]
+    (worker,) = cluster.status()["workers"]
+    assert worker["resources"]["gpu"]["addresses"] == ["0", "1"]
+    tasks = gpu_cluster_app["result"]["tasks"]
+    assert len(tasks) == 4
+    for task in tasks:
+        assert task[0] != "driver"
+        assert len(task[4]) == 1
+        assert task[4][0] in {"0", "1"}
+
+
+@pytest.mark.spark
+@pytest.mark.cluster
+def test_stop_with_a_running_application_leaves_no_process(
+    gpu_cluster_app: dict[str, Any],
+) -> None:
+    cluster: StandaloneCluster = gpu_cluster_app["cluster"]
+    tasks = gpu_cluster_app["result"]["tasks"]
+    executors = {t[1] for t in tasks}
+    python_workers = {t[2] for t in tasks}
+    daemons = list(cluster.pids)
+    assert all(alive(pid) for pid in [*daemons, *executors])
+    started = time.monotonic()
+    cluster.stop()
+    assert time.monotonic() - started < 15
+    assert [p for p in [*daemons, *executors, *python_workers] if alive(p)] == []
+    assert cluster.pids == []
+    cluster.stop()  # idempotent
+
+
+@pytest.mark.cluster
+def test_cluster_dies_with_a_killed_parent(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import json, sys, time
+        from adcloud.spark import StandaloneCluster
+        cluster = StandaloneCluster(1, log_dir=sys.argv[1]).start()
+        print(json.dumps(cluster.pids), flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = parent.stdout.readline() if parent.stdout else ""
+        pids = json.loads(line)
+        assert len(pids) == 2
+        assert all(alive(pid) for pid in pids)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+    assert wait_gone(pids, timeout=20) == []
+
+
+@pytest.mark.cluster
+def test_deploy_scripts_start_and_stop_a_cluster(tmp_path: Path) -> None:
+    env = python_env(ADCLOUD_CLUSTER_STATE=str(tmp_path / "state"), ADCLOUD_PYTHON=sys.executable)
+    start = subprocess.run(
+        [str(REPO_ROOT / "deploy" / "local" / "start-cluster.sh"), "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert start.returncode == 0, start.stderr
+    master_url = start.stdout.strip()
+    assert master_url.startswith("spark://127.0.0.1:")
+    state = tmp_path / "state"
+    assert (state / "master-url").read_text().strip() == master_url
+    pids = [int(p) for p in (state / "pids").read_text().split()]
+    try:
+        assert len(pids) == 3
+        handle = StandaloneCluster.from_state(state)
+        alive_workers = [w for w in handle.status()["workers"] if w["state"] == "ALIVE"]
+        assert len(alive_workers) == 2
+        again = subprocess.run(
+            [str(REPO_ROOT / "deploy" / "local" / "start-cluster.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert again.returncode != 0
+        assert "still running" in again.stderr
+    finally:
+        stop = subprocess.run(
+            [str(REPO_ROOT / "deploy" / "local" / "stop-cluster.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert stop.returncode == 0, stop.stderr
+    assert wait_gone(pids, timeout=5) == []
+    assert not (state / "cluster.json").exists()
+    # Stopping again is harmless.
+    assert (
+        subprocess.run(
+            [str(REPO_ROOT / "deploy" / "local" / "stop-cluster.sh")], env=env, check=False
+        ).returncode
+        == 0
+    )
+
+
+def test_missing_discovery_script_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not executable"):
+        StandaloneCluster(1, resources={"gpu": (1, tmp_path / "missing.sh")})
+
+
+@pytest.mark.cluster
+def test_failed_start_reports_the_log_tail_and_cleans_up(tmp_path: Path) -> None:
+    cluster = StandaloneCluster(1, daemon_memory="lots", log_dir=tmp_path, start_timeout=60)
+    with pytest.raises(SparkClusterError, match="exited with status") as info:
+        cluster.start()
+    assert "master.log" in str(info.value)
+    assert "Invalid maximum heap size" in str(info.value)
+    assert cluster.pids == []
