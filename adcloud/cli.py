@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -254,6 +255,17 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     return subprocess.call(cmd, env=env)
 
 
+_REMOTE_ERROR = re.compile(
+    r"^adcloud\.[\w.]*(?:Error|Exception): (.+?)(?:\n\s*\n|\n\tat |\Z)", re.M | re.S
+)
+
+
+def _remote_adcloud_error(err: BaseException) -> str | None:
+    """The message of an adcloud error raised in a Spark task, from Spark's wrapper."""
+    found = _REMOTE_ERROR.findall(str(err))
+    return found[-1].strip() if found else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
     parser = argparse.ArgumentParser(
@@ -349,7 +361,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args, console))
     except AdcloudError as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False)
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        return 2
+    except Exception as err:
+        # Errors raised on executors reach the driver wrapped by Spark, with the
+        # Python traceback as text: show the adcloud error inside, not the wrapper.
+        remote = _remote_adcloud_error(err)
+        if remote is None:
+            raise
+        console.print(
+            f"[red]error (in a Spark task):[/red] {remote}", highlight=False, soft_wrap=True
+        )
         return 2
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,122 @@
+"""The ``adcloud`` command line: help texts, bag info, ingest, submit, error reporting."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adcloud.binpipe import BinPipeRDD
+from adcloud.cli import build_parser, main
+
+HUSKY = "02_husky_gps_imu_odom_ros1/robot_localization_test1.bag"
+LUMINAR = "01_embag_luminar_ros1/embag_test.bag"
+
+
+def _subcommands(parser: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = [prefix]
+    for action in parser._actions:
+        if action.__class__.__name__ == "_SubParsersAction":
+            for name, sub in action.choices.items():
+                out.extend(_subcommands(sub, (*prefix, name)))
+    return out
+
+
+@pytest.mark.parametrize("command", _subcommands(build_parser()), ids=" ".join)
+def test_every_command_has_help(
+    command: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage: adcloud" in text
+    assert len(text.splitlines()) >= 4
+
+
+def test_console_script_is_installed() -> None:
+    exe = Path(sys.executable).with_name("adcloud")
+    result = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0
+    assert "ingest" in result.stdout and "bag" in result.stdout
+
+
+def test_bag_info_text_and_json(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bag", "info", str(shared_data / HUSKY)]) == 0
+    text = capsys.readouterr().out
+    for expected in ("/imu/data", "sensor_msgs/msg/Imu", "11,865", "bz2", "395."):
+        assert expected in text
+    assert main(["bag", "info", "--json", str(shared_data / LUMINAR)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data[0]["message_count"] == 15
+    assert data[0]["chunk_count"] == 6
+
+
+def test_bag_info_missing_file_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bag", "info", str(tmp_path / "nope.bag")]) == 2
+    out = capsys.readouterr().out
+    assert "nope.bag" in out and "does not exist" in out
+
+
+def test_ingest_then_load(
+    spark: Any, shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ADCLOUD_SPARK_MASTER", spark.sparkContext.master)
+    out = tmp_path / "ingest"
+    code = main(
+        ["ingest", str(shared_data / HUSKY), "--out", str(out), "--topics", "/fix", "--quiet"]
+    )
+    assert code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["records"] == 989
+    assert BinPipeRDD.load(spark, str(out)).count() == 989
+
+
+def test_ingest_of_a_corrupt_bag_names_the_file(
+    spark: Any,
+    shared_data: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ADCLOUD_SPARK_MASTER", spark.sparkContext.master)
+    bag = tmp_path / "broken.bag"
+    shutil.copy(shared_data / HUSKY, bag)
+    data = bytearray(bag.read_bytes())
+    data[200_000:200_400] = bytes(400)  # zero a stretch inside a compressed chunk
+    bag.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    assert main(["ingest", str(bag), "--out", str(out), "--quiet"]) == 2
+    text = capsys.readouterr().out
+    assert "broken.bag" in text
+    assert not (out / "_SUCCESS").exists()
+
+
+def test_submit_dry_run_builds_spark_submit_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "submit",
+            "--dry-run",
+            "--master",
+            "spark://127.0.0.1:7077",
+            "--conf",
+            "spark.executor.memory=2g",
+            "--",
+            "ingest",
+            "a.bag",
+            "--out",
+            "o",
+        ]
+    )
+    assert code == 0
+    line = capsys.readouterr().out.replace("\n", "")
+    assert "bin/spark-submit --master spark://127.0.0.1:7077" in line
+    assert "--conf spark.executor.memory=2g" in line
+    assert line.rstrip().endswith("adcloud/cli.py ingest a.bag --out o")
