@@ -117,6 +117,8 @@ def _cmd_ingest(args: argparse.Namespace, console: Console) -> int:
                 end=args.end,
                 partitions_per_bag=args.partitions_per_bag,
                 time_source=args.time_source,
+                partition_bytes=int(args.partition_mb * 2**20) or None,
+                min_partitions=spark.sparkContext.defaultParallelism,
             )
         )
     rdd = BinPipeRDD.from_partitions(spark, parts)
@@ -206,7 +208,10 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
             f"{s.chunk_count} chunks ({s.compression})"
         )
     rdd = BinPipeRDD.from_bags(spark, [str(b) for b in bags]).cache()
-    console.print(f"partitions: {rdd.getNumPartitions()} (one per chunk), records: {rdd.count():,}")
+    console.print(
+        f"partitions: {rdd.getNumPartitions()} (chunk ranges read in parallel), "
+        f"records: {rdd.count():,}"
+    )
     piped = rdd.pipe("cat")
     console.print(f"piped every partition through `cat` as binary: {piped.count():,} records back")
     df = rdd.to_dataframe(spark)
@@ -321,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--end", type=_ns, help="record time to stop before (ns, or s with a dot)")
     ingest.add_argument(
         "--partitions-per-bag", type=int, help="group chunks into at most N partitions per bag"
+    )
+    ingest.add_argument(
+        "--partition-mb",
+        type=float,
+        default=64,
+        help="target partition size in MB when --partitions-per-bag is not given "
+        "(default 64; 0: one partition per chunk)",
     )
     ingest.add_argument(
         "--time-source",

@@ -63,7 +63,8 @@ def bench_large(n: int, size: int, repeat: int) -> float:
     ratio = t_dec / t_copy
     print(
         f"large records: {n} x {size // 1024} KiB ({len(stream) / 1e6:.0f} MB)  "
-        f"memcpy {len(stream) / t_copy / 1e9:.2f} GB/s  decode {len(stream) / t_dec / 1e9:.2f} GB/s  "
+        f"memcpy {len(stream) / t_copy / 1e9:.2f} GB/s  "
+        f"decode {len(stream) / t_dec / 1e9:.2f} GB/s  "
         f"decode/copy cost ratio {ratio:.2f} (target <= 2.0)"
     )
     return ratio
@@ -71,8 +72,12 @@ def bench_large(n: int, size: int, repeat: int) -> float:
 
 def bench_small(n: int, repeat: int) -> float:
     records = [
-        (f"/imu/data{i % 4}", 1_700_000_000_000_000_000 + i * 10_000_000, "sensor_msgs/msg/Imu",
-         os.urandom(60))
+        (
+            f"/imu/data{i % 4}",
+            1_700_000_000_000_000_000 + i * 10_000_000,
+            "sensor_msgs/msg/Imu",
+            os.urandom(60),
+        )
         for i in range(n)
     ]
     stream = encode_stream(records)

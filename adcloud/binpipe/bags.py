@@ -169,6 +169,8 @@ def plan_partitions(
     time_source: TimeSource | str = TimeSource.RECORD,
     storage_options: Mapping[str, object] | None = None,
     reindex_dir: str | Path | None = None,
+    partition_bytes: int | None = None,
+    min_partitions: int = 1,
 ) -> list[BagPartition]:
     """Split the bag at ``uri`` into partitions, reading only its index.
 
@@ -185,13 +187,19 @@ def plan_partitions(
     mtime stay the same) an indexed copy there with :func:`reindex_bag` and plan on
     that copy, logging a warning; the partitions then name the copy.  Without it such
     a bag raises :class:`BagIndexError`.
+
+    ``partition_bytes`` (ROS 1 and MCAP, with ``partitions_per_bag=None``): group
+    consecutive chunks so a partition holds about that many bytes, but keep at least
+    ``min_partitions`` partitions (or one per chunk, if fewer) so a small bag still
+    spreads over the executors.  A Spark task costs tens of milliseconds, so one task
+    per 1 MB chunk would spend more time scheduling than reading.
     """
     if isinstance(topics, str):
         topics = (topics,)
     if partitions_per_bag is not None and partitions_per_bag < 1:
-        raise ValueError(f"partitions_per_bag must be >= 1 or None, not {partitions_per_bag}")
+        raise BagError(f"partitions_per_bag must be >= 1 or None, not {partitions_per_bag}")
     if start is not None and end is not None and end < start:
-        raise ValueError(f"end ({end}) is before start ({start})")
+        raise BagError(f"end ({end}) is before start ({start})")
     options = options_tuple(storage_options)
     request = PlanRequest(
         topics=None if topics is None else tuple(dict.fromkeys(topics)),
@@ -208,7 +216,13 @@ def plan_partitions(
         if reindex_dir is None or fmt is not BagFormat.ROS1:
             raise
         copy, copy_options = _reindexed(uri, options, str(reindex_dir))
-        parts = _BACKENDS[fmt].plan(copy, replace(request, storage_options=copy_options))
+        uri, request = copy, replace(request, storage_options=copy_options)
+        parts = _BACKENDS[fmt].plan(uri, request)
+    if partitions_per_bag is None and partition_bytes and fmt is not BagFormat.ROS2 and parts:
+        total = sum(p.end_offset - p.start_offset for p in parts)
+        wanted = max(-(-total // partition_bytes), min(len(parts), min_partitions))
+        if wanted < len(parts):
+            parts = _BACKENDS[fmt].plan(uri, replace(request, partitions_per_bag=wanted))
     _log.info(
         "%s: %d partitions (%s), %d messages by the index",
         uri,

@@ -11,9 +11,10 @@ unfiltered DataFrame it came from (it then returned only the filtered rows).  Un
 that is fixed upstream, narrowing is explicit, through options, and always correct.
 
 Options: ``topics`` (comma-separated), ``start``/``end`` (ns, record time),
-``partitionsPerBag``, ``timeSource`` (``record`` or ``header``), ``batchSize``
-(rows per Arrow batch).  Paths: ``load(path)`` or ``load([path, ...])``; globs and
-directories are expanded.
+``partitionsPerBag``, ``partitionBytes`` (target partition size when
+``partitionsPerBag`` is not set; 0 for one partition per chunk), ``minPartitions``,
+``timeSource`` (``record`` or ``header``), ``batchSize`` (rows per Arrow batch).
+Paths: ``load(path)`` or ``load([path, ...])``; globs and directories are expanded.
 
 Columns: ``bag`` (its URL), ``topic``, ``timestamp`` (ns; per ``timeSource``),
 ``record_time`` (ns, the bag's record time), ``msgtype``, ``data`` (the serialized
@@ -23,6 +24,7 @@ message bytes as stored), ``partition`` (partition index within the bag).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +41,7 @@ from adcloud.binpipe.bags import (
     read_partition_timed,
 )
 from adcloud.binpipe.errors import BinpipeError
+from adcloud.binpipe.rdd import DEFAULT_PARTITION_BYTES, expand_uris
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -94,6 +97,8 @@ class RosbagReader(DataSourceReader):
     """Plans chunk partitions on the driver and reads them on executors."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        # Spark hands options over case-insensitively (as lower-case keys once copied).
+        options = {key.lower(): value for key, value in options.items()}
         self.options = options
         topics = options.get("topics")
         self.topics: set[str] | None = (
@@ -102,14 +107,14 @@ class RosbagReader(DataSourceReader):
         self.start = int(options["start"]) if "start" in options else None
         self.end = int(options["end"]) if "end" in options else None
         self.partitions_per_bag = (
-            int(options["partitionsPerBag"]) if "partitionsPerBag" in options else None
+            int(options["partitionsperbag"]) if "partitionsperbag" in options else None
         )
-        self.time_source = TimeSource(options.get("timeSource", "record"))
-        self.batch_size = int(options.get("batchSize", "1024"))
+        self.time_source = TimeSource(options.get("timesource", "record"))
+        self.partition_bytes = int(options.get("partitionbytes", str(DEFAULT_PARTITION_BYTES)))
+        self.min_partitions = int(options.get("minpartitions", str(os.cpu_count() or 2)))
+        self.batch_size = int(options.get("batchsize", "1024"))
 
     def partitions(self) -> Sequence[InputPartition]:
-        from adcloud.binpipe.rdd import expand_uris  # noqa: PLC0415 - avoid an import cycle
-
         parts: list[InputPartition] = []
         for uri in expand_uris(_paths(self.options)):
             for part in plan_partitions(
@@ -119,6 +124,8 @@ class RosbagReader(DataSourceReader):
                 end=self.end,
                 partitions_per_bag=self.partitions_per_bag,
                 time_source=self.time_source,
+                partition_bytes=self.partition_bytes or None,
+                min_partitions=self.min_partitions,
             ):
                 parts.append(_Partition(part))
         if not parts:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import logging
 import os
 import shlex
@@ -41,6 +42,18 @@ _STDERR_TAIL_BYTES = 8192
 
 def _args(command: str | Sequence[str]) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+#: Linux pipes hold 64 KiB by default; a block is ~1 MiB, so grow them (up to the
+#: unprivileged limit, /proc/sys/fs/pipe-max-size) to move a block in a few syscalls.
+_PIPE_BYTES = 1 << 20
+
+
+def _grow_pipe(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    except (OSError, AttributeError):
+        log.debug("could not enlarge pipe %d; using the default size", fd)
 
 
 class _Feeder(threading.Thread):
@@ -144,6 +157,8 @@ def pipe_blocks(
             stderr_tail="",
         ) from err
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    for stream in (proc.stdin, proc.stdout):
+        _grow_pipe(stream.fileno())
     feeder = _Feeder(blocks, proc.stdin)
     stderr = _TailReader(proc.stderr)
     feeder.start()

@@ -54,6 +54,9 @@ __all__ = ["BinPipeRDD", "expand_uris"]
 log = logging.getLogger(__name__)
 
 _PART_SUFFIX = ".binpipe"
+#: Default target size of a bag partition: big enough that reading dominates a
+#: task's fixed cost, small enough to spread a bag over many executors.
+DEFAULT_PARTITION_BYTES = 64 << 20
 
 
 def expand_uris(
@@ -265,6 +268,7 @@ class BinPipeRDD:
         storage_options: Mapping[str, Any] | None = None,
         reindex_dir: str | None = None,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
+        partition_bytes: int | None = DEFAULT_PARTITION_BYTES,
     ) -> BinPipeRDD:
         """Partition bags (ROS 1, ROS 2 sqlite3, MCAP; any fsspec URL) into an RDD.
 
@@ -272,7 +276,10 @@ class BinPipeRDD:
         ``start``/``end`` are nanoseconds (record time, ``[start, end)``); ``topics``
         selects topics before any chunk is read.  ``time_source`` picks what each
         message's ``timestamp`` holds: the bag's record time or the message's header
-        stamp.  ``partitions_per_bag=None`` makes one partition per chunk.
+        stamp.  With ``partitions_per_bag=None`` consecutive chunks are grouped into
+        partitions of about ``partition_bytes`` (at least one per core of the
+        cluster, or one per chunk if fewer); ``partition_bytes=None`` gives one
+        partition per chunk.
         """
         parts: list[BagPartition] = []
         for uri in expand_uris(uris, storage_options):
@@ -286,6 +293,8 @@ class BinPipeRDD:
                     time_source=TimeSource(time_source),
                     storage_options=storage_options,
                     reindex_dir=reindex_dir,
+                    partition_bytes=partition_bytes,
+                    min_partitions=spark.sparkContext.defaultParallelism,
                 )
             )
         log.info("planned %d partitions from %s", len(parts), uris)

@@ -283,7 +283,7 @@ def test_filters_match_rosbags(bags: dict[str, Path], name: str) -> None:
             covered = sum(p.end_offset - p.start_offset for p in parts)
             assert covered < sum(p.end_offset - p.start_offset for p in every)
     assert plan_partitions(str(path), topics=["/nope"]) == []
-    with pytest.raises(ValueError, match="partitions_per_bag"):
+    with pytest.raises(BagError, match="partitions_per_bag"):
         plan_partitions(str(path), partitions_per_bag=0)
     assert plan_partitions(str(path), start=times[-1] + 1) == []
 
