@@ -118,6 +118,7 @@ def _cmd_ingest(args: argparse.Namespace, console: Console) -> int:
                 partitions_per_bag=args.partitions_per_bag,
                 time_source=args.time_source,
                 partition_bytes=int(args.partition_mb * 2**20) or None,
+                reindex_dir=args.reindex_dir,
                 min_partitions=spark.sparkContext.defaultParallelism,
             )
         )
@@ -245,7 +246,10 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
         )
         return 2
     cmd = [str(submit), "--master", args.master]
-    for conf in args.conf or []:
+    confs = list(args.conf or [])
+    if not any(c.startswith("spark.log.level=") for c in confs):
+        confs.append("spark.log.level=WARN")  # spark-submit's default INFO drowns the job's output
+    for conf in confs:
         cmd += ["--conf", conf]
     cmd += [str(Path(__file__).resolve()), *job]
     env = dict(os.environ)
@@ -339,6 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["record", "header"],
         default="record",
         help="timestamp of each record: bag record time (default) or message header stamp",
+    )
+    ingest.add_argument(
+        "--reindex-dir",
+        help="where to write indexed copies of unindexed ROS 1 bags (a killed recorder's); "
+        "without it such a bag is an error. The source is never modified.",
     )
     ingest.add_argument("--overwrite", action="store_true", help="replace an existing output")
     ingest.add_argument(

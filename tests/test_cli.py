@@ -120,3 +120,63 @@ def test_submit_dry_run_builds_spark_submit_line(capsys: pytest.CaptureFixture[s
     assert "bin/spark-submit --master spark://127.0.0.1:7077" in line
     assert "--conf spark.executor.memory=2g" in line
     assert line.rstrip().endswith("adcloud/cli.py ingest a.bag --out o")
+
+
+def test_submit_runs_the_job_through_spark_submit(shared_data: Path, tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("adcloud")
+    out = tmp_path / "submitted"
+    result = subprocess.run(
+        [
+            str(exe),
+            "submit",
+            "--master",
+            "local[1]",
+            "--",
+            "ingest",
+            str(shared_data / LUMINAR),
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ingested 15 messages" in result.stdout
+    assert json.loads((out / "manifest.json").read_text())["records"] == 15
+
+
+def test_ingest_reindexes_an_unindexed_bag(
+    spark: Any,
+    shared_data: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ADCLOUD_SPARK_MASTER", spark.sparkContext.master)
+    bag = tmp_path / "killed.bag"
+    data = bytearray((shared_data / LUMINAR).read_bytes())
+    # index_pos is the first field of the bag header record: zero it, as a killed
+    # recorder leaves it (the header record starts at byte 13, after the magic line)
+    pos = data.index(b"index_pos=") + len(b"index_pos=")
+    data[pos : pos + 8] = bytes(8)
+    bag.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    assert main(["ingest", str(bag), "--out", str(out), "--quiet"]) == 2
+    assert "reindex" in capsys.readouterr().out.lower()
+    code = main(
+        [
+            "ingest",
+            str(bag),
+            "--out",
+            str(out),
+            "--quiet",
+            "--reindex-dir",
+            str(tmp_path / "reindexed"),
+        ]
+    )
+    assert code == 0
+    assert json.loads((out / "manifest.json").read_text())["records"] == 15
+    assert bag.read_bytes() == bytes(data)  # the source is untouched

@@ -219,3 +219,20 @@ def test_binpipe_on_standalone_cluster(cluster_spark: Any, shared_data: Path) ->
     assert merged(per_partition(rdd.pipe("cat"))) == reference(path)
     pids = set(rdd.rdd.mapPartitions(lambda _: [os.getpid()]).collect())
     assert len(pids) >= 2, "tasks should run in more than one executor process"
+
+
+@pytest.mark.cluster
+def test_decode_save_and_datasource_on_standalone_cluster(
+    cluster_spark: Any, shared_data: Path, tmp_path: Path
+) -> None:
+    path = shared_data / HUSKY
+    rdd = BinPipeRDD.from_bags(cluster_spark, str(path), topics=["/fix"], partitions_per_bag=3)
+    lat = rdd.map_records(lambda m, fix: (m.topic, m.timestamp, float(fix.latitude)), decode=True)
+    got = sorted(lat.collect_records())
+    assert len(got) == 989 and all(42.3 < r[2] < 42.4 for r in got)  # type: ignore[operator]
+    out = tmp_path / "fix"
+    assert rdd.save(str(out))["records"] == 989
+    assert BinPipeRDD.load(cluster_spark, str(out)).count() == 989
+    register_rosbag_source(cluster_spark)
+    df = cluster_spark.read.format("rosbag").option("topics", "/fix").load(str(path))
+    assert df.count() == 989
