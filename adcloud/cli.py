@@ -189,18 +189,20 @@ def _demo_bags() -> list[Path]:
 
 def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from adcloud.binpipe import BinPipeRDD, summarize  # noqa: PLC0415
+    from adcloud.synth.command import run_demo as synth_demo  # noqa: PLC0415
 
     out = Path(args.out).resolve()
-    bags = [Path(b) for b in args.bag] if args.bag else _demo_bags()
-    if not bags:
-        console.print(
-            "no bag given and no sample recordings found beside the checkout "
-            "(../shared/data); pass one with --bag drive.bag"
-        )
-        return 2
     out.mkdir(parents=True, exist_ok=True)
+    outputs: list[tuple[str, Path]] = []
+
+    # 1. a synthetic drive with ground truth (adcloud.synth)
+    drive = synth_demo(out, console, seconds=args.seconds, quiet=args.quiet)
+    outputs += [("synthetic drive (ROS 1 bag)", drive.bag), ("its ground truth", drive.truth)]
+
+    # 2. ROS bags as binary Spark partitions (adcloud.binpipe)
+    bags = [Path(b) for b in args.bag] if args.bag else [drive.bag, *_demo_bags()]
     spark = _session(args)
-    console.rule("adcloud demo: ROS bags as binary Spark partitions")
+    console.rule("adcloud binpipe: ROS bags as binary Spark partitions")
     console.print(f"Spark {spark.version} master [bold]{spark.sparkContext.master}[/bold]")
     for bag in bags:
         s = summarize(str(bag))
@@ -230,8 +232,11 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
         f"saved {manifest['records']:,} records as {len(manifest['partitions'])} BinPipe "
         f"streams under [bold]{ingest_dir}[/bold]"
     )
+    outputs.append(("BinPipe partitions (manifest.json, part-*.binpipe)", ingest_dir))
+
     console.rule("outputs")
-    console.print(f"BinPipe partitions: {ingest_dir}  (manifest.json, part-*.binpipe)")
+    for what, where in outputs:
+        console.print(f"{what}: [bold]{where}[/bold]", soft_wrap=True)
     return 0
 
 
@@ -289,12 +294,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="run the main job on the embedded default (local Spark) and show its outputs",
-        description="Ingest sample bags into BinPipe partitions on local Spark, pipe them "
+        description="Generate a synthetic drive with ground truth, ingest it (and the sample "
+        "recordings in ../shared/data) into BinPipe partitions on local Spark, pipe them "
         "through a native process, query them with Spark SQL and save them.",
     )
     demo.add_argument(
-        "--bag", action="append", help="bag to use (repeatable); default: ../shared/data"
+        "--bag",
+        action="append",
+        help="bag to ingest (repeatable); default: the demo's synthetic drive and ../shared/data",
     )
+    demo.add_argument(
+        "--seconds", type=float, default=5.0, help="length of the synthetic drive (default 5 s)"
+    )
+    demo.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     demo.add_argument("--out", default="out/demo", help="output directory (default: out/demo)")
     demo.add_argument(
         "--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)"
@@ -355,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ingest.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     ingest.set_defaults(func=_cmd_ingest)
+
+    from adcloud.synth.command import add_parser as add_synth_parser  # noqa: PLC0415
+
+    add_synth_parser(sub)
 
     submit = sub.add_parser(
         "submit",

@@ -180,3 +180,15 @@ def test_ingest_reindexes_an_unindexed_bag(
     assert code == 0
     assert json.loads((out / "manifest.json").read_text())["records"] == 15
     assert bag.read_bytes() == bytes(data)  # the source is untouched
+
+
+def test_demo_runs_end_to_end(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ADCLOUD_SPARK_MASTER", spark.sparkContext.master)
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--seconds", "2", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "outputs" in text and str(tmp_path / "demo" / "ingest") in text.replace("\n", "")
+    manifest = json.loads((tmp_path / "demo" / "ingest" / "manifest.json").read_text())
+    assert manifest["records"] > 16806  # the synthetic drive plus the shared recordings
+    assert (tmp_path / "demo" / "synth" / "drive.bag").stat().st_size > 0

@@ -1,0 +1,230 @@
+"""Settings of one synthetic drive (:class:`DriveConfig`).
+
+Build it directly, or with ``adcloud.config.load_settings(DriveConfig, "synth", ...)``
+so that ``ADCLOUD_SYNTH_<FIELD>`` environment variables and a settings file's
+``synth:`` section override the defaults.  :meth:`DriveConfig.validate` raises
+:class:`~adcloud.synth.errors.SynthError` with a message naming the field; the
+effective settings are written next to every drive (``<out>.truth/config.json``).
+
+Units: seconds, metres, radians per second, metres per second squared, hertz.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from adcloud.synth.errors import SynthError
+
+__all__ = ["COMPRESSIONS", "FORMATS", "DriveConfig"]
+
+#: Output formats: ROS 1 bag v2.0, ROS 2 bag with sqlite3 storage, ROS 2 bag with MCAP storage.
+FORMATS = ("ros1", "ros2", "mcap")
+#: Compressions each format accepts.
+COMPRESSIONS = {"ros1": ("none", "bz2", "lz4"), "ros2": ("none",), "mcap": ("none", "zstd")}
+
+_NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class DriveConfig:
+    """Everything that decides the bytes of a synthetic drive (with the package versions).
+
+    The same config gives the same bag, byte for byte (ROS 1, ROS 2 sqlite3 and MCAP) on
+    the same platform; ``seed`` decides the world, the route start and every noise draw.
+    """
+
+    #: Simulated duration (s); every message has a record time in ``[0, seconds)`` after start.
+    seconds: float = 60.0
+    #: Seed of the world, the route and all noise.
+    seed: int = 7
+    #: ``ros1`` (.bag file), ``ros2`` (rosbag2 directory, sqlite3) or ``mcap`` (rosbag2, MCAP).
+    format: str = "ros1"
+    #: ``none``, ``bz2`` or ``lz4`` (ros1 chunks); ``none`` or ``zstd`` (mcap chunks).
+    compression: str = "none"
+    #: ROS 1 chunk size threshold (bytes); the writer holds at most about one chunk.
+    chunk_bytes: int = 4 << 20
+    #: Absolute time of the drive start (ns since the Unix epoch; default 2024-01-01T00:00Z).
+    start_time_ns: int = 1_704_067_200 * _NS
+
+    #: Cruise speed on straight roads (m/s); curves and stops slow the car down.
+    speed_mps: float = 12.0
+    #: Speed at the start of the drive (m/s).
+    start_speed_mps: float = 8.0
+    #: Longitudinal acceleration and braking limits (m/s^2), lateral acceleration limit.
+    max_accel_mps2: float = 2.0
+    max_decel_mps2: float = 3.0
+    max_lateral_accel_mps2: float = 2.5
+    #: Yaw-rate limit (rad/s).
+    max_yaw_rate_rps: float = 0.6
+    #: Stop for this long (s) at each stop sign on the route (0: drive through).
+    stop_dwell_s: float = 1.5
+
+    #: LiDAR on/off, beams (16..128), sweep rate (Hz), columns (firings) per sweep.
+    lidar: bool = True
+    lidar_beams: int = 32
+    lidar_hz: float = 10.0
+    lidar_columns: int = 1024
+    #: Vertical field of view: elevation of the top and bottom beam (degrees).
+    lidar_fov_up_deg: float = 15.0
+    lidar_fov_down_deg: float = -25.0
+    #: Maximum range (m), 1-sigma range noise (m), random dropout probability.
+    lidar_max_range_m: float = 100.0
+    lidar_range_noise_m: float = 0.02
+    lidar_dropout: float = 0.01
+
+    #: IMU rate (Hz), white noise per sample (1 sigma: m/s^2, rad/s), initial bias (1 sigma)
+    #: and bias random walk (per sqrt(s)).
+    imu_hz: float = 100.0
+    imu_accel_noise: float = 0.02
+    imu_gyro_noise: float = 0.002
+    imu_accel_bias: float = 0.05
+    imu_gyro_bias: float = 0.002
+    imu_accel_bias_walk: float = 0.001
+    imu_gyro_bias_walk: float = 1e-5
+
+    #: Wheel odometry rate (Hz), speed and yaw-rate noise (1 sigma), initial scale error
+    #: (fraction, e.g. 0.01 = wheel speeds 1 % too high) and scale drift (per sqrt(s)).
+    odom_hz: float = 50.0
+    odom_speed_noise: float = 0.02
+    odom_yaw_rate_noise: float = 0.005
+    odom_scale_error: float = 0.01
+    odom_scale_drift: float = 0.002
+
+    #: GPS rate (1..10 Hz), white horizontal noise per axis (m, 1 sigma; vertical 1.5x),
+    #: slowly varying bias (m, 1 sigma, Gauss-Markov with ``gps_bias_tau_s``).
+    gps_hz: float = 5.0
+    gps_noise_m: float = 1.0
+    gps_bias_m: float = 0.5
+    gps_bias_tau_s: float = 60.0
+    #: GPS outage: (start, duration) in s after the drive start; no fixes are published then.
+    gps_outage: tuple[float, float] = (20.0, 10.0)
+    #: Geographic origin of the map frame: latitude, longitude (degrees, WGS84), height (m).
+    gps_origin: tuple[float, float, float] = (37.3875, -122.0575, 12.0)
+
+    #: Camera on/off, image size (pixels), frame rate (Hz), horizontal field of view (degrees).
+    camera: bool = True
+    camera_width: int = 160
+    camera_height: int = 120
+    camera_hz: float = 5.0
+    camera_hfov_deg: float = 90.0
+
+    #: Rate (Hz) of the true poses (``/ground_truth/odom`` and ``poses.txt``).
+    truth_hz: float = 100.0
+    #: Write the 5 cm elevation/reflectance raster (``raster.npz``) around the driven route.
+    truth_raster: bool = True
+    truth_raster_res_m: float = 0.05
+    #: The raster covers the driven route's bounding box grown by this margin (m).
+    truth_margin_m: float = 25.0
+
+    def validate(self) -> DriveConfig:
+        """Return ``self`` if every setting is usable, else raise :class:`SynthError`."""
+        problems: list[str] = []
+
+        def need(ok: bool, text: str) -> None:
+            if not ok:
+                problems.append(text)
+
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                problems.append(f"{name} must be finite, not {value}")
+        need(0 < self.seconds <= 1e6, f"seconds must be in (0, 1e6], not {self.seconds}")
+        need(
+            self.format in FORMATS,
+            f"format must be one of {', '.join(FORMATS)}, not {self.format!r}",
+        )
+        allowed = COMPRESSIONS.get(self.format, ())
+        need(
+            self.format not in FORMATS or self.compression in allowed,
+            f"compression {self.compression!r} is not available for format {self.format!r} "
+            f"(choose from {', '.join(allowed)})",
+        )
+        need(self.chunk_bytes >= 4096, f"chunk_bytes must be >= 4096, not {self.chunk_bytes}")
+        need(self.start_time_ns >= 0, "start_time_ns must be >= 0")
+        need(0 < self.speed_mps <= 40, f"speed_mps must be in (0, 40], not {self.speed_mps}")
+        need(
+            0 <= self.start_speed_mps <= 40,
+            f"start_speed_mps must be in [0, 40], not {self.start_speed_mps}",
+        )
+        for name in ("max_accel_mps2", "max_decel_mps2", "max_lateral_accel_mps2"):
+            value = getattr(self, name)
+            need(0 < value <= 10, f"{name} must be in (0, 10], not {value}")
+        need(0 < self.max_yaw_rate_rps <= 2, "max_yaw_rate_rps must be in (0, 2]")
+        need(self.stop_dwell_s >= 0, "stop_dwell_s must be >= 0")
+        need(
+            16 <= self.lidar_beams <= 128,
+            f"lidar_beams must be between 16 and 128, not {self.lidar_beams}",
+        )
+        need(1 <= self.lidar_hz <= 20, f"lidar_hz must be in [1, 20], not {self.lidar_hz}")
+        need(
+            64 <= self.lidar_columns <= 4096,
+            f"lidar_columns must be in [64, 4096], not {self.lidar_columns}",
+        )
+        need(
+            -60 <= self.lidar_fov_down_deg < self.lidar_fov_up_deg <= 60,
+            "lidar_fov_down_deg < lidar_fov_up_deg must hold, both in [-60, 60] degrees",
+        )
+        need(5 <= self.lidar_max_range_m <= 300, "lidar_max_range_m must be in [5, 300]")
+        need(self.lidar_range_noise_m >= 0, "lidar_range_noise_m must be >= 0")
+        need(0 <= self.lidar_dropout < 1, "lidar_dropout must be in [0, 1)")
+        need(10 <= self.imu_hz <= 1000, f"imu_hz must be in [10, 1000], not {self.imu_hz}")
+        need(1 <= self.odom_hz <= 1000, f"odom_hz must be in [1, 1000], not {self.odom_hz}")
+        need(1 <= self.gps_hz <= 10, f"gps_hz must be between 1 and 10, not {self.gps_hz}")
+        need(1 <= self.truth_hz <= 1000, f"truth_hz must be in [1, 1000], not {self.truth_hz}")
+        for name in (
+            "imu_accel_noise",
+            "imu_gyro_noise",
+            "imu_accel_bias",
+            "imu_gyro_bias",
+            "imu_accel_bias_walk",
+            "imu_gyro_bias_walk",
+            "odom_speed_noise",
+            "odom_yaw_rate_noise",
+            "odom_scale_drift",
+            "gps_noise_m",
+            "gps_bias_m",
+        ):
+            need(getattr(self, name) >= 0, f"{name} must be >= 0")
+        need(abs(self.odom_scale_error) < 0.2, "odom_scale_error must be within (-0.2, 0.2)")
+        need(self.gps_bias_tau_s > 0, "gps_bias_tau_s must be > 0")
+        need(
+            len(self.gps_outage) == 2 and self.gps_outage[1] >= 0,
+            "gps_outage must be (start, duration) with duration >= 0",
+        )
+        need(
+            len(self.gps_origin) == 3
+            and -85 <= self.gps_origin[0] <= 85
+            and -180 <= self.gps_origin[1] <= 180,
+            "gps_origin must be (latitude in [-85, 85], longitude in [-180, 180], height)",
+        )
+        need(
+            16 <= self.camera_width <= 1920 and 16 <= self.camera_height <= 1080,
+            "camera size must be within 16x16 .. 1920x1080 pixels",
+        )
+        need(0.2 <= self.camera_hz <= 60, "camera_hz must be in [0.2, 60]")
+        need(10 <= self.camera_hfov_deg <= 150, "camera_hfov_deg must be in [10, 150]")
+        need(0.01 <= self.truth_raster_res_m <= 1, "truth_raster_res_m must be in [0.01, 1]")
+        need(0 <= self.truth_margin_m <= 200, "truth_margin_m must be in [0, 200]")
+        for name, hz in (
+            ("lidar_hz", self.lidar_hz),
+            ("imu_hz", self.imu_hz),
+            ("odom_hz", self.odom_hz),
+            ("gps_hz", self.gps_hz),
+            ("camera_hz", self.camera_hz),
+            ("truth_hz", self.truth_hz),
+        ):
+            if hz > 0 and abs(_NS / hz - round(_NS / hz)) > 1e-6:
+                problems.append(f"{name}={hz} Hz has no whole-nanosecond period")
+        if problems:
+            raise SynthError("invalid synth settings: " + "; ".join(problems))
+        return self
+
+    def period_ns(self, hz: float) -> int:
+        """The sample period (ns) of a sensor running at ``hz``."""
+        return round(_NS / hz)
+
+    @property
+    def duration_ns(self) -> int:
+        """The simulated duration in ns."""
+        return round(self.seconds * _NS)

@@ -1,0 +1,417 @@
+"""Generate a synthetic drive: :func:`generate_drive` writes a bag and its truth directory.
+
+The drive is produced window by window (one LiDAR period, 100 ms by default): the
+driver integrates the car up to the window's end, every sensor samples its messages
+inside the window, and the messages go to the bag sorted by (time, topic order) -- so
+memory holds one window and one bag chunk whatever the drive's length, plus the
+message index a ROS 1 bag writes at its end (rosbags keeps ~100 bytes per message).
+
+Timing: every message's record time equals its header stamp
+(``start_time_ns`` + the sample's time).  Sensors sample on their own grid: ground truth
+at ``k / truth_hz``; IMU at ``k / imu_hz + 1 ms``; odometry and ``/tf`` at
+``k / odom_hz + 3 ms``; GPS at ``k / gps_hz``; LiDAR sweeps are stamped at their end,
+``k / lidar_hz`` for ``k >= 1``; camera frames at ``k / camera_hz + 7 ms``.
+``/tf_static`` is written once, at the start.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from adcloud.synth.camera import CameraModel
+from adcloud.synth.config import DriveConfig
+from adcloud.synth.errors import SynthError
+from adcloud.synth.frames import MOUNTS, euler_matrix, matrix_quaternion
+from adcloud.synth.gnss import VERTICAL_FACTOR, GnssModel
+from adcloud.synth.imu import ImuModel
+from adcloud.synth.lidar import POINT_DTYPE, LidarModel
+from adcloud.synth.messages import TOPICS, MessageCodec
+from adcloud.synth.odometry import WheelOdometry
+from adcloud.synth.trajectory import Driver, Trajectory, make_route
+from adcloud.synth.truth import TruthWriter, truth_dir_for
+from adcloud.synth.world import World, build_world
+from adcloud.synth.writer import open_writer
+
+__all__ = ["DriveResult", "generate_drive"]
+
+log = logging.getLogger(__name__)
+
+_NS = 1_000_000_000
+_MS = 1_000_000
+# Sample-grid phases (ns) that keep sensors from all firing at the same instant.
+_PHASE = {"truth": 0, "imu": 1 * _MS, "odom": 3 * _MS, "gps": 0, "camera": 7 * _MS}
+# Noise streams: one generator per purpose, so switching a sensor off changes no other's noise.
+_STREAMS = {"imu": 1, "odom": 2, "gps": 3, "lidar": 4, "camera": 5}
+_BIG = 1e6
+
+
+@dataclass(frozen=True)
+class DriveResult:
+    """What :func:`generate_drive` wrote: the bag (file or rosbag2 directory), the truth
+    directory, messages per topic, bag size (bytes), simulated and wall time (s)."""
+
+    bag: Path
+    truth: Path
+    format: str
+    messages: dict[str, int]
+    bytes: int
+    seconds: float
+    wall_s: float
+
+    @property
+    def message_count(self) -> int:
+        """All messages in the bag."""
+        return sum(self.messages.values())
+
+
+def _grid(t0: int, t1: int, period: int, phase: int, first: int = 0) -> NDArray[np.int64]:
+    """Sample times ``k * period + phase`` (k >= first) in ``[t0, t1)`` (ns)."""
+    k0 = max(first, -((phase - t0) // period))
+    k1 = -((phase - t1) // period)
+    return (np.arange(k0, max(k0, k1), dtype=np.int64) * period + phase).astype(np.int64)
+
+
+def _bag_size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+class _Drive:
+    """One drive in progress: sensors, the writer and the truth directory."""
+
+    def __init__(self, config: DriveConfig, bag: Path, world: World) -> None:
+        self.config = config
+        self.world = world
+        self.codec = MessageCodec("ros1" if config.format == "ros1" else "ros2")
+        self.writer = open_writer(bag, config, self.codec.store)
+        self.truth = TruthWriter(truth_dir_for(bag), config, world)
+        self.counts: dict[str, int] = {}
+        seeds = {
+            name: np.random.SeedSequence([config.seed, 0x5E5, sid])
+            for name, sid in _STREAMS.items()
+        }
+        self.rng = {name: np.random.default_rng(seed) for name, seed in seeds.items()}
+        self.imu = ImuModel(config, self.rng["imu"])
+        self.odom = WheelOdometry(config, self.rng["odom"])
+        self.gnss = GnssModel(config, self.rng["gps"])
+        self.lidar = LidarModel.from_config(config) if config.lidar else None
+        self.camera = CameraModel.from_config(config) if config.camera else None
+        self.topics = [
+            t
+            for t in TOPICS.values()
+            if (config.lidar or not t.name.startswith("/lidar"))
+            and (config.camera or not t.name.startswith("/camera"))
+        ]
+        self.rank = {t.name: i for i, t in enumerate(self.topics)}
+        for topic in self.topics:
+            self.writer.add_topic(topic.name, topic.msgtype, latched=topic.latched)
+            self.counts[topic.name] = 0
+        self.pending: list[tuple[int, int, str, bytes]] = []
+
+    def emit(self, topic: str, t_ns: int, msg: object) -> None:
+        data = self.codec.serialize(msg, TOPICS[topic].msgtype)
+        self.pending.append((t_ns, self.rank[topic], topic, data))
+
+    def flush(self) -> None:
+        self.pending.sort(key=lambda m: (m[0], m[1]))
+        for t_ns, _, topic, data in self.pending:
+            self.writer.write(topic, t_ns, data)
+            self.counts[topic] += 1
+        self.pending.clear()
+
+    def abs_ns(self, t_ns: int) -> int:
+        return self.config.start_time_ns + int(t_ns)
+
+    # ----------------------------------------------------------------- sensors
+
+    def static_tf(self) -> None:
+        t = self.abs_ns(0)
+        frames = ["lidar", "imu", "gps"] + (
+            ["camera", "camera_optical"] if self.config.camera else []
+        )
+        transforms = [
+            self.codec.transform(
+                t, MOUNTS[k].parent, MOUNTS[k].frame, MOUNTS[k].translation, MOUNTS[k].quaternion
+            )
+            for k in frames
+        ]
+        self.emit("/tf_static", t, self.codec.tf(transforms))
+
+    def ground_truth(self, traj: Trajectory, t_ns: NDArray[np.int64]) -> None:
+        if not len(t_ns):
+            return
+        t = t_ns / _NS
+        vel, _, omega, rot = traj.kinematics(t)
+        pos, _ = traj.pose(t)
+        quat = matrix_quaternion(rot)
+        body_v = np.einsum("nji,nj->ni", rot, vel)
+        zeros = np.zeros(36)
+        abs_t = np.asarray([self.abs_ns(int(v)) for v in t_ns], dtype=np.int64)
+        self.truth.poses(abs_t, pos, quat)
+        for i, ts in enumerate(abs_t.tolist()):
+            msg = self.codec.odometry(
+                "/ground_truth/odom",
+                ts,
+                "map",
+                "base_link",
+                pos[i],
+                quat[i],
+                body_v[i],
+                omega[i],
+                zeros,
+                zeros,
+            )
+            self.emit("/ground_truth/odom", ts, msg)
+
+    def imu_samples(self, traj: Trajectory, t_ns: NDArray[np.int64]) -> None:
+        if not len(t_ns):
+            return
+        cfg = self.config
+        s = self.imu.measure(traj, t_ns / _NS)
+        abs_t = np.asarray([self.abs_ns(int(v)) for v in t_ns], dtype=np.int64)
+        self.truth.rows("imu_bias.csv", abs_t, np.hstack([s.accel_bias, s.gyro_bias]))
+        frame = MOUNTS["imu"].frame
+        for i, ts in enumerate(abs_t.tolist()):
+            msg = self.codec.imu(
+                "/imu/data",
+                ts,
+                frame,
+                s.accel[i],
+                s.gyro[i],
+                cfg.imu_accel_noise**2,
+                cfg.imu_gyro_noise**2,
+            )
+            self.emit("/imu/data", ts, msg)
+
+    def odometry(self, traj: Trajectory, t_ns: NDArray[np.int64]) -> None:
+        if not len(t_ns):
+            return
+        cfg = self.config
+        s = self.odom.measure(traj, t_ns / _NS)
+        abs_t = np.asarray([self.abs_ns(int(v)) for v in t_ns], dtype=np.int64)
+        self.truth.rows("odom_scale.csv", abs_t, s.scale[:, None])
+        pose_cov = np.diag([0.05, 0.05, _BIG, _BIG, _BIG, 0.01]).ravel()
+        twist_cov = np.diag(
+            [
+                cfg.odom_speed_noise**2 + 1e-6,
+                1e-4,
+                _BIG,
+                _BIG,
+                _BIG,
+                cfg.odom_yaw_rate_noise**2 + 1e-6,
+            ]
+        ).ravel()
+        quats = matrix_quaternion(euler_matrix(np.zeros(len(t_ns)), np.zeros(len(t_ns)), s.yaw))
+        for i, ts in enumerate(abs_t.tolist()):
+            pos = (s.x[i], s.y[i], 0.0)
+            msg = self.codec.odometry(
+                "/odom",
+                ts,
+                "odom",
+                "base_link",
+                pos,
+                quats[i],
+                (s.speed[i], 0.0, 0.0),
+                (0.0, 0.0, s.yaw_rate[i]),
+                pose_cov,
+                twist_cov,
+            )
+            self.emit("/odom", ts, msg)
+            self.emit(
+                "/tf",
+                ts,
+                self.codec.tf([self.codec.transform(ts, "odom", "base_link", pos, quats[i])]),
+            )
+
+    def gps(self, traj: Trajectory, t_ns: NDArray[np.int64]) -> None:
+        if not len(t_ns):
+            return
+        cfg = self.config
+        s = self.gnss.measure(traj, t_ns / _NS)
+        abs_t = np.asarray([self.abs_ns(int(v)) for v in t_ns], dtype=np.int64)
+        rows = np.hstack([s.published[:, None].astype(np.float64), s.truth, s.bias])
+        self.truth.rows("gps.csv", abs_t, rows, fmt="{:.6f}")
+        h = cfg.gps_noise_m**2 + cfg.gps_bias_m**2
+        var = (h, h, h * VERTICAL_FACTOR**2)
+        frame = MOUNTS["gps"].frame
+        for i in np.nonzero(s.published)[0].tolist():
+            ts = int(abs_t[i])
+            self.emit(
+                "/gps/fix",
+                ts,
+                self.codec.navsatfix("/gps/fix", ts, frame, s.lat[i], s.lon[i], s.alt[i], var),
+            )
+
+    def lidar_sweeps(self, traj: Trajectory, t_ns: NDArray[np.int64]) -> None:
+        assert self.lidar is not None
+        for t in t_ns.tolist():
+            points = self.lidar.sweep(self.world, traj, t / _NS, self.rng["lidar"])
+            ts = self.abs_ns(t)
+            self.emit(
+                "/lidar/points",
+                ts,
+                self.codec.pointcloud2("/lidar/points", ts, MOUNTS["lidar"].frame, points),
+            )
+
+    def camera_frames(self, traj: Trajectory, t_ns: NDArray[np.int64]) -> None:
+        cam = self.camera
+        assert cam is not None
+        frame = MOUNTS["camera_optical"].frame
+        for t in t_ns.tolist():
+            rgb, labels = cam.render(self.world, traj, t / _NS, self.rng["camera"])
+            ts = self.abs_ns(t)
+            self.emit(
+                "/camera/camera_info",
+                ts,
+                self.codec.camera_info(
+                    "/camera/camera_info", ts, frame, cam.width, cam.height, cam.k
+                ),
+            )
+            self.emit(
+                "/camera/image_raw",
+                ts,
+                self.codec.image("/camera/image_raw", ts, frame, rgb, "rgb8"),
+            )
+            self.emit(
+                "/camera/labels", ts, self.codec.image("/camera/labels", ts, frame, labels, "mono8")
+            )
+
+
+def _open_drive(config: DriveConfig, bag: Path, world: World) -> _Drive:
+    try:
+        return _Drive(config, bag, world)
+    except BaseException:
+        _remove(bag)
+        _remove(truth_dir_for(bag))
+        raise
+
+
+def generate_drive(
+    config: DriveConfig,
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    progress: Callable[[float], None] | None = None,
+) -> DriveResult:
+    """Write the drive ``config`` describes to ``out`` and its truth to ``<out>.truth/``.
+
+    ``out`` is a ``.bag`` file (``ros1``) or a rosbag2 directory (``ros2``, ``mcap``).
+    ``progress`` is called with the simulated seconds done after each window.  Raises
+    :class:`SynthError` for bad settings or an existing output (unless ``overwrite``).
+    """
+    config.validate()
+    bag = Path(out)
+    truth = truth_dir_for(bag)
+    if overwrite:
+        _remove(bag)
+        _remove(truth)
+    for path in (bag, truth):
+        if path.exists():
+            raise SynthError(
+                f"{path} exists already; remove it or pass overwrite=True (--overwrite)"
+            )
+    if not bag.parent.is_dir():
+        raise SynthError(f"the output directory {bag.parent} does not exist")
+    started = time.perf_counter()
+    world = build_world(config.seed)
+    route = make_route(world, config)
+    driver = Driver(world, route, config)
+    log.info(
+        "synth: %s s drive, seed %d, %s -> %s", config.seconds, config.seed, config.format, bag
+    )
+    drive = _open_drive(config, bag, world)
+    ok = False
+    try:
+        _run(drive, driver, config, progress)
+        drive.writer.close()
+        ok = True
+    finally:
+        if not ok:  # leave no partial drive behind (an error or Ctrl-C)
+            drive.writer.abort()
+            drive.truth.abort()
+            _remove(bag)
+            _remove(truth)
+    lidar_info = None
+    if drive.lidar is not None:
+        lm = drive.lidar
+        lidar_info = {
+            "beams": lm.beams,
+            "columns": lm.columns,
+            "elevations_deg": [round(float(v), 6) for v in np.degrees(lm.elevations)],
+            "point_fields": list(POINT_DTYPE.names or ()),
+        }
+    camera_info = None
+    if drive.camera is not None:
+        cam = drive.camera
+        camera_info = {"width": cam.width, "height": cam.height, "k": list(cam.k)}
+    drive.truth.finish(
+        {
+            "messages": dict(drive.counts),
+            "lidar": lidar_info,
+            "camera": camera_info,
+            "bag": bag.name,
+            "bag_format": config.format,
+        }
+    )
+    wall = time.perf_counter() - started
+    log.info("synth: wrote %d messages to %s in %.1f s", sum(drive.counts.values()), bag, wall)
+    return DriveResult(
+        bag=bag,
+        truth=truth,
+        format=config.format,
+        messages=dict(drive.counts),
+        bytes=_bag_size(bag),
+        seconds=config.seconds,
+        wall_s=wall,
+    )
+
+
+def _run(
+    drive: _Drive, driver: Driver, config: DriveConfig, progress: Callable[[float], None] | None
+) -> None:
+    duration = config.duration_ns
+    window = config.period_ns(config.lidar_hz)
+    lookback = window / _NS + 0.005
+    buffer = driver.initial_sample()
+    drive.static_tf()
+    periods = {
+        "truth": config.period_ns(config.truth_hz),
+        "imu": config.period_ns(config.imu_hz),
+        "odom": config.period_ns(config.odom_hz),
+        "gps": config.period_ns(config.gps_hz),
+        "camera": config.period_ns(config.camera_hz),
+    }
+    t0 = 0
+    while t0 < duration:
+        t1 = min(t0 + window, duration)
+        buffer = np.concatenate([buffer, driver.advance(t1 / _NS + 0.002)])
+        buffer = buffer[buffer[:, 0] >= t0 / _NS - lookback]
+        traj = Trajectory.from_samples(drive.world, buffer)
+        drive.ground_truth(traj, _grid(t0, t1, periods["truth"], _PHASE["truth"]))
+        drive.imu_samples(traj, _grid(t0, t1, periods["imu"], _PHASE["imu"]))
+        drive.odometry(traj, _grid(t0, t1, periods["odom"], _PHASE["odom"]))
+        drive.gps(traj, _grid(t0, t1, periods["gps"], _PHASE["gps"]))
+        if drive.lidar is not None:
+            drive.lidar_sweeps(traj, _grid(t0, t1, window, 0, first=1))
+        if drive.camera is not None:
+            drive.camera_frames(traj, _grid(t0, t1, periods["camera"], _PHASE["camera"]))
+        drive.flush()
+        t0 = t1
+        if progress is not None:
+            progress(t1 / _NS)

@@ -1,0 +1,119 @@
+"""Frames, sensor mounts and rotation helpers.
+
+Frames (REP 103/105): ``map`` (ENU, metres, the truth frame; its geographic origin is
+``DriveConfig.gps_origin``), ``odom`` (where wheel odometry starts, 2D), ``base_link``
+(FLU: x forward, y left, z up; on the ground under the rear-axle centre) and the sensor
+frames below, fixed to ``base_link`` and published on ``/tf_static``.  Camera images use
+``camera_optical`` (x right, y down, z forward).
+
+Quaternions are ``(x, y, z, w)`` like ROS messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "MOUNTS",
+    "SensorMount",
+    "euler_matrix",
+    "matrix_quaternion",
+    "quaternion_matrix",
+]
+
+F64 = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class SensorMount:
+    """A frame fixed to ``parent``: translation (m) and rotation (roll, pitch, yaw in rad)."""
+
+    frame: str
+    parent: str
+    translation: tuple[float, float, float]
+    rpy: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @property
+    def rotation(self) -> F64:
+        """``(3, 3)`` rotation from this frame to ``parent``."""
+        return euler_matrix(*self.rpy)
+
+    @property
+    def quaternion(self) -> tuple[float, float, float, float]:
+        """The rotation as ``(x, y, z, w)``."""
+        q = matrix_quaternion(self.rotation[None])[0]
+        return float(q[0]), float(q[1]), float(q[2]), float(q[3])
+
+
+#: The sensor frames of the synthetic car (published on ``/tf_static``).
+MOUNTS: dict[str, SensorMount] = {
+    "lidar": SensorMount("lidar", "base_link", (1.2, 0.0, 1.9)),
+    "imu": SensorMount("imu_link", "base_link", (0.3, 0.0, 0.45)),
+    "gps": SensorMount("gps", "base_link", (0.0, 0.0, 1.75)),
+    "camera": SensorMount("camera_link", "base_link", (1.8, 0.0, 1.4), (0.0, 0.08, 0.0)),
+    "camera_optical": SensorMount(
+        "camera_optical", "camera_link", (0.0, 0.0, 0.0), (-np.pi / 2, 0.0, -np.pi / 2)
+    ),
+}
+
+
+def euler_matrix(roll: float | F64, pitch: float | F64, yaw: float | F64) -> F64:
+    """Rotation matrices ``R = Rz(yaw) Ry(pitch) Rx(roll)`` (``(3, 3)`` or ``(N, 3, 3)``)."""
+    r, p, y = (np.asarray(v, dtype=np.float64) for v in (roll, pitch, yaw))
+    cr, sr, cp, sp, cy, sy = np.cos(r), np.sin(r), np.cos(p), np.sin(p), np.cos(y), np.sin(y)
+    m = np.empty((*np.broadcast(r, p, y).shape, 3, 3))
+    m[..., 0, 0] = cy * cp
+    m[..., 0, 1] = cy * sp * sr - sy * cr
+    m[..., 0, 2] = cy * sp * cr + sy * sr
+    m[..., 1, 0] = sy * cp
+    m[..., 1, 1] = sy * sp * sr + cy * cr
+    m[..., 1, 2] = sy * sp * cr - cy * sr
+    m[..., 2, 0] = -sp
+    m[..., 2, 1] = cp * sr
+    m[..., 2, 2] = cp * cr
+    return m
+
+
+def matrix_euler(m: F64) -> tuple[F64, F64, F64]:
+    """``(roll, pitch, yaw)`` of rotation matrices ``(N, 3, 3)`` (ZYX convention)."""
+    yaw = np.arctan2(m[..., 1, 0], m[..., 0, 0])
+    pitch = -np.arcsin(np.clip(m[..., 2, 0], -1.0, 1.0))
+    roll = np.arctan2(m[..., 2, 1], m[..., 2, 2])
+    return roll, pitch, yaw
+
+
+def matrix_quaternion(m: F64) -> F64:
+    """Unit quaternions ``(N, 4)``, ``(x, y, z, w)`` with ``w >= 0``, of rotations ``(N, 3, 3)``."""
+    m = np.asarray(m, dtype=np.float64)
+    t = np.trace(m, axis1=-2, axis2=-1)
+    q = np.empty((*m.shape[:-2], 4))
+    w = np.sqrt(np.maximum(1.0 + t, 0.0)) / 2
+    x = np.sqrt(np.maximum(1.0 + m[..., 0, 0] - m[..., 1, 1] - m[..., 2, 2], 0.0)) / 2
+    y = np.sqrt(np.maximum(1.0 - m[..., 0, 0] + m[..., 1, 1] - m[..., 2, 2], 0.0)) / 2
+    z = np.sqrt(np.maximum(1.0 - m[..., 0, 0] - m[..., 1, 1] + m[..., 2, 2], 0.0)) / 2
+    q[..., 0] = np.copysign(x, m[..., 2, 1] - m[..., 1, 2])
+    q[..., 1] = np.copysign(y, m[..., 0, 2] - m[..., 2, 0])
+    q[..., 2] = np.copysign(z, m[..., 1, 0] - m[..., 0, 1])
+    q[..., 3] = w
+    return np.asarray(q / np.linalg.norm(q, axis=-1, keepdims=True), dtype=np.float64)
+
+
+def quaternion_matrix(q: F64) -> F64:
+    """Rotation matrices of quaternions ``(..., 4)`` given as ``(x, y, z, w)``."""
+    q = np.asarray(q, dtype=np.float64)
+    q = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    x, y, z, w = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    m = np.empty((*q.shape[:-1], 3, 3))
+    m[..., 0, 0] = 1 - 2 * (y * y + z * z)
+    m[..., 0, 1] = 2 * (x * y - z * w)
+    m[..., 0, 2] = 2 * (x * z + y * w)
+    m[..., 1, 0] = 2 * (x * y + z * w)
+    m[..., 1, 1] = 1 - 2 * (x * x + z * z)
+    m[..., 1, 2] = 2 * (y * z - x * w)
+    m[..., 2, 0] = 2 * (x * z - y * w)
+    m[..., 2, 1] = 2 * (y * z + x * w)
+    m[..., 2, 2] = 1 - 2 * (x * x + y * y)
+    return m

@@ -1,0 +1,159 @@
+"""The truth directory: poses, map, raster, metadata."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from adcloud.synth import DriveResult, Label, World, read_map, read_poses, read_raster
+from adcloud.synth.gnss import enu_to_geodetic, geodetic_to_enu
+from adcloud.synth.world import SIGN_TYPES
+from tests.synth.conftest import SMALL
+
+Reader = Callable[..., list[tuple[str, int, Any]]]
+
+
+def test_truth_directory_contents(small_drive: DriveResult) -> None:
+    names = {p.name for p in small_drive.truth.iterdir()}
+    assert names == {
+        "poses.txt",
+        "map.geojson",
+        "raster.npz",
+        "world.json",
+        "config.json",
+        "imu_bias.csv",
+        "odom_scale.csv",
+        "gps.csv",
+    }
+    meta = json.loads((small_drive.truth / "world.json").read_text())
+    assert meta["version"] == 1
+    assert meta["seed"] == SMALL.seed
+    assert meta["origin"] == {
+        "latitude_deg": 37.3875,
+        "longitude_deg": -122.0575,
+        "height_m": 12.0,
+        "datum": "WGS84",
+    }
+    assert meta["labels"]["lane_marking"] == Label.LANE_MARKING
+    assert meta["messages"] == small_drive.messages
+    assert meta["frames"]["lidar"]["parent"] == "base_link"
+
+
+def test_poses_file_matches_the_ground_truth_topic(
+    small_drive: DriveResult, read_bag: Reader
+) -> None:
+    t, xyz, quat = read_poses(small_drive.truth)
+    msgs = read_bag(small_drive.bag, ["/ground_truth/odom"])
+    assert len(msgs) == len(t) == SMALL.seconds * SMALL.truth_hz
+    np.testing.assert_array_equal(t, [m[1] for m in msgs])
+    bag_xyz = np.array(
+        [[m.pose.pose.position.x, m.pose.pose.position.y, m.pose.pose.position.z] for *_, m in msgs]
+    )
+    bag_q = np.array(
+        [
+            [
+                m.pose.pose.orientation.x,
+                m.pose.pose.orientation.y,
+                m.pose.pose.orientation.z,
+                m.pose.pose.orientation.w,
+            ]
+            for *_, m in msgs
+        ]
+    )
+    np.testing.assert_allclose(xyz, bag_xyz, atol=1e-6)
+    np.testing.assert_allclose(quat, bag_q, atol=1e-8)
+    np.testing.assert_allclose(np.linalg.norm(quat, axis=1), 1, atol=1e-8)
+
+
+def test_map_has_lanes_of_both_types_signs_and_poles(
+    small_drive: DriveResult, world: World
+) -> None:
+    data = read_map(small_drive.truth)
+    assert data["type"] == "FeatureCollection"
+    assert data["adcloud:frame"] == "map"
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for f in data["features"]:
+        kinds.setdefault(f["properties"]["kind"], []).append(f)
+    marks = kinds["lane_marking"]
+    assert {m["properties"]["type"] for m in marks} == {"solid", "dashed"}
+    assert all(m["geometry"]["type"] == "LineString" for m in marks)
+    assert {"lane_centerline", "reference_line", "curb", "traffic_sign", "pole"} <= set(kinds)
+    signs = kinds["traffic_sign"]
+    assert len(signs) == len(world.signs)
+    assert {s["properties"]["type"] for s in signs} <= set(SIGN_TYPES)
+    assert all(1.9 < s["properties"]["height_m"] < 2.7 for s in signs)
+    # every solid-line vertex is painted in the world (and the LiDAR sees it so)
+    solid = np.array(
+        [
+            c
+            for m in marks
+            if m["properties"]["type"] == "solid"
+            for c in m["geometry"]["coordinates"]
+        ]
+    )
+    labels = world.ground_surface(solid[:, 0], solid[:, 1]).label
+    assert (labels == Label.LANE_MARKING).mean() > 0.99
+    np.testing.assert_allclose(
+        solid[:, 2], world.terrain.height(solid[:, 0], solid[:, 1]), atol=1e-3
+    )
+    # dashed vertices are painted on 3 m of every 9 m
+    dashed = np.array(
+        [
+            c
+            for m in marks
+            if m["properties"]["type"] == "dashed"
+            for c in m["geometry"]["coordinates"]
+        ]
+    )
+    frac = (world.ground_surface(dashed[:, 0], dashed[:, 1]).label == Label.LANE_MARKING).mean()
+    assert frac == pytest.approx(1 / 3, abs=0.03)
+
+
+def test_raster_is_a_5cm_grid_of_the_true_ground(small_drive: DriveResult, world: World) -> None:
+    raster = read_raster(small_drive.truth)
+    assert raster.resolution == 0.05
+    assert raster.elevation.dtype == np.float32
+    with np.load(small_drive.truth / "raster.npz", allow_pickle=False) as z:
+        assert set(z.files) == {
+            "elevation",
+            "reflectance",
+            "label",
+            "origin",
+            "resolution",
+            "version",
+        }
+    # it covers the route with the margin
+    _, xyz, _ = read_poses(small_drive.truth)
+    x, y = raster.cell_centres()
+    assert x[0] <= xyz[:, 0].min() - SMALL.truth_margin_m + 0.05
+    assert y[-1] >= xyz[:, 1].max() + SMALL.truth_margin_m - 0.05
+    rng = np.random.default_rng(0)
+    i = rng.integers(0, len(y), 3000)
+    j = rng.integers(0, len(x), 3000)
+    sample = world.ground_surface(x[j], y[i])
+    np.testing.assert_allclose(raster.elevation[i, j], sample.height, atol=1e-4)
+    np.testing.assert_array_equal(raster.label[i, j], sample.label)
+    np.testing.assert_allclose(raster.reflectance[i, j], sample.reflectance, atol=1 / 255)
+    # elevation really varies and paint is bright in it
+    assert raster.elevation.max() - raster.elevation.min() > 0.5
+    paint = raster.reflectance[raster.label == Label.LANE_MARKING]
+    road = raster.reflectance[raster.label == Label.ROAD]
+    assert paint.min() > road.max()
+
+
+def test_geodetic_round_trip() -> None:
+    rng = np.random.default_rng(1)
+    enu = rng.uniform(-5000, 5000, (100, 3))
+    lat, lon, h = enu_to_geodetic(enu, SMALL.gps_origin)
+    np.testing.assert_allclose(geodetic_to_enu(lat, lon, h, SMALL.gps_origin), enu, atol=1e-6)
+    lat0, lon0, h0 = enu_to_geodetic(np.zeros((1, 3)), SMALL.gps_origin)
+    assert (float(lat0[0]), float(lon0[0]), float(h0[0])) == pytest.approx(
+        SMALL.gps_origin, abs=1e-9
+    )
+    # 1 km north is 1/111.0 degrees of latitude here
+    lat1, _, _ = enu_to_geodetic(np.array([[0.0, 1000.0, 0.0]]), SMALL.gps_origin)
+    assert float(lat1[0]) - SMALL.gps_origin[0] == pytest.approx(1000 / 110_990, rel=2e-3)
