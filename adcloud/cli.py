@@ -372,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_synth_parser(sub)
 
+    from adcloud.store.command import add_parser as add_store_parser  # noqa: PLC0415
+
+    add_store_parser(sub)
+
     submit = sub.add_parser(
         "submit",
         help="run an adcloud job through spark-submit on any cluster manager",

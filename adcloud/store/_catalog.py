@@ -1,0 +1,473 @@
+"""The local store's catalog: file metadata, directories, tier usage and the persist journal.
+
+One SQLite database in WAL mode, shared by every process that opens the same store (Spark
+executors are separate processes).  Each mutation is one short ``BEGIN IMMEDIATE``
+transaction; SQLite serialises writers across processes and WAL lets readers proceed while
+one writes.  The catalog is the single point of truth: a file version becomes visible
+exactly when the transaction that references its object commits.
+
+Format history (``meta.schema``):
+
+- 1: files, dirs, tiers (usage kept by triggers), journal, meta.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from adcloud.store.errors import StoreError
+
+__all__ = ["Catalog", "FileRow", "JournalEntry", "descendant_range"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    path TEXT NOT NULL UNIQUE,
+    parent TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    checksum TEXT NOT NULL,
+    object TEXT NOT NULL,
+    tier INTEGER,
+    pinned INTEGER NOT NULL DEFAULT 0,
+    write_type TEXT NOT NULL,
+    persistence TEXT NOT NULL,
+    in_ufs INTEGER NOT NULL DEFAULT 0,
+    ttl_ms INTEGER,
+    ttl_action TEXT NOT NULL DEFAULT 'DELETE',
+    expires_ns INTEGER,
+    ctime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    atime_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS files_parent ON files(parent);
+CREATE INDEX IF NOT EXISTS files_lru ON files(tier, pinned, atime_ns);
+CREATE INDEX IF NOT EXISTS files_expiry ON files(expires_ns) WHERE expires_ns IS NOT NULL;
+CREATE TABLE IF NOT EXISTS dirs (
+    path TEXT PRIMARY KEY,
+    parent TEXT NOT NULL,
+    ctime_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dirs_parent ON dirs(parent);
+CREATE TABLE IF NOT EXISTS tiers (tier INTEGER PRIMARY KEY, used INTEGER NOT NULL DEFAULT 0);
+INSERT OR IGNORE INTO tiers(tier, used) VALUES (0, 0), (1, 0), (2, 0);
+CREATE TABLE IF NOT EXISTS journal (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    file_id INTEGER NOT NULL,
+    object TEXT NOT NULL,
+    created_ns INTEGER NOT NULL,
+    owner_pid INTEGER,
+    claimed_ns INTEGER,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT
+);
+CREATE INDEX IF NOT EXISTS journal_file ON journal(file_id);
+CREATE TRIGGER IF NOT EXISTS files_usage_insert AFTER INSERT ON files
+WHEN NEW.tier IS NOT NULL BEGIN
+    UPDATE tiers SET used = used + NEW.size WHERE tier = NEW.tier;
+END;
+CREATE TRIGGER IF NOT EXISTS files_usage_delete AFTER DELETE ON files
+WHEN OLD.tier IS NOT NULL BEGIN
+    UPDATE tiers SET used = used - OLD.size WHERE tier = OLD.tier;
+END;
+CREATE TRIGGER IF NOT EXISTS files_usage_update AFTER UPDATE OF tier, size ON files BEGIN
+    UPDATE tiers SET used = used - OLD.size WHERE tier = OLD.tier;
+    UPDATE tiers SET used = used + NEW.size WHERE tier = NEW.tier;
+END;
+"""
+
+_COLUMNS = (
+    "id, path, parent, size, checksum, object, tier, pinned, write_type, persistence, in_ufs, "
+    "ttl_ms, ttl_action, expires_ns, ctime_ns, mtime_ns, atime_ns"
+)
+
+
+class FileRow(NamedTuple):
+    """One file version as the catalog records it (times in ns since the epoch)."""
+
+    id: int
+    path: str
+    parent: str
+    size: int
+    checksum: str
+    object: str
+    tier: int | None
+    pinned: int
+    write_type: str
+    persistence: str
+    in_ufs: int
+    ttl_ms: int | None
+    ttl_action: str
+    expires_ns: int | None
+    ctime_ns: int
+    mtime_ns: int
+    atime_ns: int
+
+
+class JournalEntry(NamedTuple):
+    """A pending persist: write version ``object`` of file ``file_id`` to the under-store."""
+
+    seq: int
+    file_id: int
+    object: str
+    owner_pid: int | None
+    claimed_ns: int | None
+    attempts: int
+
+
+def descendant_range(path: str) -> tuple[str, str]:
+    """Bounds ``(lo, hi)`` with ``lo < p < hi`` exactly for the paths strictly below ``path``."""
+    if path == "/":
+        return "/", "0"
+    return path + "/", path + "0"  # '0' is the character after '/'
+
+
+class Catalog:
+    """The SQLite catalog at ``db_path`` (created on first use, shared across processes)."""
+
+    def __init__(self, db_path: Path) -> None:
+        self._path = db_path
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        self._init_schema()
+
+    @property
+    def path(self) -> Path:
+        """Where the database file is."""
+        return self._path
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._path, timeout=60.0, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA busy_timeout = 60000")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA temp_store = MEMORY")
+        return conn
+
+    def conn(self) -> sqlite3.Connection:
+        """This thread's connection (reopened after ``fork``)."""
+        pid = os.getpid()
+        local = self._local
+        if getattr(local, "pid", None) != pid:
+            local.conn = self._connect()
+            local.pid = pid
+            with self._all_lock:
+                self._all.append(local.conn)
+        conn: sqlite3.Connection = local.conn
+        return conn
+
+    def _init_schema(self) -> None:
+        conn = self.conn()
+        # small pages: a commit writes every B-tree page it touched to the WAL, and a put
+        # touches ~6 of them (a new database only; existing ones keep their page size)
+        conn.execute("PRAGMA page_size = 1024")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                break
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        with self.transaction() as c:
+            for statement in _split_script(_SCHEMA):
+                c.execute(statement)
+            row = c.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            if row is None:
+                c.execute(
+                    "INSERT INTO meta(key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+                )
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self._path}: catalog format {row[0]} is not the supported "
+                    f"{SCHEMA_VERSION}; use the adcloud version that wrote it or move the "
+                    "store directory away"
+                )
+
+    @contextlib.contextmanager
+    def transaction(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE``); ``durable`` fsyncs the WAL at commit."""
+        conn = self.conn()
+        if durable:
+            conn.execute("PRAGMA synchronous = FULL")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            if durable:
+                conn.execute("PRAGMA synchronous = NORMAL")
+
+    def close(self) -> None:
+        """Close every connection this process opened."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        self._local = threading.local()
+
+    # -- reads -------------------------------------------------------------------------
+
+    def file(self, path: str, conn: sqlite3.Connection | None = None) -> FileRow | None:
+        """The file at ``path``, if any (expired ones included)."""
+        row = (
+            (conn or self.conn())
+            .execute(f"SELECT {_COLUMNS} FROM files WHERE path = ?", (path,))
+            .fetchone()
+        )
+        return None if row is None else FileRow(*row)
+
+    def file_by_id(self, file_id: int, conn: sqlite3.Connection | None = None) -> FileRow | None:
+        """The file with catalog id ``file_id``, if it still exists."""
+        row = (
+            (conn or self.conn())
+            .execute(f"SELECT {_COLUMNS} FROM files WHERE id = ?", (file_id,))
+            .fetchone()
+        )
+        return None if row is None else FileRow(*row)
+
+    def dir_ctime(self, path: str, conn: sqlite3.Connection | None = None) -> int | None:
+        """Creation time of directory ``path`` (0 for the root), ``None`` if it is no directory."""
+        if path == "/":
+            return 0
+        row = (
+            (conn or self.conn())
+            .execute("SELECT ctime_ns FROM dirs WHERE path = ?", (path,))
+            .fetchone()
+        )
+        return None if row is None else int(row[0])
+
+    def children(
+        self, path: str, conn: sqlite3.Connection | None = None
+    ) -> tuple[list[FileRow], list[tuple[str, int]]]:
+        """Files and directories (path, ctime) directly inside directory ``path``."""
+        c = conn or self.conn()
+        files = [
+            FileRow(*r)
+            for r in c.execute(f"SELECT {_COLUMNS} FROM files WHERE parent = ?", (path,))
+        ]
+        dirs = [
+            (r[0], int(r[1]))
+            for r in c.execute("SELECT path, ctime_ns FROM dirs WHERE parent = ?", (path,))
+        ]
+        return files, dirs
+
+    def descendants(
+        self, path: str, conn: sqlite3.Connection | None = None
+    ) -> tuple[list[FileRow], list[tuple[str, int]]]:
+        """Every file and directory strictly below directory ``path``."""
+        c = conn or self.conn()
+        lo, hi = descendant_range(path)
+        files = [
+            FileRow(*r)
+            for r in c.execute(
+                f"SELECT {_COLUMNS} FROM files WHERE path > ? AND path < ?", (lo, hi)
+            )
+        ]
+        dirs = [
+            (r[0], int(r[1]))
+            for r in c.execute(
+                "SELECT path, ctime_ns FROM dirs WHERE path > ? AND path < ?", (lo, hi)
+            )
+        ]
+        return files, dirs
+
+    def has_descendants(self, path: str, conn: sqlite3.Connection | None = None) -> bool:
+        """Whether anything lies below ``path``."""
+        c = conn or self.conn()
+        lo, hi = descendant_range(path)
+        for table in ("files", "dirs"):
+            hit = c.execute(
+                f"SELECT 1 FROM {table} WHERE path > ? AND path < ? LIMIT 1", (lo, hi)
+            ).fetchone()
+            if hit is not None:
+                return True
+        return False
+
+    def usage(self, conn: sqlite3.Connection | None = None) -> dict[int, int]:
+        """Bytes cached per tier level."""
+        rows = (conn or self.conn()).execute("SELECT tier, used FROM tiers").fetchall()
+        return {int(t): int(u) for t, u in rows}
+
+    def tier_stats(self) -> dict[int, tuple[int, int, int]]:
+        """Per tier level: (files, bytes, pinned bytes)."""
+        rows = (
+            self.conn()
+            .execute(
+                "SELECT tier, COUNT(*), COALESCE(SUM(size), 0), "
+                "COALESCE(SUM(CASE WHEN pinned THEN size ELSE 0 END), 0) "
+                "FROM files WHERE tier IS NOT NULL GROUP BY tier"
+            )
+            .fetchall()
+        )
+        return {int(t): (int(n), int(b), int(p)) for t, n, b, p in rows}
+
+    def lru(
+        self,
+        tier: int,
+        *,
+        persisted_only: bool,
+        exclude: Iterable[int] = (),
+        limit: int = 32,
+    ) -> list[FileRow]:
+        """Least recently used unpinned files of ``tier`` (eviction candidates)."""
+        skip = list(exclude)
+        sql = f"SELECT {_COLUMNS} FROM files WHERE tier = ? AND pinned = 0"
+        params: list[object] = [tier]
+        if persisted_only:
+            sql += " AND persistence = 'PERSISTED'"
+        if skip:
+            sql += f" AND id NOT IN ({','.join('?' * len(skip))})"
+            params.extend(skip)
+        sql += " ORDER BY atime_ns LIMIT ?"
+        params.append(limit)
+        return [FileRow(*r) for r in self.conn().execute(sql, params)]
+
+    def expired(self, now_ns: int) -> list[FileRow]:
+        """Files whose TTL has run out."""
+        return [
+            FileRow(*r)
+            for r in self.conn().execute(
+                f"SELECT {_COLUMNS} FROM files WHERE expires_ns IS NOT NULL AND expires_ns <= ?",
+                (now_ns,),
+            )
+        ]
+
+    def cached_rows(self) -> list[FileRow]:
+        """Every file that claims a cached copy (used to reconcile after a reboot)."""
+        return [
+            FileRow(*r)
+            for r in self.conn().execute(f"SELECT {_COLUMNS} FROM files WHERE tier IS NOT NULL")
+        ]
+
+    def objects_in(self, tier: int) -> set[str]:
+        """Object names the catalog places in ``tier``."""
+        return {
+            r[0] for r in self.conn().execute("SELECT object FROM files WHERE tier = ?", (tier,))
+        }
+
+    # -- journal -----------------------------------------------------------------------
+
+    def pending(self, limit: int = 64) -> list[JournalEntry]:
+        """Pending persists, oldest first."""
+        rows = (
+            self.conn()
+            .execute(
+                "SELECT seq, file_id, object, owner_pid, claimed_ns, attempts FROM journal "
+                "ORDER BY seq LIMIT ?",
+                (limit,),
+            )
+            .fetchall()
+        )
+        return [JournalEntry(*r) for r in rows]
+
+    def pending_entries(self, page: int = 256) -> Iterator[JournalEntry]:
+        """Every pending persist, oldest first, read a page at a time."""
+        after = 0
+        while True:
+            rows = (
+                self.conn()
+                .execute(
+                    "SELECT seq, file_id, object, owner_pid, claimed_ns, attempts FROM journal "
+                    "WHERE seq > ? ORDER BY seq LIMIT ?",
+                    (after, page),
+                )
+                .fetchall()
+            )
+            if not rows:
+                return
+            for row in rows:
+                yield JournalEntry(*row)
+            after = int(rows[-1][0])
+
+    def journal_size(self) -> int:
+        """Number of pending persists."""
+        return int(self.conn().execute("SELECT COUNT(*) FROM journal").fetchone()[0])
+
+    def claim(self, entry: JournalEntry, pid: int, now_ns: int) -> bool:
+        """Take ``entry`` for process ``pid`` unless someone else took it since it was read."""
+        with self.transaction() as c:
+            cur = c.execute(
+                "UPDATE journal SET owner_pid = ?, claimed_ns = ?, attempts = attempts + 1 "
+                "WHERE seq = ? AND owner_pid IS ? AND claimed_ns IS ?",
+                (pid, now_ns, entry.seq, entry.owner_pid, entry.claimed_ns),
+            )
+            return cur.rowcount == 1
+
+    def release(self, seq: int, error: str) -> None:
+        """Give a claimed entry back after a failed attempt, recording why."""
+        with self.transaction() as c:
+            c.execute(
+                "UPDATE journal SET owner_pid = NULL, claimed_ns = NULL, last_error = ? "
+                "WHERE seq = ?",
+                (error[:500], seq),
+            )
+
+    def drop_entries(self, conn: sqlite3.Connection, file_id: int, obj: str | None = None) -> None:
+        """Forget pending persists of ``file_id`` (only of version ``obj`` when given)."""
+        if obj is None:
+            conn.execute("DELETE FROM journal WHERE file_id = ?", (file_id,))
+        else:
+            conn.execute("DELETE FROM journal WHERE file_id = ? AND object = ?", (file_id, obj))
+
+    # -- writes (inside a transaction) -------------------------------------------------
+
+    def touch(self, accesses: Sequence[tuple[int, int]]) -> None:
+        """Record access times ``(ns, file_id)`` (they only move forward)."""
+        if not accesses:
+            return
+        with self.transaction() as c:
+            c.executemany(
+                "UPDATE files SET atime_ns = MAX(atime_ns, ?) WHERE id = ?", list(accesses)
+            )
+
+    def meta(self, key: str) -> str | None:
+        """A value of the ``meta`` table."""
+        row = self.conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    @staticmethod
+    def set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
+        """Set a value of the ``meta`` table."""
+        conn.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+
+def _split_script(script: str) -> list[str]:
+    """Statements of ``script`` (triggers contain ``;`` inside BEGIN ... END)."""
+    out: list[str] = []
+    buf: list[str] = []
+    in_trigger = False
+    for line in script.strip().splitlines():
+        buf.append(line)
+        stripped = line.strip().upper()
+        if stripped.startswith("CREATE TRIGGER"):
+            in_trigger = True
+        if (in_trigger and stripped == "END;") or (not in_trigger and stripped.endswith(";")):
+            out.append("\n".join(buf))
+            buf = []
+            in_trigger = False
+    if buf:
+        out.append("\n".join(buf))
+    return out

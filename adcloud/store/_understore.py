@@ -1,0 +1,317 @@
+"""The under-store: where the local store persists files (any fsspec URL).
+
+Writes are staged and published in two steps so the catalog can decide, inside its own
+transaction, whether a staged copy still belongs to the current version of the file:
+
+- ``file://`` under-stores stage a hidden temporary file next to the target, ``fsync`` it,
+  and publish with an atomic ``rename`` plus an ``fsync`` of the directory, so a crash never
+  leaves half a file under the final name.  Every local path is checked to stay inside the
+  under-store root after resolving symlinks.
+- other filesystems (HDFS, S3, ...) stage under a temporary key and publish with the
+  filesystem's move; object stores make the upload itself atomic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import uuid
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+
+import fsspec
+
+from adcloud.store.errors import (
+    InvalidPathError,
+    StoreError,
+    StoreFullError,
+    StoreNotFoundError,
+)
+
+__all__ = ["StagingWriter", "UfsStaging", "UnderStore"]
+
+_TMP_MARK = ".adcloud-tmp-"
+
+
+def _local_root(url: str) -> Path | None:
+    if "://" not in url:
+        return Path(url).expanduser()
+    scheme, rest = url.split("://", 1)
+    if scheme.lower() not in ("file", "local"):
+        return None
+    return Path(rest or "/").expanduser()
+
+
+class UfsStaging:
+    """A file being written to the under-store; invisible until :meth:`publish`."""
+
+    def __init__(self, ufs: UnderStore, key: str) -> None:
+        self._ufs = ufs
+        self._key = key
+        self.size = 0
+        self.crc = 0
+        self._published = False
+        if ufs.local_root is not None:
+            final = ufs.local_path(key, create_parents=True)
+            self._final: str = str(final)
+            tag = f"{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            self._tmp: str = str(final.parent / f".{final.name}{tag}")
+            try:
+                fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except OSError as err:
+                raise ufs.error(err, key) from err
+            self._file: BinaryIO = os.fdopen(fd, "wb", buffering=0)
+        else:
+            fs = cast(Any, ufs.fs)
+            self._final = ufs.remote_path(key)
+            head, _, name = self._final.rpartition("/")
+            self._tmp = f"{head}/{_TMP_MARK}{uuid.uuid4().hex[:12]}-{name}"
+            with contextlib.suppress(Exception):
+                fs.makedirs(head, exist_ok=True)
+            self._file = fs.open(self._tmp, "wb")
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append ``data`` (CRC-32 and size are tracked)."""
+        view = memoryview(data).cast("B")
+        self.crc = zlib.crc32(view, self.crc)
+        try:
+            written = 0
+            while written < len(view):
+                n = self._file.write(view[written:])
+                written += len(view) - written if n is None else n
+        except OSError as err:
+            self.discard()
+            raise self._ufs.error(err, self._key) from err
+        self.size += len(view)
+
+    def finish(self) -> None:
+        """Make the staged bytes durable (fsync for local under-stores) and close them."""
+        try:
+            if self._ufs.local_root is not None:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            self._file.close()
+        except OSError as err:
+            self.discard()
+            raise self._ufs.error(err, self._key) from err
+
+    def publish(self) -> None:
+        """Move the staged file to its final name (atomic for local under-stores)."""
+        try:
+            if self._ufs.local_root is not None:
+                Path(self._tmp).replace(self._final)
+                _fsync_dir(str(Path(self._final).parent))
+            else:
+                cast(Any, self._ufs.fs).mv(self._tmp, self._final)
+        except OSError as err:
+            self.discard()
+            raise self._ufs.error(err, self._key) from err
+        self._published = True
+
+    def discard(self) -> None:
+        """Drop the staged bytes (no error if they are already gone)."""
+        with contextlib.suppress(Exception):
+            self._file.close()
+        if self._published:
+            return
+        with contextlib.suppress(Exception):
+            if self._ufs.local_root is not None:
+                Path(self._tmp).unlink()
+            else:
+                cast(Any, self._ufs.fs).rm(self._tmp)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class UnderStore:
+    """The under file system at ``url``; keys are normalized store paths below its root."""
+
+    def __init__(self, url: str, **storage_options: Any) -> None:
+        self.url = url
+        self.local_root = _local_root(url) if not storage_options else None
+        self.fs: object | None = None
+        if self.local_root is not None:
+            self.local_root.mkdir(parents=True, exist_ok=True)
+            self._real_root = os.path.realpath(self.local_root)
+        else:
+            fs, root = fsspec.core.url_to_fs(url, **storage_options)
+            self.fs = fs
+            self._remote_root = str(root).rstrip("/")
+
+    def error(self, err: OSError, key: str) -> StoreError:
+        """A :class:`StoreError` for an I/O failure on ``key`` in the under-store."""
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StoreFullError(
+                f"under-store {self.url} is out of space writing {key}: {err}; free space "
+                "there or point ADCLOUD_STORE_UFS at a larger store"
+            )
+        if isinstance(err, FileNotFoundError):
+            return StoreNotFoundError(f"{key} is not in the under-store {self.url}")
+        return StoreError(f"under-store {self.url}: {key}: {err}")
+
+    def local_path(self, key: str, *, create_parents: bool = False) -> Path:
+        """The local file for ``key``, refusing any path that resolves outside the root."""
+        assert self.local_root is not None
+        path = self.local_root / key.lstrip("/")
+        if create_parents:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise self.error(err, key) from err
+        real = os.path.realpath(path)
+        inside = self._real_root if self._real_root.endswith(os.sep) else self._real_root + os.sep
+        if real != self._real_root and not real.startswith(inside):
+            raise InvalidPathError(
+                f"{key} resolves outside the under-store root {self.local_root} (a symlink?)"
+            )
+        return path
+
+    def remote_path(self, key: str) -> str:
+        """The filesystem path of ``key`` on a remote under-store."""
+        return f"{self._remote_root}/{key.lstrip('/')}"
+
+    def remove_stale_staging(self, key: str, alive: Callable[[int], bool]) -> None:
+        """Delete staging files of ``key`` left by dead processes (local under-stores)."""
+        if self.local_root is None:
+            return
+        final = self.local_path(key)
+        prefix = f".{final.name}{_TMP_MARK}"
+        with contextlib.suppress(OSError):
+            for entry in final.parent.iterdir():
+                pid = entry.name[len(prefix) :].split("-", 1)[0]
+                if entry.name.startswith(prefix) and pid.isdigit() and not alive(int(pid)):
+                    entry.unlink(missing_ok=True)
+
+    def begin(self, key: str) -> UfsStaging:
+        """Start writing ``key`` (see :class:`UfsStaging`)."""
+        return UfsStaging(self, key)
+
+    def open(self, key: str) -> BinaryIO:
+        """Read ``key``."""
+        try:
+            if self.local_root is not None:
+                return self.local_path(key).open("rb")
+            return cast(BinaryIO, cast(Any, self.fs).open(self.remote_path(key), "rb"))
+        except OSError as err:
+            raise self.error(err, key) from err
+
+    def delete(self, key: str, *, recursive: bool = False) -> None:
+        """Remove ``key`` (a file, or a tree with ``recursive``); missing is not an error."""
+        try:
+            if self.local_root is not None:
+                path = self.local_path(key)
+                if path.is_dir() and not path.is_symlink():
+                    if recursive:
+                        _rmtree(path)
+                    return
+                path.unlink(missing_ok=True)
+            else:
+                fs = cast(Any, self.fs)
+                target = self.remote_path(key)
+                if fs.exists(target):
+                    fs.rm(target, recursive=recursive)
+        except OSError as err:
+            raise self.error(err, key) from err
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` (file or tree) to ``dst``; nothing happens if ``src`` is absent."""
+        try:
+            if self.local_root is not None:
+                source = self.local_path(src)
+                if not source.exists():
+                    return
+                target = self.local_path(dst, create_parents=True)
+                source.replace(target)
+                _fsync_dir(str(target.parent))
+            else:
+                fs = cast(Any, self.fs)
+                if fs.exists(self.remote_path(src)):
+                    fs.mv(self.remote_path(src), self.remote_path(dst), recursive=True)
+        except OSError as err:
+            raise self.error(err, src) from err
+
+
+def _rmtree(path: Path) -> None:
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            _rmtree(child)
+        else:
+            child.unlink(missing_ok=True)
+    path.rmdir()
+
+
+class StagingWriter:
+    """A write stream over a :class:`UfsStaging`: publishes on close, discards on error."""
+
+    def __init__(self, staging: UfsStaging, name: str) -> None:
+        self._staging = staging
+        self._closed = False
+        self.name = name
+
+    @property
+    def closed(self) -> bool:
+        """Whether the stream was closed (published) or aborted."""
+        return self._closed
+
+    def readable(self) -> bool:
+        """Write streams are not readable."""
+        return False
+
+    def writable(self) -> bool:
+        """Always true until closed."""
+        return not self._closed
+
+    def seekable(self) -> bool:
+        """Write streams only append."""
+        return False
+
+    def tell(self) -> int:
+        """Bytes written so far."""
+        return self._staging.size
+
+    def flush(self) -> None:
+        """Nothing to do: bytes go straight to the staged file."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Append ``data``; returns its length."""
+        if self._closed:
+            raise ValueError("write to a closed store stream")
+        view = memoryview(data).cast("B")
+        self._staging.write(view)
+        return len(view)
+
+    def abort(self) -> None:
+        """Discard what was written; the target keeps its previous content."""
+        if not self._closed:
+            self._closed = True
+            self._staging.discard()
+
+    def close(self) -> None:
+        """Publish the file atomically (no-op if already closed)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._staging.finish()
+        self._staging.publish()
+
+    def __enter__(self) -> StagingWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.abort()

@@ -1,0 +1,364 @@
+"""``adcloud store``: look into and move data through any store from the shell.
+
+``add_parser`` registers ``store`` and its subcommands (``ls``, ``cat``, ``put``, ``stat``,
+``free``, ``persist``, ``serve``) on the main parser's subparsers; each sets
+``func(args, console) -> int``.  Library code raises; only this module prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from adcloud.store.base import FileStatus, Store, WriteType, format_size, locate
+from adcloud.store.errors import StoreError
+
+__all__ = ["add_parser"]
+
+_URL_HELP = "store URL: local:///PATH, alluxio://HOST:PORT/PATH, file:///PATH, s3://..."
+_EPILOG = """examples:
+  adcloud store ls local:///drives -r
+  adcloud store put params.bin local:///models/m1/params.bin --write-type CACHE_THROUGH --pin
+  adcloud store cat alluxio://127.0.0.1:39999/models/m1/params.bin > params.bin
+  adcloud store stat local:///models/m1/params.bin
+  adcloud store serve --port 39999 --token-file ~/.adcloud-token
+
+The local store's tiers come from ADCLOUD_STORE_* (ADCLOUD_STORE_ROOT moves them all);
+alluxio:// clients send ADCLOUD_STORE_TOKEN as a bearer token.
+"""
+
+
+def _ttl(status: FileStatus) -> str:
+    return "-" if status.ttl is None else f"{status.ttl:g} s ({status.ttl_action})"
+
+
+def _file_table(entries: list[FileStatus]) -> Table:
+    table = Table(show_edge=False, pad_edge=False)
+    for name, justify in (
+        ("path", "left"),
+        ("size", "right"),
+        ("tier", "left"),
+        ("pinned", "left"),
+        ("persistence", "left"),
+        ("ttl", "left"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for s in entries:
+        if s.is_dir:
+            table.add_row(s.path + "/", "-", "-", "-", "-", "-")
+        else:
+            table.add_row(
+                s.path,
+                format_size(s.size),
+                s.tier or "under-store",
+                "yes" if s.pinned else "",
+                str(s.persistence),
+                _ttl(s),
+            )
+    return table
+
+
+def _per_tier(entries: list[FileStatus]) -> Table:
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for s in entries:
+        if not s.is_dir:
+            key = s.tier or "under-store only"
+            totals[key][0] += 1
+            totals[key][1] += s.size
+    table = Table(title="listed files per tier", show_edge=False, pad_edge=False)
+    table.add_column("tier")
+    table.add_column("files", justify="right")
+    table.add_column("size", justify="right")
+    for name in sorted(
+        totals, key=lambda n: ("MEM", "SSD", "HDD").index(n) if n in ("MEM", "SSD", "HDD") else 9
+    ):
+        files, size = totals[name]
+        table.add_row(name, f"{files:,}", format_size(size))
+    return table
+
+
+def _usage_table(store: Store) -> Table | None:
+    usage = getattr(store, "usage", None)
+    if usage is None:
+        return None
+    table = Table(title=f"tiers of {store.uri}", show_edge=False, pad_edge=False)
+    for name, justify in (
+        ("tier", "left"),
+        ("used", "right"),
+        ("capacity", "right"),
+        ("use", "right"),
+        ("pinned", "right"),
+        ("files", "right"),
+        ("directory", "left"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for t in usage():
+        share = 100 * t.used / t.capacity if t.capacity else 0.0
+        table.add_row(
+            t.name,
+            format_size(t.used),
+            format_size(t.capacity),
+            f"{share:.1f}%",
+            format_size(t.pinned),
+            f"{t.files:,}",
+            t.directory,
+        )
+    return table
+
+
+def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
+    store, path = locate(args.url)
+    with _closing(store):
+        entries = store.list(path, recursive=args.recursive)
+        if args.json:
+            console.print_json(json.dumps([e.to_dict() for e in entries]))
+            return 0
+        console.print(_file_table(entries))
+        console.print(_per_tier(entries))
+    return 0
+
+
+def _cmd_cat(args: argparse.Namespace, console: Console) -> int:
+    store, path = locate(args.url)
+    with _closing(store), store.open(path, "rb") as stream:
+        if args.output:
+            with Path(args.output).open("wb") as out:
+                shutil.copyfileobj(stream, out, 1 << 20)
+        else:
+            shutil.copyfileobj(stream, sys.stdout.buffer, 1 << 20)
+            sys.stdout.buffer.flush()
+    return 0
+
+
+def _cmd_put(args: argparse.Namespace, console: Console) -> int:
+    store, path = locate(args.url)
+    with _closing(store):
+        source = sys.stdin.buffer if args.source == "-" else Path(args.source).open("rb")  # noqa: SIM115
+        try:
+            with store.open(
+                path, "wb", write_type=args.write_type, ttl=args.ttl, pinned=args.pin or None
+            ) as stream:
+                shutil.copyfileobj(source, stream, 8 << 20)
+        finally:
+            if source is not sys.stdin.buffer:
+                source.close()
+        flush = getattr(store, "flush", None)
+        if flush is not None and not args.no_wait:
+            flush(timeout=args.wait_timeout)
+        status = store.stat(path)
+    console.print(
+        f"stored {format_size(status.size)} at {args.url} "
+        f"(tier {status.tier or 'under-store'}, {status.persistence})"
+    )
+    return 0
+
+
+def _cmd_stat(args: argparse.Namespace, console: Console) -> int:
+    store, path = locate(args.url)
+    with _closing(store):
+        status = store.stat(path)
+        if args.json:
+            console.print_json(json.dumps(status.to_dict()))
+            return 0
+        table = Table(show_header=False, show_edge=False, pad_edge=False)
+        table.add_column("field", style="bold")
+        table.add_column("value")
+        rows: list[tuple[str, Any]] = [
+            ("path", status.path),
+            ("kind", "directory" if status.is_dir else "file"),
+            ("size", f"{status.size:,} B ({format_size(status.size)})"),
+            ("tier", status.tier or ("-" if status.is_dir else "under-store only")),
+            ("pinned", "yes" if status.pinned else "no"),
+            ("persistence", str(status.persistence)),
+            ("write type", str(status.write_type or "-")),
+            ("ttl", _ttl(status)),
+            ("checksum", status.checksum or "-"),
+        ]
+        for name, value in rows:
+            table.add_row(name, str(value))
+        console.print(table)
+        usage = _usage_table(store)
+        if usage is not None:
+            console.print(usage)
+    return 0
+
+
+def _cmd_free(args: argparse.Namespace, console: Console) -> int:
+    store, path = locate(args.url)
+    with _closing(store):
+        store.free(path, recursive=args.recursive)
+    console.print(f"freed the cached copies of {args.url}")
+    return 0
+
+
+def _cmd_persist(args: argparse.Namespace, console: Console) -> int:
+    store, path = locate(args.url)
+    with _closing(store):
+        store.persist(path)
+    console.print(f"{args.url} is in the under-store")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.store.base import open_store  # noqa: PLC0415
+    from adcloud.store.server import ServerLimits, StoreServer  # noqa: PLC0415
+    from adcloud.store.settings import StoreSettings  # noqa: PLC0415
+
+    token = args.token
+    if args.token_file:
+        try:
+            token = Path(args.token_file).expanduser().read_text().strip()
+        except OSError as err:
+            raise StoreError(f"cannot read the token file {args.token_file}: {err}") from err
+    if token is None:
+        token = StoreSettings.load().token
+    limits = ServerLimits(
+        max_request_bytes=args.max_request_bytes,
+        max_file_bytes=args.max_file_bytes,
+        max_streams=args.max_streams,
+        max_connections=args.max_connections,
+    )
+    store = open_store(args.store)
+    server = StoreServer(store, host=args.host, port=args.port, token=token, limits=limits)
+    console.print(
+        f"serving {store.uri} as an Alluxio 2.x REST proxy at {server.uri} "
+        f"({'token required' if token else 'no token'}); Ctrl-C stops"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        store.close()
+    return 0
+
+
+class _closing:  # noqa: N801 - used like contextlib.closing
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __enter__(self) -> Store:
+        return self._store
+
+    def __exit__(self, *exc: object) -> None:
+        self._store.close()
+
+
+def _size(text: str) -> int:
+    from adcloud.store.base import parse_size  # noqa: PLC0415
+
+    try:
+        return parse_size(text)
+    except StoreError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``store`` and its subcommands on ``subparsers`` (from ``add_subparsers``)."""
+    store = subparsers.add_parser(
+        "store",
+        help="list, read, write, free and persist data in a store; serve one over HTTP",
+        description="Work with the tiered store (local://), an Alluxio cluster (alluxio://) "
+        "or any fsspec URL. Sizes are shown per tier (MEM, SSD, HDD, under-store).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = store.add_subparsers(dest="store_command", metavar="COMMAND", required=True)
+
+    ls = sub.add_parser(
+        "ls",
+        help="list a directory with sizes, tiers and persistence",
+        description="List a directory: size, tier (MEM/SSD/HDD or under-store), pin, "
+        "persistence state and TTL of every entry, then the listed bytes per tier.",
+    )
+    ls.add_argument("url", nargs="?", default="local:///", help=_URL_HELP + " (default local:///)")
+    ls.add_argument("-r", "--recursive", action="store_true", help="list everything below")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=_cmd_ls)
+
+    cat = sub.add_parser(
+        "cat", help="write a file's bytes to stdout", description="Stream a file to stdout."
+    )
+    cat.add_argument("url", help=_URL_HELP)
+    cat.add_argument("-o", "--output", help="write to this local file instead of stdout")
+    cat.set_defaults(func=_cmd_cat)
+
+    put = sub.add_parser(
+        "put",
+        help="store a local file (or stdin) at a store URL",
+        description="Stream a local file (or - for stdin) into a store; the file appears "
+        "atomically when complete. For the local store the command waits until "
+        "ASYNC_THROUGH data is persisted unless --no-wait.",
+    )
+    put.add_argument("source", help="local file, or - for stdin")
+    put.add_argument("url", help=_URL_HELP)
+    put.add_argument(
+        "--write-type",
+        type=WriteType.parse,
+        help="MUST_CACHE, CACHE_THROUGH, THROUGH or ASYNC_THROUGH (default: the store's)",
+    )
+    put.add_argument("--ttl", type=float, help="delete the file this many seconds after creation")
+    put.add_argument("--pin", action="store_true", help="never evict the file from its tier")
+    put.add_argument("--no-wait", action="store_true", help="do not wait for async persists")
+    put.add_argument(
+        "--wait-timeout", type=float, default=600.0, help="seconds to wait for persists"
+    )
+    put.set_defaults(func=_cmd_put)
+
+    stat = sub.add_parser(
+        "stat",
+        help="status of a file or directory, and the local store's tier usage",
+        description="Show size, tier, pin, persistence, write type, TTL and checksum of a "
+        "path; for local:// also every tier's used and pinned bytes against its capacity.",
+    )
+    stat.add_argument("url", help=_URL_HELP)
+    stat.add_argument("--json", action="store_true", help="machine-readable output")
+    stat.set_defaults(func=_cmd_stat)
+
+    free = sub.add_parser(
+        "free",
+        help="drop cached copies of persisted data",
+        description="Drop a file's (or a directory's, with -r) cached copies from every tier. "
+        "Only persisted, unpinned data can be freed; the under-store keeps it.",
+    )
+    free.add_argument("url", help=_URL_HELP)
+    free.add_argument("-r", "--recursive", action="store_true", help="free a whole directory")
+    free.set_defaults(func=_cmd_free)
+
+    persist = sub.add_parser(
+        "persist",
+        help="write cached data to the under-store now",
+        description="Persist a file (or everything below a directory) to the under-store "
+        "and wait until it is there.",
+    )
+    persist.add_argument("url", help=_URL_HELP)
+    persist.set_defaults(func=_cmd_persist)
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve a store over the Alluxio 2.x REST proxy API",
+        description="Expose a store (default: the local tiered store) through the Alluxio "
+        "2.x REST proxy API, for alluxio:// clients and the alluxio Python client. Binds "
+        "to 127.0.0.1 unless --host says otherwise; use a token on any other address.",
+    )
+    serve.add_argument("--store", default="local://", help="store to serve (default local://)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=39999, help="port (default 39999; 0: any)")
+    serve.add_argument("--token", help="require this bearer token (prefer --token-file)")
+    serve.add_argument("--token-file", help="read the bearer token from this file")
+    serve.add_argument(
+        "--max-request-bytes", type=_size, default="256MiB", help="largest write request"
+    )
+    serve.add_argument("--max-file-bytes", type=_size, default="64GiB", help="largest file")
+    serve.add_argument("--max-streams", type=int, default=256, help="open streams at most")
+    serve.add_argument("--max-connections", type=int, default=64, help="connections at most")
+    serve.set_defaults(func=_cmd_serve)

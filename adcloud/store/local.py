@@ -1,0 +1,1425 @@
+"""The local tiered store (``local://``): Alluxio-style tiered storage for one machine.
+
+Layout
+    Each file version is one object (a whole file, not fixed-size blocks -- Alluxio's
+    "one block per file" case) named by a random version id, at
+    ``<tier dir>/objects/<id[:2]>/<id>`` in exactly one tier: MEM (``/dev/shm``), SSD or HDD
+    directories, fastest first, each with a capacity.  Writes are staged in
+    ``<tier dir>/tmp/<pid>-<random>`` and become visible only when the catalog transaction
+    that references them commits (see :mod:`adcloud.store._catalog`): readers always see one
+    complete version and concurrent writers of one path from any number of processes
+    resolve to the last committed one.  Every version carries a CRC-32 that tier moves and
+    persists always verify, and reads verify as ``StoreSettings.verify_reads`` says (by
+    default from SSD, HDD and the under-store; the size of every read is always checked).
+
+Tiers
+    New data goes to the fastest tier that can hold it; to make room, the least recently
+    used unpinned files move one tier down, and out of the last tier only if they are
+    persisted (their under-store copy remains).  Reads promote files back to the top tier.
+    Pinned files are never evicted.  Data that cannot be placed anywhere raises
+    :class:`~adcloud.store.errors.StoreFullError` naming every tier; nothing stored is
+    touched.  A tier directory whose filesystem runs out of space (``ENOSPC``) spills the
+    write to the next tier.
+
+Write types (:class:`~adcloud.store.base.WriteType`)
+    ``MUST_CACHE`` caches only; ``CACHE_THROUGH`` caches and persists before returning;
+    ``THROUGH`` writes the under-store only; ``ASYNC_THROUGH`` records the pending persist
+    in the catalog's journal in the same transaction that publishes the file, with the WAL
+    fsynced, and only then returns -- a background thread (in this or any other process of
+    the store, or the next one to open it) persists it, so a process killed after the
+    acknowledgement loses nothing.  Cached bytes in MEM do not survive a reboot (as in
+    Alluxio); after one, files that were never persisted are reported ``LOST``.
+
+Coordination
+    The catalog (SQLite, WAL) orders all metadata changes, and every transaction that adds
+    bytes to a tier checks that tier's capacity itself, so capacities hold across processes
+    without a lock on the common path.  A ``space`` lock (``flock``) serialises the writers
+    that must evict to make room; 64 striped ``ufs`` locks serialise the under-store copies
+    of one path.  Access times for LRU are buffered per process and flushed at least every
+    second and before every eviction decision this process makes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import errno
+import io
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+import urllib.parse
+import zlib
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, ClassVar, Literal, NamedTuple, Self, cast
+
+from adcloud.config import settings_dict
+from adcloud.store._catalog import Catalog, FileRow, descendant_range
+from adcloud.store._locks import LockFile
+from adcloud.store._tiers import (
+    CHUNK,
+    Staged,
+    StagingFile,
+    Tier,
+    VerifyingReader,
+    copy_file,
+    crc_text,
+    new_version_id,
+    write_new,
+)
+from adcloud.store._understore import UfsStaging, UnderStore
+from adcloud.store.base import (
+    CAPABILITIES,
+    BaseStore,
+    FileStatus,
+    PersistenceState,
+    TtlAction,
+    WriteType,
+    format_size,
+    join_path,
+    normalize_path,
+    parent_path,
+)
+from adcloud.store.errors import (
+    InvalidPathError,
+    StoreCorruptionError,
+    StoreDataLostError,
+    StoreError,
+    StoreExistsError,
+    StoreFullError,
+    StoreNotFoundError,
+    StorePreconditionError,
+)
+from adcloud.store.settings import TIER_NAMES, StoreSettings
+
+__all__ = ["LocalStore", "TierUsage"]
+
+log = logging.getLogger(__name__)
+
+_UFS_STRIPES = 64
+_CLAIM_STALE_NS = 600 * 10**9
+_READ_RETRIES = 16
+_PLACE_ATTEMPTS = 8
+_FILE_COLUMNS = ", ".join("f." + name for name in FileRow._fields)
+_FULL_HINT = (
+    "raise the tier capacities (ADCLOUD_STORE_MEM_CAPACITY / _SSD_CAPACITY / _HDD_CAPACITY), "
+    "unpin or delete data, persist MUST_CACHE data so it can be evicted, or write with "
+    "write_type=THROUGH"
+)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+class TierUsage(NamedTuple):
+    """Occupancy of one tier: bytes ``used`` of ``capacity``, of which ``pinned``."""
+
+    name: str
+    directory: str
+    capacity: int
+    used: int
+    pinned: int
+    files: int
+
+
+class _LocalWriter:
+    """The stream :meth:`LocalStore.open` returns for ``"wb"``: publishes on close."""
+
+    def __init__(
+        self,
+        store: LocalStore,
+        key: str,
+        write_type: WriteType,
+        ttl: float | None,
+        pinned: bool | None,
+    ) -> None:
+        self._store = store
+        self._key = key
+        self._write_type = write_type
+        self._ttl = ttl
+        self._pinned = pinned
+        self._closed = False
+        self._cache: StagingFile | None = None
+        self._ufs: UfsStaging | None = None
+        if write_type is WriteType.THROUGH:
+            self._ufs = store._ufs.begin(key)
+        else:
+            self._cache = StagingFile(store._tiers, 0, store._describe_tiers, _FULL_HINT)
+        self.name = key
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def readable(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._cache.size if self._cache is not None else self._ufs.size  # type: ignore[union-attr]
+
+    def flush(self) -> None:
+        """Nothing to flush: bytes go straight to the staging file."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self._closed:
+            raise ValueError("write to a closed store stream")
+        view = memoryview(data).cast("B")
+        if self._cache is not None:
+            self._cache.write(view)
+        else:
+            assert self._ufs is not None
+            self._ufs.write(view)
+        return len(view)
+
+    def abort(self) -> None:
+        """Discard everything written; the path keeps its previous version."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._cache is not None:
+            self._cache.abort()
+        if self._ufs is not None:
+            self._ufs.discard()
+
+    def close(self) -> None:
+        """Publish the file (atomically); a no-op when already closed."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._cache is not None:
+            staged = self._cache.finish()
+            self._store._commit_cached(self._key, staged, self._write_type, self._ttl, self._pinned)
+        else:
+            assert self._ufs is not None
+            self._store._commit_through(self._key, self._ufs, self._ttl, self._pinned)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            log.warning("a write stream to %s was never closed; discarding it", self._key)
+            self.abort()
+
+
+class LocalStore(BaseStore):
+    """The local tiered store (see the module docstring), shared by all processes.
+
+    ``uri`` is ``local://`` or ``local:///NAMESPACE`` (every path is then below
+    ``/NAMESPACE``).  ``overrides`` are :class:`StoreSettings` fields (``root=``,
+    ``mem_capacity="64MiB"``, ...) on top of ``ADCLOUD_STORE_*``; ``settings`` replaces the
+    loaded settings entirely.  ``background=False`` starts no thread in this process:
+    pending persists and TTL expiry then wait for another process, :meth:`flush` or
+    :meth:`maintain`.
+    """
+
+    capabilities: ClassVar[frozenset[str]] = CAPABILITIES
+
+    def __init__(
+        self,
+        uri: str = "local://",
+        *,
+        settings: StoreSettings | None = None,
+        background: bool = True,
+        **overrides: Any,
+    ) -> None:
+        parts = urllib.parse.urlsplit(uri)
+        if parts.scheme.lower() != "local" or parts.netloc or parts.query or parts.fragment:
+            raise InvalidPathError(
+                f"not a local store URI: {uri!r} (write local:// or local:///NAMESPACE)"
+            )
+        self._prefix = normalize_path(parts.path or "/")
+        canonical = "local://" if self._prefix == "/" else f"local://{self._prefix}"
+        if settings is not None:
+            import dataclasses  # noqa: PLC0415
+
+            settings = dataclasses.replace(settings, **overrides) if overrides else settings
+            options: dict[str, Any] = {
+                k: v for k, v in settings_dict(settings).items() if v is not None
+            }
+        else:
+            settings = StoreSettings.load(**overrides)
+            options = {k: str(v) if isinstance(v, Path) else v for k, v in overrides.items()}
+        options["background"] = background
+        super().__init__(canonical, options)
+        self.settings = settings
+        self._write_type = settings.default_write_type()
+        self._tiers = [
+            Tier(TIER_NAMES.index(spec.name), spec.directory, spec.capacity)
+            for spec in settings.tiers()
+        ]
+        self._by_level = {t.level: t for t in self._tiers}
+        meta = settings.metadata_dir()
+        meta.mkdir(parents=True, exist_ok=True)
+        self._cat = Catalog(meta / "catalog.sqlite")
+        self._space = LockFile(meta / "locks" / "space.lock", 1)
+        self._ufs_locks = LockFile(meta / "locks" / "ufs.lock", _UFS_STRIPES)
+        self._ufs = UnderStore(settings.ufs_url())
+        self._access: dict[int, int] = {}
+        self._access_lock = threading.Lock()
+        self._retry_at: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_sweep = 0.0
+        self._recover()
+        if background:
+            self._thread = threading.Thread(
+                target=self._maintain_loop, name="adcloud-store-maintainer", daemon=True
+            )
+            self._thread.start()
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def _key(self, path: str) -> str:
+        return normalize_path(path) if self._prefix == "/" else join_path(self._prefix, path)
+
+    def _rel(self, key: str) -> str:
+        if self._prefix == "/":
+            return key
+        return key[len(self._prefix) :] or "/"
+
+    def _describe_tiers(self) -> str:
+        usage = self._cat.usage()
+        return ", ".join(
+            f"{t.name} {format_size(usage.get(t.level, 0))} of {format_size(t.capacity)} "
+            f"used ({t.dir})"
+            for t in self._tiers
+        )
+
+    def _full_error(self, size: int, key: str) -> StoreFullError:
+        return StoreFullError(
+            f"cannot place {key} ({format_size(size)}) in any tier: "
+            f"{self._describe_tiers()} -- the rest is pinned or not yet persisted; {_FULL_HINT}"
+        )
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Remove staging files of dead processes; reconcile after a reboot or a new layout."""
+        for tier in self._tiers:
+            for entry in tier.tmp.iterdir():
+                pid_text = entry.name.split("-", 1)[0]
+                if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+                    with contextlib.suppress(OSError):
+                        entry.unlink()
+        boot = _boot_id()
+        layout = json.dumps({t.name: str(t.dir) for t in self._tiers}, sort_keys=True)
+        if self._cat.meta("boot") == boot and self._cat.meta("layout") == layout:
+            return
+        with self._space.hold():
+            known_boot, known_layout = self._cat.meta("boot"), self._cat.meta("layout")
+            if known_boot == boot and known_layout == layout:
+                return
+            if known_layout not in (None, layout) and self._cat.cached_rows():
+                raise StoreError(
+                    f"the store catalog {self._cat.path} records the tiers {known_layout}, "
+                    f"but this process opened it with {layout}; use the same tier directories "
+                    "in every process of the store (ADCLOUD_STORE_*_DIR, ADCLOUD_STORE_ROOT), or "
+                    "free or delete the cached data first"
+                )
+            self._reconcile()
+            with self._cat.transaction(durable=True) as c:
+                Catalog.set_meta(c, "boot", boot)
+                Catalog.set_meta(c, "layout", layout)
+
+    def _reconcile(self) -> None:
+        """Make the catalog agree with the objects that exist (after a reboot, say)."""
+        for row in self._cat.cached_rows():
+            tier = self._by_level.get(row.tier) if row.tier is not None else None
+            if tier is not None and tier.object_path(row.object).exists():
+                continue
+            with self._cat.transaction(durable=True) as c:
+                if row.persistence == PersistenceState.PERSISTED:
+                    c.execute(
+                        "UPDATE files SET tier = NULL WHERE id = ? AND object = ?",
+                        (row.id, row.object),
+                    )
+                else:
+                    log.error(
+                        "%s: its cached copy is gone and it was never persisted "
+                        "(write type %s); marking it LOST",
+                        row.path,
+                        row.write_type,
+                    )
+                    c.execute(
+                        "UPDATE files SET tier = NULL, persistence = 'LOST' "
+                        "WHERE id = ? AND object = ?",
+                        (row.id, row.object),
+                    )
+                    self._cat.drop_entries(c, row.id)
+        # Objects are renamed into place inside the transaction that references them, so
+        # while this process holds the write lock every unreferenced object is an orphan.
+        with self._cat.transaction():
+            for tier in self._tiers:
+                keep = self._cat.objects_in(tier.level)
+                for sub in tier.objects.iterdir():
+                    for obj in sub.iterdir() if sub.is_dir() else ():
+                        if obj.name not in keep:
+                            with contextlib.suppress(OSError):
+                                obj.unlink()
+
+    # -- status ----------------------------------------------------------------------------
+
+    def _is_expired(self, row: FileRow, now_ns: int | None = None) -> bool:
+        if row.expires_ns is None or row.ttl_action != TtlAction.DELETE:
+            return False
+        return row.expires_ns <= (now_ns or time.time_ns())
+
+    def _status(self, row: FileRow) -> FileStatus:
+        tier = self._by_level.get(row.tier) if row.tier is not None else None
+        return FileStatus(
+            path=self._rel(row.path),
+            size=row.size,
+            is_dir=False,
+            mtime=row.mtime_ns / 1e9,
+            tier=tier.name if tier is not None else None,
+            pinned=bool(row.pinned),
+            persistence=PersistenceState(row.persistence),
+            ttl=None if row.ttl_ms is None else row.ttl_ms / 1000,
+            ttl_action=TtlAction(row.ttl_action),
+            checksum=row.checksum,
+            write_type=WriteType(row.write_type),
+        )
+
+    def _dir_status(self, key: str, ctime_ns: int) -> FileStatus:
+        return FileStatus(path=self._rel(key), size=0, is_dir=True, mtime=ctime_ns / 1e9)
+
+    def _visible(self, key: str) -> FileRow:
+        """The live file at ``key``; raises for directories and missing or expired files."""
+        row = self._cat.file(key)
+        if row is not None and self._is_expired(row):
+            self._expire(row)
+            row = None
+        if row is None:
+            if self._cat.dir_ctime(key) is not None:
+                raise StorePreconditionError(f"{self._rel(key)} is a directory, not a file")
+            raise StoreNotFoundError(f"{self._rel(key)} does not exist in {self.uri}")
+        return row
+
+    def exists(self, path: str) -> bool:
+        """Whether a file or directory exists at ``path``."""
+        key = self._key(path)
+        row = self._cat.file(key)
+        if row is not None and not self._is_expired(row):
+            return True
+        return self._cat.dir_ctime(key) is not None
+
+    def stat(self, path: str) -> FileStatus:
+        """The status of ``path`` (``tier`` says which tier holds it)."""
+        key = self._key(path)
+        row = self._cat.file(key)
+        if row is not None and not self._is_expired(row):
+            return self._status(row)
+        ctime = self._cat.dir_ctime(key)
+        if ctime is None:
+            raise StoreNotFoundError(f"{self._rel(key)} does not exist in {self.uri}")
+        return self._dir_status(key, ctime)
+
+    def list(self, path: str = "/", *, recursive: bool = False) -> list[FileStatus]:
+        """Entries under directory ``path`` sorted by path (a file lists as itself)."""
+        key = self._key(path)
+        row = self._cat.file(key)
+        now = time.time_ns()
+        if row is not None and not self._is_expired(row, now):
+            return [self._status(row)]
+        if self._cat.dir_ctime(key) is None:
+            raise StoreNotFoundError(f"{self._rel(key)} does not exist in {self.uri}")
+        files, dirs = (self._cat.descendants if recursive else self._cat.children)(key)
+        out = [self._status(r) for r in files if not self._is_expired(r, now)]
+        out += [self._dir_status(p, ctime) for p, ctime in dirs]
+        return sorted(out, key=lambda s: s.path)
+
+    def usage(self) -> builtins.list[TierUsage]:
+        """Occupancy of every enabled tier, fastest first."""
+        stats = self._cat.tier_stats()
+        out = []
+        for tier in self._tiers:
+            files, used, pinned = stats.get(tier.level, (0, 0, 0))
+            out.append(TierUsage(tier.name, str(tier.dir), tier.capacity, used, pinned, files))
+        return out
+
+    @property
+    def under_store(self) -> str:
+        """The under-store URL persisted files go to."""
+        return self._ufs.url
+
+    def pending_persists(self) -> int:
+        """Number of ``ASYNC_THROUGH`` files not yet in the under-store."""
+        return self._cat.journal_size()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def put(
+        self,
+        path: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        write_type: WriteType | str | None = None,
+        ttl: float | None = None,
+        pinned: bool | None = None,
+    ) -> None:
+        """Store ``data`` at ``path`` (see :class:`~adcloud.store.base.Store`)."""
+        key = self._key(path)
+        self._check_file_key(key)
+        wt = self._write_type if write_type is None else WriteType.parse(write_type)
+        view = memoryview(data).cast("B")
+        if wt is WriteType.THROUGH:
+            staging = self._ufs.begin(key)
+            staging.write(view)
+            self._commit_through(key, staging, ttl, pinned)
+            return
+        start = next((i for i, t in enumerate(self._tiers) if t.capacity >= len(view)), None)
+        if start is None:
+            if wt is WriteType.CACHE_THROUGH:
+                staging = self._ufs.begin(key)
+                staging.write(view)
+                self._commit_through(key, staging, ttl, pinned)
+                return
+            raise self._full_error(len(view), self._rel(key))
+        staging_file = StagingFile(self._tiers, start, self._describe_tiers, _FULL_HINT)
+        staging_file.write(view)
+        self._commit_cached(key, staging_file.finish(), wt, ttl, pinned)
+
+    def open(
+        self,
+        path: str,
+        mode: Literal["rb", "wb"] = "rb",
+        *,
+        write_type: WriteType | str | None = None,
+        ttl: float | None = None,
+        pinned: bool | None = None,
+    ) -> BinaryIO:
+        """A read stream (verified at EOF) or a write stream (published on close)."""
+        key = self._key(path)
+        if mode == "wb":
+            self._check_file_key(key)
+            wt = self._write_type if write_type is None else WriteType.parse(write_type)
+            return cast(BinaryIO, _LocalWriter(self, key, wt, ttl, pinned))
+        if mode != "rb":
+            raise ValueError(f"mode must be 'rb' or 'wb', not {mode!r}")
+        for _ in range(_READ_RETRIES):
+            row = self._visible(key)
+            if self.settings.promote_on_read and row.tier != self._tiers[0].level:
+                self._promote(row)
+                row = self._visible(key)
+            tier = self._by_level.get(row.tier) if row.tier is not None else None
+            if tier is None:
+                return self._open_ufs(row)
+            try:
+                raw = tier.object_path(row.object).open("rb", buffering=0)
+            except FileNotFoundError:
+                continue  # moved or replaced meanwhile: read the catalog again
+            self._accessed(row.id)
+            expect = row.checksum if self._verifies(tier.name) else None
+            reader = VerifyingReader(cast(BinaryIO, raw), self._rel(key), row.size, expect)
+            return cast(BinaryIO, io.BufferedReader(reader, buffer_size=1 << 20))
+        raise StoreError(f"{self._rel(key)} kept changing while being opened; try again")
+
+    def _open_ufs(self, row: FileRow) -> BinaryIO:
+        if row.persistence != PersistenceState.PERSISTED:
+            raise self._lost(row)
+        self._accessed(row.id)
+        expect = row.checksum if self._verifies("UFS") else None
+        raw = VerifyingReader(self._ufs.open(row.path), self._rel(row.path), row.size, expect)
+        return cast(BinaryIO, io.BufferedReader(raw, buffer_size=1 << 20))
+
+    def _lost(self, row: FileRow) -> StoreDataLostError:
+        return StoreDataLostError(
+            f"{self._rel(row.path)} is lost: it was written {row.write_type} and its cached "
+            "copy is gone (a reboot clears the MEM tier) without ever being persisted"
+        )
+
+    def get(self, path: str) -> bytes:
+        """All bytes of ``path``, checked against the recorded CRC-32; promotes the file."""
+        key = self._key(path)
+        for _ in range(_READ_RETRIES):
+            row = self._visible(key)
+            tier = self._by_level.get(row.tier) if row.tier is not None else None
+            if tier is None:
+                if row.persistence != PersistenceState.PERSISTED:
+                    raise self._lost(row)
+                with self._ufs.open(row.path) as stream:
+                    data = stream.read()
+                self._verify(row, data, "UFS")
+                self._accessed(row.id)
+                if self.settings.promote_on_read:
+                    self._cache_bytes(row, data)
+                return data
+            try:
+                with tier.object_path(row.object).open("rb", buffering=0) as stream:
+                    data = stream.read()
+            except FileNotFoundError:
+                continue
+            self._verify(row, data, tier.name)
+            self._accessed(row.id)
+            if self.settings.promote_on_read and tier is not self._tiers[0]:
+                self._cache_bytes(row, data)
+            return data
+        raise StoreError(f"{self._rel(key)} kept changing while being read; try again")
+
+    def _verifies(self, where: str) -> bool:
+        """Whether reads from ``where`` (a tier name, or UFS) check the CRC-32."""
+        mode = self.settings.verify_reads
+        return mode == "all" or (mode == "disk" and where != "MEM")
+
+    def _verify(self, row: FileRow, data: bytes, where: str) -> None:
+        if len(data) != row.size or (
+            self._verifies(where) and crc_text(zlib.crc32(data)) != row.checksum
+        ):
+            raise StoreCorruptionError(
+                f"{self._rel(row.path)}: the copy in "
+                f"{'the under-store' if where == 'UFS' else 'tier ' + where} ({len(data)} bytes, "
+                f"{crc_text(zlib.crc32(data))}) does not match the catalog ({row.size} bytes, "
+                f"{row.checksum})"
+            )
+
+    def _check_file_key(self, key: str) -> None:
+        if key == "/":
+            raise StorePreconditionError("/ is the root directory, not a file")
+
+    def _check_target(self, c: sqlite3.Connection, key: str) -> FileRow | None:
+        """Inside a transaction: ``key`` can hold a file; returns the version it replaces."""
+        return self._probe(c, key, None)[0]
+
+    def _probe(
+        self, c: sqlite3.Connection, key: str, tier: int | None
+    ) -> tuple[FileRow | None, bool, int]:
+        """Inside a transaction, in one statement: check that ``key`` can hold a file and
+        return the version it replaces, whether its parent directory exists, and the bytes
+        used in tier level ``tier`` (0 when ``None``)."""
+        self._check_file_key(key)
+        ancestors = _ancestors(key) or ["/"]  # "/" is never a file: a harmless placeholder
+        marks = ",".join("?" * len(ancestors))
+        row = c.execute(
+            "SELECT (SELECT used FROM tiers WHERE tier = ?), (SELECT 1 FROM dirs WHERE path = ?), "
+            f"(SELECT path FROM files WHERE path IN ({marks}) LIMIT 1), "
+            f"(SELECT 1 FROM dirs WHERE path = ?), {_FILE_COLUMNS} "
+            "FROM (SELECT 1) LEFT JOIN files f ON f.path = ?",
+            (tier, key, *ancestors, parent_path(key), key),
+        ).fetchone()
+        used, is_dir, file_above, parent_known = row[:4]
+        if is_dir is not None:
+            raise StorePreconditionError(f"{self._rel(key)} is a directory")
+        if file_above is not None:
+            raise StorePreconditionError(
+                f"{self._rel(file_above)} is a file, so {self._rel(key)} cannot be created below it"
+            )
+        old = None if row[4] is None else FileRow(*row[4:])
+        return old, parent_known is not None or parent_path(key) == "/", int(used or 0)
+
+    def _ensure_dirs(
+        self, c: sqlite3.Connection, key: str, now: int, *, itself: bool = False
+    ) -> None:
+        dirs = _ancestors(key) + ([key] if itself and key != "/" else [])
+        c.executemany(
+            "INSERT OR IGNORE INTO dirs(path, parent, ctime_ns) VALUES (?, ?, ?)",
+            [(d, parent_path(d), now) for d in dirs],
+        )
+
+    def _upsert(
+        self,
+        c: sqlite3.Connection,
+        key: str,
+        old: FileRow | None,
+        *,
+        size: int,
+        crc: int,
+        obj: str,
+        tier: int | None,
+        write_type: WriteType,
+        persistence: PersistenceState,
+        in_ufs: bool,
+        ttl: float | None,
+        pinned: bool | None,
+        now: int,
+    ) -> int:
+        ttl_ms = None if ttl is None else round(ttl * 1000)
+        expires = None if ttl_ms is None else now + ttl_ms * 1_000_000
+        pin = int(bool(old.pinned)) if pinned is None and old is not None else int(bool(pinned))
+        values = (
+            size,
+            crc_text(crc),
+            obj,
+            tier,
+            pin,
+            str(write_type),
+            str(persistence),
+            int(in_ufs or (old is not None and bool(old.in_ufs))),
+            ttl_ms,
+            str(TtlAction.DELETE),
+            expires,
+            now,
+            now,
+            now,
+        )
+        if old is not None:
+            c.execute(
+                "UPDATE files SET size = ?, checksum = ?, object = ?, tier = ?, pinned = ?, "
+                "write_type = ?, persistence = ?, in_ufs = ?, ttl_ms = ?, ttl_action = ?, "
+                "expires_ns = ?, ctime_ns = ?, mtime_ns = ?, atime_ns = ? WHERE id = ?",
+                (*values, old.id),
+            )
+            if old.persistence == PersistenceState.TO_BE_PERSISTED:
+                self._cat.drop_entries(c, old.id)
+            return old.id
+        cur = c.execute(
+            "INSERT INTO files(size, checksum, object, tier, pinned, write_type, persistence, "
+            "in_ufs, ttl_ms, ttl_action, expires_ns, ctime_ns, mtime_ns, atime_ns, path, parent) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*values, key, parent_path(key)),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def _unlink_object(self, row: FileRow | None) -> None:
+        if row is None or row.tier is None:
+            return
+        tier = self._by_level.get(row.tier)
+        if tier is not None:
+            with contextlib.suppress(OSError):
+                tier.object_path(row.object).unlink()
+
+    def _commit_cached(
+        self,
+        key: str,
+        staged: Staged,
+        wt: WriteType,
+        ttl: float | None,
+        pinned: bool | None,
+    ) -> None:
+        """Place a staged file in a tier and publish it (one catalog transaction).
+
+        Fast path: if the staging tier has room, one transaction checks the capacity and
+        publishes (SQLite serialises it against every other writer).  Otherwise, under the
+        space lock, make room by eviction and publish, again checking inside the transaction
+        (a fast-path writer elsewhere may have taken the room meanwhile).
+        """
+        obj = new_version_id()
+        path = staged.path
+        done = self._publish(key, path, staged, staged.pos, obj, wt, ttl, pinned)
+        if done is None:
+            with self._space.hold():
+                for _ in range(_PLACE_ATTEMPTS):
+                    pos = self._place(staged.size, staged.pos)
+                    if pos is None:
+                        break
+                    if pos != staged.pos:
+                        path = self._copy_to_tier(path, pos, key, staged.size)
+                        staged = staged._replace(pos=pos, path=path)
+                    done = self._publish(key, path, staged, pos, obj, wt, ttl, pinned)
+                    if done is not None:
+                        break
+            if done is None:
+                if wt is not WriteType.CACHE_THROUGH:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                    raise self._full_error(staged.size, self._rel(key))
+                log.info("%s does not fit in any tier; writing it through", self._rel(key))
+                staging = self._ufs.begin(key)
+                try:
+                    with path.open("rb", buffering=0) as src:
+                        while chunk := src.read(CHUNK):
+                            staging.write(chunk)
+                finally:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                self._commit_through(key, staging, ttl, pinned, write_type=wt)
+                return
+        fid, old = done
+        if old is not None and old.object != obj:
+            self._unlink_object(old)
+        if wt is WriteType.ASYNC_THROUGH:
+            self._wake.set()
+        elif wt is WriteType.CACHE_THROUGH:
+            self._persist_version(fid, obj)
+
+    def _publish(
+        self,
+        key: str,
+        path: Path,
+        staged: Staged,
+        pos: int,
+        obj: str,
+        wt: WriteType,
+        ttl: float | None,
+        pinned: bool | None,
+    ) -> tuple[int, FileRow | None] | None:
+        """Publish ``path`` as version ``obj`` of ``key`` in tier ``pos`` if it has room.
+
+        Returns ``(file id, replaced version)``, or ``None`` (nothing changed) when the
+        tier is full.
+        """
+        tier = self._tiers[pos]
+        dest = tier.new_object_path(obj)
+        now = time.time_ns()
+        moved = False
+        try:
+            with self._cat.transaction(durable=wt is not WriteType.MUST_CACHE) as c:
+                old, parent_known, used = self._probe(c, key, tier.level)
+                if used + staged.size > tier.capacity:
+                    return None
+                if not parent_known:  # a directory row implies rows for all its ancestors
+                    self._ensure_dirs(c, key, now)
+                path.rename(dest)
+                moved = True
+                fid = self._upsert(
+                    c,
+                    key,
+                    old,
+                    size=staged.size,
+                    crc=staged.crc,
+                    obj=obj,
+                    tier=tier.level,
+                    write_type=wt,
+                    persistence=PersistenceState.NOT_PERSISTED
+                    if wt is WriteType.MUST_CACHE
+                    else PersistenceState.TO_BE_PERSISTED,
+                    in_ufs=False,
+                    ttl=ttl,
+                    pinned=pinned,
+                    now=now,
+                )
+                if wt is not WriteType.MUST_CACHE:
+                    c.execute(
+                        "INSERT INTO journal(file_id, object, created_ns) VALUES (?, ?, ?)",
+                        (fid, obj, now),
+                    )
+        except BaseException:
+            with contextlib.suppress(OSError):
+                (dest if moved else path).unlink()
+            raise
+        return fid, old
+
+    def _commit_through(
+        self,
+        key: str,
+        staging: UfsStaging,
+        ttl: float | None,
+        pinned: bool | None,
+        *,
+        write_type: WriteType = WriteType.THROUGH,
+    ) -> None:
+        """Publish a file written to the under-store only."""
+        try:
+            staging.finish()
+        except BaseException:
+            staging.discard()
+            raise
+        now = time.time_ns()
+        with self._ufs_locks.hold(_stripe(key)):
+            try:
+                with self._cat.transaction(durable=True) as c:
+                    old = self._check_target(c, key)
+                    self._ensure_dirs(c, key, now)
+                    staging.publish()
+                    self._upsert(
+                        c,
+                        key,
+                        old,
+                        size=staging.size,
+                        crc=staging.crc,
+                        obj=new_version_id(),
+                        tier=None,
+                        write_type=write_type,
+                        persistence=PersistenceState.PERSISTED,
+                        in_ufs=True,
+                        ttl=ttl,
+                        pinned=pinned,
+                        now=now,
+                    )
+            except BaseException:
+                staging.discard()
+                raise
+        self._unlink_object(old)
+
+    def _copy_to_tier(self, src: Path, pos: int, key: str, size: int) -> Path:
+        """Copy a staged file into tier ``pos``'s tmp (placement chose a lower tier)."""
+        dest = self._tiers[pos].temp_path()
+        try:
+            copy_file(src, dest)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                dest.unlink()
+            with contextlib.suppress(OSError):
+                src.unlink()
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise self._full_error(size, self._rel(key)) from err
+            raise StoreError(
+                f"copying {self._rel(key)} into {self._tiers[pos].name}: {err}"
+            ) from err
+        with contextlib.suppress(OSError):
+            src.unlink()
+        return dest
+
+    # -- placement, eviction, promotion (under the space lock) ------------------------------
+
+    def _place(self, size: int, start: int) -> int | None:
+        """The first tier from ``start`` down that has (or can make) room for ``size`` bytes."""
+        for pos in range(start, len(self._tiers)):
+            if self._fit(pos, size):
+                return pos
+        return None
+
+    def _fit(self, pos: int, size: int) -> bool:
+        """Make ``size`` bytes free in tier ``pos`` by evicting LRU unpinned files."""
+        tier = self._tiers[pos]
+        if size > tier.capacity:
+            return False
+        self._flush_access()
+        last = pos == len(self._tiers) - 1
+        tried: set[int] = set()
+        while True:
+            used = self._cat.usage().get(tier.level, 0)
+            if used + size <= tier.capacity:
+                return True
+            victims = self._cat.lru(tier.level, persisted_only=last, exclude=tried, limit=16)
+            if not victims:
+                return False
+            for victim in victims:
+                tried.add(victim.id)
+                if self._evict(victim, pos):
+                    break
+
+    def _evict(self, row: FileRow, pos: int) -> bool:
+        """Move ``row`` out of tier ``pos``: to a lower tier, or drop it if persisted."""
+        for lower in range(pos + 1, len(self._tiers)):
+            if self._fit(lower, row.size):
+                return self._move(row, pos, lower)
+        if row.persistence == PersistenceState.PERSISTED:
+            return self._drop(row)
+        return False
+
+    def _move(self, row: FileRow, src_pos: int, dst_pos: int) -> bool:
+        src_tier, dst_tier = self._tiers[src_pos], self._tiers[dst_pos]
+        tmp = dst_tier.temp_path()
+        try:
+            crc = copy_file(src_tier.object_path(row.object), tmp)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if not isinstance(err, FileNotFoundError):
+                log.warning("cannot move %s to %s: %s", row.path, dst_tier.name, err)
+            return False
+        if crc_text(crc) != row.checksum:
+            tmp.unlink()
+            log.error("%s: checksum mismatch in %s; not moving it", row.path, src_tier.name)
+            return False
+        dest = dst_tier.new_object_path(row.object)
+        with self._cat.transaction() as c:
+            cur = c.execute(
+                "UPDATE files SET tier = ? WHERE id = ? AND object = ? AND tier = ? "
+                "AND (SELECT used FROM tiers WHERE tier = ?) + size <= ?",
+                (
+                    dst_tier.level,
+                    row.id,
+                    row.object,
+                    src_tier.level,
+                    dst_tier.level,
+                    dst_tier.capacity,
+                ),
+            )
+            if cur.rowcount == 1:
+                tmp.rename(dest)
+        if cur.rowcount != 1:
+            tmp.unlink()
+            return False
+        with contextlib.suppress(OSError):
+            src_tier.object_path(row.object).unlink()
+        log.debug("moved %s from %s to %s", row.path, src_tier.name, dst_tier.name)
+        return True
+
+    def _drop(self, row: FileRow) -> bool:
+        """Forget the cached copy of a persisted file."""
+        with self._cat.transaction() as c:
+            cur = c.execute(
+                "UPDATE files SET tier = NULL WHERE id = ? AND object = ? AND tier IS ? "
+                "AND persistence = 'PERSISTED'",
+                (row.id, row.object, row.tier),
+            )
+        if cur.rowcount == 1:
+            self._unlink_object(row)
+            return True
+        return False
+
+    def _promote(self, row: FileRow) -> None:
+        """Move a file to the top tier (or cache it from the under-store), if it fits."""
+        top = self._tiers[0]
+        if row.size > top.capacity:
+            return
+        with self._space.hold():
+            cur = self._cat.file_by_id(row.id)
+            if cur is None or cur.object != row.object or cur.tier == top.level:
+                return
+            if not self._fit(0, row.size):
+                return
+            if cur.tier is not None and cur.tier in self._by_level:
+                pos = self._tiers.index(self._by_level[cur.tier])
+                self._move(cur, pos, 0)
+                return
+            if cur.persistence != PersistenceState.PERSISTED:
+                return
+            tmp = top.temp_path()
+            try:
+                with self._ufs.open(cur.path) as src:
+                    crc = write_new(tmp, iter(lambda: src.read(CHUNK), b""))
+            except (OSError, StoreError) as err:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                log.warning("cannot cache %s from the under-store: %s", cur.path, err)
+                return
+            self._install(cur, tmp, crc, top)
+
+    def _cache_bytes(self, row: FileRow, data: bytes) -> None:
+        """Put bytes just read from a lower tier or the under-store into the top tier."""
+        top = self._tiers[0]
+        if row.size > top.capacity:
+            return
+        with self._space.hold():
+            cur = self._cat.file_by_id(row.id)
+            if cur is None or cur.object != row.object or cur.tier == top.level:
+                return
+            if not self._fit(0, row.size):
+                return
+            tmp = top.temp_path()
+            try:
+                write_new(tmp, [data])
+            except OSError as err:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                log.warning("cannot promote %s: %s", row.path, err)
+                return
+            old_tier = cur.tier
+            if self._install(cur, tmp, zlib.crc32(data), top) and old_tier is not None:
+                old = self._by_level.get(old_tier)
+                if old is not None:
+                    with contextlib.suppress(OSError):
+                        old.object_path(cur.object).unlink()
+
+    def _install(self, row: FileRow, tmp: Path, crc: int, tier: Tier) -> bool:
+        """Make ``tmp`` the cached copy of ``row`` in ``tier`` if the row did not change."""
+        if crc_text(crc) != row.checksum or tmp.stat().st_size != row.size:
+            tmp.unlink()
+            log.error("%s: the copy read does not match its checksum; not caching it", row.path)
+            return False
+        dest = tier.new_object_path(row.object)
+        with self._cat.transaction() as c:
+            cur = c.execute(
+                "UPDATE files SET tier = ? WHERE id = ? AND object = ? AND tier IS ? "
+                "AND (SELECT used FROM tiers WHERE tier = ?) + size <= ?",
+                (tier.level, row.id, row.object, row.tier, tier.level, tier.capacity),
+            )
+            if cur.rowcount == 1:
+                tmp.rename(dest)
+        if cur.rowcount != 1:
+            tmp.unlink()
+            return False
+        return True
+
+    # -- access times ----------------------------------------------------------------------
+
+    def _accessed(self, file_id: int) -> None:
+        with self._access_lock:
+            self._access[file_id] = time.time_ns()
+
+    def _flush_access(self) -> None:
+        with self._access_lock:
+            pending, self._access = self._access, {}
+        if pending:
+            self._cat.touch([(ns, fid) for fid, ns in pending.items()])
+
+    # -- namespace operations ----------------------------------------------------------------
+
+    def mkdir(self, path: str) -> None:
+        """Create directory ``path`` and its parents (no error if it exists)."""
+        key = self._key(path)
+        if key == "/":
+            return
+        with self._cat.transaction() as c:
+            if self._cat.file(key, c) is not None:
+                raise StoreExistsError(f"{self._rel(key)} exists and is a file")
+            ancestors = _ancestors(key)
+            if ancestors:
+                marks = ",".join("?" * len(ancestors))
+                hit = c.execute(
+                    f"SELECT path FROM files WHERE path IN ({marks}) LIMIT 1", ancestors
+                ).fetchone()
+                if hit is not None:
+                    raise StorePreconditionError(f"{self._rel(hit[0])} is a file")
+            self._ensure_dirs(c, key, time.time_ns(), itself=True)
+
+    def _file_or_tree(self, key: str, *, recursive: bool, what: str) -> builtins.list[FileRow]:
+        """The live file at ``key``, or every file below the directory ``key``."""
+        row = self._cat.file(key)
+        if row is not None and not self._is_expired(row):
+            return [row]
+        if self._cat.dir_ctime(key) is None:
+            raise StoreNotFoundError(f"{self._rel(key)} does not exist in {self.uri}")
+        files, _ = self._cat.descendants(key)
+        if files and not recursive:
+            raise StorePreconditionError(
+                f"{self._rel(key)} is a non-empty directory; {what} it with recursive=True"
+            )
+        return files
+
+    def delete(self, path: str, *, recursive: bool = False) -> None:
+        """Delete a file or a directory (non-empty ones only with ``recursive``), everywhere."""
+        key = self._key(path)
+        gone: builtins.list[FileRow] = []
+        tree = False
+        with self._cat.transaction(durable=True) as c:
+            row = self._cat.file(key, c)
+            if row is not None:
+                c.execute("DELETE FROM files WHERE id = ?", (row.id,))
+                self._cat.drop_entries(c, row.id)
+                gone.append(row)
+            elif self._cat.dir_ctime(key, c) is not None:
+                if not recursive and self._cat.has_descendants(key, c):
+                    raise StorePreconditionError(
+                        f"{self._rel(key)} is a non-empty directory; delete it with recursive=True"
+                    )
+                files, _ = self._cat.descendants(key, c)
+                lo, hi = _range(key)
+                c.execute("DELETE FROM files WHERE path > ? AND path < ?", (lo, hi))
+                c.execute("DELETE FROM dirs WHERE path > ? AND path < ?", (lo, hi))
+                c.execute("DELETE FROM dirs WHERE path = ?", (key,))
+                c.executemany("DELETE FROM journal WHERE file_id = ?", [(f.id,) for f in files])
+                gone.extend(files)
+                tree = True
+            else:
+                raise StoreNotFoundError(f"{self._rel(key)} does not exist in {self.uri}")
+        for r in gone:
+            self._unlink_object(r)
+        if tree:
+            with self._ufs_locks.hold():
+                self._ufs.delete(key, recursive=True)
+        elif gone[0].in_ufs:
+            with self._ufs_locks.hold(_stripe(key)):
+                self._ufs.delete(key)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move a file or directory; ``dst`` must not exist (Alluxio semantics)."""
+        s, d = self._key(src), self._key(dst)
+        if s == "/" or d == "/":
+            raise StorePreconditionError("the root directory cannot be renamed or replaced")
+        if d.startswith(s + "/"):
+            raise InvalidPathError(f"cannot move {src} into itself ({dst})")
+        if s == d:
+            self.stat(src)
+            return
+        now = time.time_ns()
+        with self._ufs_locks.hold(), self._cat.transaction(durable=True) as c:
+            row = self._cat.file(s, c)
+            is_dir = row is None and self._cat.dir_ctime(s, c) is not None
+            if row is None and not is_dir:
+                raise StoreNotFoundError(f"{self._rel(s)} does not exist in {self.uri}")
+            if self._cat.file(d, c) is not None or self._cat.dir_ctime(d, c) is not None:
+                raise StoreExistsError(f"{self._rel(d)} already exists")
+            self._check_target(c, d)
+            self._ensure_dirs(c, d, now)
+            if row is not None:
+                c.execute(
+                    "UPDATE files SET path = ?, parent = ?, mtime_ns = ? WHERE id = ?",
+                    (d, parent_path(d), now, row.id),
+                )
+                in_ufs = bool(row.in_ufs)
+            else:
+                lo, hi = _range(s)
+                n = len(s)
+                for table in ("files", "dirs"):
+                    c.execute(
+                        f"UPDATE {table} SET path = ? || substr(path, ?), "
+                        "parent = ? || substr(parent, ?) WHERE path > ? AND path < ?",
+                        (d, n + 1, d, n + 1, lo, hi),
+                    )
+                c.execute(
+                    "UPDATE dirs SET path = ?, parent = ? WHERE path = ?", (d, parent_path(d), s)
+                )
+                in_ufs = True
+            if in_ufs:
+                self._ufs.rename(s, d)
+
+    def _set(self, key: str, sql: str, params: tuple[object, ...]) -> None:
+        """Run ``UPDATE files SET <sql>`` on the file ``key`` or every file below it."""
+        with self._cat.transaction() as c:
+            row = self._cat.file(key, c)
+            if row is not None:
+                c.execute(f"UPDATE files SET {sql} WHERE id = ?", (*params, row.id))
+                return
+            if self._cat.dir_ctime(key, c) is None:
+                raise StoreNotFoundError(f"{self._rel(key)} does not exist in {self.uri}")
+            lo, hi = _range(key)
+            c.execute(
+                f"UPDATE files SET {sql} WHERE path > ? AND path < ?",
+                (*params, lo, hi),
+            )
+
+    def pin(self, path: str) -> None:
+        """Never evict ``path`` (a file, or every file below a directory) from its tier."""
+        self._set(self._key(path), "pinned = 1", ())
+
+    def unpin(self, path: str) -> None:
+        """Let ``path`` be evicted again."""
+        self._set(self._key(path), "pinned = 0", ())
+
+    def set_ttl(
+        self, path: str, ttl: float | None, *, action: TtlAction | str = TtlAction.DELETE
+    ) -> None:
+        """Expire ``path`` ``ttl`` seconds after its creation (``None`` clears the TTL)."""
+        act = TtlAction.parse(action)
+        if ttl is None:
+            self._set(self._key(path), "ttl_ms = NULL, expires_ns = NULL", ())
+            return
+        if ttl < 0:
+            raise StoreError(f"TTL must not be negative: {ttl}")
+        ms = round(ttl * 1000)
+        self._set(
+            self._key(path),
+            "ttl_ms = ?, ttl_action = ?, expires_ns = ctime_ns + ?",
+            (ms, str(act), ms * 1_000_000),
+        )
+        self._wake.set()
+
+    def free(self, path: str, *, recursive: bool = False) -> None:
+        """Drop cached copies; the files must be persisted and not pinned."""
+        rows = self._file_or_tree(self._key(path), recursive=recursive, what="free")
+        for row in rows:
+            if row.tier is None:
+                continue
+            if row.pinned:
+                raise StorePreconditionError(f"{self._rel(row.path)} is pinned; unpin it first")
+            if row.persistence != PersistenceState.PERSISTED:
+                raise StorePreconditionError(
+                    f"{self._rel(row.path)} is {row.persistence}; freeing it would lose it -- "
+                    "persist it first"
+                )
+        for row in rows:
+            if row.tier is not None:
+                self._drop(row)
+
+    def persist(self, path: str) -> None:
+        """Write ``path`` (or every file below it) to the under-store now."""
+        for row in self._file_or_tree(self._key(path), recursive=True, what="persist"):
+            if row.persistence == PersistenceState.PERSISTED:
+                continue
+            if row.persistence == PersistenceState.LOST or row.tier is None:
+                raise self._lost(row)
+            self._persist_version(row.id, row.object)
+
+    # -- persisting ---------------------------------------------------------------------
+
+    def _persist_version(self, file_id: int, obj: str) -> None:
+        """Copy version ``obj`` of file ``file_id`` to the under-store (no-op if superseded)."""
+        for _ in range(_READ_RETRIES):
+            row = self._cat.file_by_id(file_id)
+            if row is None or row.object != obj or row.persistence == PersistenceState.PERSISTED:
+                with self._cat.transaction() as c:
+                    self._cat.drop_entries(c, file_id, obj)
+                return
+            with self._ufs_locks.hold(_stripe(row.path)):
+                again = self._cat.file_by_id(file_id)
+                if again is None or again.path != row.path or again.object != obj:
+                    continue
+                tier = self._by_level.get(again.tier) if again.tier is not None else None
+                if tier is None:
+                    raise self._lost(again)
+                staging = self._ufs.begin(again.path)
+                try:
+                    with tier.object_path(obj).open("rb", buffering=0) as src:
+                        while chunk := src.read(CHUNK):
+                            staging.write(chunk)
+                    staging.finish()
+                except FileNotFoundError:
+                    staging.discard()
+                    continue  # evicted to another tier meanwhile
+                except BaseException:
+                    staging.discard()
+                    raise
+                if crc_text(staging.crc) != again.checksum or staging.size != again.size:
+                    staging.discard()
+                    raise StoreCorruptionError(
+                        f"{self._rel(again.path)}: cached copy in {tier.name} does not match its "
+                        "checksum; not persisting it"
+                    )
+                with self._cat.transaction(durable=True) as c:
+                    cur = self._cat.file_by_id(file_id, c)
+                    if cur is None or cur.path != again.path or cur.object != obj:
+                        staging.discard()
+                        continue
+                    staging.publish()
+                    c.execute(
+                        "UPDATE files SET persistence = 'PERSISTED', in_ufs = 1 WHERE id = ?",
+                        (file_id,),
+                    )
+                    self._cat.drop_entries(c, file_id, obj)
+                log.debug("persisted %s", again.path)
+                return
+        raise StoreError(f"file {file_id} kept changing while being persisted; the journal retries")
+
+    def _run_pending(self) -> int:
+        """Persist journaled files this process can claim; returns how many were done."""
+        pid = os.getpid()
+        done = 0
+        now_mono = time.monotonic()
+        for entry in self._cat.pending_entries():
+            if self._stop.is_set():
+                break
+            if entry.owner_pid is not None and entry.claimed_ns is not None:
+                stale = time.time_ns() - entry.claimed_ns > _CLAIM_STALE_NS
+                if entry.owner_pid != pid and _pid_alive(entry.owner_pid) and not stale:
+                    continue
+            if self._retry_at.get(entry.seq, 0.0) > now_mono:
+                continue
+            if not self._cat.claim(entry, pid, time.time_ns()):
+                continue
+            try:
+                if entry.owner_pid is not None and entry.owner_pid != pid:
+                    self._clean_after_crash(entry.file_id)
+                self._persist_version(entry.file_id, entry.object)
+                self._retry_at.pop(entry.seq, None)
+                done += 1
+            except Exception as err:  # recorded in the journal, retried later
+                log.warning("persisting file %d failed (will retry): %s", entry.file_id, err)
+                self._retry_at[entry.seq] = now_mono + self.settings.persist_retry_interval
+                self._cat.release(entry.seq, str(err))
+        return done
+
+    def _clean_after_crash(self, file_id: int) -> None:
+        """Remove under-store staging files that a persister killed mid-copy left behind."""
+        row = self._cat.file_by_id(file_id)
+        if row is not None:
+            log.info("resuming the persist of %s after its previous owner died", row.path)
+            self._ufs.remove_stale_staging(row.path, _pid_alive)
+
+    def _expire(self, row: FileRow) -> None:
+        """Carry out the TTL action of an expired file (if it did not change meanwhile)."""
+        if row.ttl_action == TtlAction.FREE:
+            with self._cat.transaction() as c:
+                c.execute(
+                    "UPDATE files SET ttl_ms = NULL, expires_ns = NULL WHERE id = ? AND object = ?",
+                    (row.id, row.object),
+                )
+            if row.persistence == PersistenceState.PERSISTED and not row.pinned:
+                self._drop(row)
+            return
+        with self._cat.transaction(durable=True) as c:
+            cur = c.execute(
+                "DELETE FROM files WHERE id = ? AND object = ? AND expires_ns IS ?",
+                (row.id, row.object, row.expires_ns),
+            )
+            if cur.rowcount == 1:
+                self._cat.drop_entries(c, row.id)
+        if cur.rowcount == 1:
+            log.info("TTL expired: deleted %s", row.path)
+            self._unlink_object(row)
+            if row.in_ufs:
+                with self._ufs_locks.hold(_stripe(row.path)):
+                    self._ufs.delete(row.path)
+
+    def _sweep_ttl(self) -> None:
+        for row in self._cat.expired(time.time_ns()):
+            self._expire(row)
+
+    def maintain(self) -> None:
+        """One round of background work now: persist what is pending, expire TTLs, flush LRU."""
+        self._run_pending()
+        self._sweep_ttl()
+        self._flush_access()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every pending ``ASYNC_THROUGH`` persist of the store is done.
+
+        Raises :class:`StoreError` if ``timeout`` seconds pass first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._cat.journal_size():
+            if self._thread is None or not self._thread.is_alive():
+                self._retry_at.clear()
+                self._run_pending()
+            else:
+                self._wake.set()
+            if not self._cat.journal_size():
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise StoreError(
+                    f"{self._cat.journal_size()} persist(s) still pending after {timeout} s; "
+                    f"see the journal in {self._cat.path}"
+                )
+            time.sleep(0.02)
+        self._flush_access()
+
+    def _maintain_loop(self) -> None:
+        interval = max(0.05, self.settings.ttl_check_interval)
+        while not self._stop.is_set():
+            try:
+                self._run_pending()
+                if time.monotonic() - self._last_sweep >= interval:
+                    self._last_sweep = time.monotonic()
+                    self._sweep_ttl()
+                self._flush_access()
+            except Exception:  # the loop must survive; the error is logged
+                log.exception("store maintenance failed; retrying")
+            self._wake.wait(timeout=min(interval, 1.0))
+            self._wake.clear()
+
+    def close(self) -> None:
+        """Stop the background thread and release connections; pending persists stay journaled."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        self._thread = None
+        with contextlib.suppress(Exception):
+            self._flush_access()
+        self._cat.close()
+        self._space.close()
+        self._ufs_locks.close()
+
+
+def _ancestors(key: str) -> list[str]:
+    """Directories above ``key``, outermost first, without the root."""
+    parts = key.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _range(key: str) -> tuple[str, str]:
+    return descendant_range(key)
+
+
+def _stripe(key: str) -> int:
+    return zlib.crc32(key.encode("utf-8")) % _UFS_STRIPES

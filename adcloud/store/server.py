@@ -1,0 +1,693 @@
+"""``adcloud store serve``: a store behind the Alluxio 2.x REST proxy API.
+
+No Alluxio server can be installed where adcloud is built, so the local tiered store speaks
+the proxy protocol itself (:mod:`adcloud.store._alluxio_wire`): the ``alluxio://`` backend
+and the ``alluxio`` 0.1.x Python client both talk to it over real HTTP.
+
+It is a network service and is built as one:
+
+- it binds to ``127.0.0.1`` unless told otherwise;
+- with a token, every request must carry ``Authorization: Bearer <token>`` (compared in
+  constant time); without one it only warns when bound to a non-loopback address;
+- every path goes through :func:`~adcloud.store.base.normalize_path` and the store's own
+  namespace, so ``..``, encoded ``%2e%2e`` or control characters are rejected and symlinks
+  cannot lead out of the under-store (the local store checks real paths);
+- sizes are bounded (:class:`ServerLimits`): JSON bodies, each write request, each stream's
+  total, the number of open streams and connections; idle streams are reaped (writes are
+  discarded, never published half-done) and slow clients time out;
+- a malformed request (bad JSON, bad chunked encoding, truncated body, both
+  ``Content-Length`` and ``Transfer-Encoding``, unknown endpoint) gets a 4xx answer and
+  never touches stored data; an interrupted write stream is discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import http.server
+import ipaddress
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, BinaryIO, Self
+
+from adcloud.store._alluxio_wire import API_PREFIX, DEFAULT_PORT, error_body, file_info, ttl_option
+from adcloud.store.base import Store, TtlAction, WriteType, normalize_path
+from adcloud.store.errors import (
+    StoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+)
+
+__all__ = ["ServerLimits", "StoreServer"]
+
+log = logging.getLogger(__name__)
+
+_IO_CHUNK = 1 << 20
+_WRITE_TYPES = {"TRY_CACHE": WriteType.MUST_CACHE, **{w.value: w for w in WriteType}}
+_HTTP_STATUS = {
+    400: "INVALID_ARGUMENT",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    413: "RESOURCE_EXHAUSTED",
+    414: "RESOURCE_EXHAUSTED",
+    431: "RESOURCE_EXHAUSTED",
+    501: "UNIMPLEMENTED",
+    505: "UNIMPLEMENTED",
+}
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Bounds that keep one client from exhausting the server.
+
+    Sizes in bytes, times in seconds.  ``max_request_bytes`` bounds one ``streams/write``
+    body (clients send bigger files as several writes); ``max_file_bytes`` bounds the total
+    of one write stream.
+    """
+
+    max_json_bytes: int = 1 << 20
+    max_request_bytes: int = 256 << 20
+    max_file_bytes: int = 64 << 30
+    max_streams: int = 256
+    max_connections: int = 64
+    stream_idle_timeout: float = 300.0
+    socket_timeout: float = 60.0
+
+
+class _HTTPError(Exception):
+    """A transport-level failure answered with ``code`` and an Alluxio status."""
+
+    def __init__(self, code: int, status: str, message: str, *, close: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.close = close
+
+
+class _Stream:
+    """An open read or write stream of the proxy (``streams/{id}``)."""
+
+    def __init__(self, kind: str, handle: BinaryIO, path: str) -> None:
+        self.kind = kind
+        self.handle = handle
+        self.path = path
+        self.pos = 0  # bytes written so far (write streams)
+        self.lock = threading.Lock()
+        self.last_used = time.monotonic()
+        self.after_close: tuple[float, str] | None = None
+
+    def discard(self) -> None:
+        """End the stream without publishing anything."""
+        abort = getattr(self.handle, "abort", None)
+        with contextlib.suppress(Exception):
+            if abort is not None:
+                abort()
+            else:
+                self.handle.close()
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, app: StoreServer, address: tuple[str, int]) -> None:
+        self.app = app
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.address_family = family
+        self._slots = threading.BoundedSemaphore(app.limits.max_connections)
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                body = error_body("UNAVAILABLE", "too many connections; retry later")
+                request.sendall(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                    b"Connection: close\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "adcloud-store"
+    sys_version = ""
+    server: _Server
+    _consumed = False
+    # headers and bodies go out in separate writes: without TCP_NODELAY, Nagle's algorithm
+    # and delayed ACKs stall every request-response by ~40 ms
+    disable_nagle_algorithm = True
+
+    def setup(self) -> None:
+        # StreamRequestHandler applies ``timeout`` to the connection's socket in setup()
+        self.timeout = self.server.app.limits.socket_timeout  # type: ignore[misc]
+        super().setup()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Errors found by http.server itself (bad request line, huge headers, ...): answer
+        them like every other error, as HTTP/1.x with a JSON body, and close."""
+        if self.request_version == "HTTP/0.9":
+            self.request_version = "HTTP/1.0"  # never answer without a status line
+        self.close_connection = True
+        status = _HTTP_STATUS.get(code, "UNKNOWN")
+        reason = message or self.responses.get(code, ("error",))[0]
+        with contextlib.suppress(OSError):
+            self._send(code, error_body(status, reason))
+
+    def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_json(self, value: Any) -> None:
+        body = b"" if value is None else json.dumps(value).encode()
+        self._send(200, body)
+
+    def _fail(self, code: int, status: str, message: str) -> None:
+        with contextlib.suppress(OSError):
+            self._send(code, error_body(status, message))
+
+    def _authorized(self) -> bool:
+        token = self.server.app.token
+        if token is None:
+            return True
+        given = self.headers.get("Authorization", "")
+        scheme, _, value = given.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            value.strip().encode(), token.encode()
+        )
+
+    def _body_chunks(self, limit: int) -> Iterator[bytes]:
+        """The request body in pieces, enforcing ``limit`` bytes in total."""
+        length = self.headers.get("Content-Length")
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        if length is not None and chunked:
+            raise _HTTPError(
+                400, "INVALID_ARGUMENT", "Content-Length with Transfer-Encoding", close=True
+            )
+        if chunked:
+            yield from self._chunked(limit)
+            return
+        if length is None:
+            return
+        if not length.strip().isdigit():
+            raise _HTTPError(400, "INVALID_ARGUMENT", "bad Content-Length", close=True)
+        remaining = int(length)
+        if remaining > limit:
+            raise _HTTPError(
+                413, "RESOURCE_EXHAUSTED", f"request body over {limit} bytes", close=True
+            )
+        while remaining:
+            piece = self.rfile.read(min(_IO_CHUNK, remaining))
+            if not piece:
+                raise _HTTPError(400, "INVALID_ARGUMENT", "truncated request body", close=True)
+            remaining -= len(piece)
+            yield piece
+        self._consumed = True
+
+    def _chunked(self, limit: int) -> Iterator[bytes]:
+        total = 0
+        while True:
+            line = self.rfile.readline(1026)
+            if not line.endswith(b"\n"):
+                raise _HTTPError(400, "INVALID_ARGUMENT", "bad chunk header", close=True)
+            text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(text, 16)
+            except ValueError:
+                raise _HTTPError(400, "INVALID_ARGUMENT", "bad chunk size", close=True) from None
+            if size < 0 or len(text) > 16:
+                raise _HTTPError(400, "INVALID_ARGUMENT", "bad chunk size", close=True)
+            if size == 0:
+                for _ in range(64):  # trailers, up to the empty line
+                    if self.rfile.readline(1026) in (b"\r\n", b"\n", b""):
+                        self._consumed = True
+                        return
+                raise _HTTPError(400, "INVALID_ARGUMENT", "too many trailers", close=True)
+            total += size
+            if total > limit:
+                raise _HTTPError(
+                    413, "RESOURCE_EXHAUSTED", f"request body over {limit} bytes", close=True
+                )
+            while size:
+                piece = self.rfile.read(min(_IO_CHUNK, size))
+                if not piece:
+                    raise _HTTPError(400, "INVALID_ARGUMENT", "truncated chunk", close=True)
+                size -= len(piece)
+                yield piece
+            if self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                raise _HTTPError(400, "INVALID_ARGUMENT", "bad chunk terminator", close=True)
+
+    def _options(self) -> dict[str, Any]:
+        raw = b"".join(self._body_chunks(self.server.app.limits.max_json_bytes))
+        if not raw.strip():
+            return {}
+        try:
+            value = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise _HTTPError(400, "INVALID_ARGUMENT", "options are not JSON") from None
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise _HTTPError(400, "INVALID_ARGUMENT", "options must be a JSON object")
+        return value
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def _not_allowed(self) -> None:
+        self.close_connection = True
+        self._fail(405, "UNIMPLEMENTED", f"method {self.command} is not supported")
+
+    do_PUT = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815
+
+    def _dispatch(self, method: str) -> None:
+        app = self.server.app
+        length = self.headers.get("Content-Length", "0").strip()
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        self._consumed = length == "0" and not chunked
+        try:
+            if not self._authorized():
+                self.close_connection = True
+                raise _HTTPError(401, "UNAUTHENTICATED", "missing or wrong bearer token")
+            parts = urllib.parse.urlsplit(self.path)
+            route = parts.path
+            query = urllib.parse.parse_qs(parts.query, max_num_fields=16)
+            if route.rstrip("/") == f"{API_PREFIX}/proxy/info" and method == "GET":
+                self._options()
+                self._send_json({"version": "adcloud", "startTimeMs": app.started_ms})
+            elif route.startswith(f"{API_PREFIX}/paths/"):
+                self._paths(method, route[len(API_PREFIX) + len("/paths/") :], query)
+            elif route.startswith(f"{API_PREFIX}/streams/") and method == "POST":
+                self._streams(route[len(API_PREFIX) + len("/streams/") :])
+            else:
+                raise _HTTPError(404, "NOT_FOUND", f"no endpoint {method} {route[:200]}")
+        except _HTTPError as err:
+            self.close_connection = self.close_connection or err.close or not self._consumed
+            self._fail(err.code, err.status, str(err))
+        except StoreError as err:
+            self.close_connection = self.close_connection or not self._consumed
+            self._fail(500, err.alluxio_status, str(err))
+        except (ValueError, TypeError, UnicodeError) as err:
+            self.close_connection = self.close_connection or not self._consumed
+            self._fail(500, "INVALID_ARGUMENT", str(err))
+        except (TimeoutError, ConnectionError):
+            self.close_connection = True
+            raise
+        except Exception as err:
+            log.exception("internal error answering %s %s", method, self.path[:200])
+            self.close_connection = True
+            self._fail(500, "INTERNAL", f"internal error: {type(err).__name__}")
+
+    def _paths(self, method: str, rest: str, query: dict[str, list[str]]) -> None:
+        rest = rest.rstrip("/")
+        raw_path, _, action = rest.rpartition("/")
+        path = normalize_path(urllib.parse.unquote(raw_path, errors="strict"))
+        app = self.server.app
+        store = app.store
+        if method == "GET":
+            if action != "download-file":
+                raise _HTTPError(
+                    405, "UNIMPLEMENTED", f"GET is only for download-file, not {action}"
+                )
+            self._download(path)
+            return
+        options = self._options()
+        if action == "create-file":
+            self._send_json(app.create_file(path, options))
+        elif action == "open-file":
+            self._send_json(app.open_file(path))
+        elif action == "create-directory":
+            if not options.get("allowExists") and store.exists(path):
+                raise StoreExistsError(f"{path} already exists")
+            store.mkdir(path)
+            self._send_json(None)
+        elif action == "delete":
+            store.delete(path, recursive=bool(options.get("recursive")))
+            self._send_json(None)
+        elif action == "exists":
+            self._send_json(store.exists(path))
+        elif action == "free":
+            app.free(
+                path, recursive=bool(options.get("recursive")), forced=bool(options.get("forced"))
+            )
+            self._send_json(None)
+        elif action == "get-status":
+            self._send_json(app.info(store.stat(path)))
+        elif action == "list-status":
+            entries = store.list(path, recursive=bool(options.get("recursive")))
+            self._send_json([app.info(s) for s in entries])
+        elif action == "rename":
+            dst = query.get("dst", [None])[0]
+            if not dst:
+                raise _HTTPError(400, "INVALID_ARGUMENT", "required 'dst' parameter is missing")
+            store.rename(path, normalize_path(dst))
+            self._send_json(None)
+        elif action == "set-attribute":
+            app.set_attribute(path, options)
+            self._send_json(None)
+        elif action == "persist":
+            store.persist(path)
+            self._send_json(None)
+        elif action in ("mount", "unmount"):
+            raise _HTTPError(500, "UNIMPLEMENTED", f"{action} is not supported by adcloud's proxy")
+        else:
+            raise _HTTPError(404, "NOT_FOUND", f"no path action {action[:100]!r}")
+
+    def _download(self, path: str) -> None:
+        with self.server.app.store.open(path, "rb") as stream:
+            self._send_stream(stream)
+
+    def _send_stream(self, stream: BinaryIO) -> None:
+        """Send the rest of ``stream`` as the response body.
+
+        The length is not announced: the bytes come from the one version the stream opened,
+        whatever replaced the path since.  HTTP/1.1 bodies are chunked, so a body that
+        breaks off (stored data failing verification at EOF, say) ends without the final
+        chunk and the client sees an error, never a short file; HTTP/1.0 bodies end with
+        the connection.
+        """
+        chunked = self.request_version == "HTTP/1.1"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.close_connection = True
+            self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            while piece := stream.read(_IO_CHUNK):
+                if chunked:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                else:
+                    self.wfile.write(piece)
+        except StoreError:
+            log.exception("aborting a read: the stored data failed verification")
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if chunked:
+            self.wfile.write(b"0\r\n\r\n")
+
+    def _streams(self, rest: str) -> None:
+        ident, _, action = rest.rstrip("/").partition("/")
+        app = self.server.app
+        if not ident.isdigit() or len(ident) > 10:
+            raise _HTTPError(400, "INVALID_ARGUMENT", "stream ids are integers")
+        stream = app.stream(int(ident))
+        if not stream.lock.acquire(blocking=False):
+            raise _HTTPError(409, "FAILED_PRECONDITION", "the stream is busy with another request")
+        try:
+            stream.last_used = time.monotonic()
+            if action == "write":
+                self._stream_write(int(ident), stream)
+            elif action == "read":
+                self._options()
+                if stream.kind != "r":
+                    raise _HTTPError(400, "INVALID_ARGUMENT", "not a read stream")
+                self._send_stream(stream.handle)
+            elif action in ("close", "cancel"):
+                self._options()
+                app.close_stream(int(ident), publish=action == "close")
+                self._send_json(None)
+            else:
+                raise _HTTPError(404, "NOT_FOUND", f"no stream action {action[:100]!r}")
+        finally:
+            stream.last_used = time.monotonic()
+            stream.lock.release()
+
+    def _stream_write(self, ident: int, stream: _Stream) -> None:
+        app = self.server.app
+        if stream.kind != "w":
+            self._options()
+            raise _HTTPError(400, "INVALID_ARGUMENT", "not a write stream")
+        written = 0
+        try:
+            for piece in self._body_chunks(app.limits.max_request_bytes):
+                if stream.pos + len(piece) > app.limits.max_file_bytes:
+                    raise _HTTPError(
+                        413,
+                        "RESOURCE_EXHAUSTED",
+                        f"file over {app.limits.max_file_bytes} bytes",
+                        close=True,
+                    )
+                stream.handle.write(piece)
+                stream.pos += len(piece)
+                written += len(piece)
+        except BaseException:
+            # a write that did not arrive whole must not become part of any file
+            app.close_stream(ident, publish=False)
+            raise
+        self._send_json(written)
+
+
+class StoreServer:
+    """Serves ``store`` over the Alluxio 2.x REST proxy API on ``host:port``.
+
+    ``port=0`` picks a free port (see :attr:`address`).  Use :meth:`start` to serve from a
+    background thread, :meth:`serve_forever` to serve from the calling one.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        token: str | None = None,
+        limits: ServerLimits | None = None,
+    ) -> None:
+        self.store = store
+        self.token = token or None
+        self.limits = limits or ServerLimits()
+        self.started_ms = int(time.time() * 1000)
+        self._streams: dict[int, _Stream] = {}
+        self._streams_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._http = _Server(self, (host, port))
+        self._thread: threading.Thread | None = None
+        self._reaper = threading.Thread(target=self._reap, name="adcloud-store-reaper", daemon=True)
+        self._reaper.start()
+        if self.token is None and not _is_loopback(host):
+            log.warning(
+                "serving %s on %s without a token: anyone who can reach this address can "
+                "read and write the store (pass --token)",
+                store.uri,
+                host,
+            )
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound ``(host, port)``."""
+        host, port = self._http.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def uri(self) -> str:
+        """The ``alluxio://`` URI clients open to reach this server."""
+        host, port = self.address
+        return f"alluxio://{host}:{port}/"
+
+    # -- operations -----------------------------------------------------------------------
+
+    def info(self, status: Any) -> dict[str, Any]:
+        """The ``FileInfo`` JSON for a status."""
+        host, port = self.address
+        return file_info(status, host=host, port=port)
+
+    def _register(self, stream: _Stream) -> int:
+        with self._streams_lock:
+            if len(self._streams) >= self.limits.max_streams:
+                stream.discard()
+                raise _HTTPError(
+                    500, "RESOURCE_EXHAUSTED", f"{self.limits.max_streams} streams already open"
+                )
+            while True:
+                ident = secrets.randbelow(2**31 - 1) + 1
+                if ident not in self._streams:
+                    self._streams[ident] = stream
+                    return ident
+
+    def stream(self, ident: int) -> _Stream:
+        """The open stream ``ident``."""
+        with self._streams_lock:
+            stream = self._streams.get(ident)
+        if stream is None:
+            raise StoreNotFoundError(f"stream {ident} does not exist")
+        return stream
+
+    def close_stream(self, ident: int, *, publish: bool) -> None:
+        """End a stream: publish a write stream (or discard it when ``publish`` is false)."""
+        with self._streams_lock:
+            stream = self._streams.pop(ident, None)
+        if stream is None:
+            raise StoreNotFoundError(f"stream {ident} does not exist")
+        if not publish:
+            stream.discard()
+            return
+        stream.handle.close()
+        if stream.after_close is not None:
+            ttl, action = stream.after_close
+            self.store.set_ttl(stream.path, ttl, action=action)
+
+    def create_file(self, path: str, options: dict[str, Any]) -> int:
+        """``create-file``: a write stream id (the file appears when the stream closes)."""
+        if not options.get("overwrite") and self.store.exists(path):
+            raise StoreExistsError(f"{path} already exists")
+        write_type = options.get("writeType")
+        if write_type is not None:
+            if not isinstance(write_type, str) or write_type.upper() not in _WRITE_TYPES:
+                raise ValueError(f"unknown writeType {write_type!r}")
+            write_type = _WRITE_TYPES[write_type.upper()]
+        ttl_ms, action = ttl_option(options)
+        ttl = None if ttl_ms is None or ttl_ms < 0 else ttl_ms / 1000
+        act = TtlAction.parse(action or "DELETE")
+        handle = self.store.open(
+            path, "wb", write_type=write_type, ttl=ttl if act is TtlAction.DELETE else None
+        )
+        stream = _Stream("w", handle, path)
+        if ttl is not None and act is TtlAction.FREE:
+            stream.after_close = (ttl, str(act))
+        return self._register(stream)
+
+    def open_file(self, path: str) -> int:
+        """``open-file``: a read stream id (directories are refused by ``open``)."""
+        return self._register(_Stream("r", self.store.open(path, "rb"), path))
+
+    def free(self, path: str, *, recursive: bool, forced: bool) -> None:
+        """``free``; ``forced`` also frees pinned files (they stay pinned)."""
+        if not forced:
+            self.store.free(path, recursive=recursive)
+            return
+        pinned = [s.path for s in self.store.list(path, recursive=True) if s.pinned]
+        for p in pinned:
+            self.store.unpin(p)
+        try:
+            self.store.free(path, recursive=recursive)
+        finally:
+            for p in pinned:
+                self.store.pin(p)
+
+    def set_attribute(self, path: str, options: dict[str, Any]) -> None:
+        """``set-attribute``: pinned, TTL and persisted (which persists now)."""
+        unsupported = sorted({"owner", "group", "mode", "acl"} & set(options))
+        if unsupported:
+            raise _HTTPError(
+                500, "UNIMPLEMENTED", f"adcloud's proxy has no {', '.join(unsupported)}"
+            )
+        if not self.store.exists(path):
+            raise StoreNotFoundError(f"{path} does not exist")
+        pinned = options.get("pinned")
+        if pinned is not None:
+            (self.store.pin if pinned else self.store.unpin)(path)
+        ttl_ms, action = ttl_option(options)
+        if ttl_ms is not None:
+            ttl = None if ttl_ms < 0 else ttl_ms / 1000
+            self.store.set_ttl(path, ttl, action=action or "DELETE")
+        if options.get("persisted") is True:
+            self.store.persist(path)
+
+    def _reap(self) -> None:
+        while not self._stop.wait(min(5.0, self.limits.stream_idle_timeout / 2)):
+            cutoff = time.monotonic() - self.limits.stream_idle_timeout
+            with self._streams_lock:
+                idle = [
+                    i
+                    for i, s in self._streams.items()
+                    if s.last_used < cutoff and not s.lock.locked()
+                ]
+                streams = [self._streams.pop(i) for i in idle]
+            for stream in streams:
+                log.info("discarding idle %s stream of %s", stream.kind, stream.path)
+                stream.discard()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        """Serve until :meth:`shutdown` (from another thread) or KeyboardInterrupt."""
+        log.info("serving %s as an Alluxio REST proxy on %s", self.store.uri, self.uri)
+        self._http.serve_forever(poll_interval=0.05)
+
+    def start(self) -> Self:
+        """Serve from a background thread; returns self."""
+        self._thread = threading.Thread(
+            target=self.serve_forever, name="adcloud-store-server", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        """Stop serving and discard every open stream (unfinished writes are not published)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._http.shutdown()
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._http.server_close()
+        with self._streams_lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.discard()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,151 @@
+"""A separate process for the store's crash and concurrency tests.
+
+    python tests/store/_worker.py MODE ARGS...
+
+It opens the local store from the environment (``ADCLOUD_STORE_ROOT``) exactly as a Spark
+executor would, does one thing, and reports progress on stdout, one word per line, so the
+test can kill it at a precise moment.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import sys
+import time
+import zlib
+
+from adcloud.store import LocalStore, StoreError, WriteType
+
+
+def payload(seed: int, size: int) -> bytes:
+    """Self-describing content: 8-byte seed, 4-byte size, bytes drawn from the seed."""
+    body = random.Random(seed).randbytes(size)
+    return seed.to_bytes(8, "little") + size.to_bytes(4, "little") + body
+
+
+def check_payload(data: bytes) -> str | None:
+    """``None`` if ``data`` is one complete payload, else what is wrong with it."""
+    if len(data) < 12:
+        return f"only {len(data)} bytes"
+    seed = int.from_bytes(data[:8], "little")
+    size = int.from_bytes(data[8:12], "little")
+    if len(data) != 12 + size:
+        return f"length {len(data)} but header says {12 + size}"
+    if data[12:] != random.Random(seed).randbytes(size):
+        return f"content of seed {seed} is not what the seed produces"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    mode = argv[0]
+    if mode == "slow-write":
+        key = argv[1]
+        store = LocalStore("local://", background=False)
+        with store.open(key, "wb", write_type=WriteType.MUST_CACHE) as stream:
+            for i in range(100_000):
+                stream.write(os.urandom(256 << 10))
+                if i == 3:
+                    print("writing", flush=True)
+                time.sleep(0.005)
+        return 1  # never reached: the test kills us
+    if mode == "async-put":
+        key, size, seed = argv[1], int(argv[2]), int(argv[3])
+        store = LocalStore("local://", background=False)
+        store.put(key, payload(seed, size), write_type=WriteType.ASYNC_THROUGH)
+        print("acked", flush=True)
+        time.sleep(3600)
+        return 1
+    if mode == "slow-persist":
+        key, size, seed = argv[1], int(argv[2]), int(argv[3])
+        store = LocalStore("local://", background=False)
+        store.put(key, payload(seed, size), write_type=WriteType.ASYNC_THROUGH)
+        from adcloud.store import _understore  # noqa: PLC0415
+
+        real_write = _understore.UfsStaging.write
+
+        def stalled(self: _understore.UfsStaging, data: bytes | memoryview) -> None:
+            real_write(self, data)
+            print("persisting", flush=True)
+            time.sleep(3600)
+
+        _understore.UfsStaging.write = stalled  # type: ignore[method-assign]
+        store.maintain()
+        return 1
+    if mode == "hold-space-lock":
+        store = LocalStore("local://", background=False)
+        with store._space.hold():
+            print("locked", flush=True)
+            time.sleep(3600)
+        return 1
+    if mode == "enospc-put":
+        # Every write into a staging file of the MEM or SSD tier fails with ENOSPC, as on
+        # a full filesystem; used where this sandbox cannot mount a tiny tmpfs.
+        key, size, seed = argv[1], int(argv[2]), int(argv[3])
+        full_dirs = tuple(argv[4:])
+        real_write = os.write
+
+        def full_write(fd: int, data: bytes | memoryview) -> int:
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                target = ""
+            if target.startswith(full_dirs):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_write(fd, data)
+
+        os.write = full_write
+        store = LocalStore("local://", background=False)
+        try:
+            store.put(key, payload(seed, size), write_type=WriteType.MUST_CACHE)
+        except StoreError as err:
+            print(f"error {type(err).__name__}: {err}", flush=True)
+            return 3
+        print(f"stored {store.stat(key).tier}", flush=True)
+        return 0
+    if mode == "writer":
+        ident, rounds, nkeys, size = (int(a) for a in argv[1:5])
+        store = LocalStore("local://")
+        rng = random.Random(ident)
+        for r in range(rounds):
+            key = f"/shared/k{rng.randrange(nkeys)}"
+            seed = ident * 1_000_000 + r
+            wt = rng.choice([WriteType.MUST_CACHE, WriteType.ASYNC_THROUGH])
+            store.put(key, payload(seed, size + rng.randrange(size)), write_type=wt)
+        store.flush(timeout=60)
+        store.close()
+        print("done", flush=True)
+        return 0
+    if mode == "reader":
+        rounds, nkeys = int(argv[1]), int(argv[2])
+        store = LocalStore("local://")
+        rng = random.Random(os.getpid())
+        seen = 0
+        for _ in range(rounds):
+            key = f"/shared/k{rng.randrange(nkeys)}"
+            try:
+                if rng.random() < 0.5:
+                    data = store.get(key)
+                else:
+                    with store.open(key) as stream:
+                        data = stream.read()
+            except StoreError as err:
+                if "does not exist" in str(err):
+                    continue
+                print(f"error {type(err).__name__}: {err}", flush=True)
+                return 2
+            problem = check_payload(data)
+            if problem is not None:
+                print(f"torn read of {key}: {problem} (crc {zlib.crc32(data):08x})", flush=True)
+                return 2
+            seen += 1
+        store.close()
+        print(f"done {seen}", flush=True)
+        return 0
+    print(f"unknown mode {mode}", file=sys.stderr)
+    return 64
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

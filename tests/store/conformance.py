@@ -1,0 +1,301 @@
+"""The conformance suite every store backend must pass.
+
+Subclass :class:`StoreConformance` and provide the ``store`` fixture; tests that need a
+capability (``CAPABILITIES``) the backend does not claim check the documented fallback
+instead (no-op for pin/free/persist, ``StoreUnsupportedError`` for TTL).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+import zlib
+
+import pytest
+
+from adcloud.store import (
+    InvalidPathError,
+    PersistenceState,
+    Store,
+    StoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+    StorePreconditionError,
+    StoreUnsupportedError,
+    WriteType,
+)
+
+
+class StoreConformance:
+    """Behaviour common to every backend; ``store`` is a fresh, empty store."""
+
+    # -- bytes in, bytes out -------------------------------------------------------------
+
+    def test_put_get_roundtrip(self, store: Store) -> None:
+        store.put("/a/b/file.bin", b"hello")
+        assert store.get("/a/b/file.bin") == b"hello"
+        store.put("/empty", b"")
+        assert store.get("/empty") == b""
+        store.put("/ba", bytearray(b"\x00\x01\xff"))
+        assert store.get("/ba") == b"\x00\x01\xff"
+
+    def test_put_accepts_any_buffer(self, store: Store) -> None:
+        import array  # noqa: PLC0415
+
+        values = array.array("I", [1, 2, 3])
+        store.put("/arr", memoryview(values))
+        assert store.get("/arr") == values.tobytes()
+
+    def test_overwrite_last_writer_wins(self, store: Store) -> None:
+        store.put("/k", b"one")
+        store.put("/k", b"two, longer")
+        assert store.get("/k") == b"two, longer"
+        assert store.stat("/k").size == len(b"two, longer")
+
+    def test_large_roundtrip(self, store: Store) -> None:
+        data = bytes(range(256)) * (5 * 4096 + 7)
+        store.put("/big", data)
+        assert store.get("/big") == data
+        with store.open("/big") as stream:
+            assert stream.read(1000) == data[:1000]
+            assert stream.read() == data[1000:]
+
+    def test_missing(self, store: Store) -> None:
+        assert not store.exists("/nope")
+        with pytest.raises(StoreNotFoundError):
+            store.get("/nope")
+        with pytest.raises(StoreNotFoundError):
+            store.stat("/nope")
+        with pytest.raises(StoreNotFoundError):
+            store.open("/nope")
+        with pytest.raises(StoreNotFoundError):
+            store.list("/nope")
+
+    def test_write_types_accepted(self, store: Store) -> None:
+        for wt in WriteType:
+            store.put(f"/wt/{wt.value}", wt.value.encode(), write_type=wt)
+            store.put(f"/wt/{wt.value.lower()}", b"x", write_type=wt.value.lower())
+        for wt in WriteType:
+            assert store.get(f"/wt/{wt.value}") == wt.value.encode()
+        with pytest.raises(StoreError):
+            store.put("/wt/bad", b"x", write_type="SOMETIMES")
+
+    # -- streams -------------------------------------------------------------------------
+
+    def test_stream_write_in_pieces(self, store: Store) -> None:
+        with store.open("/s/stream", "wb") as stream:
+            for i in range(10):
+                stream.write(bytes([i]) * 1000)
+        assert store.get("/s/stream") == b"".join(bytes([i]) * 1000 for i in range(10))
+
+    def test_stream_invisible_until_closed(self, store: Store) -> None:
+        stream = store.open("/s/pending", "wb")
+        stream.write(b"partial")
+        assert not store.exists("/s/pending")
+        stream.close()
+        assert store.get("/s/pending") == b"partial"
+
+    def test_stream_aborted_by_exception_publishes_nothing(self, store: Store) -> None:
+        store.put("/s/keep", b"old version")
+        with pytest.raises(RuntimeError), store.open("/s/keep", "wb") as stream:
+            stream.write(b"new half")
+            raise RuntimeError("writer failed")
+        assert store.get("/s/keep") == b"old version"
+        with pytest.raises(RuntimeError), store.open("/s/never", "wb") as stream:
+            stream.write(b"x")
+            raise RuntimeError("writer failed")
+        assert not store.exists("/s/never")
+
+    def test_bad_mode(self, store: Store) -> None:
+        with pytest.raises(ValueError, match="mode"):
+            store.open("/x", "ab")  # type: ignore[arg-type]
+
+    # -- namespace -----------------------------------------------------------------------
+
+    def test_list(self, store: Store) -> None:
+        store.put("/d/f1", b"1")
+        store.put("/d/f2", b"22")
+        store.put("/d/sub/f3", b"333")
+        names = [(s.path, s.is_dir) for s in store.list("/d")]
+        assert names == [("/d/f1", False), ("/d/f2", False), ("/d/sub", True)]
+        deep = [s.path for s in store.list("/d", recursive=True)]
+        assert deep == ["/d/f1", "/d/f2", "/d/sub", "/d/sub/f3"]
+        assert [s.path for s in store.list("/d/f2")] == ["/d/f2"]
+        assert [s.size for s in store.list("/d/sub")] == [3]
+        top = [s.path for s in store.list("/")]
+        assert top == ["/d"]
+
+    def test_stat(self, store: Store) -> None:
+        before = time.time()
+        store.put("/st/file", b"12345")
+        status = store.stat("/st/file")
+        assert status.path == "/st/file"
+        assert status.name == "file"
+        assert status.size == 5
+        assert not status.is_dir
+        assert status.mtime >= before - 5
+        if status.checksum is not None:
+            assert status.checksum == f"crc32:{zlib.crc32(b'12345'):08x}"
+        folder = store.stat("/st")
+        assert folder.is_dir
+        assert folder.size == 0
+
+    def test_paths_are_normalized(self, store: Store) -> None:
+        store.put("a//b///c", b"x")
+        assert store.get("/a/b/c") == b"x"
+        assert store.exists("/a/b/")
+
+    @pytest.mark.parametrize("bad", ["/a/../b", "/..", "../x", "/a/./b", "/a\x00b", "/a\nb"])
+    def test_invalid_paths_rejected(self, store: Store, bad: str) -> None:
+        with pytest.raises(InvalidPathError):
+            store.put(bad, b"x")
+        with pytest.raises(InvalidPathError):
+            store.get(bad)
+
+    def test_mkdir(self, store: Store) -> None:
+        store.mkdir("/m/n/o")
+        assert store.exists("/m/n/o")
+        assert store.stat("/m/n").is_dir
+        store.mkdir("/m/n/o")  # exists: fine
+        store.put("/m/file", b"x")
+        with pytest.raises(StoreExistsError):
+            store.mkdir("/m/file")
+
+    def test_file_and_directory_conflicts(self, store: Store) -> None:
+        store.put("/c/file", b"x")
+        with pytest.raises(StorePreconditionError):
+            store.put("/c/file/below", b"y")
+        store.mkdir("/c/dir")
+        with pytest.raises(StorePreconditionError):
+            store.put("/c/dir", b"y")
+        with pytest.raises(StorePreconditionError):
+            store.get("/c/dir")
+        assert store.get("/c/file") == b"x"
+
+    def test_delete(self, store: Store) -> None:
+        store.put("/del/a", b"1")
+        store.put("/del/sub/b", b"2")
+        store.delete("/del/a")
+        assert not store.exists("/del/a")
+        with pytest.raises(StorePreconditionError):
+            store.delete("/del")
+        assert store.get("/del/sub/b") == b"2"
+        store.delete("/del", recursive=True)
+        assert not store.exists("/del")
+        assert not store.exists("/del/sub/b")
+        with pytest.raises(StoreNotFoundError):
+            store.delete("/del")
+
+    def test_rename_file(self, store: Store) -> None:
+        store.put("/r/src", b"payload")
+        store.rename("/r/src", "/r2/dst")
+        assert not store.exists("/r/src")
+        assert store.get("/r2/dst") == b"payload"
+        store.put("/r/other", b"o")
+        with pytest.raises(StoreExistsError):
+            store.rename("/r/other", "/r2/dst")
+        assert store.get("/r2/dst") == b"payload"
+        with pytest.raises(StoreNotFoundError):
+            store.rename("/r/missing", "/r/x")
+
+    def test_rename_directory(self, store: Store) -> None:
+        store.put("/tree/a/1", b"1")
+        store.put("/tree/a/b/2", b"2")
+        store.rename("/tree/a", "/moved")
+        assert [s.path for s in store.list("/moved", recursive=True)] == [
+            "/moved/1",
+            "/moved/b",
+            "/moved/b/2",
+        ]
+        assert store.get("/moved/b/2") == b"2"
+        assert not store.exists("/tree/a")
+
+    # -- caching attributes ----------------------------------------------------------------
+
+    def test_pin_free_persist_keep_data(self, store: Store) -> None:
+        store.put("/p/file", b"keep me", write_type=WriteType.CACHE_THROUGH)
+        store.pin("/p/file")
+        if "pin" in store.capabilities:
+            assert store.stat("/p/file").pinned
+        store.unpin("/p/file")
+        assert not store.stat("/p/file").pinned
+        store.persist("/p/file")
+        assert store.stat("/p/file").persistence is PersistenceState.PERSISTED
+        store.free("/p/file")
+        assert store.get("/p/file") == b"keep me"
+        for op in (store.pin, store.unpin, store.free, store.persist):
+            with pytest.raises(StoreNotFoundError):
+                op("/p/missing")
+
+    def test_persist_must_cache_file(self, store: Store) -> None:
+        store.put("/p/mc", b"intermediate", write_type=WriteType.MUST_CACHE)
+        if "persist" in store.capabilities:
+            assert store.stat("/p/mc").persistence is PersistenceState.NOT_PERSISTED
+        store.persist("/p/mc")
+        assert store.stat("/p/mc").persistence is PersistenceState.PERSISTED
+        assert store.get("/p/mc") == b"intermediate"
+
+    def test_ttl(self, store: Store) -> None:
+        if "ttl" not in store.capabilities:
+            store.put("/ttl/x", b"x")
+            with pytest.raises(StoreUnsupportedError):
+                store.set_ttl("/ttl/x", 10)
+            with pytest.raises(StoreUnsupportedError):
+                store.put("/ttl/y", b"y", ttl=10)
+            return
+        store.put("/ttl/short", b"x", ttl=0.3, write_type=WriteType.MUST_CACHE)
+        store.put("/ttl/long", b"y", ttl=3600)
+        assert store.stat("/ttl/long").ttl == pytest.approx(3600)
+        assert store.get("/ttl/short") == b"x"
+        deadline = time.monotonic() + 10
+        while store.exists("/ttl/short") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not store.exists("/ttl/short")
+        assert store.get("/ttl/long") == b"y"
+        store.set_ttl("/ttl/long", None)
+        assert store.stat("/ttl/long").ttl is None
+
+    # -- concurrency and descriptions -------------------------------------------------------
+
+    def test_threads_see_whole_versions(self, store: Store) -> None:
+        versions = [bytes([v]) * (64 << 10) for v in range(8)]
+        errors: list[str] = []
+        stop = threading.Event()
+
+        def writer(v: int) -> None:
+            for _ in range(5):
+                store.put("/conc/key", versions[v])
+
+        def reader() -> None:
+            while not stop.is_set():
+                try:
+                    data = store.get("/conc/key")
+                except StoreNotFoundError:
+                    continue
+                if data not in versions:
+                    errors.append(f"torn read of {len(data)} bytes")
+
+        store.put("/conc/key", versions[0])
+        readers = [threading.Thread(target=reader) for _ in range(2)]
+        writers = [threading.Thread(target=writer, args=(v,)) for v in range(4)]
+        for t in readers + writers:
+            t.start()
+        for t in writers:
+            t.join()
+        stop.set()
+        for t in readers:
+            t.join()
+        assert not errors
+        assert store.get("/conc/key") in versions
+
+    def test_pickles_as_description(self, store: Store) -> None:
+        store.put("/pk/x", b"across a closure")
+        blob = pickle.dumps(store)
+        assert len(blob) < 2048
+        clone = pickle.loads(blob)
+        try:
+            assert clone.uri == store.uri
+            assert clone.get("/pk/x") == b"across a closure"
+        finally:
+            clone.close()

@@ -1,0 +1,162 @@
+"""``adcloud store ...``: the CLI registered by :func:`adcloud.store.command.add_parser`."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from adcloud.store import LocalStore, StoreError
+from adcloud.store.command import add_parser
+from tests.store.conftest import worker_env
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="adcloud")
+    add_parser(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+def run(*argv: str) -> tuple[int, str]:
+    args = parser().parse_args(list(argv))
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    code = args.func(args, console)
+    return code, console.file.getvalue()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("sub", ["", "ls", "cat", "put", "stat", "free", "persist", "serve"])
+def test_help_everywhere(sub: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parser().parse_args(["store", *([sub] if sub else []), "--help"])
+    assert info.value.code == 0
+    assert "usage: adcloud store" in capsys.readouterr().out
+
+
+def test_put_ls_stat_free_persist(tmp_path: Path, store_root: Path) -> None:
+    src = tmp_path / "params.bin"
+    src.write_bytes(b"p" * 5000)
+    code, out = run(
+        "store", "put", str(src), "local:///models/m1/params.bin", "--write-type", "MUST_CACHE"
+    )
+    assert code == 0 and "stored 4.9 KiB" in out and "MEM" in out
+    code, out = run("store", "put", str(src), "local:///models/m1/copy.bin", "--pin")
+    assert code == 0 and "PERSISTED" in out  # ASYNC_THROUGH by default, waited for
+
+    code, out = run("store", "ls", "local:///models", "-r")
+    assert code == 0
+    assert "/models/m1/params.bin" in out and "NOT_PERSISTED" in out
+    assert "listed files per tier" in out and "MEM" in out
+
+    code, out = run("store", "ls", "local:///models/m1", "--json")
+    entries = json.loads(out)
+    assert {e["path"] for e in entries} == {"/models/m1/params.bin", "/models/m1/copy.bin"}
+
+    code, out = run("store", "stat", "local:///models/m1/copy.bin")
+    assert code == 0
+    for needle in (
+        "copy.bin",
+        "5,000 B",
+        "MEM",
+        "pinned",
+        "yes",
+        "crc32:",
+        "tiers of local://",
+        "capacity",
+    ):
+        assert needle in out
+
+    code, out = run("store", "persist", "local:///models/m1/params.bin")
+    assert code == 0 and "is in the under-store" in out
+    code, out = run("store", "free", "local:///models/m1/params.bin")
+    assert code == 0
+    assert LocalStore("local://").stat("/models/m1/params.bin").tier is None
+    with pytest.raises(StoreError, match="pinned"):
+        run("store", "free", "local:///models/m1/copy.bin")
+
+
+def test_cat(tmp_path: Path, store_root: Path, capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    store = LocalStore("local://")
+    store.put("/c/bytes", bytes(range(256)))
+    store.close()
+    out_file = tmp_path / "out.bin"
+    assert run("store", "cat", "local:///c/bytes", "-o", str(out_file))[0] == 0
+    assert out_file.read_bytes() == bytes(range(256))
+    assert run("store", "cat", "local:///c/bytes")[0] == 0
+    assert capsysbinary.readouterr().out == bytes(range(256))
+
+
+def test_ls_of_an_fsspec_store(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(b"12")
+    code, out = run("store", "ls", f"file://{tmp_path}/d")
+    assert code == 0 and "under-store" in out and "/f" in out
+
+
+def test_serve_as_a_process(
+    store_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("cli-token\n")
+    code = (
+        "import sys\n"
+        "from adcloud.store.command import add_parser\n"
+        "import argparse\n"
+        "from rich.console import Console\n"
+        "p = argparse.ArgumentParser(); add_parser(p.add_subparsers(dest='c'))\n"
+        "a = p.parse_args(sys.argv[1:])\n"
+        "sys.exit(a.func(a, Console()))\n"
+    )
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "store",
+            "serve",
+            "--port",
+            str(port),
+            "--token-file",
+            str(token_file),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=worker_env(),
+    )
+    try:
+        from adcloud.store import AlluxioStore, StoreUnavailableError  # noqa: PLC0415
+
+        client = AlluxioStore(f"alluxio://127.0.0.1:{port}/", token="cli-token", timeout=5)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.put("/served", b"over http")
+                break
+            except StoreUnavailableError:
+                assert time.monotonic() < deadline, (
+                    proc.stderr.read() if proc.poll() is not None else ""
+                )
+                time.sleep(0.1)
+        assert client.get("/served") == b"over http"
+        monkeypatch.setenv("ADCLOUD_STORE_TOKEN", "cli-token")
+        code_, out = run("store", "ls", f"alluxio://127.0.0.1:{port}/")
+        assert code_ == 0 and "/served" in out and "MEM" in out
+        client.close()
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: a clean shutdown
+        stdout, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert f"alluxio://127.0.0.1:{port}/" in stdout and "token required" in stdout

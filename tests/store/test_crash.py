@@ -1,0 +1,186 @@
+"""Crashes with real processes: SIGKILL mid-write, after an ASYNC_THROUGH acknowledgement and
+mid-persist; a full filesystem under a tier; a killed lock holder."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import uuid
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from adcloud.store import LocalStore, PersistenceState, StoreFullError, WriteType
+from tests.store._worker import check_payload, payload
+from tests.store.conftest import start_worker, wait_for_line
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def test_sigkill_mid_write_publishes_nothing(store_root: Path) -> None:
+    store = LocalStore("local://", background=False)
+    store.put("/ckpt/model", b"version 1", write_type=WriteType.MUST_CACHE)
+    store.close()
+    for key in ("/ckpt/model", "/ckpt/new"):
+        proc = start_worker("slow-write", key)
+        wait_for_line(proc, "writing")
+        staging = list((store_root / "mem/tmp").iterdir())
+        assert len(staging) == 1 and staging[0].stat().st_size >= 4 * (256 << 10)
+        kill(proc)
+    store = LocalStore("local://", background=False)
+    try:
+        assert store.get("/ckpt/model") == b"version 1"
+        assert not store.exists("/ckpt/new")
+        assert list((store_root / "mem/tmp").iterdir()) == []  # dead writers' staging removed
+        assert sum(t.used for t in store.usage()) == len(b"version 1")
+    finally:
+        store.close()
+
+
+def test_sigkill_after_async_ack_loses_nothing(store_root: Path) -> None:
+    proc = start_worker("async-put", "/ckpt/params.bin", str(2 << 20), "7")
+    wait_for_line(proc, "acked")
+    kill(proc)
+    ufs_file = store_root / "ufs/ckpt/params.bin"
+    assert not ufs_file.exists()  # the killed writer had no persister thread
+    store = LocalStore("local://")  # a restart: the maintainer replays the journal
+    try:
+        store.flush(timeout=30)
+        expected = payload(7, 2 << 20)
+        assert ufs_file.read_bytes() == expected
+        status = store.stat("/ckpt/params.bin")
+        assert status.persistence is PersistenceState.PERSISTED
+        assert status.checksum == f"crc32:{zlib.crc32(expected):08x}"
+        assert store.get("/ckpt/params.bin") == expected
+    finally:
+        store.close()
+
+
+def test_sigkill_mid_persist_is_finished_by_the_next_process(store_root: Path) -> None:
+    proc = start_worker("slow-persist", "/ckpt/slow.bin", str(1 << 20), "11")
+    wait_for_line(proc, "persisting")
+    leftovers = [p for p in (store_root / "ufs/ckpt").iterdir() if "adcloud-tmp" in p.name]
+    assert len(leftovers) == 1
+    kill(proc)
+    store = LocalStore("local://", background=False)
+    try:
+        assert store.pending_persists() == 1
+        store.flush(timeout=30)
+        assert (store_root / "ufs/ckpt/slow.bin").read_bytes() == payload(11, 1 << 20)
+        assert [p.name for p in (store_root / "ufs/ckpt").iterdir()] == ["slow.bin"]
+    finally:
+        store.close()
+
+
+def test_a_killed_lock_holder_does_not_wedge_the_store(store_root: Path) -> None:
+    LocalStore("local://", background=False).close()
+    proc = start_worker("hold-space-lock")
+    wait_for_line(proc, "locked")
+    kill(proc)
+    store = LocalStore("local://", background=False)
+    try:
+        store.put("/after", b"fine", write_type=WriteType.MUST_CACHE)
+        assert store.get("/after") == b"fine"
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(*dirs: Path, size: str = "1m") -> Iterator[bool]:
+    """Mount a ``size`` tmpfs on each of ``dirs``; yields False if mounting is not permitted."""
+    mounted: list[Path] = []
+    try:
+        for d in dirs:
+            d.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
+                capture_output=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                yield False
+                return
+            mounted.append(d)
+        yield True
+    finally:
+        for d in reversed(mounted):
+            subprocess.run(["umount", "-l", str(d)], check=False, capture_output=True)
+
+
+def _fill_until_full(store: LocalStore, size: int) -> dict[str, bytes]:
+    stored: dict[str, bytes] = {}
+    for i in range(100):
+        key = f"/full/{i}"
+        data = payload(1000 + i, size)
+        try:
+            store.put(key, data, write_type=WriteType.MUST_CACHE)
+        except StoreFullError as err:
+            message = str(err)
+            assert "No space left" in message or "no space left" in message
+            assert "MEM" in message and "SSD" in message
+            return stored
+        stored[key] = data
+    raise AssertionError("the tiny filesystems never filled up")
+
+
+def test_full_tier_on_a_real_tiny_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(root))
+    with tiny_tmpfs(root / "mem", root / "ssd") as ok:
+        if not ok:
+            pytest.skip("this sandbox does not permit mounting a tmpfs; see the injected test")
+        # capacities larger than the filesystems: the kernel's ENOSPC is what stops writes
+        store = LocalStore(
+            "local://",
+            mem_capacity="64MiB",
+            ssd_capacity="64MiB",
+            hdd_capacity="0",
+            background=False,
+        )
+        try:
+            stored = _fill_until_full(store, 300_000)
+            assert len(stored) >= 4  # ~3 fit per 1 MiB tier: MEM first, then spilled to SSD
+            assert {store.stat(k).tier for k in stored} == {"MEM", "SSD"}
+            for key, data in stored.items():  # nothing previously stored was lost
+                assert check_payload(store.get(key)) is None
+                assert store.get(key) == data
+            assert list((root / "mem/tmp").iterdir()) == []
+            assert list((root / "ssd/tmp").iterdir()) == []
+        finally:
+            store.close()
+
+
+def test_full_tier_injected_enospc_in_a_real_process(store_root: Path) -> None:
+    store = LocalStore("local://", background=False)
+    store.put("/before", payload(1, 50_000), write_type=WriteType.MUST_CACHE)
+    store.close()
+    full = [str(store_root / "mem"), str(store_root / "ssd")]
+    proc = start_worker("enospc-put", "/spill", "80000", "2", full[0])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() == "stored SSD"  # ENOSPC in MEM: the write spilled to SSD
+    proc = start_worker("enospc-put", "/nowhere", "80000", "3", *full, str(store_root / "hdd"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert "StoreFullError" in out and "no space left" in out.lower()
+    store = LocalStore("local://", background=False)
+    try:
+        assert store.get("/before") == payload(1, 50_000)
+        assert store.get("/spill") == payload(2, 80_000)
+        assert not store.exists("/nowhere")
+        for tier in ("mem", "ssd", "hdd"):
+            assert list((store_root / tier / "tmp").iterdir()) == []
+        assert os.listdir(store_root / "ufs") == []
+    finally:
+        store.close()

@@ -1,0 +1,489 @@
+"""The local tiered store: placement, eviction, promotion, pinning, TTL, write types,
+checksums and recovery, with tiny capacities so every rule is exercised."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from adcloud.store import (
+    LocalStore,
+    PersistenceState,
+    StoreCorruptionError,
+    StoreDataLostError,
+    StoreError,
+    StoreFullError,
+    StorePreconditionError,
+    StoreSettings,
+    WriteType,
+)
+
+KB = 1000
+MakeStore = Callable[..., LocalStore]
+
+
+@pytest.fixture
+def make_store(store_root: Path) -> Iterator[MakeStore]:
+    """Open local stores on ``store_root`` with overrides; all are closed afterwards."""
+    opened: list[LocalStore] = []
+
+    def make(**overrides: object) -> LocalStore:
+        overrides.setdefault("background", False)
+        store = LocalStore("local://", **overrides)  # type: ignore[arg-type]
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def tiers(store: LocalStore, *paths: str) -> list[str | None]:
+    return [store.stat(p).tier for p in paths]
+
+
+def used(store: LocalStore) -> dict[str, int]:
+    return {t.name: t.used for t in store.usage()}
+
+
+def blob(tag: int, size: int = 1500) -> bytes:
+    return bytes([tag % 256]) * size
+
+
+SMALL = {"mem_capacity": "4KB", "ssd_capacity": "8KB", "hdd_capacity": "64KB"}
+
+
+def test_new_data_goes_to_mem(make_store: MakeStore, store_root: Path) -> None:
+    store = make_store(**SMALL)
+    store.put("/a", blob(1), write_type=WriteType.MUST_CACHE)
+    assert tiers(store, "/a") == ["MEM"]
+    assert used(store) == {"MEM": 1500, "SSD": 0, "HDD": 0}
+    objects = list((store_root / "mem" / "objects").rglob("*"))
+    assert sum(p.stat().st_size for p in objects if p.is_file()) == 1500
+
+
+def test_lru_evicts_down_one_tier(make_store: MakeStore) -> None:
+    store = make_store(**SMALL)
+    store.put("/a", blob(1), write_type=WriteType.MUST_CACHE)
+    store.put("/b", blob(2), write_type=WriteType.MUST_CACHE)
+    store.get("/a")  # /b is now the least recently used
+    store.put("/c", blob(3), write_type=WriteType.MUST_CACHE)
+    assert tiers(store, "/a", "/b", "/c") == ["MEM", "SSD", "MEM"]
+    assert used(store) == {"MEM": 3000, "SSD": 1500, "HDD": 0}
+    for i, p in enumerate(["/a", "/b", "/c"], start=1):
+        assert store.get(p) == blob(i)
+
+
+def test_eviction_cascades_to_the_last_tier(make_store: MakeStore) -> None:
+    store = make_store(**SMALL, promote_on_read=False)
+    for i in range(10):
+        store.put(f"/f{i}", blob(i), write_type=WriteType.MUST_CACHE)
+    placed = tiers(store, *(f"/f{i}" for i in range(10)))
+    assert placed == ["HDD"] * 3 + ["SSD"] * 5 + ["MEM"] * 2
+    assert used(store) == {"MEM": 3000, "SSD": 7500, "HDD": 4500}
+    for i in range(10):
+        assert store.get(f"/f{i}") == blob(i)
+
+
+def test_reads_promote_to_mem(make_store: MakeStore) -> None:
+    store = make_store(**SMALL)
+    for i in range(5):
+        store.put(f"/f{i}", blob(i), write_type=WriteType.MUST_CACHE)
+    assert tiers(store, "/f0") == ["SSD"]
+    assert store.get("/f0") == blob(0)
+    assert tiers(store, "/f0") == ["MEM"]
+    # the stream path promotes too
+    assert tiers(store, "/f1") == ["SSD"]
+    with store.open("/f1") as stream:
+        assert stream.read() == blob(1)
+    assert tiers(store, "/f1") == ["MEM"]
+    assert used(store)["MEM"] <= 4 * KB
+    assert sum(used(store).values()) == 5 * 1500
+
+
+def test_promotion_can_be_switched_off(make_store: MakeStore) -> None:
+    store = make_store(**SMALL, promote_on_read=False)
+    for i in range(3):
+        store.put(f"/f{i}", blob(i), write_type=WriteType.MUST_CACHE)
+    store.get("/f0")
+    assert tiers(store, "/f0") == ["SSD"]
+
+
+def test_pinned_data_survives_pressure(make_store: MakeStore) -> None:
+    store = make_store(**SMALL)
+    store.put("/pinned", blob(9), write_type=WriteType.MUST_CACHE, pinned=True)
+    for i in range(20):
+        store.put(f"/churn/{i}", blob(i), write_type=WriteType.CACHE_THROUGH)
+    assert tiers(store, "/pinned") == ["MEM"]
+    assert store.stat("/pinned").pinned
+    assert store.get("/pinned") == blob(9)
+    # the rest stays within capacity: the oldest persisted files left the cache entirely
+    usage = used(store)
+    assert usage["MEM"] <= 4 * KB and usage["SSD"] <= 8 * KB and usage["HDD"] <= 64 * KB
+    # unpin: now it can go
+    store.unpin("/pinned")
+    for i in range(20, 30):
+        store.put(f"/churn/{i}", blob(i), write_type=WriteType.CACHE_THROUGH)
+    assert tiers(store, "/pinned") != ["MEM"]
+    assert store.get("/pinned") == blob(9)
+
+
+def test_pin_keeps_its_flag_across_overwrites(make_store: MakeStore) -> None:
+    store = make_store()
+    store.put("/p", b"1", pinned=True)
+    store.put("/p", b"2")
+    assert store.stat("/p").pinned
+    store.put("/p", b"3", pinned=False)
+    assert not store.stat("/p").pinned
+
+
+def test_full_of_pinned_data_is_a_clear_error(make_store: MakeStore, store_root: Path) -> None:
+    store = make_store(mem_capacity="4KB", ssd_capacity="0", hdd_capacity="0")
+    store.put("/p1", blob(1), pinned=True, write_type=WriteType.MUST_CACHE)
+    store.put("/p2", blob(2), pinned=True, write_type=WriteType.MUST_CACHE)
+    with pytest.raises(StoreFullError) as info:
+        store.put("/p3", blob(3), write_type=WriteType.MUST_CACHE)
+    message = str(info.value)
+    assert "MEM" in message and "pinned" in message and "ADCLOUD_STORE_MEM_CAPACITY" in message
+    assert store.get("/p1") == blob(1) and store.get("/p2") == blob(2)
+    assert not store.exists("/p3")
+    assert used(store) == {"MEM": 3000}
+    assert list((store_root / "mem" / "tmp").iterdir()) == []
+
+
+def test_unpersisted_data_never_leaves_the_last_tier(make_store: MakeStore) -> None:
+    store = make_store(mem_capacity="4KB", ssd_capacity="0", hdd_capacity="0")
+    store.put("/m1", blob(1), write_type=WriteType.MUST_CACHE)
+    store.put("/m2", blob(2), write_type=WriteType.MUST_CACHE)
+    with pytest.raises(StoreFullError):
+        store.put("/m3", blob(3), write_type=WriteType.MUST_CACHE)
+    assert store.get("/m1") == blob(1) and store.get("/m2") == blob(2)
+
+
+def test_persisted_data_is_dropped_from_the_last_tier(make_store: MakeStore) -> None:
+    store = make_store(mem_capacity="4KB", ssd_capacity="0", hdd_capacity="0")
+    store.put("/c1", blob(1), write_type=WriteType.CACHE_THROUGH)
+    store.put("/c2", blob(2), write_type=WriteType.CACHE_THROUGH)
+    store.put("/c3", blob(3), write_type=WriteType.CACHE_THROUGH)
+    assert tiers(store, "/c1", "/c2", "/c3") == [None, "MEM", "MEM"]
+    status = store.stat("/c1")
+    assert status.persistence is PersistenceState.PERSISTED
+    assert store.get("/c1") == blob(1)  # from the under-store, cached again
+    assert tiers(store, "/c1") == ["MEM"]
+
+
+def test_data_larger_than_mem_goes_to_a_lower_tier(make_store: MakeStore) -> None:
+    store = make_store(**SMALL)
+    store.put("/big", blob(7, 6000), write_type=WriteType.MUST_CACHE)
+    assert tiers(store, "/big") == ["SSD"]
+    with store.open("/big-stream", "wb", write_type=WriteType.MUST_CACHE) as stream:
+        stream.write(blob(8, 6000))
+    assert tiers(store, "/big-stream") == ["SSD"]
+    assert store.get("/big-stream") == blob(8, 6000)
+
+
+def test_data_larger_than_every_tier(make_store: MakeStore) -> None:
+    store = make_store(**SMALL)
+    with pytest.raises(StoreFullError):
+        store.put("/huge", blob(1, 100 * KB), write_type=WriteType.MUST_CACHE)
+    store.put("/huge", blob(1, 100 * KB), write_type=WriteType.CACHE_THROUGH)
+    status = store.stat("/huge")
+    assert status.tier is None and status.persisted
+    assert store.get("/huge") == blob(1, 100 * KB)
+    with store.open("/huge2", "wb", write_type=WriteType.CACHE_THROUGH) as stream:
+        stream.write(blob(2, 100 * KB))
+    assert store.get("/huge2") == blob(2, 100 * KB)
+
+
+def test_write_types(make_store: MakeStore, store_root: Path) -> None:
+    store = make_store()
+    ufs = store_root / "ufs"
+    store.put("/wt/must", b"m", write_type=WriteType.MUST_CACHE)
+    store.put("/wt/cache", b"c", write_type=WriteType.CACHE_THROUGH)
+    store.put("/wt/through", b"t", write_type=WriteType.THROUGH)
+    store.put("/wt/async", b"a", write_type=WriteType.ASYNC_THROUGH)
+    assert not (ufs / "wt/must").exists()
+    assert (ufs / "wt/cache").read_bytes() == b"c"
+    assert (ufs / "wt/through").read_bytes() == b"t"
+    assert store.stat("/wt/through").tier is None
+    assert store.stat("/wt/cache").tier == "MEM"
+    # ASYNC_THROUGH: acknowledged from the cache, journaled, persisted by maintenance
+    assert store.stat("/wt/async").persistence is PersistenceState.TO_BE_PERSISTED
+    assert store.pending_persists() == 1
+    assert not (ufs / "wt/async").exists()
+    store.maintain()
+    assert (ufs / "wt/async").read_bytes() == b"a"
+    assert store.stat("/wt/async").persistence is PersistenceState.PERSISTED
+    assert store.pending_persists() == 0
+    assert store.stat("/wt/must").persistence is PersistenceState.NOT_PERSISTED
+
+
+def test_background_thread_persists(make_store: MakeStore, store_root: Path) -> None:
+    store = make_store(background=True)
+    store.put("/bg/x", b"payload" * 1000, write_type=WriteType.ASYNC_THROUGH)
+    store.flush(timeout=10)
+    assert (store_root / "ufs/bg/x").read_bytes() == b"payload" * 1000
+
+
+def test_overwrite_supersedes_pending_persist(make_store: MakeStore, store_root: Path) -> None:
+    store = make_store()
+    store.put("/o", b"first", write_type=WriteType.ASYNC_THROUGH)
+    store.put("/o", b"second", write_type=WriteType.MUST_CACHE)
+    store.maintain()
+    assert not (store_root / "ufs/o").exists()
+    assert store.pending_persists() == 0
+    store.put("/o", b"third", write_type=WriteType.ASYNC_THROUGH)
+    store.rename("/o", "/moved")
+    store.maintain()
+    assert (store_root / "ufs/moved").read_bytes() == b"third"
+    store.delete("/moved")
+    assert not (store_root / "ufs/moved").exists()
+
+
+def test_ttl_delete_and_free(make_store: MakeStore, store_root: Path) -> None:
+    store = make_store(background=True, ttl_check_interval=0.05)
+    store.put("/ttl/gone", b"x", write_type=WriteType.CACHE_THROUGH, ttl=0.2)
+    store.put("/ttl/freed", b"y", write_type=WriteType.CACHE_THROUGH)
+    store.set_ttl("/ttl/freed", 0.2, action="FREE")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+        store.exists("/ttl/gone") or store.stat("/ttl/freed").tier is not None
+    ):
+        time.sleep(0.05)
+    assert not store.exists("/ttl/gone")
+    assert not (store_root / "ufs/ttl/gone").exists()
+    freed = store.stat("/ttl/freed")
+    assert freed.tier is None and freed.ttl is None
+    assert store.get("/ttl/freed") == b"y"
+
+
+def test_ttl_counts_from_creation(make_store: MakeStore) -> None:
+    store = make_store()
+    store.put("/old", b"x")
+    time.sleep(0.3)
+    store.set_ttl("/old", 0.1)  # created 0.3 s ago: already expired (Alluxio semantics)
+    assert not store.exists("/old")
+
+
+def test_expired_file_is_invisible_before_the_sweep(make_store: MakeStore) -> None:
+    store = make_store(background=False)
+    store.put("/e", b"x", ttl=0.05)
+    time.sleep(0.1)
+    assert not store.exists("/e")
+    assert [s.path for s in store.list("/")] == []
+
+
+def test_free_rules(make_store: MakeStore) -> None:
+    store = make_store()
+    store.put("/f/must", b"m", write_type=WriteType.MUST_CACHE)
+    store.put("/f/pinned", b"p", write_type=WriteType.CACHE_THROUGH, pinned=True)
+    store.put("/f/ok", b"o", write_type=WriteType.CACHE_THROUGH)
+    with pytest.raises(StorePreconditionError, match="persist it first"):
+        store.free("/f/must")
+    with pytest.raises(StorePreconditionError, match="pinned"):
+        store.free("/f/pinned")
+    with pytest.raises(StorePreconditionError, match="recursive"):
+        store.free("/f")
+    store.free("/f/ok")
+    assert store.stat("/f/ok").tier is None
+    assert store.stat("/f/must").tier == "MEM"
+
+
+def test_corruption_is_detected(make_store: MakeStore, store_root: Path) -> None:
+    store = make_store(verify_reads="all")
+    store.put("/c", b"0123456789" * 100, write_type=WriteType.MUST_CACHE)
+    (obj,) = [p for p in (store_root / "mem/objects").rglob("*") if p.is_file()]
+    raw = bytearray(obj.read_bytes())
+    raw[500] ^= 0xFF
+    obj.write_bytes(bytes(raw))
+    with pytest.raises(StoreCorruptionError, match="does not match"):
+        store.get("/c")
+    with pytest.raises(StoreCorruptionError), store.open("/c") as stream:
+        stream.read()
+    with pytest.raises(StoreCorruptionError):
+        store.persist("/c")
+
+
+def test_default_verification_covers_disk_tiers_and_sizes(
+    make_store: MakeStore, store_root: Path
+) -> None:
+    store = make_store(**SMALL, promote_on_read=False)
+    store.put("/on-ssd", b"s" * 6000, write_type=WriteType.MUST_CACHE)  # too big for MEM
+    (obj,) = [p for p in (store_root / "ssd/objects").rglob("*") if p.is_file()]
+    obj.write_bytes(b"S" * 6000)
+    with pytest.raises(StoreCorruptionError, match="tier SSD"):
+        store.get("/on-ssd")
+    store.put("/in-mem", b"m" * 100, write_type=WriteType.MUST_CACHE)
+    (obj,) = [p for p in (store_root / "mem/objects").rglob("*") if p.is_file()]
+    obj.write_bytes(b"m" * 99)  # a truncated copy is caught whatever verify_reads says
+    with pytest.raises(StoreCorruptionError, match="tier MEM"):
+        store.get("/in-mem")
+
+
+def test_ufs_copy_verified_on_read(make_store: MakeStore, store_root: Path) -> None:
+    store = make_store()
+    store.put("/u", b"abc" * 100, write_type=WriteType.THROUGH)
+    (store_root / "ufs/u").write_bytes(b"xyz" * 100)
+    with pytest.raises(StoreCorruptionError, match="under-store"):
+        store.get("/u")
+
+
+def test_reboot_loses_only_unpersisted_mem_data(store_root: Path) -> None:
+    store = LocalStore("local://", background=False)
+    store.put("/keep", b"persisted", write_type=WriteType.CACHE_THROUGH)
+    store.put("/lose", b"memory only", write_type=WriteType.MUST_CACHE)
+    store.put("/ssd", b"on disk", write_type=WriteType.MUST_CACHE)
+    store.close()
+    # a reboot: /dev/shm is empty and the boot id changed
+    for obj in (store_root / "mem/objects").rglob("*"):
+        if obj.is_file():
+            obj.unlink()
+    import sqlite3  # noqa: PLC0415
+
+    with sqlite3.connect(store_root / "catalog.sqlite") as db:
+        db.execute("UPDATE meta SET value = 'previous-boot' WHERE key = 'boot'")
+    store = LocalStore("local://", background=False)
+    try:
+        assert store.get("/keep") == b"persisted"
+        assert store.stat("/lose").persistence is PersistenceState.LOST
+        with pytest.raises(StoreDataLostError, match="MUST_CACHE"):
+            store.get("/lose")
+    finally:
+        store.close()
+
+
+def test_tier_layout_must_match(make_store: MakeStore, tmp_path: Path) -> None:
+    store = make_store()
+    store.put("/x", b"x", write_type=WriteType.MUST_CACHE)
+    with pytest.raises(StoreError, match="same tier directories"):
+        LocalStore("local://", mem_dir=str(tmp_path / "elsewhere"), background=False)
+
+
+def test_staging_files_of_dead_processes_are_removed(
+    make_store: MakeStore, store_root: Path
+) -> None:
+    make_store().close()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    stale = store_root / "mem/tmp" / f"{int(dead.stdout)}-deadbeef"
+    stale.write_bytes(b"half a write")
+    mine = store_root / "mem/tmp" / f"{os.getpid()}-cafe"
+    mine.write_bytes(b"in flight")
+    make_store()
+    assert not stale.exists()
+    assert mine.exists()
+    mine.unlink()
+
+
+def test_enospc_on_a_tier_spills_to_the_next(
+    make_store: MakeStore, store_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store()
+    store.put("/before", b"b" * 5000, write_type=WriteType.MUST_CACHE)
+    mem = str(store_root / "mem")
+    real_write = os.write
+
+    def full(fd: int, data: bytes | memoryview) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(mem):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    store.put("/spilled", b"s" * 5000, write_type=WriteType.MUST_CACHE)
+    monkeypatch.undo()
+    assert store.stat("/spilled").tier == "SSD"
+    assert store.get("/spilled") == b"s" * 5000
+    assert store.get("/before") == b"b" * 5000
+
+
+def test_usage_matches_the_files(make_store: MakeStore) -> None:
+    store = make_store(**SMALL)
+    for i in range(30):
+        store.put(f"/u/{i % 7}", blob(i, 500 + 97 * i), write_type=WriteType.CACHE_THROUGH)
+        if i % 5 == 0:
+            store.get(f"/u/{(i * 3) % 7}")
+        if i % 11 == 0:
+            store.delete(f"/u/{i % 7}")
+    files = [s for s in store.list("/", recursive=True) if not s.is_dir]
+    expected = {"MEM": 0, "SSD": 0, "HDD": 0}
+    for s in files:
+        if s.tier is not None:
+            expected[s.tier] += s.size
+    assert used(store) == expected
+
+
+def test_namespaces_are_isolated(store_root: Path) -> None:
+    a = LocalStore("local:///team-a", background=False)
+    b = LocalStore("local:///team-b", background=False)
+    try:
+        a.put("/k", b"a")
+        b.put("/k", b"b")
+        assert a.get("/k") == b"a" and b.get("/k") == b"b"
+        assert [s.path for s in a.list("/")] == ["/k"]
+        root = LocalStore("local://", background=False)
+        assert sorted(s.path for s in root.list("/", recursive=True) if not s.is_dir) == [
+            "/team-a/k",
+            "/team-b/k",
+        ]
+        root.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_settings_from_environment(store_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ADCLOUD_STORE_MEM_CAPACITY", "64MiB")
+    monkeypatch.setenv("ADCLOUD_STORE_HDD_CAPACITY", "0")
+    settings = StoreSettings.load()
+    specs = settings.tiers()
+    assert [(t.name, t.capacity) for t in specs] == [("MEM", 64 << 20), ("SSD", 50 * 1024**3)]
+    assert [t.directory for t in specs] == [store_root / "mem", store_root / "ssd"]
+    assert settings.ufs_url() == f"file://{store_root / 'ufs'}"
+    monkeypatch.setenv("ADCLOUD_STORE_MEM_CAPACITY", "lots")
+    from adcloud.errors import ConfigError  # noqa: PLC0415
+
+    with pytest.raises(ConfigError, match="mem_capacity"):
+        StoreSettings.load()
+
+
+def test_default_tiers_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ADCLOUD_STORE_ROOT")
+    specs = StoreSettings.load().tiers()
+    assert str(specs[0].directory).startswith(("/dev/shm/adcloud-", "/tmp/adcloud-"))
+    assert specs[1].directory == Path("~/.cache/adcloud/store/ssd").expanduser()
+
+
+def test_any_fsspec_url_as_under_store(make_store: MakeStore) -> None:
+    import uuid  # noqa: PLC0415
+
+    import fsspec  # noqa: PLC0415
+
+    root = f"/ufs-{uuid.uuid4().hex}"
+    store = make_store(ufs=f"memory://{root}")
+    memfs = fsspec.filesystem("memory")
+    store.put("/u/through", b"t", write_type=WriteType.THROUGH)
+    store.put("/u/cache", b"c", write_type=WriteType.CACHE_THROUGH)
+    store.put("/u/async", b"a", write_type=WriteType.ASYNC_THROUGH)
+    store.maintain()
+    assert memfs.cat_file(f"{root}/u/through") == b"t"
+    assert memfs.cat_file(f"{root}/u/cache") == b"c"
+    assert memfs.cat_file(f"{root}/u/async") == b"a"
+    assert not [p for p in memfs.find(root) if "adcloud-tmp" in p]
+    store.free("/u/cache")
+    assert store.get("/u/cache") == b"c"
+    store.rename("/u/cache", "/v/cache")
+    assert memfs.cat_file(f"{root}/v/cache") == b"c"
+    store.delete("/u", recursive=True)
+    assert not memfs.exists(f"{root}/u/through")
+    memfs.rm(root, recursive=True)
