@@ -8,9 +8,14 @@ header, u32 data_len, data``; a header is a run of ``u32 len, name=value`` field
 
 The driver reads the first few KiB and ``[index_pos, EOF)``: two ranged reads.  Chunk
 ``i`` spans ``[chunk_pos_i, chunk_pos_{i+1})`` (the last up to ``index_pos``).  An
-executor reads only its range, learns each chunk's connections and times from the
-INDEX_DATA after it (so chunks without selected messages are never decompressed),
-and decompresses (none / bz2 / lz4 frame) the others.  Offsets are 64-bit throughout.
+executor reads only its range, through one reused window (:class:`WindowReader`),
+learns each chunk's connections and times from the INDEX_DATA after it (so chunks
+without selected messages are never decompressed), and decompresses (none / bz2 /
+lz4 frame) the others.  The INDEX_DATA also gives every message's offset: when it
+describes the chunk exactly (checked with NumPy over all record headers at once),
+the messages are sliced out without parsing one header in Python; otherwise the
+chunk is parsed record by record, with the same result.  Offsets are 64-bit
+throughout.
 
 Message order inside a partition is rosbags' (``rosbag1.Reader.messages``): by record
 time, then connection rank in the bag's connection list, then file position.
@@ -19,18 +24,23 @@ time, then connection rank in the bag's connection list, then file position.
 from __future__ import annotations
 
 import bz2
+import functools
 import logging
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, TypeVar
 
 import lz4.frame
+import numpy as np
+import numpy.typing as npt
 from rosbags.typesys.msg import normalize_msgtype
 
 from adcloud.binpipe.bags_io import (
-    RangeReader,
+    WindowReader,
     file_size,
     join_member,
     open_fs,
@@ -48,11 +58,13 @@ from adcloud.binpipe.bags_model import (
     UnindexedBagError,
 )
 from adcloud.binpipe.bags_plan import (
+    SortedRun,
     SortKey,
     chunk_partitions,
-    merge_chunk_messages,
+    merge_sorted_runs,
     summary_from_chunks,
 )
+from adcloud.binpipe.codec import Message
 from adcloud.binpipe.errors import BagError
 
 __all__ = [
@@ -72,16 +84,23 @@ __all__ = [
     "parse_header",
     "read_connection",
     "read_index",
+    "read_messages",
+    "read_partition",
     "topic_name",
 ]
 
 _log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 MAGIC = b"#ROSBAG V2.0\n"
 _HEAD_BYTES = 8192
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _TIME = struct.Struct("<II")
+_U32LE = np.dtype("<u4")
+_NS = 1_000_000_000
+_NO_ENTRIES: npt.NDArray[np.uint32] = np.empty((0, 4), _U32LE)
+_NO_TIMES: npt.NDArray[np.int64] = np.empty(0, np.int64)
 _REINDEX_HINT = (
     "; write an indexed copy with adcloud.binpipe.reindex.reindex_bag "
     "(or plan_partitions(..., reindex_dir=DIR))"
@@ -209,7 +228,7 @@ def decompress_chunk(compression: str, data: memoryview, size: int) -> bytes | m
         elif compression == "bz2":
             out = bz2.decompress(data)
         elif compression == "lz4":
-            out = lz4.frame.decompress(bytes(data))
+            out = lz4.frame.decompress(data)
         else:
             raise FormatError(0, f"chunk compression {compression!r} is not supported")
     except (OSError, ValueError, RuntimeError, EOFError) as err:
@@ -383,8 +402,24 @@ def read_index(fs: Any, path: str, uri: str) -> Ros1Index:
     return Ros1Index(size, index_pos, data_start, tuple(connections), tuple(chunks))
 
 
-class _ChunkDesc:
-    """A chunk met while scanning a partition's range, before it is decoded."""
+class _Chunk:
+    """A chunk met while scanning a partition's range, with what its INDEX_DATA says."""
+
+    __slots__ = (
+        "_counts",
+        "_entries",
+        "compression",
+        "conns",
+        "data_len",
+        "data_pos",
+        "has_index",
+        "max_time",
+        "min_time",
+        "offset",
+        "size",
+        "table",
+        "times",
+    )
 
     def __init__(
         self, offset: int, compression: str, size: int, data_pos: int, data_len: int
@@ -395,49 +430,77 @@ class _ChunkDesc:
         self.data_pos = data_pos
         self.data_len = data_len
         self.conns: set[int] = set()
+        self.has_index = False
         self.min_time: int | None = None
         self.max_time: int | None = None
-        self.has_index = False
+        #: Every index entry, (n, 4) little-endian u32: sec, nsec, offset in the
+        #: uncompressed chunk, conn; and their record times (ns).  Set by finish().
+        self.table: npt.NDArray[np.uint32] = _NO_ENTRIES
+        self.times: npt.NDArray[np.int64] = _NO_TIMES
+        self._counts: list[tuple[int, int]] = []  # (conn, entries) per INDEX_DATA
+        self._entries: list[bytes | bytearray] = []  # their data
 
-    def add_index(self, conn: int, data: memoryview) -> None:
+    def add_index(self, conn: int, count: int, data: bytes | bytearray) -> None:
         self.has_index = True
         self.conns.add(conn)
-        for sec, nsec, _ in struct.iter_unpack("<III", data):
-            t = int(sec) * 1_000_000_000 + int(nsec)
-            if self.min_time is None or t < self.min_time:
-                self.min_time = t
-            if self.max_time is None or t > self.max_time:
-                self.max_time = t
+        self._counts.append((conn, count))
+        self._entries.append(data)
+
+    def finish(self) -> None:
+        """Tabulate the index entries and the chunk's time span (once all are in)."""
+        counts = self._counts
+        n = sum(count for _conn, count in counts)
+        if n == 0:
+            return
+        table = np.empty((n, 4), _U32LE)
+        table[:, :3] = np.frombuffer(b"".join(self._entries), _U32LE).reshape(n, 3)
+        at = 0
+        for conn, count in counts:
+            table[at : at + count, 3] = conn
+            at += count
+        times = table[:, 0].astype(np.int64)
+        times *= _NS
+        times += table[:, 1]
+        self.table, self.times = table, times
+        self.min_time, self.max_time = int(times.min()), int(times.max())
+        self._entries = []
 
 
-def _range_records(reader: RangeReader) -> Iterator[tuple[int, dict[str, bytes], int, int]]:
-    """Top-level records of a range: (offset, header fields, data offset, data length).
+def scan_chunks(reader: WindowReader) -> Iterator[_Chunk]:
+    """The chunks of a range with what their INDEX_DATA records say.
 
-    Data is skipped, not fetched; callers read it with ``reader.read_at``.
+    A chunk is yielded once the record after its index (or the range's end) is
+    reached, with its data still in the reader's window, so that decoding it right
+    away re-reads nothing.  Connection records between chunks are skipped.
     """
-    while reader.remaining > 0:
-        offset = reader.pos
-        hlen = int(_U32.unpack(reader.read(4))[0])
+    current: _Chunk | None = None
+    pos = reader.start
+    end = reader.end
+    while pos < end:
+        keep = None if current is None else current.data_pos
+        offset = pos
+        rel = reader.window(pos, 4, keep)
+        (hlen,) = _U32.unpack_from(reader.buf, rel)
+        rel = reader.window(pos + 4, hlen, keep)
         try:
-            fields = parse_header(reader.read(hlen), offset + 4)
+            fields = parse_header(memoryview(reader.buf)[rel : rel + hlen], pos + 4)
         except FormatError as err:
             raise reader.error(err.offset, f"record header is corrupt: {err.what}") from err
-        dlen = int(_U32.unpack(reader.read(4))[0])
-        data_pos = reader.pos
-        reader.skip(dlen)
-        yield offset, fields, data_pos, dlen
-
-
-def scan_chunks(reader: RangeReader) -> Iterator[_ChunkDesc]:
-    """The chunks of a range with what their INDEX_DATA records say, data not yet fetched."""
-    current: _ChunkDesc | None = None
-    for offset, fields, data_pos, dlen in _range_records(reader):
+        rel = reader.window(pos + 4 + hlen, 4, keep)
+        (dlen,) = _U32.unpack_from(reader.buf, rel)
+        data_pos = pos + 8 + hlen
+        if data_pos + dlen > end:
+            raise reader.error(
+                data_pos, f"a length of {dlen} bytes runs past the end of the range at {end}"
+            )
+        pos = data_pos + dlen
         try:
             op = op_of(fields, offset)
             if op == Op.CHUNK:
                 if current is not None:
+                    current.finish()
                     yield current
-                current = _ChunkDesc(
+                current = _Chunk(
                     offset,
                     _str(fields, "compression", offset),
                     _u32(fields, "size", offset),
@@ -453,14 +516,14 @@ def scan_chunks(reader: RangeReader) -> Iterator[_ChunkDesc]:
                 count = _u32(fields, "count", offset)
                 if dlen != 12 * count:
                     raise FormatError(offset, f"index data of {dlen} bytes for {count} entries")
-                current.add_index(conn, reader.read_at(data_pos, dlen))
-            elif op == Op.CONNECTION:
-                continue
-            else:
+                rel = reader.window(data_pos, dlen, current.data_pos)
+                current.add_index(conn, count, reader.buf[rel : rel + dlen])
+            elif op != Op.CONNECTION:
                 raise FormatError(offset, f"unexpected record op {op} between chunks")
         except FormatError as err:
             raise reader.error(err.offset, err.what) from err
     if current is not None:
+        current.finish()
         yield current
 
 
@@ -492,57 +555,286 @@ def chunk_messages(
             raise FormatError(base + rel, f"unexpected record op {op} inside a chunk")
 
 
-def read_partition(part: BagPartition) -> Iterator[RawMessage]:
-    """The messages of a ROS 1 partition, in rosbags' order, filtered by topic and time."""
+#: A record header longer than this is never taken by the indexed fast path.
+_FAST_MAX_HEADER = 1024
+_ARANGE = np.arange(_FAST_MAX_HEADER + 8, dtype=np.int64)
+_new_raw: Callable[[tuple[int, Connection, memoryview]], RawMessage] = functools.partial(
+    tuple.__new__, RawMessage
+)
+_new_message: Callable[[tuple[str, int, str, memoryview]], Message] = functools.partial(
+    tuple.__new__, Message
+)
+#: Builds the items of a chunk from parallel lists: record times, connection
+#: ranks, message data.
+_Make = Callable[[list[int], list[int], list[memoryview]], list[_T]]
+
+
+def _message_layout(content: bytes | memoryview, first: int) -> tuple[int, int, int] | None:
+    """(header length, conn value offset, time value offset) of the MSGDATA record at ``first``.
+
+    Offsets count from the record's start.  ``None`` unless the record is a
+    well-formed message record whose ``op``, ``conn`` and ``time`` fields have their
+    proper sizes (the last of repeated fields counting, as in :func:`parse_header`).
+    """
+    size = len(content)
+    if first + 4 > size:
+        return None
+    (hlen,) = _U32.unpack_from(content, first)
+    if hlen > _FAST_MAX_HEADER or first + 8 + hlen > size:
+        return None
+    pos = first + 4
+    stop = pos + hlen
+    found: dict[bytes, tuple[int, int]] = {}
+    while pos < stop:
+        if pos + 4 > stop:
+            return None
+        (flen,) = _U32.unpack_from(content, pos)
+        pos += 4
+        if pos + flen > stop:
+            return None
+        field = bytes(content[pos : pos + flen])
+        eq = field.find(b"=")
+        if eq < 0:
+            return None
+        found[field[:eq]] = (pos + eq + 1 - first, flen - eq - 1)
+        pos += flen
+    op, conn, time = found.get(b"op"), found.get(b"conn"), found.get(b"time")
+    if op is None or conn is None or time is None:
+        return None
+    if op[1] != 1 or content[first + op[0]] != Op.MSGDATA or conn[1] != 4 or time[1] != 8:
+        return None
+    return hlen, conn[0], time[0]
+
+
+def _only_connections(content: bytes | memoryview, lo: int, hi: int) -> bool:
+    """Whether ``content[lo:hi]`` is exactly a run of well-formed CONNECTION records."""
+    cursor = _Buf(memoryview(content)[lo:hi], lo)
+    try:
+        while cursor.remaining > 0:
+            offset, fields, _data = cursor.record()
+            if op_of(fields, offset) != Op.CONNECTION:
+                return False
+    except FormatError:
+        return False
+    return True
+
+
+def _indexed_messages(
+    content: bytes | memoryview,
+    chunk: _Chunk,
+    ranks: Mapping[int, int],
+    start: int | None,
+    end: int | None,
+) -> tuple[list[int], list[int], list[int], list[int], list[int]] | None:
+    """The selected messages of a chunk located through its INDEX_DATA, sorted.
+
+    Returns (record times, connection ranks, record offsets, data starts, data ends)
+    in sort-key order, or ``None`` when the index does not describe the chunk
+    exactly -- every record either a message record the index names, with that
+    connection and time, all with one header layout, or a connection record -- in
+    which case the chunk must be parsed record by record.  Both ways give the same
+    messages.
+    """
+    table, times = chunk.table, chunk.times
+    n = len(table)
+    if n == 0:
+        return None
+    if n > 1:
+        order = table[:, 2].argsort(kind="stable")
+        table, times = table[order], times[order]
+    offsets = table[:, 2].astype(np.int64)
+    first = int(offsets[0])
+    layout = _message_layout(content, first)
+    if layout is None:
+        return None
+    hlen, conn_at, time_at = layout
+    head = hlen + 8  # length prefix, header, data length
+    size = len(content)
+    if n * head > size or int(offsets[-1]) + head > size:
+        return None
+    heads = np.frombuffer(content, np.uint8)[offsets[:, None] + _ARANGE[:head]]
+    # Every header must be the first one's bytes with the index's conn and time in:
+    # XOR those in, and all headers must come out equal, with zeros there.
+    entry = table.view(np.uint8)  # per row: sec, nsec, offset, conn
+    heads[:, conn_at : conn_at + 4] ^= entry[:, 12:16]
+    heads[:, time_at : time_at + 8] ^= entry[:, 0:8]
+    zeros = heads[0, conn_at : conn_at + 4].tobytes() + heads[0, time_at : time_at + 8].tobytes()
+    if zeros != bytes(12):
+        return None
+    body = heads[:, : head - 4]
+    if not (body == body[0]).all():
+        return None
+    lengths = np.ascontiguousarray(heads[:, head - 4 :]).view(_U32LE)[:, 0]
+    # Rows: record time, connection rank, record offset, data start, data end.
+    rows = np.empty((5, n), np.int64)
+    rows[0] = times
+    rows[2] = offsets
+    data_at, data_end = rows[3], rows[4]
+    np.add(offsets, head, out=data_at)
+    np.add(data_at, lengths, out=data_end)
+    # The records must tile the chunk; what lies between them must be connections.
+    holes = [(0, first)] if first else []
+    if n > 1:
+        gaps = offsets[1:] - data_end[:-1]
+        if gaps.any():
+            if gaps.min() < 0:
+                return None
+            holes.extend((int(data_end[i]), int(offsets[i + 1])) for i in np.flatnonzero(gaps))
+    last = int(data_end[-1])
+    if last > size:
+        return None
+    if last < size:
+        holes.append((last, size))
+    for lo, hi in holes:
+        if not _only_connections(content, lo, hi):
+            return None
+    conns = chunk.conns
+    ranked = rows[1]
+    if len(conns) == 1:
+        ranked[:] = ranks.get(next(iter(conns)), -1)
+    else:
+        column = table[:, 3]
+        for cid in conns:
+            ranked[column == cid] = ranks.get(cid, -1)
+    keep = None
+    if not conns <= ranks.keys():
+        keep = ranked >= 0
+    if start is not None and chunk.min_time is not None and chunk.min_time < start:
+        keep = times >= start if keep is None else keep & (times >= start)
+    if end is not None and chunk.max_time is not None and chunk.max_time >= end:
+        keep = times < end if keep is None else keep & (times < end)
+    if keep is not None:
+        rows = rows[:, keep]
+    if rows.shape[1] > 1:
+        rows = rows[:, np.lexsort(rows[2::-1])]  # by time, then rank, then offset
+    out_times, out_ranks, out_offsets, out_at, out_end = rows.tolist()
+    return out_times, out_ranks, out_offsets, out_at, out_end
+
+
+def _parsed_messages(
+    content: bytes | memoryview,
+    ranks: Mapping[int, int],
+    start: int | None,
+    end: int | None,
+) -> tuple[list[int], list[int], list[int], list[memoryview]]:
+    """The selected messages of a chunk parsed record by record, sorted:
+    (record times, connection ranks, record offsets, data)."""
+    found: list[tuple[tuple[int, int, int], memoryview]] = []
+    for rel, conn, time, data in chunk_messages(content, 0):
+        rank = ranks.get(conn)
+        if rank is None:
+            continue
+        if (start is not None and time < start) or (end is not None and time >= end):
+            continue
+        found.append(((time, rank, rel), data))
+    found.sort(key=itemgetter(0))
+    return (
+        [k[0] for k, _ in found],
+        [k[1] for k, _ in found],
+        [k[2] for k, _ in found],
+        [d for _, d in found],
+    )
+
+
+def _read_runs(part: BagPartition, make: _Make[_T]) -> Iterator[_T]:
+    """The messages of a ROS 1 partition, in rosbags' order, filtered by topic and time.
+
+    Scans the range through one reusable window; decodes each relevant chunk as a
+    sorted run (through its index when that describes it exactly, else record by
+    record) and merges the runs.
+    """
     uri = join_member(part.uri, part.member)
-    fs, path = open_fs(uri, part.storage_options)
     where = f"partition {part.index}"
-    reader = RangeReader(fs, path, part.start_offset, part.end_offset, uri=uri, where=where)
-    ranks = {c.id: (rank, c) for rank, c in enumerate(part.connections)}
+    ranks = {c.id: rank for rank, c in enumerate(part.connections)}
     start, end = part.start, part.end
 
-    def relevant(desc: _ChunkDesc) -> bool:
-        if not desc.has_index:
+    def relevant(chunk: _Chunk) -> bool:
+        if not chunk.has_index:
             return True
-        if not desc.conns & ranks.keys():
+        if not chunk.conns & ranks.keys():
             return False
-        if desc.min_time is None or desc.max_time is None:
+        if chunk.min_time is None or chunk.max_time is None:
             return True  # index records without entries: decode and see
-        if start is not None and desc.max_time < start:
+        if start is not None and chunk.max_time < start:
             return False
-        return not (end is not None and desc.min_time >= end)
+        return not (end is not None and chunk.min_time >= end)
 
-    def loader(desc: _ChunkDesc, seq: int) -> Callable[[], list[tuple[SortKey, RawMessage]]]:
-        def load() -> list[tuple[SortKey, RawMessage]]:
-            raw = reader.read_at(desc.data_pos, desc.data_len)
-            label = f"chunk at byte offset {desc.offset}"
+    def loader(reader: WindowReader, chunk: _Chunk, seq: int) -> Callable[[], SortedRun[_T]]:
+        def load() -> SortedRun[_T]:
+            rel = reader.window(chunk.data_pos, chunk.data_len)
+            raw = memoryview(reader.buf)[rel : rel + chunk.data_len]
+            if chunk.compression == "none":
+                # Messages must outlive the window, which is refilled in place: copy
+                # the chunk out (cheaper than fresh windows, which fault in new pages).
+                raw = memoryview(bytes(raw))
             try:
-                content = decompress_chunk(desc.compression, raw, desc.size)
-                items: list[tuple[SortKey, RawMessage]] = []
-                for rel, conn, time, data in chunk_messages(content, 0):
-                    hit = ranks.get(conn)
-                    if hit is None:
-                        continue
-                    if (start is not None and time < start) or (end is not None and time >= end):
-                        continue
-                    items.append(((time, hit[0], seq, rel), RawMessage(time, hit[1], data)))
+                content = decompress_chunk(chunk.compression, raw, chunk.size)
+                del raw
+                fast = _indexed_messages(content, chunk, ranks, start, end)
+                if fast is not None:
+                    times, conn_ranks, offsets, lo, hi = fast
+                    view = memoryview(content)
+                    data = list(map(view.__getitem__, map(slice, lo, hi)))
+                else:
+                    times, conn_ranks, offsets, data = _parsed_messages(content, ranks, start, end)
             except FormatError as err:
                 where_in = (
-                    f"byte offset {desc.data_pos + err.offset}"
-                    if desc.compression == "none"
+                    f"byte offset {chunk.data_pos + err.offset}"
+                    if chunk.compression == "none"
                     else f"uncompressed offset {err.offset}"
                 )
-                raise BagError(f"{uri}: {where}: {label}, {where_in}: {err.what}") from err
-            return items
+                raise BagError(
+                    f"{uri}: {where}: chunk at byte offset {chunk.offset}, {where_in}: {err.what}"
+                ) from err
+
+            def keys() -> list[SortKey]:
+                return list(zip(times, conn_ranks, repeat(seq), offsets, strict=False))
+
+            return SortedRun(times, make(times, conn_ranks, data), keys)
 
         return load
 
-    def chunks() -> Iterator[tuple[int | None, Callable[[], list[tuple[SortKey, RawMessage]]]]]:
-        for seq, desc in enumerate(scan_chunks(reader)):
-            if relevant(desc):
-                yield desc.min_time, loader(desc, seq)
+    def chunks() -> Iterator[tuple[int | None, Callable[[], SortedRun[_T]]]]:
+        # Opened on the first next(), not on the call: nothing happens before that.
+        fs, path = open_fs(uri, part.storage_options)
+        reader = WindowReader(fs, path, part.start_offset, part.end_offset, uri=uri, where=where)
+        for seq, chunk in enumerate(scan_chunks(reader)):
+            if relevant(chunk):
+                yield chunk.min_time, loader(reader, chunk, seq)
 
-    yield from merge_chunk_messages(chunks())
+    return merge_sorted_runs(chunks())
+
+
+def read_partition(part: BagPartition) -> Iterator[RawMessage]:
+    """The messages of a ROS 1 partition, in rosbags' order, filtered by topic and time."""
+    conns = part.connections
+
+    def make(times: list[int], ranks: list[int], data: list[memoryview]) -> list[RawMessage]:
+        return list(map(_new_raw, zip(times, map(conns.__getitem__, ranks), data, strict=True)))
+
+    return _read_runs(part, make)
+
+
+def read_messages(part: BagPartition) -> Iterator[Message]:
+    """:func:`read_partition` as :class:`Message` records stamped with record time."""
+    topics = [c.topic for c in part.connections]
+    types = [c.msgtype for c in part.connections]
+
+    def make(times: list[int], ranks: list[int], data: list[memoryview]) -> list[Message]:
+        return list(
+            map(
+                _new_message,
+                zip(
+                    map(topics.__getitem__, ranks),
+                    times,
+                    map(types.__getitem__, ranks),
+                    data,
+                    strict=True,
+                ),
+            )
+        )
+
+    return _read_runs(part, make)
 
 
 def _compression(fs: Any, path: str, uri: str, chunk: ChunkRef) -> str:
@@ -589,3 +881,7 @@ class Ros1Backend:
     def read(self, part: BagPartition) -> Iterator[RawMessage]:
         """See :func:`read_partition`."""
         return read_partition(part)
+
+    def read_messages(self, part: BagPartition) -> Iterator[Message]:
+        """See :func:`read_messages`."""
+        return read_messages(part)

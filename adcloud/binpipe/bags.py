@@ -84,9 +84,10 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+_ROS1 = Ros1Backend()
 #: The backend of each format.
 _BACKENDS: dict[BagFormat, BagBackend] = {
-    BagFormat.ROS1: Ros1Backend(),
+    BagFormat.ROS1: _ROS1,
     BagFormat.MCAP: McapBackend(),
     BagFormat.ROS2: Ros2Backend(),
 }
@@ -297,6 +298,12 @@ def read_partition_timed(part: BagPartition) -> Iterator[tuple[Message, int]]:
     With ``TimeSource.HEADER`` the message carries the header stamp; the record time
     is what merging partitions of one bag in rosbags' order needs.
     """
+    if part.time_source != TimeSource.HEADER and part.format == BagFormat.ROS1:
+        return ((msg, msg.timestamp) for msg in _ROS1.read_messages(part))
+    return _read_timed(part)
+
+
+def _read_timed(part: BagPartition) -> Iterator[tuple[Message, int]]:
     backend = _BACKENDS[part.format]
     use_header = part.time_source == TimeSource.HEADER
     for raw in backend.read(part):
@@ -326,6 +333,9 @@ def read_partition(part: BagPartition) -> Iterator[Message]:
     ``std_msgs/Header`` (decided from the message definition), it is the header stamp
     (see :func:`header_stamp`), and record time for other types.  Corrupt input
     raises :class:`BagError` naming the file, the partition and the byte offset.
+    Nothing is read before the first message is asked for.
     """
-    for msg, _record_time in read_partition_timed(part):
-        yield msg
+    if part.time_source != TimeSource.HEADER and part.format == BagFormat.ROS1:
+        # ROS 1 builds the Message records itself, skipping RawMessage.
+        return _ROS1.read_messages(part)
+    return (msg for msg, _record_time in _read_timed(part))

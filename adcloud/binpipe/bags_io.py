@@ -3,7 +3,9 @@
 Every read of bag bytes in :mod:`adcloud.binpipe` goes through ``fs.cat_file(path,
 start, end)`` of the filesystem fsspec picks for the URL, so the same code reads local
 paths, ``file://``, ``memory://``, ``s3://``, HDFS and Alluxio, and never fetches a
-byte outside the range it was asked for.  sqlite3 storage needs a real local file:
+byte outside the range it was asked for.  (:class:`WindowReader` reads local files
+straight into its reusable buffer with ``readinto``; other filesystems still through
+``cat_file``.)  sqlite3 storage needs a real local file:
 :func:`local_copy` downloads non-local files once into a cache directory
 (``$ADCLOUD_BINPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/adcloud/binpipe``, else
 ``~/.cache/adcloud/binpipe``), keyed by URL, size and modification time.
@@ -25,6 +27,7 @@ from adcloud.binpipe.errors import BagError
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "RangeReader",
+    "WindowReader",
     "cache_dir",
     "file_size",
     "fingerprint",
@@ -181,6 +184,116 @@ class RangeReader:
                 self._pos, f"a length of {n} bytes runs past the end of the range at {self.end}"
             )
         self._pos += n
+
+
+class WindowReader:
+    """Sequential reads of bytes ``[start, end)`` of one file through one window.
+
+    The window holds at least ``block_bytes`` (:data:`DEFAULT_BLOCK_BYTES`) at a time,
+    never past ``end``.  For local files it is one ``bytearray`` refilled in place with
+    ``readinto`` (no fresh pages to fault in), so callers must copy what they keep
+    (e.g. by decompressing it) before the next :meth:`window` call; other fsspec
+    filesystems fill it from ``fs.cat_file``.  Every overrun is a :class:`BagError`
+    naming the file, ``where`` and the offset, worded as :class:`RangeReader`'s.
+    """
+
+    def __init__(
+        self,
+        fs: Any,
+        path: str,
+        start: int,
+        end: int,
+        *,
+        uri: str,
+        where: str,
+        block_bytes: int | None = None,
+    ) -> None:
+        self._fs = fs
+        self._path = path
+        self._local = is_local(fs)
+        self.start = start
+        self.end = end
+        self.uri = uri
+        self.where = where
+        self._block_bytes = max(1, DEFAULT_BLOCK_BYTES if block_bytes is None else block_bytes)
+        #: The window: ``buf[i]`` is the byte at file offset ``base + i``, for
+        #: ``i < filled``.  Valid until the next :meth:`window` call that refills it.
+        self.buf: bytes | bytearray = b""
+        self.base = start
+        self.filled = 0
+
+    def error(self, offset: int, what: str) -> BagError:
+        """A :class:`BagError` for a problem at absolute ``offset``."""
+        return BagError(f"{self.uri}: {self.where}: byte offset {offset}: {what}")
+
+    def window(self, offset: int, n: int, keep: int | None = None) -> int:
+        """Make bytes ``[offset, offset + n)`` resident; return where they start in ``buf``.
+
+        ``keep`` (an offset at or below ``offset``) asks to retain the bytes from
+        there on too, if they are in the window now.  BagError if the bytes run
+        past ``end`` (or past the end of the file).
+        """
+        rel = offset - self.base
+        if rel >= 0 and n >= 0 and rel + n <= self.filled:
+            return rel
+        if n < 0 or offset < self.start or offset + n > self.end:
+            raise self.error(
+                offset, f"a length of {n} bytes runs past the end of the range at {self.end}"
+            )
+        lo = offset if keep is None or keep > offset or keep < self.base else keep
+        self._refill(lo, offset + n)
+        return offset - self.base
+
+    def _refill(self, lo: int, hi: int) -> None:
+        """Make the window start at ``lo`` and hold at least up to ``hi``."""
+        cur_end = self.base + self.filled
+        kept = cur_end - lo if self.base <= lo < cur_end else 0
+        at = lo - self.base
+        # Read ahead past hi too when a big record is asked for: the records after
+        # it (index data) then need no refill that would move the big one again.
+        want = min(self.end, max(lo + self._block_bytes, hi + self._block_bytes // 2))
+        buf = self.buf
+        if not self._local:
+            data = read_range(self._fs, self._path, lo + kept, want, uri=self.uri, where=self.where)
+            self.buf = b"".join((memoryview(buf)[at : at + kept], data)) if kept else data
+        else:
+            if not isinstance(buf, bytearray) or len(buf) < want - lo:
+                buf = bytearray(want - lo)
+                if kept:
+                    buf[:kept] = memoryview(self.buf)[at : at + kept]
+            elif kept and at:
+                view = memoryview(buf)
+                view[:kept] = view[at : at + kept]  # memmove
+                view.release()
+            self._read_local(lo + kept, want, memoryview(buf)[kept : want - lo])
+            self.buf = buf
+        self.base = lo
+        self.filled = want - lo
+
+    def _read_local(self, lo: int, hi: int, into: memoryview) -> None:
+        """Read file bytes ``[lo, hi)`` into ``into`` (a local file, with ``readinto``)."""
+        got = 0
+        try:
+            with Path(self._path).open("rb", buffering=0) as f:
+                f.seek(lo)
+                while got < hi - lo:
+                    n = f.readinto(into[got:])
+                    if not n:
+                        break
+                    got += n
+        except FileNotFoundError as err:
+            raise BagError(f"{self.uri}: no such file") from err
+        except (OSError, ValueError) as err:
+            raise BagError(
+                f"{self.uri}: {self.where}: read of bytes [{lo}, {hi}) failed: {err}"
+            ) from err
+        finally:
+            into.release()
+        if got != hi - lo:
+            raise BagError(
+                f"{self.uri}: {self.where}: file is truncated: wanted bytes [{lo}, {hi}), "
+                f"the file ends at byte offset {lo + got}"
+            )
 
 
 def cache_dir() -> Path:

@@ -23,7 +23,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from enum import IntEnum, IntFlag
-from typing import IO, BinaryIO, NamedTuple, TypeAlias
+from typing import IO, BinaryIO, ClassVar, NamedTuple, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -245,6 +245,13 @@ class _BlockBuilder:
 
     __slots__ = ("field_ends", "parts", "payload_len", "record_ends", "types")
 
+    #: Type tags of a :class:`Message` record: STR, INT, STR, BYTES.
+    _MESSAGE_TAGS: ClassVar[bytes] = bytes(
+        (FieldType.STR, FieldType.INT, FieldType.STR, FieldType.BYTES)
+    )
+    #: UTF-8 of the topics and type names of :class:`Message` records seen lately.
+    _utf8: ClassVar[dict[str, bytes]] = {}
+
     def __init__(self) -> None:
         self.types = bytearray()
         self.field_ends: list[int] = []
@@ -253,10 +260,102 @@ class _BlockBuilder:
         self.payload_len = 0
 
     def add(self, record: Iterable[object]) -> None:
+        if type(record) is Message and self._add_message(record):
+            return
         for value in record:
             self.payload_len += _encode_field(value, self.types, self.parts)
             self.field_ends.append(self.payload_len)
         self.record_ends.append(len(self.types))
+
+    def _add_message(self, msg: Message) -> bool:
+        """Add a :class:`Message` of plain field types, as :meth:`add` would; else False."""
+        topic, stamp, msgtype, data = msg
+        if type(stamp) is not int or not _I64_MIN <= stamp <= _I64_MAX:
+            return False
+        if type(data) is memoryview:
+            if not (data.c_contiguous and data.ndim == 1 and data.format == "B"):
+                return False
+        elif type(data) is not bytes:
+            return False
+        utf8 = self._utf8
+        topic_raw = utf8.get(topic) if type(topic) is str else None
+        type_raw = utf8.get(msgtype) if type(msgtype) is str else None
+        if topic_raw is None or type_raw is None:
+            if type(topic) is not str or type(msgtype) is not str:
+                return False
+            try:
+                topic_raw, type_raw = topic.encode("utf-8"), msgtype.encode("utf-8")
+            except UnicodeEncodeError:
+                return False  # the general path raises the error
+            if len(utf8) >= 4096:
+                utf8.clear()
+            utf8[topic] = topic_raw
+            utf8[msgtype] = type_raw
+        end_topic = self.payload_len + len(topic_raw)
+        end_type = end_topic + 8 + len(type_raw)
+        self.payload_len = end_type + len(data)
+        self.field_ends += (end_topic, end_topic + 8, end_type, self.payload_len)
+        self.parts += (topic_raw, _I64.pack(stamp), type_raw, data)
+        self.types += self._MESSAGE_TAGS
+        self.record_ends.append(len(self.types))
+        return True
+
+    def fill(
+        self, records: Iterator[Iterable[object]], block_bytes: int, block_records: int
+    ) -> bool:
+        """Add records until the block is full (``block_bytes`` of payload or
+        ``block_records`` records, checked after each record); True if ``records``
+        ran out first.
+
+        The same as calling :meth:`add` per record, with :class:`Message` records of
+        plain field types added inline (the hot path of bag ingestion).
+        """
+        types, field_ends, record_ends, parts = (
+            self.types,
+            self.field_ends,
+            self.record_ends,
+            self.parts,
+        )
+        utf8, tags, pack = self._utf8, self._MESSAGE_TAGS, _I64.pack
+        payload = self.payload_len
+        for record in records:
+            if type(record) is Message:
+                topic, stamp, msgtype, data = record
+                if (
+                    type(stamp) is int
+                    and _I64_MIN <= stamp <= _I64_MAX
+                    and type(topic) is str
+                    and type(msgtype) is str
+                    and (
+                        type(data) is bytes
+                        or (
+                            type(data) is memoryview
+                            and data.c_contiguous
+                            and data.ndim == 1
+                            and data.format == "B"
+                        )
+                    )
+                    and (topic_raw := utf8.get(topic)) is not None
+                    and (type_raw := utf8.get(msgtype)) is not None
+                ):
+                    end_topic = payload + len(topic_raw)
+                    end_type = end_topic + 8 + len(type_raw)
+                    payload = end_type + len(data)
+                    field_ends += (end_topic, end_topic + 8, end_type, payload)
+                    parts += (topic_raw, pack(stamp), type_raw, data)
+                    types += tags
+                    record_ends.append(len(types))
+                    if payload >= block_bytes or len(record_ends) >= block_records:
+                        self.payload_len = payload
+                        return False
+                    continue
+            self.payload_len = payload
+            self.add(record)  # also fills the UTF-8 cache for the next Message
+            payload = self.payload_len
+            if payload >= block_bytes or len(record_ends) >= block_records:
+                return False
+        self.payload_len = payload
+        return True
 
     def __len__(self) -> int:
         return len(self.record_ends)
@@ -267,13 +366,18 @@ class _BlockBuilder:
         n_records = len(self.record_ends)
         if n_records > 0xFFFFFFFF or n_fields > 0xFFFFFFFF:
             raise BinpipeError("a block holds at most 2**32-1 records and fields")
-        tables = bytearray(
-            np.asarray(self.field_ends, dtype="<u8").tobytes()
-            + np.asarray(self.record_ends, dtype="<u4").tobytes()
+        # The three tables, each padded to 8 bytes, built in one copy.
+        field_ends = np.asarray(self.field_ends, dtype="<u8")
+        record_ends = np.asarray(self.record_ends, dtype="<u4")
+        tables = b"".join(
+            (
+                field_ends.data,
+                record_ends.data,
+                bytes(_pad8(record_ends.nbytes) - record_ends.nbytes),
+                self.types,
+                bytes(_pad8(n_fields) - n_fields),
+            )
         )
-        tables += bytes(_pad8(len(tables)) - len(tables))
-        tables += self.types
-        tables += bytes(_pad8(len(tables)) - len(tables))
         payload_crc = 0
         flags = BlockFlag.NONE
         if checksum:
@@ -294,7 +398,7 @@ class _BlockBuilder:
         )[:36]
         head += struct.pack("<I", zlib.crc32(head))
         tail = bytes(_pad8(self.payload_len) - self.payload_len)
-        return [head, bytes(tables), *self.parts, tail]
+        return [head, tables, *self.parts, tail]
 
 
 def encode_block(
@@ -937,14 +1041,13 @@ def encode_blocks(
     block_records: int = DEFAULT_BLOCK_RECORDS,
 ) -> Iterator[bytes]:
     """Encode records lazily into a sequence of blocks of bounded size (no stream framing)."""
-    builder = _BlockBuilder()
-    for record in records:
-        builder.add(record)
-        if builder.payload_len >= block_bytes or len(builder) >= block_records:
+    it = iter(records)
+    done = False
+    while not done:
+        builder = _BlockBuilder()
+        done = builder.fill(it, block_bytes, block_records)
+        if len(builder):
             yield b"".join(builder.chunks(kind, checksum))
-            builder = _BlockBuilder()
-    if len(builder):
-        yield b"".join(builder.chunks(kind, checksum))
 
 
 def seal_block(raw: bytes | bytearray | memoryview) -> bytes:
