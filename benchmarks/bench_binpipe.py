@@ -264,12 +264,12 @@ class _PeakRss:
         self._thread.join()
 
 
-def bench_memory(workdir: Path, executor_mb: int = 256) -> None:
+def bench_memory(workdir: Path, executor_mb: int = 512) -> None:
     """Target 3: ingest a bag 4x the executor memory on the standalone cluster."""
     bag = workdir / "big.bag"
     expected = write_bag(bag, 4 * executor_mb + 16)
     size = bag.stat().st_size
-    with StandaloneCluster(workers=1, cores=2, memory="1g") as cluster:
+    with StandaloneCluster(workers=1, cores=2, memory=f"{executor_mb + 256}m") as cluster:
         spark = get_session(
             SparkSettings.load(master=cluster.master_url),
             **{"spark.ui.showConsoleProgress": "false", "spark.executor.memory": f"{executor_mb}m"},
