@@ -202,7 +202,9 @@ def bench_partitioned_read(mb: int, workdir: Path) -> dict[str, float]:
     t_ros = timed(lambda: rosbags_read(bag), repeat=2)
     results = {"rosbags": bag.stat().st_size / t_ros / 1e6}
     for workers in (1, 2):
-        with StandaloneCluster(workers=workers, cores=1, memory="1g") as cluster:
+        with StandaloneCluster(
+            workers=workers, cores=1, memory="1g", log_dir=workdir / f"cluster-{workers}"
+        ) as cluster:
             settings = SparkSettings.load(master=cluster.master_url)
             spark = get_session(
                 settings,
@@ -269,7 +271,9 @@ def bench_memory(workdir: Path, executor_mb: int = 512) -> None:
     bag = workdir / "big.bag"
     expected = write_bag(bag, 4 * executor_mb + 16)
     size = bag.stat().st_size
-    with StandaloneCluster(workers=1, cores=2, memory=f"{executor_mb + 256}m") as cluster:
+    with StandaloneCluster(
+        workers=1, cores=2, memory=f"{executor_mb + 256}m", log_dir=workdir / "cluster"
+    ) as cluster:
         spark = get_session(
             SparkSettings.load(master=cluster.master_url),
             **{"spark.ui.showConsoleProgress": "false", "spark.executor.memory": f"{executor_mb}m"},
