@@ -45,6 +45,7 @@ __all__ = [
     "Record",
     "StreamReader",
     "StreamWriter",
+    "as_message",
     "encode_block",
     "encode_blocks",
     "encode_end_block",
@@ -125,6 +126,19 @@ class Message(NamedTuple):
     timestamp: int
     msgtype: str
     data: bytes | bytearray | memoryview
+
+
+def as_message(rec: Record) -> Record:
+    """``rec`` as a :class:`Message` when it has the message shape, else unchanged."""
+    if (
+        len(rec) == 4
+        and isinstance(rec[0], str)
+        and isinstance(rec[1], int)
+        and isinstance(rec[2], str)
+        and isinstance(rec[3], memoryview)
+    ):
+        return Message(rec[0], rec[1], rec[2], rec[3])
+    return rec
 
 
 class BlockHeader(NamedTuple):

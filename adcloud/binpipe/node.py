@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
-from adcloud.binpipe.codec import BlockKind, Message, Record, StreamReader, StreamWriter
+from adcloud.binpipe.codec import BlockKind, Record, StreamReader, StreamWriter, as_message
 
 __all__ = ["NodeFunction", "read_records", "run_node"]
 
@@ -37,19 +37,7 @@ def read_records(stdin: BinaryIO | None = None) -> Iterator[Record]:
     for block in StreamReader(source, name="stdin"):
         if block.kind == BlockKind.DATA:
             for rec in block:
-                yield _as_message(rec)
-
-
-def _as_message(rec: Record) -> Record:
-    if (
-        len(rec) == 4
-        and isinstance(rec[0], str)
-        and isinstance(rec[1], int)
-        and isinstance(rec[2], str)
-        and isinstance(rec[3], memoryview)
-    ):
-        return Message(rec[0], rec[1], rec[2], rec[3])
-    return rec
+                yield as_message(rec)
 
 
 def run_node(
@@ -74,7 +62,7 @@ def run_node(
             writer.write_block(block.raw)
             continue
         for rec in block:
-            out = fn(_as_message(rec))
+            out = fn(as_message(rec))
             if out is None:
                 continue
             if isinstance(out, tuple):

@@ -38,6 +38,7 @@ from adcloud.binpipe.codec import (
     Record,
     StreamReader,
     StreamWriter,
+    as_message,
     encode_blocks,
     seal_block,
 )
@@ -109,18 +110,6 @@ def _bag_blocks(parts: Iterable[BagPartition], block_bytes: int) -> Iterator[byt
         yield from encode_blocks(read_partition(part), block_bytes=block_bytes)
 
 
-def _as_record(rec: Record) -> Record:
-    if (
-        len(rec) == 4
-        and isinstance(rec[0], str)
-        and isinstance(rec[1], int)
-        and isinstance(rec[2], str)
-        and isinstance(rec[3], memoryview)
-    ):
-        return Message(rec[0], rec[1], rec[2], rec[3])
-    return rec
-
-
 def _transform(
     blocks: Iterable[bytes | bytearray],
     fn: Callable[..., Any],
@@ -140,7 +129,7 @@ def _transform(
                 meta.append(bytes(raw))
                 continue
             for rec in block:
-                item = _as_record(rec)
+                item = as_message(rec)
                 args: tuple[Any, ...] = (item,)
                 if decode:
                     if not isinstance(item, Message):
@@ -223,7 +212,7 @@ def _records(blocks: Iterable[bytes | bytearray], include_meta: bool = False) ->
         block = Block.parse(memoryview(raw))
         if block.kind == BlockKind.DATA:
             for rec in block:
-                yield _as_record(rec)
+                yield as_message(rec)
         elif include_meta:
             yield from block
 
