@@ -376,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_store_parser(sub)
 
+    from adcloud.sim.command import add_parser as add_sim_parser  # noqa: PLC0415
+
+    add_sim_parser(sub)
+
     submit = sub.add_parser(
         "submit",
         help="run an adcloud job through spark-submit on any cluster manager",

@@ -1,0 +1,271 @@
+# mypy: ignore-errors
+# (runs under the system Python with rospy, outside the typed package; see the docstring)
+"""The ROS side of the ``ros1`` adapter: BinPipe on stdin/stdout <-> topics of a roscore.
+
+Runs under the system Python with rospy (``/usr/bin/python3``); it imports nothing from
+adcloud or the virtual environment, so it carries its own small reader and writer of the
+BinPipe format (``docs/binpipe-format.md``).  Input: one stream whose first META block
+describes the input connections and whose DATA records are messages.  For each message it
+publishes ``/clock`` at the message's time, then the message's serialized bytes on its
+topic; in synchronous mode (``--sync``), after a trigger topic, it waits until an output
+arrives or ``--quiet`` seconds pass.  Every message received on an output topic is written
+back stamped with the simulated clock, preceded by a META record with its definition.
+Exit status: 0 after END and a final quiet period, non-zero (no END written) on any error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import sys
+import threading
+import time
+import zlib
+
+_MAGIC = b"\x89ADBP\r\n\x1a"
+_HEAD = struct.Struct("<4sHHIIQIIII")
+DATA, META, END = 0, 1, 2
+NONE, BYTES, STR, INT, FLOAT = 0, 1, 2, 3, 4
+
+
+def _pad8(n):
+    return (n + 7) & ~7
+
+
+def _read(src, n):
+    buf = src.read(n)
+    if len(buf) != n:
+        raise EOFError(f"truncated input: {len(buf)} of {n} bytes")
+    return buf
+
+
+def read_stream(src):
+    """Yield ``(kind, records)`` per block; checks magic, header CRCs and END's count."""
+    head = _read(src, 16)
+    if head[:8] != _MAGIC or zlib.crc32(head[:12]) != struct.unpack_from("<I", head, 12)[0]:
+        raise ValueError("input is not a BinPipe stream")
+    count = 0
+    while True:
+        hdr = _read(src, 40)
+        magic, kind, _flags, nrec, nfld, plen, _tc, _pc, _res, crc = _HEAD.unpack(hdr)
+        if magic != b"BPBK" or zlib.crc32(hdr[:36]) != crc:
+            raise ValueError("corrupt block header")
+        body = _read(src, 8 * nfld + _pad8(4 * nrec) + _pad8(nfld) + _pad8(plen))
+        ends = struct.unpack_from(f"<{nfld}Q", body, 0)
+        rends = struct.unpack_from(f"<{nrec}I", body, 8 * nfld)
+        types = body[8 * nfld + _pad8(4 * nrec) :][:nfld]
+        payload = memoryview(body)[8 * nfld + _pad8(4 * nrec) + _pad8(nfld) :]
+        fields, start = [], 0
+        for end, typ in zip(ends, types, strict=True):
+            raw = payload[start:end]
+            start = end
+            if typ == STR:
+                fields.append(bytes(raw).decode("utf-8"))
+            elif typ == INT:
+                fields.append(struct.unpack("<q", raw)[0])
+            elif typ == FLOAT:
+                fields.append(struct.unpack("<d", raw)[0])
+            else:
+                fields.append(bytes(raw) if typ == BYTES else None)
+        records, first = [], 0
+        for last in rends:
+            records.append(fields[first:last])
+            first = last
+        if kind == END:
+            if records != [[count]]:
+                raise ValueError(f"END declares {records}, the stream held {count} records")
+            return
+        count += nrec
+        yield kind, records
+
+
+def encode_block(kind, records):
+    """One block of records whose fields are str, int or bytes."""
+    ends, rends, types, parts, size = [], [], bytearray(), [], 0
+    for rec in records:
+        for value in rec:
+            if isinstance(value, str):
+                raw, typ = value.encode("utf-8"), STR
+            elif isinstance(value, int):
+                raw, typ = struct.pack("<q", value), INT
+            else:
+                raw, typ = bytes(value), BYTES
+            parts.append(raw)
+            types.append(typ)
+            size += len(raw)
+            ends.append(size)
+        rends.append(len(ends))
+    tables = (
+        struct.pack(f"<{len(ends)}Q", *ends)
+        + struct.pack(f"<{len(rends)}I", *rends).ljust(_pad8(4 * len(rends)), b"\0")
+        + bytes(types).ljust(_pad8(len(types)), b"\0")
+    )
+    payload = b"".join(parts).ljust(_pad8(size), b"\0")
+    head = _HEAD.pack(b"BPBK", kind, 0, len(rends), len(ends), size, zlib.crc32(tables), 0, 0, 0)
+    head = head[:36] + struct.pack("<I", zlib.crc32(head[:36]))
+    return head + tables + payload
+
+
+class Writer:
+    """Thread-safe BinPipe stream writer on a binary file."""
+
+    def __init__(self, out):
+        self.out, self.count, self.lock = out, 0, threading.Lock()
+        head = _MAGIC + struct.pack("<HH", 1, 0)
+        self._emit(head + struct.pack("<I", zlib.crc32(head)))
+
+    def _emit(self, data):
+        self.out.write(data)
+        self.out.flush()
+
+    def write(self, kind, records):
+        with self.lock:
+            self._emit(encode_block(kind, records))
+            self.count += len(records)
+
+    def close(self):
+        with self.lock:
+            self._emit(encode_block(END, [[self.count]]))
+
+
+def _ros1_type(msgtype):
+    """``sensor_msgs/msg/Imu`` (ROS 2 style names, as rosbags gives them) -> ``sensor_msgs/Imu``."""
+    pkg, _, name = msgtype.rpartition("/")
+    return f"{pkg.split('/')[0]}/{name}" if pkg else msgtype
+
+
+def _binpipe_type(msgtype):
+    """``sensor_msgs/Imu`` -> ``sensor_msgs/msg/Imu``: the names BinPipe records carry."""
+    pkg, _, name = msgtype.partition("/")
+    return f"{pkg}/msg/{name}" if name and "/" not in name else msgtype
+
+
+def _raw_class(msgtype, md5sum, definition):
+    """A rospy message class whose instances publish already serialized bytes."""
+    import genpy  # noqa: PLC0415 - system Python only
+
+    class Raw(genpy.Message):
+        _type, _md5sum, _full_text, _has_header = msgtype, md5sum, definition, False
+        __slots__ = ("_buff",)
+
+        def __init__(self, buff=b""):
+            self._buff = buff
+
+        def serialize(self, buff):
+            buff.write(self._buff)
+
+        def deserialize(self, str_):
+            self._buff = str_
+            return self
+
+    return Raw
+
+
+def _wait(pred, timeout):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--inputs", default="")
+    p.add_argument("--outputs", default="")
+    p.add_argument("--triggers", default="")
+    p.add_argument("--quiet", type=float, default=0.25)
+    p.add_argument("--startup-timeout", type=float, default=20.0)
+    p.add_argument("--output-wait", type=float, default=2.0)
+    p.add_argument("--sync", action="store_true")
+    args = p.parse_args()
+    # rospy logs to stdout; stdout is the stream, so keep it private and point fd 1 at stderr.
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    src = os.fdopen(os.dup(0), "rb", buffering=1 << 20)
+
+    import rospy  # noqa: PLC0415 - system Python only
+    from rosgraph_msgs.msg import Clock  # noqa: PLC0415
+
+    rospy.init_node("adcloud_bridge", anonymous=True, disable_signals=True)
+    writer = Writer(out)
+    clock_pub = rospy.Publisher("/clock", Clock, queue_size=10)
+    state = {"now": 0, "outputs": 0}
+    cond = threading.Condition()
+    described = set()
+    split = [t for t in args.outputs.split(",") if t]
+
+    def on_output(msg, topic):
+        header = getattr(msg, "_connection_header", None) or {}
+        with cond:
+            now = state["now"]
+        msgtype = _binpipe_type(header.get("type", ""))
+        if topic not in described:
+            described.add(topic)
+            meta = [topic, msgtype, "ros1msg"]
+            meta += [header.get("message_definition", ""), header.get("md5sum", ""), "ros1"]
+            writer.write(META, [meta])
+        writer.write(DATA, [[topic, now, msgtype, msg._buff]])
+        with cond:
+            state["outputs"] += 1
+            cond.notify_all()
+
+    subs = [rospy.Subscriber(t, rospy.AnyMsg, on_output, callback_args=t) for t in split]
+    triggers = {t for t in args.triggers.split(",") if t}
+    pubs = {}
+    started = False
+    for kind, records in read_stream(src):
+        if kind == META:
+            for topic, msgtype, _fmt, definition, md5sum, _ser in records:
+                if topic not in pubs:
+                    cls = _raw_class(_ros1_type(msgtype), md5sum or "*", definition)
+                    pubs[topic] = (rospy.Publisher(topic, cls, queue_size=1000), cls)
+            if not started:
+                # Wait until the node is wired up, then answer with an empty META block:
+                # the feeder starts the replay clock on it.
+                started = True
+                for topic, (pub, _cls) in pubs.items():
+                    if not _wait(lambda p=pub: p.get_num_connections() > 0, args.startup_timeout):
+                        raise SystemExit(
+                            f"adcloud bridge: no node subscribed to {topic} "
+                            f"within {args.startup_timeout} s"
+                        )
+                for sub in subs:
+                    _wait(lambda s=sub: s.get_num_connections() > 0, args.output_wait)
+                _wait(lambda: clock_pub.get_num_connections() > 0, args.output_wait)
+                writer.write(META, [])
+            continue
+        for topic, stamp, _msgtype, data in records:
+            if topic not in pubs:
+                raise SystemExit(f"adcloud bridge: no META record describes topic {topic}")
+            with cond:
+                state["now"] = stamp
+                seen = state["outputs"]
+            clock_pub.publish(Clock(clock=rospy.Time(stamp // 10**9, stamp % 10**9)))
+            pub, cls = pubs[topic]
+            pub.publish(cls(data))
+            if args.sync and (not triggers or topic in triggers):
+                with cond:
+                    cond.wait_for(lambda seen=seen: state["outputs"] != seen, args.quiet)
+    # The last outputs: wait until the node has been quiet for one quiet period.
+    while True:
+        with cond:
+            seen = state["outputs"]
+            cond.wait_for(lambda seen=seen: state["outputs"] != seen, max(args.quiet, 0.05))
+            if state["outputs"] == seen:
+                break
+    for sub in subs:
+        sub.unregister()
+    writer.close()
+    rospy.signal_shutdown("end of input")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (EOFError, ValueError) as err:
+        sys.stderr.write(f"adcloud bridge: bad input: {err}\n")
+        sys.exit(2)

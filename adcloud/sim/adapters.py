@@ -1,0 +1,579 @@
+"""Node adapters: how a node under test is started, fed a scenario and read back.
+
+Adapters are listed in a registry (:data:`ADAPTERS`, :func:`register_adapter`,
+:func:`get_adapter`), all behind the :class:`NodeAdapter` protocol:
+
+- ``pipe`` (:class:`PipeAdapter`): any program that reads one BinPipe stream on stdin and
+  writes one on stdout (``docs/binpipe-format.md`` section 9.3; Python nodes use
+  :func:`adcloud.binpipe.node.run_node`).  Each input message travels as its own block so
+  the node sees it when it is due.
+- ``ros1`` (:class:`Ros1Adapter`): a real ROS 1 node (a ``rosrun``/``roslaunch`` line or
+  any executable).  Per run it starts a private ``roscore`` on a free port with its own
+  ``ROS_HOME``/``ROS_LOG_DIR`` in a temporary directory, sets ``/use_sim_time``, starts the
+  node and, as the pipe command, a bridge under the system Python with rospy
+  (:mod:`adcloud.sim._ros1_bridge`) that publishes ``/clock`` and the input topics and
+  writes the output topics back.  Every process is started in its own process group and
+  the groups are torn down at the end, whatever happened.
+
+Timing: ``rate=0`` replays as fast as possible, ``rate=r`` paces messages to recorded
+time divided by ``r`` (1.0 = real time).  In synchronous mode (the default) the feeder
+waits, after each message of a trigger topic, until the node has written an output or
+``quiet_s`` passed without one, so outputs do not depend on machine speed; the first
+trigger message waits up to ``startup_timeout_s`` instead, for the node's start-up (a
+node that writes a META block when it is ready ends that wait early).
+
+Latency of an output = wall time it came back minus wall time the input with the same
+timestamp (or, failing that, the latest earlier one) was written into the pipe.  Pipe
+nodes should stamp outputs with the timestamp of the input they answer; the ROS bridge
+stamps outputs with the simulated clock, which in synchronous mode is the input's time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xmlrpc.client
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from adcloud.binpipe.codec import Block, BlockKind, Message, encode_block
+from adcloud.binpipe.decode import ConnectionInfo, meta_block
+from adcloud.binpipe.errors import BinpipeError, PipeCommandError
+from adcloud.binpipe.pipe import pipe_blocks
+from adcloud.errors import MissingComponentError
+from adcloud.sim.errors import SimError
+
+__all__ = [
+    "ADAPTERS",
+    "ROS_INSTALL_HINT",
+    "SYSTEM_PYTHON",
+    "NodeAdapter",
+    "NodeRun",
+    "NodeSpec",
+    "PipeAdapter",
+    "ReplayTiming",
+    "Ros1Adapter",
+    "check_ros",
+    "drive_pipe",
+    "get_adapter",
+    "register_adapter",
+]
+
+log = logging.getLogger(__name__)
+
+ROS_INSTALL_HINT = (
+    "install ROS 1 from Debian: `sudo apt-get install -y --no-install-recommends ros-core "
+    "python3-rospy python3-rosbag topic-tools rosbash` (scripts/install.sh does this)"
+)
+"""How to get the ROS 1 that the ``ros1`` adapter needs; part of every missing-ROS error."""
+
+#: The interpreter that has rospy on Debian (not the virtual environment's).
+SYSTEM_PYTHON = "/usr/bin/python3"
+_BRIDGE = Path(__file__).with_name("_ros1_bridge.py")
+_TAIL = 4000
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """The node under test: adapter name, command line, extra environment, directory.
+
+    ``command`` is split with :func:`shlex.split` when it is a string (no shell).
+    """
+
+    command: str | tuple[str, ...]
+    adapter: str = "pipe"
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
+
+    @property
+    def args(self) -> list[str]:
+        """The command as an argument list."""
+        return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
+
+
+@dataclass(frozen=True)
+class ReplayTiming:
+    """Pacing, synchronous mode and time limits of one node run (seconds).
+
+    ``rate``: 0 = as fast as possible, else the factor on recorded time.
+    ``trigger_topics``: input topics after which synchronous mode waits (empty: all).
+    """
+
+    rate: float = 0.0
+    sync: bool = True
+    quiet_s: float = 0.25
+    timeout_s: float = 300.0
+    startup_timeout_s: float = 20.0
+    trigger_topics: tuple[str, ...] = ()
+    #: Pipe nodes: start the replay clock only when the node has written its first block
+    #: (e.g. a META block announcing its outputs, written once it is loaded), waiting at
+    #: most ``startup_timeout_s``.  The ROS bridge always signals readiness this way.
+    wait_ready: bool = False
+
+    def validate(self) -> ReplayTiming:
+        """Return ``self`` if usable, else raise :class:`SimError`."""
+        if self.rate < 0:
+            raise SimError(f"rate must be >= 0 (0 = as fast as possible), not {self.rate}")
+        if self.quiet_s < 0 or self.timeout_s <= 0 or self.startup_timeout_s <= 0:
+            raise SimError("quiet_s must be >= 0 and the timeouts > 0")
+        return self
+
+
+@dataclass
+class NodeRun:
+    """What a node did with one scenario.
+
+    ``outputs`` hold owned bytes; ``received`` and ``sent`` are ``time.monotonic()``
+    seconds; ``sent`` pairs each input's timestamp (ns) with when it was written.
+    ``failure`` is None when the node ran and ended cleanly.
+    """
+
+    outputs: list[Message] = field(default_factory=list)
+    received: list[float] = field(default_factory=list)
+    sent: list[tuple[int, float]] = field(default_factory=list)
+    output_connections: list[ConnectionInfo] = field(default_factory=list)
+    exit_code: int | None = None
+    failure: str | None = None
+    stderr_tail: str = ""
+    wall_s: float = 0.0
+
+
+class NodeAdapter(Protocol):
+    """Runs a node on one scenario's input messages and returns what came out."""
+
+    def run(
+        self,
+        node: NodeSpec,
+        inputs: Sequence[Message],
+        connections: Sequence[ConnectionInfo],
+        output_topics: Sequence[str],
+        timing: ReplayTiming,
+    ) -> NodeRun:
+        """Feed ``inputs`` (time-ordered) to the node; ``connections`` describe their types.
+
+        Node failures (crash, hang, garbage) come back as ``NodeRun.failure``; only
+        infrastructure failures raise (:class:`SimError`, or the bag reader's error).
+        """
+        ...
+
+
+class _Feed:
+    """Feeds one message per block, pacing and (optionally) waiting for outputs."""
+
+    def __init__(
+        self,
+        inputs: Sequence[Message],
+        connections: Sequence[ConnectionInfo],
+        timing: ReplayTiming,
+        wait_for_outputs: bool,
+        ready_signal: bool = False,
+    ) -> None:
+        self.inputs = inputs
+        self.connections = connections
+        self.timing = timing
+        self.wait = wait_for_outputs and timing.sync
+        self.triggers = set(timing.trigger_topics)
+        self.cond = threading.Condition()
+        self.outputs_seen = 0
+        self.sent: list[tuple[int, float]] = []
+        self.stopped = False
+        self.ready_signal = ready_signal
+        #: Whether the node is past its start-up (ready signal seen or first trigger sent).
+        self.warm = False
+
+    def output_arrived(self, n: int) -> None:
+        with self.cond:
+            self.outputs_seen += n
+            self.cond.notify_all()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+
+    def blocks(self) -> Iterator[bytes]:
+        yield meta_block(self.connections)
+        if self.ready_signal:
+            # The node side answers the META block with a block of its own once it is
+            # ready (the ROS bridge: when the node subscribed); time starts then.
+            deadline = time.monotonic() + self.timing.startup_timeout_s
+            with self.cond:
+                while self.outputs_seen == 0 and not self.stopped:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.cond.wait(left)
+            self.warm = True
+        wall0 = time.monotonic()
+        t0 = self.inputs[0].timestamp if self.inputs else 0
+        for msg in self.inputs:
+            if self.stopped:
+                return
+            if self.timing.rate > 0:
+                due = wall0 + (msg.timestamp - t0) / 1e9 / self.timing.rate
+                delay = due - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            with self.cond:
+                seen = self.outputs_seen
+            block = encode_block([msg])
+            self.sent.append((msg.timestamp, time.monotonic()))
+            yield block
+            if self.wait and (not self.triggers or msg.topic in self.triggers):
+                # The first trigger waits through the node's start-up; later ones for
+                # one quiet period.
+                patience = self.timing.quiet_s if self.warm else self.timing.startup_timeout_s
+                self.warm = True
+                deadline = time.monotonic() + patience
+                with self.cond:
+                    while self.outputs_seen == seen and not self.stopped:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self.cond.wait(left)
+
+
+def _as_output(rec: tuple[object, ...]) -> Message:
+    if (
+        len(rec) == 4
+        and isinstance(rec[0], str)
+        and isinstance(rec[1], int)
+        and isinstance(rec[2], str)
+        and isinstance(rec[3], memoryview | bytes | bytearray)
+    ):
+        return Message(rec[0], rec[1], rec[2], bytes(rec[3]))
+    shown = repr(rec)[:120]
+    raise BinpipeError(f"an output record is not a message (topic, time, type, data): {shown}")
+
+
+def _output_meta(rec: tuple[object, ...]) -> ConnectionInfo | None:
+    if len(rec) == 6 and all(isinstance(v, str) for v in rec):
+        return ConnectionInfo(*rec)  # type: ignore[arg-type]
+    return None
+
+
+def drive_pipe(
+    command: Sequence[str],
+    inputs: Sequence[Message],
+    connections: Sequence[ConnectionInfo],
+    output_topics: Sequence[str],
+    timing: ReplayTiming,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    wait_for_outputs: bool = True,
+    ready_signal: bool = False,
+) -> NodeRun:
+    """Run ``command`` as a pipe node on ``inputs``; the core of both adapters.
+
+    Outputs on topics outside ``output_topics`` (when it is not empty) are dropped.
+    With ``ready_signal`` the first data message waits until the command has written a
+    block (see :class:`Ros1Adapter`).  A node that fails -- exit code, timeout, a
+    malformed stream, non-message records -- gives a :class:`NodeRun` with ``failure`` set;
+    errors of the input side propagate.
+    """
+    feed = _Feed(inputs, connections, timing, wait_for_outputs, ready_signal)
+    run = NodeRun()
+    wanted = set(output_topics)
+    started = time.monotonic()
+    outputs = pipe_blocks(feed.blocks(), list(command), env=env, cwd=cwd, timeout=timing.timeout_s)
+    try:
+        for raw in outputs:
+            block = Block.parse(memoryview(raw))
+            now = time.monotonic()
+            if block.kind == BlockKind.META:
+                for rec in block:
+                    info = _output_meta(rec)
+                    if info is not None and (not wanted or info.topic in wanted):
+                        run.output_connections.append(info)
+                feed.output_arrived(1)
+                continue
+            count = 0
+            for rec in block:
+                msg = _as_output(rec)
+                if wanted and msg.topic not in wanted:
+                    continue
+                run.outputs.append(msg)
+                run.received.append(now)
+                count += 1
+            feed.output_arrived(max(count, 1))
+        run.exit_code = 0
+    except PipeCommandError as err:
+        run.failure = str(err).split("; stderr tail:", 1)[0]
+        run.exit_code = err.returncode
+        run.stderr_tail = err.stderr_tail[-_TAIL:]
+    except BinpipeError as err:
+        if isinstance(outputs, Generator):
+            outputs.close()  # kills the node
+        run.failure = f"node wrote garbage: {err}"
+        run.exit_code = None
+    finally:
+        feed.stop()
+    run.sent = feed.sent
+    run.wall_s = time.monotonic() - started
+    return run
+
+
+class PipeAdapter:
+    """``pipe``: the node is a program speaking BinPipe on stdin/stdout."""
+
+    name = "pipe"
+
+    def run(
+        self,
+        node: NodeSpec,
+        inputs: Sequence[Message],
+        connections: Sequence[ConnectionInfo],
+        output_topics: Sequence[str],
+        timing: ReplayTiming,
+    ) -> NodeRun:
+        """Run the node once over ``inputs`` (see :class:`NodeAdapter`)."""
+        return drive_pipe(
+            node.args,
+            inputs,
+            connections,
+            output_topics,
+            timing,
+            env=dict(node.env) or None,
+            cwd=node.cwd,
+            ready_signal=timing.wait_ready,
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ros_env(tmp: Path, port: int, extra: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """The environment of every ROS process of one run: private master, home and logs.
+
+    The virtual environment's Python settings are removed: ROS runs the system Python.
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "ROS_MASTER_URI")
+    }
+    path = env.get("PATH", "/usr/bin:/bin")
+    venv_bin = str(Path(sys.prefix) / "bin")
+    env["PATH"] = os.pathsep.join(p for p in path.split(os.pathsep) if p != venv_bin)
+    env.update(
+        {
+            "ROS_MASTER_URI": f"http://127.0.0.1:{port}",
+            "ROS_HOME": str(tmp / "home"),
+            "ROS_LOG_DIR": str(tmp / "log"),
+            "ROS_HOSTNAME": "127.0.0.1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(dict(extra))
+    return env
+
+
+def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
+    """SIGINT the process group (ROS's clean shutdown), then SIGKILL what is left."""
+    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; group members it left behind still get the signal.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-_TAIL:].decode("utf-8", errors="replace")
+
+
+def check_ros() -> None:
+    """Raise :class:`MissingComponentError` with the install hint if ROS 1 is missing."""
+    if shutil.which("roscore") is None:
+        raise MissingComponentError(
+            f"ROS 1 is not installed (no `roscore` on PATH); {ROS_INSTALL_HINT}"
+        )
+    probe = subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import rospy, rosgraph_msgs.msg"],
+        capture_output=True,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
+    )
+    if probe.returncode != 0:
+        raise MissingComponentError(
+            f"rospy is not importable by {SYSTEM_PYTHON}; {ROS_INSTALL_HINT}"
+        )
+
+
+class Ros1Adapter:
+    """``ros1``: a real ROS 1 node on a private roscore, fed through the rospy bridge."""
+
+    name = "ros1"
+
+    def __init__(self, output_wait_s: float = 2.0) -> None:
+        #: How long the bridge waits for the node to advertise each output topic before
+        #: it starts publishing (nodes like ``topic_tools/relay`` advertise only later).
+        self.output_wait_s = output_wait_s
+
+    def _start_master(
+        self, env: dict[str, str], tmp: Path, port: int, timeout: float
+    ) -> subprocess.Popen[bytes]:
+        with (tmp / "roscore.log").open("wb") as logf:
+            core = subprocess.Popen(
+                ["roscore", "-p", str(port)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        master = xmlrpc.client.ServerProxy(env["ROS_MASTER_URI"])
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                reply = master.getPid("/adcloud")
+                if isinstance(reply, list) and reply and reply[0] == 1:
+                    break
+            except OSError:
+                pass
+            if core.poll() is not None or time.monotonic() > deadline:
+                tail = _tail(tmp / "roscore.log")
+                _stop_group(core)
+                raise SimError(f"roscore on port {port} did not start: {tail[-1000:]}")
+            time.sleep(0.1)
+        master.setParam("/adcloud", "/use_sim_time", True)
+        return core
+
+    def run(
+        self,
+        node: NodeSpec,
+        inputs: Sequence[Message],
+        connections: Sequence[ConnectionInfo],
+        output_topics: Sequence[str],
+        timing: ReplayTiming,
+    ) -> NodeRun:
+        """Run the node once over ``inputs`` on a private roscore (see :class:`NodeAdapter`)."""
+        check_ros()
+        foreign = sorted({c.topic for c in connections if c.serialization != "ros1"})
+        if foreign:
+            raise SimError(
+                f"the ros1 adapter replays ROS 1 messages; {', '.join(foreign)} "
+                "are not ROS 1 serialized (ROS 2 bags need a ROS 2 adapter)"
+            )
+        program = node.args[0]
+        if shutil.which(program) is None and not Path(program).is_file():
+            return NodeRun(failure=f"cannot start {shlex.join(node.args)!r}: no such program")
+        tmp = Path(tempfile.mkdtemp(prefix="adcloud-ros1-"))
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            port = _free_port()
+            env = _ros_env(tmp, port, node.env)
+            procs.append(self._start_master(env, tmp, port, timing.startup_timeout_s))
+            node_log = tmp / "node.log"
+            with node_log.open("wb") as logf:
+                try:
+                    node_proc = subprocess.Popen(
+                        node.args,
+                        env=env,
+                        cwd=node.cwd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=logf,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                except OSError as err:
+                    return NodeRun(
+                        failure=f"cannot start {shlex.join(node.args)!r}: {err.strerror}"
+                    )
+            procs.append(node_proc)
+            bridge = [
+                SYSTEM_PYTHON,
+                str(_BRIDGE),
+                "--inputs",
+                ",".join(sorted({c.topic for c in connections})),
+                "--outputs",
+                ",".join(output_topics),
+                "--triggers",
+                ",".join(timing.trigger_topics),
+                "--quiet",
+                str(timing.quiet_s),
+                "--startup-timeout",
+                str(timing.startup_timeout_s),
+                "--output-wait",
+                str(self.output_wait_s),
+            ]
+            if timing.sync:
+                bridge.append("--sync")
+            run = drive_pipe(
+                bridge,
+                inputs,
+                connections,
+                output_topics,
+                timing,
+                env=env,
+                ready_signal=True,
+            )
+            code = node_proc.poll()
+            if code is not None and code != 0:
+                # The node died on its own: that is the scenario's failure, whatever the
+                # bridge then reported.
+                run.failure = f"node {shlex.join(node.args)!r} exited with code {code}" + (
+                    f" ({run.failure})" if run.failure else ""
+                )
+                run.exit_code = code
+                run.stderr_tail = _tail(node_log)
+            elif run.failure is not None:
+                run.stderr_tail = (
+                    f"--- bridge ---\n{run.stderr_tail}\n--- node ---\n{_tail(node_log)}"
+                )[-_TAIL:]
+            else:
+                run.exit_code = code if code is not None else 0
+                run.stderr_tail = _tail(node_log)
+            return run
+        finally:
+            for proc in reversed(procs):
+                _stop_group(proc)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: The adapter registry: name -> factory.  Add your own with :func:`register_adapter`.
+ADAPTERS: dict[str, Callable[[], NodeAdapter]] = {"pipe": PipeAdapter, "ros1": Ros1Adapter}
+
+
+def register_adapter(name: str, factory: Callable[[], NodeAdapter]) -> None:
+    """Make ``factory()`` the adapter for ``NodeSpec(adapter=name)``.
+
+    Registration happens per process: register in a module the executors import too.
+    """
+    ADAPTERS[name] = factory
+
+
+def get_adapter(name: str) -> NodeAdapter:
+    """A new adapter for ``name``; raises :class:`SimError` listing the known ones."""
+    try:
+        factory = ADAPTERS[name]
+    except KeyError:
+        raise SimError(
+            f"unknown node adapter {name!r}; known: {', '.join(sorted(ADAPTERS))}"
+        ) from None
+    return factory()

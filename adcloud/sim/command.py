@@ -1,0 +1,144 @@
+"""``adcloud sim run``: a replay job from the command line (and under ``spark-submit``).
+
+:func:`add_parser` registers ``sim`` with its ``run`` sub-command; :func:`run` builds a
+:class:`~adcloud.sim.replay.ReplayJob`, runs it on the Spark session
+(``--master``, ``ADCLOUD_SPARK_MASTER`` or ``local[*]``), prints a pass/fail table and
+writes the report.  Exit status: 0 when every scenario passed, 1 when any failed (errors
+of the job itself are turned into messages by ``adcloud.cli``).  Only this module prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from adcloud.sim.adapters import ADAPTERS, NodeSpec, ReplayTiming
+from adcloud.sim.evaluators import parse_evaluator
+from adcloud.sim.replay import ReplayJob, ReplayResults, run_replay
+from adcloud.sim.report import write_report
+from adcloud.sim.scenario import CutMode, ScenarioCut
+
+__all__ = ["add_parser", "run"]
+
+_EPILOG = """\
+examples:
+  adcloud sim run drive.bag --node "python -m adcloud.sim.examples.obstacle_node" \\
+      --inputs /lidar/points --outputs /obstacles \\
+      --eval rate:topic=/obstacles,min_hz=8 --eval latency:max_ms=100 \\
+      --eval detections:topic=/obstacles --report out/sim
+  adcloud sim run 'drives/*.bag' --adapter ros1 \\
+      --node "/usr/lib/topic_tools/relay /lidar/points /relayed" \\
+      --inputs /lidar/points --outputs /relayed --cut window --window 5 --warmup 1
+  adcloud submit --master spark://127.0.0.1:7077 -- sim run d.bag --node ... --inputs ...
+
+Evaluators: rate, latency, detections, pose_error (see adcloud.sim.evaluators), written
+name:key=value,key=value.  --rate 0 replays as fast as possible, --rate 1 in real time.
+"""
+
+
+def _topics(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``sim`` (with ``run``) on an ``argparse`` sub-parsers object."""
+    sim = subparsers.add_parser(
+        "sim",
+        help="replay simulation: feed recorded drives to a node under test",
+        description="Replay recorded drives into a node under test on Spark executors and "
+        "report pass/fail per scenario.",
+    )
+    sim_sub = sim.add_subparsers(dest="sim_command", required=True)
+    p = sim_sub.add_parser(
+        "run",
+        help="run a replay job",
+        description="Cut bags into scenarios, replay each into the node (one Spark task per "
+        "scenario), evaluate its outputs and write results.jsonl, junit.xml and report.html.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("bags", nargs="*", help="bag URLs, globs or directories")
+    p.add_argument("--node", required=True, help="the node's command line")
+    p.add_argument("--adapter", default="pipe", choices=sorted(ADAPTERS), help="default: pipe")
+    p.add_argument("--inputs", required=True, type=_topics, help="input topics, comma-separated")
+    p.add_argument("--outputs", default=(), type=_topics, help="output topics, comma-separated")
+    p.add_argument(
+        "--eval", action="append", default=[], metavar="SPEC", help="evaluator (repeatable)"
+    )
+    p.add_argument("--cut", choices=[m.value for m in CutMode], default="bag")
+    p.add_argument("--window", type=float, default=10.0, help="window length, s (--cut window)")
+    p.add_argument("--warmup", type=float, default=0.0, help="warm-up before each window, s")
+    p.add_argument("--scenarios", metavar="FILE", help="scenario file (implies --cut file)")
+    p.add_argument(
+        "--rate", type=float, default=0.0, help="0: as fast as possible; r: r x real time"
+    )
+    p.add_argument("--no-sync", action="store_true", help="do not wait for outputs per input")
+    p.add_argument("--quiet", type=float, default=0.25, help="synchronous quiet period, s")
+    p.add_argument("--triggers", default=(), type=_topics, help="topics that wait for outputs")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-scenario time limit, s")
+    p.add_argument("--startup-timeout", type=float, default=20.0, help="node start-up limit, s")
+    p.add_argument("--report", metavar="URI", help="report directory (any store URI)")
+    p.add_argument("--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)")
+    p.set_defaults(func=run)
+
+
+def _session(master: str | None) -> Any:
+    from adcloud.spark import SparkSettings, get_session  # noqa: PLC0415 - keep --help fast
+
+    settings = SparkSettings.load(master=master) if master else SparkSettings.load()
+    return get_session(settings, **{"spark.ui.showConsoleProgress": "false"})
+
+
+def job_from_args(args: argparse.Namespace) -> ReplayJob:
+    """The :class:`ReplayJob` that ``args`` describe (validated)."""
+    mode = CutMode.FILE if args.scenarios else CutMode(args.cut)
+    return ReplayJob(
+        bags=tuple(args.bags),
+        node=NodeSpec(args.node, adapter=args.adapter),
+        input_topics=args.inputs,
+        output_topics=args.outputs,
+        evaluators=tuple(parse_evaluator(e) for e in args.eval),
+        cut=ScenarioCut(mode, args.window, args.warmup, args.scenarios),
+        timing=ReplayTiming(
+            rate=args.rate,
+            sync=not args.no_sync,
+            quiet_s=args.quiet,
+            timeout_s=args.timeout,
+            startup_timeout_s=args.startup_timeout,
+            trigger_topics=args.triggers,
+        ),
+    ).validate()
+
+
+def _table(results: ReplayResults) -> Table:
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("scenario", "result", "outputs", "p50 ms", "p95 ms", "wall s", "reason"):
+        table.add_column(name, justify="right" if "ms" in name or name == "wall s" else "left")
+    for r in results.results:
+        table.add_row(
+            r.scenario,
+            "[green]pass[/green]" if r.passed else "[red]FAIL[/red]",
+            str(sum(r.output_counts.values())),
+            f"{r.latency_p50_ms:.1f}",
+            f"{r.latency_p95_ms:.1f}",
+            f"{r.wall_s:.2f}",
+            r.reason[:80],
+        )
+    return table
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """Entry point of ``adcloud sim run``; 0 if every scenario passed, else 1."""
+    job = job_from_args(args)
+    spark = _session(args.master)
+    results = run_replay(spark, job)
+    console.print(_table(results))
+    passed = sum(r.passed for r in results.results)
+    console.print(f"{passed} of {len(results.results)} scenarios passed in {results.wall_s:.1f} s")
+    if args.report:
+        url = write_report(results, args.report)
+        console.print(f"report: {url}/report.html")
+    return 0 if results.passed else 1

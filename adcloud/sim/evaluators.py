@@ -1,0 +1,410 @@
+"""Evaluators: what makes a scenario pass, computed from its inputs, outputs and truth.
+
+An evaluator is built on the executor from an :class:`EvaluatorSpec` (a name and
+parameters, cheap to pickle) through the registry :data:`EVALUATORS`; add your own with
+:func:`register_evaluator`.  Each returns an :class:`Evaluation`: pass/fail, metrics
+(floats, named ``<evaluator>.<metric>``) and a reason when it fails.  Only outputs and
+truth inside the scenario's evaluated range ``[start, end)`` count (not the warm-up).
+
+Built-in evaluators:
+
+- ``rate`` (``topic``, ``min_hz``): the output topic is published at ``>= min_hz``;
+- ``latency`` (``max_ms``, ``stat`` = ``max``/``p95``/``p50``, ``topic`` optional): no
+  output later than ``max_ms`` after its input;
+- ``detections`` (``topic``, ``cloud_topic``, ``match_m``, ``min_precision``,
+  ``min_recall``, ``classes`` as ``7+8+10``, ...): obstacle detections
+  (``geometry_msgs/PoseArray``, cloud frame) against the obstacles in the labelled cloud
+  (:mod:`adcloud.sim.obstacles`), matched
+  frame by frame within ``match_m``;
+- ``pose_error`` (``topic``, ``truth_topic``, ``max_m``): positions of output poses
+  (``nav_msgs/Odometry``, ``geometry_msgs/PoseStamped`` or ``PoseWithCovarianceStamped``)
+  against the truth odometry recorded in the bag, interpolated to each output's time;
+- ``frames`` (``inputs``, ``output``, ``max_loss``, ``min_fps``): perception replay --
+  frame-loss rate, throughput and latency of a detector fed camera streams.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from adcloud.binpipe.codec import Message
+from adcloud.binpipe.decode import MessageDecoder
+from adcloud.binpipe.errors import BinpipeError
+from adcloud.sim.errors import SimError
+from adcloud.sim.obstacles import DEFAULT_CLASSES, cloud_points, cluster_obstacles
+from adcloud.sim.scenario import Scenario
+
+__all__ = [
+    "EVALUATORS",
+    "Evaluation",
+    "Evaluator",
+    "EvaluatorSpec",
+    "ScenarioData",
+    "build_evaluator",
+    "parse_evaluator",
+    "register_evaluator",
+]
+
+
+@dataclass(frozen=True)
+class EvaluatorSpec:
+    """An evaluator by registry name with its parameters (strings, numbers)."""
+
+    name: str
+    params: tuple[tuple[str, str | float | int], ...] = ()
+
+    @classmethod
+    def of(cls, name: str, **params: str | float | int) -> EvaluatorSpec:
+        """``EvaluatorSpec.of("rate", topic="/obstacles", min_hz=8)``."""
+        return cls(name, tuple(sorted(params.items())))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluator's verdict on one scenario."""
+
+    name: str
+    passed: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass
+class ScenarioData:
+    """Everything evaluators see of one scenario run.
+
+    ``messages`` are the bag's messages in ``[feed_start, end)`` on the input and truth
+    topics; ``outputs`` what the node wrote (owned bytes), with ``latencies_ms`` beside
+    them (NaN where no input preceded the output, and for the first output, whose
+    latency includes the node's start-up).  ``decoder`` knows the input and output
+    message definitions.
+    """
+
+    scenario: Scenario
+    messages: list[Message]
+    outputs: list[Message]
+    latencies_ms: list[float]
+    decoder: MessageDecoder
+    #: Seconds from the first input written to the last output read (NaN: no output).
+    replay_wall_s: float = math.nan
+
+    def in_range(self, msgs: Sequence[Message], topic: str | None = None) -> list[Message]:
+        """The messages (optionally of one topic) stamped inside ``[start, end)``."""
+        s = self.scenario
+        return [
+            m
+            for m in msgs
+            if s.start <= m.timestamp < s.end and (topic is None or m.topic == topic)
+        ]
+
+    def decode(self, msg: Message) -> Any:
+        """The rosbags message object of ``msg``; raises :class:`SimError` if undecodable."""
+        try:
+            return self.decoder.decode(msg)
+        except BinpipeError as err:
+            raise SimError(str(err)) from err
+
+
+class Evaluator(Protocol):
+    """Judges one scenario; ``truth_topics`` are the bag topics it needs beyond the inputs."""
+
+    name: str
+    truth_topics: tuple[str, ...]
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        """The verdict on ``data``."""
+        ...
+
+
+_DEFAULT_CLASSES_TEXT = "+".join(str(c) for c in DEFAULT_CLASSES)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.percentile(finite, q)) if finite else math.nan
+
+
+class RateEvaluator:
+    """``rate``: an output topic is published at ``>= min_hz`` over the evaluated range."""
+
+    def __init__(self, topic: str, min_hz: float) -> None:
+        self.name = "rate"
+        self.topic = topic
+        self.min_hz = float(min_hz)
+        self.truth_topics: tuple[str, ...] = ()
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        """Pass when the output rate reaches ``min_hz``."""
+        seconds = data.scenario.seconds
+        count = len(data.in_range(data.outputs, self.topic))
+        hz = count / seconds if seconds > 0 else 0.0
+        ok = hz >= self.min_hz
+        reason = "" if ok else f"{self.topic} at {hz:.2f} Hz < {self.min_hz:g} Hz"
+        return Evaluation(self.name, ok, {f"rate_hz[{self.topic}]": hz}, reason)
+
+
+class LatencyEvaluator:
+    """``latency``: output latency (``stat``: max, p95 or p50) is at most ``max_ms``."""
+
+    def __init__(self, max_ms: float, stat: str = "max", topic: str = "") -> None:
+        if stat not in ("max", "p95", "p50"):
+            raise SimError(f"latency stat must be max, p95 or p50, not {stat!r}")
+        self.name = "latency"
+        self.max_ms = float(max_ms)
+        self.stat = stat
+        self.topic = topic
+        self.truth_topics: tuple[str, ...] = ()
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        """Pass when the chosen latency statistic is within ``max_ms``."""
+        s = data.scenario
+        lat = [
+            v
+            for m, v in zip(data.outputs, data.latencies_ms, strict=True)
+            if s.start <= m.timestamp < s.end and (not self.topic or m.topic == self.topic)
+        ]
+        q = {"max": 100.0, "p95": 95.0, "p50": 50.0}[self.stat]
+        value = _percentile(lat, q)
+        if math.isnan(value):
+            return Evaluation(self.name, False, {}, "no output to measure latency on")
+        ok = value <= self.max_ms
+        reason = "" if ok else f"{self.stat} latency {value:.1f} ms > {self.max_ms:g} ms"
+        return Evaluation(self.name, ok, {f"latency_{self.stat}_ms": value}, reason)
+
+
+def _pose_positions(msg: Any) -> list[tuple[float, float, float]]:
+    poses = getattr(msg, "poses", None)
+    if poses is not None:
+        return [(p.position.x, p.position.y, p.position.z) for p in poses]
+    pose = msg.pose
+    pose = getattr(pose, "pose", pose)
+    return [(pose.position.x, pose.position.y, pose.position.z)]
+
+
+class DetectionEvaluator:
+    """``detections``: precision and recall of obstacle detections against cloud labels."""
+
+    def __init__(
+        self,
+        topic: str = "/obstacles",
+        cloud_topic: str = "/lidar/points",
+        match_m: float = 1.0,
+        min_precision: float = 0.8,
+        min_recall: float = 0.8,
+        classes: str = _DEFAULT_CLASSES_TEXT,
+        cell_m: float = 1.0,
+        min_points: int = 5,
+        max_range_m: float = 40.0,
+    ) -> None:
+        self.name = "detections"
+        self.topic = topic
+        self.cloud_topic = cloud_topic
+        self.match_m = float(match_m)
+        self.min_precision = float(min_precision)
+        self.min_recall = float(min_recall)
+        self.classes = tuple(int(c) for c in re.split(r"[,+ ]", str(classes)) if c.strip())
+        self.cell_m = float(cell_m)
+        self.min_points = int(min_points)
+        self.max_range_m = float(max_range_m)
+        self.truth_topics: tuple[str, ...] = (cloud_topic,)
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        """Match detections to truth per cloud timestamp, greedily by distance."""
+        detections: dict[int, list[tuple[float, float, float]]] = {}
+        for out in data.in_range(data.outputs, self.topic):
+            detections.setdefault(out.timestamp, []).extend(_pose_positions(data.decode(out)))
+        tp = n_truth = n_det = 0
+        for cloud_msg in data.in_range(data.messages, self.cloud_topic):
+            xyz, labels = cloud_points(data.decode(cloud_msg))
+            truth = cluster_obstacles(
+                xyz,
+                labels,
+                classes=self.classes,
+                cell_m=self.cell_m,
+                min_points=self.min_points,
+                max_range_m=self.max_range_m,
+            )
+            found = np.array(detections.pop(cloud_msg.timestamp, []), dtype=np.float64)
+            n_truth += len(truth)
+            n_det += len(found)
+            if len(truth) and len(found):
+                dist = np.linalg.norm(truth[:, None, :2] - found[None, :, :2], axis=2)
+                while dist.size and dist.min() <= self.match_m:
+                    i, j = np.unravel_index(int(dist.argmin()), dist.shape)
+                    tp += 1
+                    dist[i, :] = np.inf
+                    dist[:, j] = np.inf
+        n_det += sum(len(v) for v in detections.values())  # stamped like no cloud
+        precision = tp / n_det if n_det else (1.0 if not n_truth else 0.0)
+        recall = tp / n_truth if n_truth else 1.0
+        metrics = {
+            "precision": precision,
+            "recall": recall,
+            "truth_objects": float(n_truth),
+            "detected_objects": float(n_det),
+        }
+        problems = []
+        if precision < self.min_precision:
+            problems.append(f"precision {precision:.3f} < {self.min_precision:g}")
+        if recall < self.min_recall:
+            problems.append(f"recall {recall:.3f} < {self.min_recall:g}")
+        return Evaluation(self.name, not problems, metrics, "; ".join(problems))
+
+
+class PoseErrorEvaluator:
+    """``pose_error``: output positions against the recorded truth odometry (metres)."""
+
+    def __init__(
+        self, topic: str, truth_topic: str = "/ground_truth/odom", max_m: float = 1.0
+    ) -> None:
+        self.name = "pose_error"
+        self.topic = topic
+        self.truth_topic = truth_topic
+        self.max_m = float(max_m)
+        self.truth_topics: tuple[str, ...] = (truth_topic,)
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        """Pass when the largest position error is within ``max_m``."""
+        truth = [m for m in data.messages if m.topic == self.truth_topic]
+        if len(truth) < 2:
+            return Evaluation(
+                self.name, False, {}, f"fewer than 2 truth poses on {self.truth_topic}"
+            )
+        times = [m.timestamp for m in truth]
+        pos = np.array([_pose_positions(data.decode(m))[0] for m in truth])
+        errors = []
+        for out in data.in_range(data.outputs, self.topic):
+            t = out.timestamp
+            k = min(max(bisect.bisect_left(times, t), 1), len(times) - 1)
+            t0, t1 = times[k - 1], times[k]
+            w = min(max((t - t0) / (t1 - t0), 0.0), 1.0) if t1 > t0 else 0.0
+            ref = pos[k - 1] * (1 - w) + pos[k] * w
+            est = np.array(_pose_positions(data.decode(out))[0])
+            errors.append(float(np.linalg.norm(est - ref)))
+        if not errors:
+            return Evaluation(self.name, False, {}, f"no pose on {self.topic}")
+        worst = max(errors)
+        metrics = {"mean_m": float(np.mean(errors)), "max_m": worst}
+        ok = worst <= self.max_m
+        return Evaluation(
+            self.name, ok, metrics, "" if ok else f"max error {worst:.3f} m > {self.max_m:g} m"
+        )
+
+
+class FrameEvaluator:
+    """``frames``: perception replay -- frame loss, throughput and latency of a detector.
+
+    A frame (a message on one of ``inputs``, topics joined by ``+``) counts as answered
+    when an output on ``output`` carries its timestamp.  Metrics: ``frames``,
+    ``answered``, ``loss_rate`` (unanswered / frames), ``throughput_fps`` (answered frames
+    per second of replay wall time) and ``latency_p50_ms``/``latency_p95_ms``.
+    """
+
+    def __init__(
+        self,
+        inputs: str,
+        output: str = "/detections",
+        max_loss: float = 0.05,
+        min_fps: float = 0.0,
+    ) -> None:
+        self.name = "frames"
+        self.inputs = tuple(t for t in re.split(r"[+ ]", str(inputs)) if t)
+        self.output = output
+        self.max_loss = float(max_loss)
+        self.min_fps = float(min_fps)
+        self.truth_topics: tuple[str, ...] = ()
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        """Pass when the loss rate is at most ``max_loss`` and throughput reaches ``min_fps``."""
+        frames: dict[int, int] = {}
+        for m in data.in_range(data.messages):
+            if m.topic in self.inputs:
+                frames[m.timestamp] = frames.get(m.timestamp, 0) + 1
+        answers: dict[int, int] = {}
+        latencies = []
+        for m, lat in zip(data.outputs, data.latencies_ms, strict=True):
+            if m.topic == self.output and m.timestamp in frames:
+                answers[m.timestamp] = answers.get(m.timestamp, 0) + 1
+                latencies.append(lat)
+        total = sum(frames.values())
+        answered = sum(min(n, answers.get(ts, 0)) for ts, n in frames.items())
+        if not total:
+            return Evaluation(self.name, False, {}, f"no frames on {'+'.join(self.inputs)}")
+        loss = 1.0 - answered / total
+        wall = data.replay_wall_s
+        fps = answered / wall if wall and math.isfinite(wall) and wall > 0 else 0.0
+        metrics = {
+            "frames": float(total),
+            "answered": float(answered),
+            "loss_rate": loss,
+            "throughput_fps": fps,
+            "latency_p50_ms": _percentile(latencies, 50),
+            "latency_p95_ms": _percentile(latencies, 95),
+        }
+        problems = []
+        if loss > self.max_loss:
+            problems.append(f"frame loss {loss:.1%} > {self.max_loss:.1%}")
+        if fps < self.min_fps:
+            problems.append(f"throughput {fps:.1f} fps < {self.min_fps:g} fps")
+        return Evaluation(self.name, not problems, metrics, "; ".join(problems))
+
+
+#: Evaluator registry: name -> factory taking the spec's parameters as keywords.
+EVALUATORS: dict[str, Callable[..., Evaluator]] = {
+    "rate": RateEvaluator,
+    "latency": LatencyEvaluator,
+    "detections": DetectionEvaluator,
+    "pose_error": PoseErrorEvaluator,
+    "frames": FrameEvaluator,
+}
+
+
+def register_evaluator(name: str, factory: Callable[..., Evaluator]) -> None:
+    """Make ``factory(**params)`` the evaluator called ``name`` (in this process)."""
+    EVALUATORS[name] = factory
+
+
+def build_evaluator(spec: EvaluatorSpec) -> Evaluator:
+    """The evaluator ``spec`` names; raises :class:`SimError` on unknown names or bad params."""
+    try:
+        factory = EVALUATORS[spec.name]
+    except KeyError:
+        raise SimError(
+            f"unknown evaluator {spec.name!r}; known: {', '.join(sorted(EVALUATORS))}"
+        ) from None
+    try:
+        return factory(**dict(spec.params))
+    except (TypeError, ValueError) as err:
+        raise SimError(
+            f"evaluator {spec.name!r}: bad parameters {dict(spec.params)}: {err}"
+        ) from err
+
+
+def _value(text: str) -> str | float | int:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def parse_evaluator(text: str) -> EvaluatorSpec:
+    """Parse ``name:key=value,key=value`` (values become int, float or str)."""
+    name, _, rest = text.partition(":")
+    params: Mapping[str, str | float | int] = {}
+    if rest:
+        try:
+            params = {
+                k.strip(): _value(v.strip()) for k, v in (p.split("=", 1) for p in rest.split(","))
+            }
+        except ValueError:
+            raise SimError(f"evaluator {text!r}: expected name:key=value,key=value") from None
+    return EvaluatorSpec(name.strip(), tuple(sorted(params.items())))

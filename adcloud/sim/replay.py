@@ -1,0 +1,409 @@
+"""The replay job: scenarios from bags, fed to a node on the executors, one result each.
+
+Python API::
+
+    from adcloud.sim import EvaluatorSpec, NodeSpec, ReplayJob, run_replay
+
+    job = ReplayJob(
+        bags=("drives/*.bag",),
+        node=NodeSpec("python -m adcloud.sim.examples.obstacle_node"),
+        input_topics=("/lidar/points",),
+        output_topics=("/obstacles",),
+        evaluators=(EvaluatorSpec.of("rate", topic="/obstacles", min_hz=8),),
+    )
+    results = run_replay(spark, job)      # ReplayResults: .results, .passed, .to_dataframe()
+
+The driver cuts the bags into :class:`~adcloud.sim.scenario.Scenario` descriptions
+(indexes only); each Spark task reads its scenario's messages, runs the node through its
+adapter, evaluates and returns one :class:`ScenarioResult`.  A node that crashes, hangs
+or writes garbage gives a failed result with its reason; only infrastructure failures
+(an unreadable bag, a roscore that does not start) fail the task, which Spark retries.
+:func:`run_scenario` is the same work without Spark.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import heapq
+import json
+import logging
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from adcloud.binpipe.bags import plan_partitions, read_partition
+from adcloud.binpipe.codec import Message
+from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder
+from adcloud.sim.adapters import (
+    ADAPTERS,
+    NodeRun,
+    NodeSpec,
+    ReplayTiming,
+    check_ros,
+    get_adapter,
+)
+from adcloud.sim.errors import SimError
+from adcloud.sim.evaluators import (
+    Evaluation,
+    EvaluatorSpec,
+    ScenarioData,
+    build_evaluator,
+)
+from adcloud.sim.scenario import Scenario, ScenarioCut, plan_scenarios
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["ReplayJob", "ReplayResults", "ScenarioResult", "run_replay", "run_scenario"]
+
+log = logging.getLogger(__name__)
+
+#: ROS 1 graph resource names: ``/a/b_c``; no spaces, no empty segments.
+_TOPIC = re.compile(r"^/?[A-Za-z][A-Za-z0-9_]*(/[A-Za-z][A-Za-z0-9_]*)*$")
+
+
+@dataclass(frozen=True)
+class ReplayJob:
+    """Everything a replay job needs; a description that pickles cheaply.
+
+    ``bags`` are URLs, globs or directories (any fsspec URL).  ``timing`` sets the replay
+    rate, synchronous mode and timeouts (:class:`~adcloud.sim.adapters.ReplayTiming`).
+    """
+
+    bags: tuple[str, ...]
+    node: NodeSpec
+    input_topics: tuple[str, ...]
+    output_topics: tuple[str, ...]
+    evaluators: tuple[EvaluatorSpec, ...] = ()
+    cut: ScenarioCut = field(default_factory=ScenarioCut)
+    timing: ReplayTiming = field(default_factory=ReplayTiming)
+    storage_options: tuple[tuple[str, object], ...] = ()
+
+    def validate(self) -> ReplayJob:
+        """Return ``self`` if usable, else raise :class:`SimError` naming the problem."""
+        if not self.input_topics:
+            raise SimError("a replay job needs at least one input topic")
+        for topic in (*self.input_topics, *self.output_topics, *self.timing.trigger_topics):
+            if not _TOPIC.match(topic):
+                raise SimError(
+                    f"bad topic name {topic!r}: ROS names are like /lidar/points "
+                    "(letters, digits, underscores; segments start with a letter)"
+                )
+        if self.node.adapter not in ADAPTERS:
+            raise SimError(
+                f"unknown node adapter {self.node.adapter!r}; known: {', '.join(sorted(ADAPTERS))}"
+            )
+        if not self.node.args:
+            raise SimError("the node command is empty")
+        for spec in self.evaluators:
+            build_evaluator(spec)
+        self.cut.validate()
+        self.timing.validate()
+        if not self.bags and self.cut.file is None:
+            raise SimError("no bags given")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The effective job as JSON-able data (written next to every report)."""
+        data = asdict(self)
+        data["evaluators"] = [{"name": e.name, "params": dict(e.params)} for e in self.evaluators]
+        data["storage_options"] = sorted(k for k, _ in self.storage_options)
+        return data
+
+
+_NAN_FIELDS = ("latency_p50_ms", "latency_p95_ms", "latency_max_ms", "startup_ms")
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """The outcome of one scenario (times in ns, durations in s, latencies in ms).
+
+    Latencies are per output over the evaluated range, start-up excluded; ``startup_ms``
+    is the time from the first input to the first output.  ``metrics`` are the
+    evaluators' metrics named ``<evaluator>.<metric>``; ``evaluations`` each evaluator's
+    verdict; ``exit_code`` is None when the node was
+    killed (timeout) or never started.
+    """
+
+    scenario: str
+    uri: str
+    start: int
+    end: int
+    passed: bool
+    reason: str
+    metrics: dict[str, float]
+    evaluations: list[dict[str, Any]]
+    input_count: int
+    output_counts: dict[str, int]
+    latency_p50_ms: float
+    latency_p95_ms: float
+    latency_max_ms: float
+    startup_ms: float
+    wall_s: float
+    exit_code: int | None
+    stderr_tail: str
+    adapter: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (NaN latencies become None)."""
+        data = asdict(self)
+        for key in _NAN_FIELDS:
+            if math.isnan(data[key]):
+                data[key] = None
+        data["metrics"] = {k: (None if math.isnan(v) else v) for k, v in self.metrics.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ScenarioResult:
+        """Inverse of :meth:`to_dict`."""
+        fixed = dict(data)
+        for key in _NAN_FIELDS:
+            fixed[key] = math.nan if fixed[key] is None else float(fixed[key])
+        fixed["metrics"] = {
+            k: math.nan if v is None else float(v) for k, v in fixed["metrics"].items()
+        }
+        return cls(**fixed)
+
+
+def _read_messages(
+    scenario: Scenario, topics: Sequence[str]
+) -> tuple[list[Message], list[ConnectionInfo]]:
+    """The scenario's messages on ``topics``, time-ordered, as owned bytes."""
+    if scenario.end <= scenario.feed_start:
+        return [], []
+    parts = plan_partitions(
+        scenario.uri,
+        topics=topics,
+        start=scenario.feed_start,
+        end=scenario.end,
+        partitions_per_bag=1,
+        storage_options=dict(scenario.storage_options),
+    )
+    conns: dict[tuple[str, str], ConnectionInfo] = {}
+    for part in parts:
+        for c in part.connections:
+            info = ConnectionInfo(
+                c.topic, c.msgtype, c.msgdef_format, c.msgdef, c.md5sum, c.serialization
+            )
+            conns.setdefault((c.topic, c.msgtype), info)
+
+    def owned(part: Any) -> Iterator[Message]:
+        for m in read_partition(part):
+            yield Message(m.topic, m.timestamp, m.msgtype, bytes(m.data))
+
+    merged = heapq.merge(*(owned(p) for p in parts), key=lambda m: m.timestamp)
+    return list(merged), list(conns.values())
+
+
+def _latencies(run: NodeRun) -> tuple[list[float], float]:
+    """Per-output latency (ms) and the start-up time (ms, first input to first output).
+
+    The first output's latency includes the node's start-up (imports, model loading), so
+    it is reported as start-up and left out (NaN) of the per-message latencies.
+    """
+    stamps = [ts for ts, _ in run.sent]
+    out = []
+    for msg, got in zip(run.outputs, run.received, strict=True):
+        i = bisect.bisect_right(stamps, msg.timestamp) - 1
+        out.append((got - run.sent[i][1]) * 1000.0 if i >= 0 else math.nan)
+    startup = math.nan
+    if out and run.sent:
+        startup = (run.received[0] - run.sent[0][1]) * 1000.0
+        out[0] = math.nan
+    return out, startup
+
+
+def _stat(values: Sequence[float], q: float) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.percentile(finite, q)) if finite else math.nan
+
+
+def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
+    """Replay one scenario through the job's node and evaluate it (no Spark needed)."""
+    started = time.monotonic()
+    evaluators = [build_evaluator(spec) for spec in job.evaluators]
+    truth_topics = sorted({t for e in evaluators for t in e.truth_topics} - set(job.input_topics))
+    messages, conns = _read_messages(scenario, [*job.input_topics, *truth_topics])
+    wanted = set(job.input_topics)
+    inputs = [m for m in messages if m.topic in wanted]
+    input_conns = [c for c in conns if c.topic in wanted]
+
+    def result(
+        run: NodeRun, passed: bool, reason: str, evals: Sequence[Evaluation]
+    ) -> ScenarioResult:
+        lat, startup = _latencies(run)
+        lat = [
+            v
+            for m, v in zip(run.outputs, lat, strict=True)
+            if scenario.start <= m.timestamp < scenario.end
+        ]
+        metrics = {f"{e.name}.{k}": float(v) for e in evals for k, v in e.metrics.items()}
+        return ScenarioResult(
+            scenario=scenario.name,
+            uri=scenario.uri,
+            start=scenario.start,
+            end=scenario.end,
+            passed=passed,
+            reason=reason,
+            metrics=metrics,
+            evaluations=[asdict(e) for e in evals],
+            input_count=len(inputs),
+            output_counts=dict(Counter(m.topic for m in run.outputs)),
+            latency_p50_ms=_stat(lat, 50),
+            latency_p95_ms=_stat(lat, 95),
+            latency_max_ms=_stat(lat, 100),
+            startup_ms=startup,
+            wall_s=time.monotonic() - started,
+            exit_code=run.exit_code,
+            stderr_tail=run.stderr_tail,
+            adapter=job.node.adapter,
+        )
+
+    if not inputs:
+        topics = ", ".join(job.input_topics)
+        return result(
+            NodeRun(), False, f"no messages on the input topics ({topics}) in the scenario", []
+        )
+    run = get_adapter(job.node.adapter).run(
+        job.node, inputs, input_conns, job.output_topics, job.timing
+    )
+    if run.failure is not None:
+        return result(run, False, run.failure, [])
+    described = {c.topic for c in run.output_connections}
+    serialization = conns[0].serialization if conns else "ros1"
+    guessed = [
+        ConnectionInfo(m.topic, m.msgtype, "", "", "", serialization)
+        for m in {m.topic: m for m in run.outputs if m.topic not in described}.values()
+    ]
+    # Outputs without a META record are assumed serialized like the inputs and of a
+    # standard type (rosbags' bundled definitions).
+    decoder = MessageDecoder([*conns, *run.output_connections, *guessed])
+    span = run.received[-1] - run.sent[0][1] if run.received and run.sent else math.nan
+    data = ScenarioData(scenario, messages, run.outputs, _latencies(run)[0], decoder, span)
+    evals: list[Evaluation] = []
+    for evaluator in evaluators:
+        try:
+            evals.append(evaluator.evaluate(data))
+        except SimError as err:
+            evals.append(Evaluation(evaluator.name, False, {}, f"cannot evaluate: {err}"))
+    failed = [f"{e.name}: {e.reason}" for e in evals if not e.passed]
+    return result(run, not failed, "; ".join(failed), evals)
+
+
+def _task(item: tuple[int, Scenario], job: ReplayJob) -> str:
+    _index, scenario = item
+    res = run_scenario(scenario, job)
+    log.info("scenario %s: %s", scenario.name, "pass" if res.passed else f"FAIL ({res.reason})")
+    return json.dumps(res.to_dict())
+
+
+@dataclass(frozen=True)
+class ReplayResults:
+    """The results of a replay job, in scenario order, with the job that made them."""
+
+    job: ReplayJob
+    results: tuple[ScenarioResult, ...]
+    wall_s: float
+
+    @property
+    def passed(self) -> bool:
+        """Whether every scenario passed (False for a job without scenarios)."""
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    @property
+    def failed(self) -> list[ScenarioResult]:
+        """The failed scenarios."""
+        return [r for r in self.results if not r.passed]
+
+    def to_dataframe(self, spark: SparkSession) -> DataFrame:
+        """The results as a Spark DataFrame (one row per scenario)."""
+        from pyspark.sql.types import (  # noqa: PLC0415 - pyspark is heavy; import on use
+            BooleanType,
+            DoubleType,
+            IntegerType,
+            LongType,
+            MapType,
+            StringType,
+            StructField,
+            StructType,
+        )
+
+        schema = StructType(
+            [
+                StructField("scenario", StringType(), False),
+                StructField("uri", StringType(), False),
+                StructField("start", LongType(), False),
+                StructField("end", LongType(), False),
+                StructField("passed", BooleanType(), False),
+                StructField("reason", StringType(), False),
+                StructField("metrics", MapType(StringType(), DoubleType()), False),
+                StructField("input_count", LongType(), False),
+                StructField("output_counts", MapType(StringType(), LongType()), False),
+                StructField("latency_p50_ms", DoubleType(), True),
+                StructField("latency_p95_ms", DoubleType(), True),
+                StructField("latency_max_ms", DoubleType(), True),
+                StructField("startup_ms", DoubleType(), True),
+                StructField("wall_s", DoubleType(), False),
+                StructField("exit_code", IntegerType(), True),
+                StructField("stderr_tail", StringType(), False),
+                StructField("adapter", StringType(), False),
+            ]
+        )
+        rows = [
+            (
+                r.scenario,
+                r.uri,
+                r.start,
+                r.end,
+                r.passed,
+                r.reason,
+                r.metrics,
+                r.input_count,
+                r.output_counts,
+                r.latency_p50_ms,
+                r.latency_p95_ms,
+                r.latency_max_ms,
+                r.startup_ms,
+                r.wall_s,
+                r.exit_code,
+                r.stderr_tail,
+                r.adapter,
+            )
+            for r in self.results
+        ]
+        return spark.createDataFrame(rows, schema)
+
+
+def run_replay(
+    spark: SparkSession, job: ReplayJob, scenarios: Sequence[Scenario] | None = None
+) -> ReplayResults:
+    """Run ``job`` on Spark: one task per scenario; returns every scenario's result.
+
+    ``scenarios`` overrides the job's cut (e.g. a subset to re-run).
+    """
+    job.validate()
+    if job.node.adapter == "ros1":
+        check_ros()  # fail on the driver, with the install hint, before any task starts
+    started = time.monotonic()
+    if scenarios is None:
+        scenarios = plan_scenarios(
+            list(job.bags), job.cut, storage_options=dict(job.storage_options)
+        )
+    if not scenarios:
+        raise SimError("the bags gave no scenario")
+    log.info("replaying %d scenarios through %s", len(scenarios), job.node.args)
+    sc = spark.sparkContext
+    rows = (
+        sc.parallelize(list(enumerate(scenarios)), len(scenarios))
+        .map(functools.partial(_task, job=job))
+        .collect()
+    )
+    results = tuple(ScenarioResult.from_dict(json.loads(r)) for r in rows)
+    return ReplayResults(job, results, time.monotonic() - started)

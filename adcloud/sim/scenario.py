@@ -1,0 +1,207 @@
+"""Cutting bags into scenarios: whole bags, fixed windows with warm-up, or a scenario file.
+
+A :class:`Scenario` is one unit of replay work -- one Spark task, one result.  It names a
+bag by URL and a time range in nanoseconds of *record time*: messages in
+``[feed_start, end)`` are fed to the node, and only outputs and truth in
+``[start, end)`` are evaluated, so a node gets ``start - feed_start`` of warm-up (filters
+converging, trackers starting) before it is judged.  Scenarios are plain descriptions and
+pickle cheaply; the bag is opened on the executor.
+
+Scenario files (JSON, or YAML when PyYAML is installed) list time ranges in seconds after
+each bag's first message::
+
+    scenarios:
+      - {name: left_turn, bag: drive.bag, start: 0.5, end: 2.5, warmup: 0.5}
+
+A relative ``bag`` is resolved against the scenario file's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import fsspec
+
+from adcloud.binpipe import expand_uris, summarize
+from adcloud.binpipe.errors import BinpipeError
+from adcloud.sim.errors import SimError
+
+__all__ = ["CutMode", "Scenario", "ScenarioCut", "plan_scenarios", "read_scenario_file"]
+
+_NS = 1_000_000_000
+
+
+class CutMode(StrEnum):
+    """How bags are cut into scenarios."""
+
+    #: One scenario per bag, all of it.
+    BAG = "bag"
+    #: Consecutive windows of ``window_s``, each fed ``warmup_s`` of the window before it.
+    WINDOW = "window"
+    #: The time ranges listed in a scenario file.
+    FILE = "file"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One replay unit: bag URL and record-time range (ns since the Unix epoch).
+
+    Invariant: ``feed_start <= start <= end``; messages in ``[feed_start, end)`` are
+    replayed, ``[start, end)`` is evaluated.
+    """
+
+    name: str
+    uri: str
+    start: int
+    end: int
+    feed_start: int
+    storage_options: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        """Length of the evaluated range in seconds."""
+        return (self.end - self.start) / _NS
+
+
+@dataclass(frozen=True)
+class ScenarioCut:
+    """How to cut bags into scenarios (see :class:`CutMode`); times in seconds."""
+
+    mode: CutMode = CutMode.BAG
+    window_s: float = 10.0
+    warmup_s: float = 0.0
+    file: str | None = None
+
+    def validate(self) -> ScenarioCut:
+        """Return ``self`` if usable, else raise :class:`SimError` naming the setting."""
+        if self.mode is CutMode.WINDOW and not self.window_s > 0:
+            raise SimError(f"window_s must be > 0, not {self.window_s}")
+        if self.warmup_s < 0:
+            raise SimError(f"warmup_s must be >= 0, not {self.warmup_s}")
+        if self.mode is CutMode.FILE and not self.file:
+            raise SimError("cut mode 'file' needs a scenario file")
+        return self
+
+
+def _stem(uri: str) -> str:
+    base = posixpath.basename(uri.rstrip("/")) or "bag"
+    return re.sub(r"\.(bag|mcap|db3)$", "", base)
+
+
+def _bag_range(uri: str, storage_options: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """``[first, last + 1)`` record time of a bag, or None for a bag without messages."""
+    try:
+        summary = summarize(uri, storage_options=storage_options)
+    except BinpipeError as err:
+        raise SimError(f"cannot read the index of {uri}: {err}") from err
+    if not summary.message_count:
+        return None
+    return summary.start, summary.end + 1
+
+
+def plan_scenarios(
+    bags: str | Sequence[str],
+    cut: ScenarioCut | None = None,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[Scenario]:
+    """Cut ``bags`` (URLs, globs, directories) into scenarios, reading only bag indexes.
+
+    A bag without messages still gives one (empty) scenario, so that it shows up as a
+    failed scenario in the report rather than disappearing.
+    """
+    cut = (cut or ScenarioCut()).validate()
+    options = tuple(sorted((storage_options or {}).items()))
+    if cut.mode is CutMode.FILE:
+        assert cut.file is not None
+        return read_scenario_file(cut.file, storage_options=storage_options)
+    try:
+        uris = expand_uris(bags, storage_options)
+    except BinpipeError as err:
+        raise SimError(str(err)) from err
+    out: list[Scenario] = []
+    for uri in uris:
+        span = _bag_range(uri, storage_options)
+        stem = _stem(uri)
+        if span is None:
+            out.append(Scenario(stem, uri, 0, 0, 0, options))
+            continue
+        first, stop = span
+        if cut.mode is CutMode.BAG:
+            out.append(Scenario(stem, uri, first, stop, first, options))
+            continue
+        window = round(cut.window_s * _NS)
+        warmup = round(cut.warmup_s * _NS)
+        for k, t in enumerate(range(first, stop, window)):
+            end = min(t + window, stop)
+            out.append(Scenario(f"{stem}#{k:04d}", uri, t, end, max(first, t - warmup), options))
+    return out
+
+
+def _load_listing(text: str, url: str) -> Any:
+    if url.endswith((".yaml", ".yml")):
+        try:
+            import yaml  # noqa: PLC0415 - optional, only for YAML scenario files
+        except ImportError as err:
+            raise SimError(f"{url}: YAML scenario files need PyYAML: pip install pyyaml") from err
+        return yaml.safe_load(text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SimError(f"{url}: not valid JSON: {err}") from err
+
+
+def read_scenario_file(
+    url: str, *, storage_options: Mapping[str, Any] | None = None
+) -> list[Scenario]:
+    """Scenarios listed in a JSON/YAML file (see the module docstring for the layout)."""
+    try:
+        with fsspec.open(url, "r", **(storage_options or {})) as src:
+            data = _load_listing(src.read(), url)
+    except FileNotFoundError as err:
+        raise SimError(f"scenario file {url} does not exist") from err
+    items = data.get("scenarios") if isinstance(data, dict) else data
+    if not isinstance(items, list) or not items:
+        raise SimError(f"{url}: expected a non-empty list under 'scenarios'")
+    base = posixpath.dirname(url)
+    options = tuple(sorted((storage_options or {}).items()))
+    spans: dict[str, tuple[int, int] | None] = {}
+    out: list[Scenario] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or "bag" not in item:
+            raise SimError(f"{url}: scenario {i} must be a mapping with at least 'bag'")
+        bag = str(item["bag"])
+        if "://" not in bag and not bag.startswith("/"):
+            bag = posixpath.join(base, bag) if base else bag
+        if bag not in spans:
+            spans[bag] = _bag_range(bag, storage_options)
+        span = spans[bag]
+        name = str(item.get("name") or f"{_stem(bag)}#{i:04d}")
+        try:
+            start_s = float(item.get("start", 0.0))
+            end_s = float(item["end"]) if item.get("end") is not None else None
+            warmup_s = float(item.get("warmup", 0.0))
+        except (TypeError, ValueError) as err:
+            raise SimError(f"{url}: scenario {name!r}: start/end/warmup must be seconds") from err
+        if start_s < 0 or warmup_s < 0 or (end_s is not None and end_s < start_s):
+            raise SimError(f"{url}: scenario {name!r}: need 0 <= start <= end and warmup >= 0")
+        if span is None:
+            out.append(Scenario(name, bag, 0, 0, 0, options))
+            continue
+        first, stop = span
+        start = first + round(start_s * _NS)
+        end = stop if end_s is None else min(stop, first + round(end_s * _NS))
+        end = max(start, end)
+        out.append(
+            Scenario(name, bag, start, end, max(first, start - round(warmup_s * _NS)), options)
+        )
+    names = [s.name for s in out]
+    if len(set(names)) != len(names):
+        raise SimError(f"{url}: scenario names must be unique")
+    return out

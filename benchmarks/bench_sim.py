@@ -1,0 +1,288 @@
+"""Replay simulation: adapter overheads, replay throughput and executor scaling.
+
+Measured in one run, each against its named baseline, on a synthetic drive (16 beams,
+no camera):
+
+1. per-message overhead of the ``pipe`` adapter: p50 latency of the example obstacle
+   detector run as a pipe node (synchronous, as fast as possible) vs the same detector
+   function called in-process on the same clouds;
+2. per-message overhead of the ROS bridge: p50 latency of the rospy example node under
+   the ``ros1`` adapter vs its detector functions called in-process (system Python);
+3. as-fast-as-possible replay throughput of the ``ros1`` adapter (``/imu/data`` into
+   ``topic_tools/relay``; messages the node processed, i.e. relayed, per second from the
+   first input to the last output) vs ``rosbag play --immediate`` of the same bag into
+   the same relay on a private roscore (relayed messages per second of rosbag play's
+   run, its start-up delay excluded; it drops what the node's queue cannot take)
+   (target >= 1x);
+4. a multi-scenario job (windows of the drive through the pipe detector) on a standalone
+   cluster with 2 one-core executors vs 1 (target >= 1.8x), as fast as possible (CPU
+   bound: on a 2-core machine the driver and JVMs compete for the same cores) and paced
+   at recorded time.
+
+    .venv/bin/python benchmarks/bench_sim.py [--seconds 10] [--skip-cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROS_NODE = ROOT / "adcloud/sim/examples/obstacle_ros_node.py"
+RELAY = "/usr/lib/topic_tools/relay"
+
+_ROS_INPROCESS = """
+import json, sys, time
+sys.path.insert(0, sys.argv[2])
+import rosbag
+from obstacle_ros_node import cluster, parse_cloud, pose_array
+times = []
+for _topic, raw, _t in rosbag.Bag(sys.argv[1]).read_messages(topics=["/lidar/points"], raw=True):
+    data = raw[1]
+    t0 = time.perf_counter()
+    sec, nsec, frame, points = parse_cloud(data)
+    pose_array(0, sec, nsec, frame, cluster(points))
+    times.append(time.perf_counter() - t0)
+print(json.dumps(times))
+"""
+
+_COUNTER = """
+import sys, time, rospy
+rospy.init_node("bench_counter", anonymous=True)
+state = {"n": 0, "first": 0.0, "last": 0.0}
+def cb(_msg):
+    now = time.time()
+    if not state["n"]:
+        state["first"] = now
+    state["n"] += 1
+    state["last"] = now
+rospy.Subscriber(sys.argv[1], rospy.AnyMsg, cb, queue_size=100000)
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+for _line in sys.stdin:
+    time.sleep(0.5)
+    sys.stdout.write(f"{state['n']} {state['first']} {state['last']}\\n"); sys.stdout.flush()
+    state.update(n=0, first=0.0, last=0.0)
+"""
+
+
+def _job(bag: str, command: str, adapter: str, inputs: tuple[str, ...], outputs: tuple[str, ...]):
+    from adcloud.sim import NodeSpec, ReplayJob, ReplayTiming  # noqa: PLC0415
+
+    return ReplayJob(
+        bags=(bag,),
+        node=NodeSpec(command, adapter=adapter),
+        input_topics=inputs,
+        output_topics=outputs,
+        timing=ReplayTiming(rate=0.0, sync=True),
+    )
+
+
+def overheads(bag: str) -> None:
+    from adcloud.binpipe import ConnectionInfo, MessageDecoder, plan_partitions, read_partition  # noqa: PLC0415
+    from adcloud.sim import plan_scenarios, run_scenario  # noqa: PLC0415
+    from adcloud.sim.examples.obstacle_node import detect  # noqa: PLC0415
+
+    (part,) = plan_partitions(bag, topics=["/lidar/points"], partitions_per_bag=1)
+    decoder = MessageDecoder(
+        ConnectionInfo(c.topic, c.msgtype, c.msgdef_format, c.msgdef, c.md5sum, c.serialization)
+        for c in part.connections
+    )
+    clouds = list(read_partition(part))
+    for m in clouds[:3]:
+        detect(decoder.decode(m))  # warm-up
+    times = []
+    for m in clouds:
+        t0 = time.perf_counter()
+        detect(decoder.decode(m))
+        times.append(time.perf_counter() - t0)
+    inproc = statistics.median(times) * 1000
+    job = _job(
+        bag,
+        f"{sys.executable} -m adcloud.sim.examples.obstacle_node",
+        "pipe",
+        ("/lidar/points",),
+        ("/obstacles",),
+    )
+    (scenario,) = plan_scenarios(bag)
+    piped = run_scenario(scenario, job)
+    print(
+        f"[1] pipe adapter: in-process detector {inproc:.2f} ms/cloud, through the pipe "
+        f"p50 {piped.latency_p50_ms:.2f} ms -> overhead {piped.latency_p50_ms - inproc:.2f} "
+        f"ms/message, ratio {piped.latency_p50_ms / inproc:.2f}x ({len(clouds)} clouds)"
+    )
+    if shutil.which("roscore") is None:
+        print("[2] ROS bridge: skipped (ROS 1 not installed)")
+        return
+    out = subprocess.run(
+        ["/usr/bin/python3", "-c", _ROS_INPROCESS, bag, str(ROS_NODE.parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    ros_inproc = statistics.median(json.loads(out.stdout)) * 1000
+    job = _job(bag, f"/usr/bin/python3 {ROS_NODE}", "ros1", ("/lidar/points",), ("/obstacles",))
+    bridged = run_scenario(scenario, job)
+    print(
+        f"[2] ROS bridge: in-process rospy-node functions {ros_inproc:.2f} ms/cloud, through "
+        f"bridge + roscore p50 {bridged.latency_p50_ms:.2f} ms -> overhead "
+        f"{bridged.latency_p50_ms - ros_inproc:.2f} ms/message, ratio "
+        f"{bridged.latency_p50_ms / ros_inproc:.2f}x"
+    )
+
+
+def throughput(bag: str) -> None:
+    if shutil.which("roscore") is None or not Path(RELAY).exists():
+        print("[3] replay vs rosbag play: skipped (ROS 1 / topic_tools not installed)")
+        return
+    from adcloud.sim import NodeSpec, ReplayTiming, Ros1Adapter, plan_scenarios  # noqa: PLC0415
+    from adcloud.sim.adapters import _free_port, _ros_env, _stop_group  # noqa: PLC0415
+    from adcloud.sim.replay import _read_messages  # noqa: PLC0415
+
+    (scenario,) = plan_scenarios(bag)
+    msgs, conns = _read_messages(scenario, ["/imu/data"])
+    node = NodeSpec(f"{RELAY} /imu/data /relayed", adapter="ros1")
+    ours = {}
+    for sync in (True, False):
+        run = Ros1Adapter(output_wait_s=0.5).run(
+            node, msgs, conns, ("/relayed",), ReplayTiming(rate=0.0, sync=sync, quiet_s=0.25)
+        )
+        span = run.received[-1] - run.sent[0][1]
+        ours[sync] = (len(run.outputs), span)
+    # Baseline: rosbag play into the same relay on a private roscore.
+    tmp = Path(tempfile.mkdtemp(prefix="bench-rosplay-"))
+    port = _free_port()
+    env = _ros_env(tmp, port, ())
+    adapter = Ros1Adapter()
+    procs = [adapter._start_master(env, tmp, port, 20.0)]
+    try:
+        procs.append(
+            subprocess.Popen(
+                [RELAY, "/imu/data", "/relayed"],
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        counter = subprocess.Popen(
+            ["/usr/bin/python3", "-c", _COUNTER, "/relayed"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        procs.append(counter)
+        assert counter.stdout is not None and counter.stdin is not None
+        counter.stdout.readline()
+        play = ["rosbag", "play", "--immediate", "-q", "-d", "1", "--topics", "/imu/data", "--"]
+        results = []
+        for _ in range(2):  # the first play makes relay advertise its output; measure the second
+            t0 = time.perf_counter()
+            subprocess.run([*play, bag], env=env, check=True, stdout=subprocess.DEVNULL)
+            wall = time.perf_counter() - t0 - 1.0  # less the -d 1 wait for subscribers
+            counter.stdin.write("done\n")
+            counter.stdin.flush()
+            n, _first, _last = counter.stdout.readline().split()
+            results.append((int(n), wall))
+        # rosbag play's process time, its 1 s subscriber delay excluded.
+        play_n, play_span = results[-1]
+    finally:
+        for proc in reversed(procs):
+            _stop_group(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+    base = play_n / play_span
+    print(
+        f"[3] baseline rosbag play --immediate: {len(msgs)} sent in {play_span:.2f} s "
+        f"({len(msgs) / play_span:.0f} msg/s), "
+        f"{play_n} relayed = {base:.0f} processed msg/s"
+    )
+    for sync, (n, span) in ours.items():
+        mode = "synchronous" if sync else "free-running"
+        print(
+            f"[3] ros1 replay ({mode}): {len(msgs)} sent, {n} relayed in {span:.2f} s = "
+            f"{n / span:.0f} processed msg/s -> {n / span / base:.2f}x rosbag play"
+        )
+
+
+def scaling(bag: str, windows: float) -> None:
+    from pyspark.sql import SparkSession  # noqa: PLC0415
+
+    from adcloud.sim import CutMode, ScenarioCut, run_replay  # noqa: PLC0415
+    from adcloud.spark import SparkSettings, StandaloneCluster, get_session, wait_for_executors  # noqa: PLC0415
+
+    job = _job(
+        bag,
+        f"{sys.executable} -m adcloud.sim.examples.obstacle_node",
+        "pipe",
+        ("/lidar/points",),
+        ("/obstacles",),
+    )
+    from dataclasses import replace  # noqa: PLC0415
+
+    job = replace(job, cut=ScenarioCut(CutMode.WINDOW, window_s=windows))
+    paced = replace(job, timing=replace(job.timing, rate=1.0))
+    walls: dict[tuple[str, int], float] = {}
+    for n in (1, 2):
+        with (
+            tempfile.TemporaryDirectory() as logs,
+            StandaloneCluster(n, cores=1, memory="1g", log_dir=Path(logs)) as cluster,
+        ):
+            spark = get_session(
+                SparkSettings(master=cluster.master_url, app_name=f"bench-sim-{n}"),
+                **cluster.session_conf(),
+                **{"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+            )
+            try:
+                wait_for_executors(spark, n)
+                run_replay(spark, job)  # warm-up: Python workers, imports
+                for name, variant in (("fast", job), ("paced", paced)):
+                    t0 = time.perf_counter()
+                    res = run_replay(spark, variant)
+                    walls[name, n] = time.perf_counter() - t0
+                    assert res.passed, [r.reason for r in res.failed]
+                count = len(res.results)
+            finally:
+                spark.stop()
+                active = SparkSession.getActiveSession()
+                if active is not None:
+                    active.stop()
+    for name, what in (("fast", "as fast as possible"), ("paced", "paced at 1x")):
+        one, two = walls[name, 1], walls[name, 2]
+        print(
+            f"[4] {count} scenarios {what}: 1 executor {one:.2f} s, 2 executors {two:.2f} s "
+            f"-> {one / two:.2f}x (target >= 1.8x)"
+        )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--seconds", type=float, default=10.0, help="drive length (default 10 s)")
+    p.add_argument("--window", type=float, default=1.25, help="scenario window for [4], s")
+    p.add_argument("--skip-cluster", action="store_true")
+    args = p.parse_args()
+    from adcloud.synth import DriveConfig, generate_drive  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bag = str(Path(tmp) / "drive.bag")
+        generate_drive(
+            DriveConfig(seconds=args.seconds, lidar_beams=16, camera=False, truth_raster=False),
+            bag,
+        )
+        print(f"drive: {args.seconds:g} s, 16 beams, {bag}")
+        overheads(bag)
+        throughput(bag)
+        if not args.skip_cluster:
+            scaling(bag, args.window)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""``adcloud sim run``: argument parsing and a run on the test session."""
+
+from __future__ import annotations
+
+import argparse
+import io
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from rich.console import Console
+
+from adcloud.sim import CutMode, EvaluatorSpec, SimError, command
+from adcloud.synth import DriveResult
+
+from .conftest import OBSTACLE_NODE
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="adcloud")
+    command.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_job_from_arguments() -> None:
+    args = _parse(
+        [
+            "sim",
+            "run",
+            "a.bag",
+            "b.bag",
+            "--node",
+            "relay /a /b",
+            "--adapter",
+            "ros1",
+            "--inputs",
+            "/a, /c",
+            "--outputs",
+            "/b",
+            "--eval",
+            "rate:topic=/b,min_hz=5",
+            "--cut",
+            "window",
+            "--window",
+            "2",
+            "--warmup",
+            "0.5",
+            "--rate",
+            "1",
+            "--no-sync",
+        ]
+    )
+    job = command.job_from_args(args)
+    assert job.bags == ("a.bag", "b.bag")
+    assert job.node.adapter == "ros1"
+    assert job.input_topics == ("/a", "/c")
+    assert job.evaluators == (EvaluatorSpec.of("rate", topic="/b", min_hz=5),)
+    assert job.cut.mode is CutMode.WINDOW
+    assert job.cut.window_s == 2.0
+    assert job.timing.rate == 1.0
+    assert not job.timing.sync
+    assert args.func is command.run
+
+
+def test_bad_topic_is_refused() -> None:
+    args = _parse(["sim", "run", "a.bag", "--node", "x", "--inputs", "not a topic"])
+    with pytest.raises(SimError, match="bad topic name"):
+        command.job_from_args(args)
+
+
+def test_run_prints_a_table_and_writes_the_report(
+    spark: SparkSession, drive: DriveResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(command, "_session", lambda master: spark)
+    args = _parse(
+        [
+            "sim",
+            "run",
+            str(drive.bag),
+            "--node",
+            OBSTACLE_NODE + " --max-range 10",
+            "--inputs",
+            "/lidar/points",
+            "--outputs",
+            "/obstacles",
+            "--eval",
+            "detections:topic=/obstacles,min_recall=0.95",
+            "--report",
+            str(tmp_path / "rep"),
+        ]
+    )
+    out = io.StringIO()
+    code = args.func(args, Console(file=out, width=200))
+    assert code == 1  # the short-sighted detector misses obstacles
+    text = out.getvalue()
+    assert "FAIL" in text
+    assert "0 of 1 scenarios passed" in text
+    assert (tmp_path / "rep" / "report.html").exists()

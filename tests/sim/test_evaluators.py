@@ -1,0 +1,97 @@
+"""Evaluators on hand-made scenario data, and the registry."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from adcloud.binpipe import Message, MessageDecoder
+from adcloud.sim import (
+    EVALUATORS,
+    Evaluation,
+    EvaluatorSpec,
+    Scenario,
+    ScenarioData,
+    SimError,
+    build_evaluator,
+    parse_evaluator,
+    register_evaluator,
+)
+
+_NS = 1_000_000_000
+
+
+def _data(stamps: list[int], latencies: list[float]) -> ScenarioData:
+    scenario = Scenario("s", "x.bag", 0, 2 * _NS, 0)
+    outputs = [Message("/out", t, "std_msgs/msg/Empty", b"") for t in stamps]
+    return ScenarioData(scenario, [], outputs, latencies, MessageDecoder())
+
+
+def test_rate() -> None:
+    data = _data([k * _NS // 10 for k in range(20)], [1.0] * 20)  # 10 Hz over 2 s
+    ok = build_evaluator(EvaluatorSpec.of("rate", topic="/out", min_hz=9.5)).evaluate(data)
+    assert ok.passed
+    assert ok.metrics["rate_hz[/out]"] == pytest.approx(10.0)
+    slow = build_evaluator(EvaluatorSpec.of("rate", topic="/out", min_hz=12)).evaluate(data)
+    assert not slow.passed
+    assert "10.00 Hz < 12 Hz" in slow.reason
+
+
+def test_rate_ignores_outputs_outside_the_range() -> None:
+    data = _data([-_NS, 3 * _NS], [1.0, 1.0])
+    result = build_evaluator(EvaluatorSpec.of("rate", topic="/out", min_hz=0.1)).evaluate(data)
+    assert not result.passed
+
+
+def test_latency() -> None:
+    data = _data([0, 1, 2, 3], [math.nan, 5.0, 10.0, 80.0])
+    spec = EvaluatorSpec.of("latency", max_ms=50)
+    result = build_evaluator(spec).evaluate(data)
+    assert not result.passed
+    assert result.metrics["latency_max_ms"] == pytest.approx(80.0)
+    p50 = build_evaluator(EvaluatorSpec.of("latency", max_ms=50, stat="p50")).evaluate(data)
+    assert p50.passed
+    empty = build_evaluator(spec).evaluate(_data([], []))
+    assert not empty.passed
+
+
+def test_parse_evaluator() -> None:
+    spec = parse_evaluator("rate:topic=/obstacles,min_hz=8")
+    assert spec == EvaluatorSpec.of("rate", topic="/obstacles", min_hz=8)
+    assert parse_evaluator("detections") == EvaluatorSpec("detections")
+    with pytest.raises(SimError, match="key=value"):
+        parse_evaluator("rate:topic")
+
+
+def test_unknown_evaluator_and_bad_params() -> None:
+    with pytest.raises(SimError, match="known: "):
+        build_evaluator(EvaluatorSpec("nope"))
+    with pytest.raises(SimError, match="bad parameters"):
+        build_evaluator(EvaluatorSpec.of("rate", topic="/x", min_hz=1, colour="red"))
+    with pytest.raises(SimError, match="stat"):
+        build_evaluator(EvaluatorSpec.of("latency", max_ms=1, stat="p42"))
+
+
+class _CountAtLeast:
+    """A user evaluator: at least ``n`` outputs."""
+
+    truth_topics: tuple[str, ...] = ()
+
+    def __init__(self, n: int) -> None:
+        self.name = "count_at_least"
+        self.n = n
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        count = len(data.outputs)
+        return Evaluation(self.name, count >= self.n, {"count": float(count)})
+
+
+def test_user_evaluator_registration() -> None:
+    register_evaluator("count_at_least", _CountAtLeast)
+    try:
+        result = build_evaluator(EvaluatorSpec.of("count_at_least", n=2)).evaluate(_data([0], [1]))
+        assert not result.passed
+        assert result.metrics == {"count": 1.0}
+    finally:
+        del EVALUATORS["count_at_least"]

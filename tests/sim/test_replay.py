@@ -1,0 +1,164 @@
+"""Replaying scenarios through pipe nodes: the example detector and misbehaving nodes."""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from adcloud.sim import (
+    CutMode,
+    EvaluatorSpec,
+    NodeSpec,
+    ReplayJob,
+    ReplayTiming,
+    ScenarioCut,
+    SimError,
+    plan_scenarios,
+    run_scenario,
+)
+from adcloud.synth import DriveResult
+
+from .conftest import OBSTACLE_NODE
+
+EVALS = (
+    EvaluatorSpec.of("rate", topic="/obstacles", min_hz=8),
+    EvaluatorSpec.of("latency", max_ms=2000, stat="p95"),
+    EvaluatorSpec.of("detections", topic="/obstacles", min_precision=0.95, min_recall=0.95),
+)
+
+
+def _job(bag: Path | str, command: str = OBSTACLE_NODE, **timing: float) -> ReplayJob:
+    return ReplayJob(
+        bags=(str(bag),),
+        node=NodeSpec(command),
+        input_topics=("/lidar/points",),
+        output_topics=("/obstacles",),
+        evaluators=EVALS,
+        timing=ReplayTiming(**timing),  # type: ignore[arg-type]
+    ).validate()
+
+
+def _run(job: ReplayJob) -> object:
+    (scenario,) = plan_scenarios(list(job.bags), job.cut)
+    return run_scenario(scenario, job)
+
+
+def test_example_node_passes(drive: DriveResult) -> None:
+    result = _run(_job(drive.bag))
+    assert result.passed, result.reason
+    assert result.input_count == 29
+    assert result.output_counts == {"/obstacles": 29}
+    assert result.exit_code == 0
+    assert result.metrics["detections.recall"] == 1.0
+    assert result.metrics["detections.precision"] == 1.0
+    assert result.metrics["detections.truth_objects"] > 20
+    assert 0 < result.latency_p50_ms <= result.latency_p95_ms <= result.latency_max_ms
+    assert result.startup_ms > 0
+
+
+def test_short_sighted_detector_fails_on_recall(drive: DriveResult) -> None:
+    job = _job(drive.bag, OBSTACLE_NODE + " --max-range 10")
+    result = _run(job)
+    assert not result.passed
+    assert "recall" in result.reason
+    assert result.metrics["detections.recall"] < 0.95
+    assert result.metrics["detections.precision"] > 0.5
+
+
+def test_crash_is_a_failed_scenario(drive: DriveResult, bad_nodes: dict[str, str]) -> None:
+    result = _run(_job(drive.bag, bad_nodes["crash"], startup_timeout_s=2))
+    assert not result.passed
+    assert result.exit_code == 3
+    assert "boom: the detector crashed" in result.stderr_tail
+    assert "exit code 3" in result.reason
+
+
+def test_crash_midway(drive: DriveResult, bad_nodes: dict[str, str]) -> None:
+    result = _run(_job(drive.bag, bad_nodes["crash_later"]))
+    assert not result.passed
+    assert result.exit_code == 5
+    assert "dying after 2 messages" in result.stderr_tail
+
+
+def test_hang_times_out(drive: DriveResult, bad_nodes: dict[str, str]) -> None:
+    result = _run(_job(drive.bag, bad_nodes["hang"], timeout_s=3, startup_timeout_s=1))
+    assert not result.passed
+    assert "timed out after 3" in result.reason
+    assert result.exit_code is None
+    assert result.wall_s < 15
+
+
+def test_garbage_output(drive: DriveResult, bad_nodes: dict[str, str]) -> None:
+    result = _run(_job(drive.bag, bad_nodes["garbage"], startup_timeout_s=1))
+    assert not result.passed
+    assert "not a BinPipe stream" in result.reason
+
+
+def test_records_that_are_not_messages(drive: DriveResult, bad_nodes: dict[str, str]) -> None:
+    result = _run(_job(drive.bag, bad_nodes["not_messages"]))
+    assert not result.passed
+    assert "not a message" in result.reason
+
+
+def test_missing_program(drive: DriveResult, tmp_path: Path) -> None:
+    result = _run(_job(drive.bag, str(tmp_path / "no-such-node")))
+    assert not result.passed
+    assert "cannot start" in result.reason
+
+
+def test_empty_bag(empty_bag: Path) -> None:
+    result = _run(_job(empty_bag))
+    assert not result.passed
+    assert "no messages on the input topics" in result.reason
+    assert result.input_count == 0
+
+
+def test_input_topic_not_in_bag(drive: DriveResult) -> None:
+    job = replace(_job(drive.bag), input_topics=("/radar/targets",))
+    result = _run(job)
+    assert not result.passed
+    assert "no messages" in result.reason
+
+
+@pytest.mark.parametrize("topic", ["lidar points", "/lidar//points", "/1lidar", ""])
+def test_bad_topic_names(drive: DriveResult, topic: str) -> None:
+    with pytest.raises(SimError, match="bad topic name"):
+        replace(_job(drive.bag), input_topics=(topic,)).validate()
+
+
+def test_bad_job_settings(drive: DriveResult) -> None:
+    with pytest.raises(SimError, match="unknown node adapter"):
+        replace(_job(drive.bag), node=NodeSpec("x", adapter="ros7")).validate()
+    with pytest.raises(SimError, match="rate"):
+        replace(_job(drive.bag), timing=ReplayTiming(rate=-1)).validate()
+    with pytest.raises(SimError, match="unknown evaluator"):
+        replace(_job(drive.bag), evaluators=(EvaluatorSpec("nope"),)).validate()
+
+
+def test_same_results_at_real_time_and_as_fast_as_possible(drive: DriveResult) -> None:
+    fast = _run(_job(drive.bag, rate=0.0))
+    paced = _run(_job(drive.bag, rate=1.0))
+    assert fast.output_counts == paced.output_counts
+    for key in ("detections.precision", "detections.recall", "detections.truth_objects"):
+        assert fast.metrics[key] == paced.metrics[key]
+    assert paced.wall_s >= 2.8  # 3 s of recorded time, paced at 1x
+    assert fast.wall_s < paced.wall_s
+
+
+def test_windows_evaluate_only_their_range(drive: DriveResult) -> None:
+    job = replace(_job(drive.bag), cut=ScenarioCut(CutMode.WINDOW, 1.5, 0.5))
+    first, second = plan_scenarios(list(job.bags), job.cut)
+    r1, r2 = run_scenario(first, job), run_scenario(second, job)
+    assert r1.passed and r2.passed, (r1.reason, r2.reason)
+    # The second window is fed 0.5 s of warm-up clouds too, but counts only its own.
+    assert r2.input_count > r2.output_counts["/obstacles"] - 1
+    assert r1.metrics["rate.rate_hz[/obstacles]"] == pytest.approx(14 / 1.5)
+    assert not math.isnan(r2.latency_p50_ms)
+
+
+def test_python_path_of_example_node() -> None:
+    assert OBSTACLE_NODE.startswith(sys.executable)

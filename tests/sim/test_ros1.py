@@ -1,0 +1,159 @@
+"""The ros1 adapter with a real roscore: the example rospy node, topic_tools/relay, failures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adcloud.errors import MissingComponentError
+from adcloud.sim import (
+    EvaluatorSpec,
+    NodeSpec,
+    ReplayJob,
+    ReplayTiming,
+    adapters,
+    plan_scenarios,
+    run_scenario,
+)
+from adcloud.sim.adapters import SYSTEM_PYTHON
+from adcloud.synth import DriveResult
+
+pytestmark = [
+    pytest.mark.ros,
+    pytest.mark.skipif(shutil.which("roscore") is None, reason="ROS 1 (roscore) is not installed"),
+]
+
+_EXAMPLE = Path(__file__).resolve().parents[2] / "adcloud/sim/examples/obstacle_ros_node.py"
+ROS_NODE = f"{SYSTEM_PYTHON} {_EXAMPLE}"
+RELAY = "/usr/lib/topic_tools/relay"
+
+
+def _job(
+    bag: Path, command: str, outputs: tuple[str, ...], *evals: EvaluatorSpec, **timing: float
+) -> ReplayJob:
+    return ReplayJob(
+        bags=(str(bag),),
+        node=NodeSpec(command, adapter="ros1"),
+        input_topics=("/lidar/points",),
+        output_topics=outputs,
+        evaluators=evals,
+        timing=ReplayTiming(**timing),  # type: ignore[arg-type]
+    ).validate()
+
+
+def _run(job: ReplayJob) -> object:
+    (scenario,) = plan_scenarios(list(job.bags), job.cut)
+    return run_scenario(scenario, job)
+
+
+class _Recorder:
+    """Records every process the adapter starts (roscore, node, bridge)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        real = subprocess.Popen
+        recorder = self
+
+        class Popen(real):  # type: ignore[valid-type,misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                recorder.procs.append(self)
+
+        monkeypatch.setattr(adapters.subprocess, "Popen", Popen)
+
+    def all_gone(self) -> bool:
+        """Every recorded process has exited and its process group is empty."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                return False
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                return False
+            return False
+        return True
+
+
+DETECT = (
+    EvaluatorSpec.of("rate", topic="/obstacles", min_hz=8),
+    EvaluatorSpec.of("detections", topic="/obstacles", min_precision=0.95, min_recall=0.95),
+)
+
+
+def test_rospy_example_node(drive: DriveResult, monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = _Recorder(monkeypatch)
+    result = _run(_job(drive.bag, ROS_NODE, ("/obstacles",), *DETECT))
+    assert result.passed, (result.reason, result.stderr_tail)
+    assert result.output_counts == {"/obstacles": 29}
+    assert result.metrics["detections.recall"] == 1.0
+    assert result.adapter == "ros1"
+    assert len(recorder.procs) >= 3  # roscore, the node and the bridge
+    assert recorder.all_gone()  # roscore and node torn down, process groups included
+
+
+def test_same_results_at_real_time_and_as_fast_as_possible(drive: DriveResult) -> None:
+    fast = _run(_job(drive.bag, ROS_NODE, ("/obstacles",), *DETECT, rate=0.0))
+    paced = _run(_job(drive.bag, ROS_NODE, ("/obstacles",), *DETECT, rate=1.0))
+    assert fast.output_counts == paced.output_counts == {"/obstacles": 29}
+    for key in ("detections.precision", "detections.recall", "detections.truth_objects"):
+        assert fast.metrics[key] == paced.metrics[key]
+
+
+@pytest.mark.skipif(not Path(RELAY).exists(), reason="topic_tools is not installed")
+def test_relay_node_nobody_here_wrote(drive: DriveResult) -> None:
+    job = _job(
+        drive.bag,
+        f"{RELAY} /lidar/points /relayed",
+        ("/relayed",),
+        EvaluatorSpec.of("rate", topic="/relayed", min_hz=8),
+    )
+    result = _run(job)
+    assert result.passed, (result.reason, result.stderr_tail)
+    # relay advertises its output when the first message arrives, so that one is lost.
+    assert result.output_counts["/relayed"] in (28, 29)
+
+
+def test_node_crash_is_a_failed_scenario(drive: DriveResult) -> None:
+    result = _run(
+        _job(drive.bag, ROS_NODE + " _crash_after:=3", ("/obstacles",), *DETECT, quiet_s=0.05)
+    )
+    assert not result.passed
+    assert result.exit_code == 3
+    assert "crashing on purpose" in result.stderr_tail
+    assert "exited with code 3" in result.reason
+
+
+def test_node_that_never_subscribes(drive: DriveResult, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = _job(
+        drive.bag,
+        f"{sys.executable} -c 'import time; time.sleep(60)'",
+        ("/obstacles",),
+        startup_timeout_s=2,
+    )
+    recorder = _Recorder(monkeypatch)
+    result = _run(job)
+    assert not result.passed
+    assert "no node subscribed to /lidar/points" in result.stderr_tail
+    assert recorder.all_gone()
+
+
+def test_missing_node_program(drive: DriveResult, tmp_path: Path) -> None:
+    result = _run(_job(drive.bag, str(tmp_path / "nope"), ("/obstacles",)))
+    assert not result.passed
+    assert "cannot start" in result.reason
+
+
+def test_missing_ros_says_how_to_install(
+    drive: DriveResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(MissingComponentError, match="apt-get install"):
+        _run(_job(drive.bag, ROS_NODE, ("/obstacles",)))

@@ -1,0 +1,89 @@
+"""Cutting bags into scenarios."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from adcloud.sim import CutMode, Scenario, ScenarioCut, SimError, plan_scenarios
+from adcloud.synth import DriveResult
+
+_NS = 1_000_000_000
+
+
+def test_whole_bag_is_one_scenario(drive: DriveResult) -> None:
+    (s,) = plan_scenarios(str(drive.bag))
+    assert s.name == "drive"
+    assert s.feed_start == s.start
+    assert 2.9 < s.seconds <= 3.0
+
+
+def test_windows_cover_the_bag_with_warmup(drive: DriveResult) -> None:
+    scenarios = plan_scenarios(str(drive.bag), ScenarioCut(CutMode.WINDOW, 1.0, 0.4))
+    assert [s.name for s in scenarios] == ["drive#0000", "drive#0001", "drive#0002"]
+    first = scenarios[0]
+    assert first.feed_start == first.start  # nothing before the bag to warm up on
+    for prev, cur in itertools.pairwise(scenarios):
+        assert cur.start == prev.end
+        assert cur.start - cur.feed_start == round(0.4 * _NS)
+    assert scenarios[-1].end == plan_scenarios(str(drive.bag))[0].end
+
+
+def test_scenario_file(drive: DriveResult, tmp_path: Path) -> None:
+    listing = tmp_path / "scenarios.json"
+    bag = Path(drive.bag)
+    listing.write_text(
+        json.dumps(
+            {
+                "scenarios": [
+                    {"name": "early", "bag": str(bag), "start": 0.5, "end": 1.5, "warmup": 0.2},
+                    {"bag": str(bag), "start": 2.0},
+                ]
+            }
+        )
+    )
+    early, rest = plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(listing)))
+    whole = plan_scenarios(str(bag))[0]
+    assert early.name == "early"
+    assert early.start == whole.start + round(0.5 * _NS)
+    assert early.end == whole.start + round(1.5 * _NS)
+    assert early.start - early.feed_start == round(0.2 * _NS)
+    assert rest.end == whole.end
+
+
+def test_scenario_file_errors(drive: DriveResult, tmp_path: Path) -> None:
+    with pytest.raises(SimError, match="does not exist"):
+        plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(tmp_path / "nope.json")))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"bag": str(drive.bag), "start": 2, "end": 1}]))
+    with pytest.raises(SimError, match="start <= end"):
+        plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(bad)))
+
+
+def test_bad_cut_settings() -> None:
+    with pytest.raises(SimError, match="window_s"):
+        ScenarioCut(CutMode.WINDOW, window_s=0).validate()
+    with pytest.raises(SimError, match="scenario file"):
+        ScenarioCut(CutMode.FILE).validate()
+
+
+def test_empty_bag_gives_an_empty_scenario(empty_bag: Path) -> None:
+    (s,) = plan_scenarios(str(empty_bag))
+    assert s.start == s.end == 0
+
+
+def test_missing_bag(tmp_path: Path) -> None:
+    with pytest.raises(SimError, match="does not exist"):
+        plan_scenarios(str(tmp_path / "none.bag"))
+
+
+def test_scenario_pickles_as_a_description(drive: DriveResult) -> None:
+    (s,) = plan_scenarios(str(drive.bag))
+    data = pickle.dumps(s)
+    assert len(data) < 400
+    assert pickle.loads(data) == s
+    assert isinstance(pickle.loads(data), Scenario)
