@@ -234,6 +234,12 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     )
     outputs.append(("BinPipe partitions (manifest.json, part-*.binpipe)", ingest_dir))
 
+    # 3. replay simulation of a node under test (adcloud.sim)
+    from adcloud.sim.command import run_demo as sim_demo  # noqa: PLC0415
+
+    sim_demo(spark, str(drive.bag), str(out), console)
+    outputs.append(("replay report (report.html, results.jsonl, junit.xml)", out / "sim"))
+
     console.rule("outputs")
     for what, where in outputs:
         console.print(f"{what}: [bold]{where}[/bold]", soft_wrap=True)
@@ -403,6 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
+    had_spark = _active_spark() is not None
     try:
         return int(args.func(args, console))
     except AdcloudError as err:
@@ -420,6 +427,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        # Stop a SparkContext this command started (not one a notebook or caller
+        # already had), so its Python workers shut down cleanly before exit.
+        started = _active_spark()
+        if started is not None and not had_spark:
+            started.stop()
+
+
+def _active_spark() -> Any:
+    if "pyspark" not in sys.modules:
+        return None
+    from pyspark import SparkContext  # noqa: PLC0415
+
+    return SparkContext._active_spark_context
 
 
 if __name__ == "__main__":

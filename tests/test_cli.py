@@ -192,3 +192,6 @@ def test_demo_runs_end_to_end(
     manifest = json.loads((tmp_path / "demo" / "ingest" / "manifest.json").read_text())
     assert manifest["records"] > 16806  # the synthetic drive plus the shared recordings
     assert (tmp_path / "demo" / "synth" / "drive.bag").stat().st_size > 0
+    results = (tmp_path / "demo" / "sim" / "results.jsonl").read_text().splitlines()
+    assert results and all(json.loads(line)["passed"] for line in results)
+    assert (tmp_path / "demo" / "sim" / "report.html").exists()
