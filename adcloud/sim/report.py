@@ -78,6 +78,7 @@ def _plot(results: Sequence[ScenarioResult]) -> bytes:
     ):
         ax1.plot(x, [getattr(r, key) for r in results], marker="o", label=label)
     ax1.set_ylabel("latency (ms)")
+    ax1.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
     ax1.legend()
     ax1.set_title("Per-message latency by scenario")
     colors = ["tab:green" if r.passed else "tab:red" for r in results]
