@@ -29,7 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from adcloud.errors import AdcloudError
+from adcloud.errors import AdcloudError, ConfigError
 
 __all__ = ["main"]
 
@@ -234,7 +234,16 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     )
     outputs.append(("BinPipe partitions (manifest.json, part-*.binpipe)", ingest_dir))
 
-    # 3. replay simulation of a node under test (adcloud.sim)
+    # 3. OpenCL kernels from Spark executors (adcloud.hetero)
+    from adcloud.hetero import run_demo as hetero_demo  # noqa: PLC0415
+
+    console.rule("adcloud hetero: OpenCL kernels dispatched from Spark executors")
+    hetero = hetero_demo(spark, out, bag=drive.bag)
+    for line in hetero.lines:
+        console.print(line, soft_wrap=True)
+    outputs += [(f"hetero {name}", path) for name, path in hetero.outputs.items()]
+
+    # 4. replay simulation of a node under test (adcloud.sim)
     from adcloud.sim.command import run_demo as sim_demo  # noqa: PLC0415
 
     sim_demo(spark, str(drive.bag), str(out), console)
@@ -256,12 +265,33 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
             "nothing to submit: give the job after --, e.g. adcloud submit -- ingest x.bag"
         )
         return 2
-    cmd = [str(submit), "--master", args.master]
     confs = list(args.conf or [])
     if not any(c.startswith("spark.log.level=") for c in confs):
         confs.append("spark.log.level=WARN")  # spark-submit's default INFO drowns the job's output
-    for conf in confs:
-        cmd += ["--conf", conf]
+    if args.master == "yarn":
+        from adcloud.hetero.yarn import yarn_submit_args  # noqa: PLC0415
+
+        bad = [c for c in confs if "=" not in c]
+        if bad:
+            raise ConfigError(f"--conf takes KEY=VALUE, got {bad[0]!r}")
+        options = yarn_submit_args(
+            args.queue,
+            args.gpus_per_executor,
+            args.fpgas_per_executor,
+            executors=args.executors,
+            executor_memory=args.executor_memory,
+            deploy_mode=args.deploy_mode,
+            tasks_per_device=args.tasks_per_device,
+            fpga_ip_id=args.fpga_ip_id,
+            fpga_binaries=args.fpga_binaries,
+            docker_image=args.docker_image,
+            conf=dict(c.split("=", 1) for c in confs),
+        )
+        cmd = [str(submit), *options]
+    else:
+        cmd = [str(submit), "--master", args.master]
+        for conf in confs:
+            cmd += ["--conf", conf]
     cmd += [str(Path(__file__).resolve()), *job]
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -386,6 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sim_parser(sub)
 
+    from adcloud.hetero.command import add_parser as add_hetero_parser  # noqa: PLC0415
+
+    add_hetero_parser(sub)
+
     submit = sub.add_parser(
         "submit",
         help="run an adcloud job through spark-submit on any cluster manager",
@@ -397,6 +431,23 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--master", default="local[*]", help="Spark master URL (default: local[*])")
     submit.add_argument("--conf", action="append", help="Spark setting KEY=VALUE (repeatable)")
     submit.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    yarn = submit.add_argument_group(
+        "YARN (--master yarn)", "containers with GPUs/FPGAs; see deploy/yarn/README.md"
+    )
+    yarn.add_argument(
+        "--queue", default="default", help="YARN queue: simulation, training, mapping"
+    )
+    yarn.add_argument("--deploy-mode", choices=["cluster", "client"], default="cluster")
+    yarn.add_argument("--executors", type=int, default=2, help="executor containers")
+    yarn.add_argument("--executor-memory", default="4g", help="memory per executor (JVM notation)")
+    yarn.add_argument("--gpus-per-executor", type=int, default=0, help="yarn.io/gpu per container")
+    yarn.add_argument(
+        "--fpgas-per-executor", type=int, default=0, help="yarn.io/fpga per container"
+    )
+    yarn.add_argument("--tasks-per-device", type=int, default=1, help="tasks sharing one device")
+    yarn.add_argument("--fpga-ip-id", help="FPGA image id (required with FPGAs)")
+    yarn.add_argument("--fpga-binaries", help="archive URL of prebuilt FPGA kernels")
+    yarn.add_argument("--docker-image", help="run the containers in this image (GPU jobs)")
     submit.add_argument("job", nargs=argparse.REMAINDER, help="-- then the adcloud job command")
     submit.set_defaults(func=_cmd_submit)
     return parser

@@ -1,0 +1,57 @@
+"""Launch code of ``features.cl``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from adcloud.hetero._kernels import Output, launch, launch_3d, to_device
+
+if TYPE_CHECKING:
+    from adcloud.hetero.devices import OpenCLDevice
+
+
+def hog(
+    device: OpenCLDevice,
+    images: NDArray[np.uint8],
+    weights: tuple[float, float, float],
+    cell: int,
+    bins: int,
+) -> NDArray[np.float32]:
+    """HOG descriptors (B, D) of uint8 images (B, H, W) or (B, H, W, C>=3), C-order."""
+    count, height, width = images.shape[:3]
+    channels = 1 if images.ndim == 3 else images.shape[3]
+    cells_y, cells_x = height // cell, width // cell
+    blocks = count * max(cells_y - 1, 0) * max(cells_x - 1, 0)
+    size = 4 * bins * max(cells_y - 1, 0) * max(cells_x - 1, 0)
+    out = Output(device, (count, size), np.float32)
+    if blocks == 0:
+        return out.array
+    pixels = count * height * width
+    src = to_device(device, images)
+    gray = device.scratch("features.gray", pixels * 4)
+    rows, cols = cells_y * cell, cells_x * cell
+    votes = device.scratch("features.votes", count * rows * cols * 8)
+    lower = device.scratch("features.lower", count * rows * cols)
+    hist = device.scratch("features.hist", count * cells_y * cells_x * bins * 4)
+    launch(
+        device, "features", "hog_gray", pixels, None,
+        src, np.int32(pixels), np.int32(channels), *(np.float32(w) for w in weights), gray,
+    )  # fmt: skip
+    launch_3d(
+        device, "features", "hog_votes", (cols, rows, count),
+        gray, np.int32(count), np.int32(height), np.int32(width), np.int32(rows),
+        np.int32(cols), np.int32(bins), votes, lower,
+    )  # fmt: skip
+    launch(
+        device, "features", "hog_cells", count * cells_y * cells_x, None,
+        votes, lower, np.int32(count), np.int32(cell), np.int32(bins), np.int32(cells_y),
+        np.int32(cells_x), hist,
+    )  # fmt: skip
+    launch(
+        device, "features", "hog_blocks", blocks, None,
+        hist, np.int32(count), np.int32(bins), np.int32(cells_y), np.int32(cells_x), out.buffer,
+    )  # fmt: skip
+    return out.result()

@@ -1,0 +1,37 @@
+"""``python -m adcloud.hetero.discovery [gpu|fpga]``: Spark's resource-discovery JSON.
+
+What ``deploy/discover_opencl.sh`` runs: prints ``{"name": ..., "addresses": [...]}`` for
+the OpenCL devices of the resource's kinds (:func:`adcloud.hetero.devices.discover`, with
+:class:`~adcloud.hetero.devices.HeteroSettings` from ``ADCLOUD_HETERO_*``) and exits 0, or
+prints the reason to stderr and exits 1.  Kept out of the package's imports so that
+``python -m`` runs it cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+from adcloud.errors import AdcloudError
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the discovery document for ``argv[0]`` (default ``gpu``); the exit status."""
+    from adcloud.hetero.devices import discover  # noqa: PLC0415
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    resource = args[0] if args else "gpu"
+    try:
+        document = discover(resource)
+    except AdcloudError as err:
+        sys.stderr.write(f"discover_opencl: {err}\n")
+        return 1
+    sys.stdout.write(json.dumps(document) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,303 @@
+"""The image feature-extraction job: HOG descriptors of every camera image of some bags.
+
+Spark partitions the bags (:class:`~adcloud.binpipe.BinPipeRDD`); each task decodes its
+``sensor_msgs/Image`` messages, batches them by size, computes
+:func:`~adcloud.hetero.features.hog_features` on the device Spark assigned to it (or the
+policy's), and writes one ``.npz`` per partition and image size.  The driver writes
+``manifest.json`` and the effective settings (``settings.json``) beside them.
+
+Output format ``adcloud-hog``, version 1 (one file per partition and image size,
+``part-PPPPP-HxW.npz``, written to a temporary name and renamed, read with
+``np.load(path, allow_pickle=False)``):
+
+- ``timestamps`` int64 (n,): record time of each image, nanoseconds;
+- ``features`` float32 (n, D): HOG descriptors in the layout of
+  :mod:`adcloud.hetero.features`;
+- ``shape`` int64 (2,): image height and width (pixels); ``params`` int64 (2,): cell
+  size (pixels) and bins; ``version`` int64 (): 1.
+
+History: version 1 is the first.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import logging
+import os
+import posixpath
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+import numpy as np
+from numpy.typing import NDArray
+
+from adcloud.config import settings_dict
+from adcloud.hetero.devices import HeteroSettings, select_device, spark_assignment
+from adcloud.hetero.errors import HeteroError
+from adcloud.hetero.features import decode_image, hog_features
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "FeatureJobResult", "extract_features", "read_features"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "adcloud-hog"
+FORMAT_VERSION = 1
+_IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/Image")
+
+
+@dataclass(frozen=True)
+class FeatureJobResult:
+    """What :func:`extract_features` did.
+
+    ``images`` processed in ``seconds`` (wall time of the Spark job, s) over
+    ``partitions``; ``devices`` maps each device address to the images it processed;
+    ``files`` are the written ``.npz`` URLs; ``manifest`` the manifest's URL.
+    """
+
+    images: int
+    partitions: int
+    seconds: float
+    devices: dict[str, int]
+    files: list[str]
+    out: str
+    manifest: str
+
+    @property
+    def images_per_second(self) -> float:
+        """Throughput of the job (images per second of wall time)."""
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+
+def _absolute(url: str) -> str:
+    """Local paths made absolute; URLs with a scheme unchanged."""
+    return url if "://" in url else str(Path(url).expanduser().resolve())
+
+
+def _write_npz(
+    url: str,
+    timestamps: NDArray[np.int64],
+    features: NDArray[np.float32],
+    shape: tuple[int, int],
+    params: tuple[int, int],
+    storage_options: dict[str, Any],
+) -> None:
+    """Write one part file to any fsspec URL atomically (temporary name, then rename)."""
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        timestamps=timestamps,
+        features=features,
+        shape=np.array(shape, np.int64),
+        params=np.array(params, np.int64),
+        version=np.array(FORMAT_VERSION, np.int64),
+    )
+    fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex}")
+    with fs.open(tmp, "wb") as out:
+        out.write(buffer.getbuffer())
+    fs.mv(tmp, path)
+
+
+def _partition_features(
+    index: int,
+    blocks: Iterable[bytes | bytearray],
+    *,
+    out: str,
+    topic: str,
+    cell: int,
+    bins: int,
+    batch: int,
+    settings: HeteroSettings,
+    storage_options: dict[str, Any],
+) -> Iterator[dict[str, Any]]:
+    """Executor side: decode the partition's images, HOG them on the task's device, save."""
+    from adcloud.binpipe import Block, BlockKind, ConnectionInfo, MessageDecoder  # noqa: PLC0415
+
+    started = time.perf_counter()
+    device = select_device(settings)
+    assignment = spark_assignment(settings.resources)
+    decoder = MessageDecoder()
+    pending: dict[tuple[int, int], list[tuple[int, NDArray[np.uint8]]]] = defaultdict(list)
+    done: dict[tuple[int, int], list[tuple[NDArray[np.int64], NDArray[np.float32]]]] = defaultdict(
+        list
+    )
+    kernel_seconds = 0.0
+
+    def flush(shape: tuple[int, int]) -> None:
+        nonlocal kernel_seconds
+        items = pending.pop(shape, [])
+        if not items:
+            return
+        stamps = np.array([t for t, _ in items], np.int64)
+        images = np.stack([image for _, image in items])
+        tick = time.perf_counter()
+        done[shape].append((stamps, hog_features(images, cell=cell, bins=bins, device=device)))
+        kernel_seconds += time.perf_counter() - tick
+
+    for raw in blocks:
+        block = Block.parse(memoryview(raw))
+        if block.kind == BlockKind.META:
+            for record in block:
+                decoder.add(ConnectionInfo(*record))  # type: ignore[arg-type]
+            continue
+        for message in block.messages():
+            if message.topic != topic:
+                continue
+            if message.msgtype not in _IMAGE_TYPES:
+                raise HeteroError(f"{topic} carries {message.msgtype}, not sensor_msgs/Image")
+            msg = decoder.decode(message)
+            image = decode_image(msg.height, msg.width, msg.encoding, msg.step, msg.data)
+            if image.ndim == 3:
+                image = image[:, :, :3]
+            shape = (int(msg.height), int(msg.width))
+            pending[shape].append((message.timestamp, image))
+            if len(pending[shape]) >= batch:
+                flush(shape)
+    for shape in list(pending):
+        flush(shape)
+    files = []
+    count = 0
+    for (height, width), parts in sorted(done.items()):
+        stamps = np.concatenate([s for s, _ in parts])
+        features = np.concatenate([f for _, f in parts])
+        url = posixpath.join(out, f"part-{index:05d}-{height}x{width}.npz")
+        _write_npz(url, stamps, features, (height, width), (cell, bins), storage_options)
+        files.append(url)
+        count += len(stamps)
+    yield {
+        "partition": index,
+        "images": count,
+        "files": files,
+        "address": device.info.address,
+        "device": device.info.name,
+        "resource": assignment[0] if assignment else "",
+        "assigned": assignment[1] if assignment else [],
+        "pid": os.getpid(),
+        "kernel_seconds": kernel_seconds,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def extract_features(
+    spark: SparkSession,
+    bags: str | Sequence[str],
+    out: str,
+    *,
+    topic: str = "/camera/image_raw",
+    cell: int = 8,
+    bins: int = 9,
+    batch: int = 64,
+    partitions_per_bag: int | None = None,
+    partition_mb: float = 16.0,
+    settings: HeteroSettings | None = None,
+    storage_options: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> FeatureJobResult:
+    """HOG descriptors of every image on ``topic`` of ``bags``, saved under ``out``.
+
+    ``bags``: bag files, directories or globs (any fsspec URL).  ``out``: a directory or
+    URL that every executor can write (the same machine, or a shared store).  ``batch``:
+    images per kernel launch.  ``partitions_per_bag`` / ``partition_mb``: how finely Spark
+    splits each bag (default: partitions of about 16 MB, at least one per core).  Raises
+    :class:`HeteroError` when ``out`` exists and is not empty (unless ``overwrite``).
+    """
+    from adcloud.binpipe import BinPipeRDD  # noqa: PLC0415 - pyspark is heavy
+
+    settings = HeteroSettings.load() if settings is None else settings
+    options = dict(storage_options or {})
+    # Executors run in other working directories: local paths must be absolute.
+    out = _absolute(out)
+    bags = [_absolute(b) for b in ([bags] if isinstance(bags, str) else bags)]
+    fs, root = fsspec.core.url_to_fs(out, **options)
+    if fs.exists(root) and fs.ls(root, detail=False):
+        if not overwrite:
+            raise HeteroError(f"{out} exists and is not empty; pass overwrite=True to replace it")
+        fs.rm(root, recursive=True)
+    fs.makedirs(root, exist_ok=True)
+    rdd = BinPipeRDD.from_bags(
+        spark,
+        bags,
+        topics=[topic],
+        partitions_per_bag=partitions_per_bag,
+        partition_bytes=int(partition_mb * 2**20) or None,
+        storage_options=options or None,
+    )
+    job = functools.partial(
+        _partition_features,
+        out=out,
+        topic=topic,
+        cell=cell,
+        bins=bins,
+        batch=batch,
+        settings=settings,
+        storage_options=options,
+    )
+    started = time.perf_counter()
+    reports = rdd.rdd.mapPartitionsWithIndex(job).collect()
+    seconds = time.perf_counter() - started
+    devices: dict[str, int] = defaultdict(int)
+    for report in reports:
+        devices[report["address"]] += report["images"]
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "topic": topic,
+        "cell": cell,
+        "bins": bins,
+        "bags": bags,
+        "images": sum(r["images"] for r in reports),
+        "seconds": seconds,
+        "partitions": sorted(reports, key=lambda r: r["partition"]),
+    }
+    manifest_url = posixpath.join(out, "manifest.json")
+    with fs.open(posixpath.join(root, "manifest.json"), "w") as handle:
+        handle.write(json.dumps(manifest, indent=2) + "\n")
+    with fs.open(posixpath.join(root, "settings.json"), "w") as handle:
+        handle.write(json.dumps({"hetero": settings_dict(settings)}, indent=2) + "\n")
+    files = sorted(f for r in reports for f in r["files"])
+    log.info("features of %d images in %.2f s", manifest["images"], seconds)
+    return FeatureJobResult(
+        images=int(manifest["images"]),
+        partitions=len(reports),
+        seconds=seconds,
+        devices=dict(devices),
+        files=files,
+        out=out,
+        manifest=manifest_url,
+    )
+
+
+def read_features(out: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load a job's output: ``{"HxW": (timestamps, features)}`` sorted by time, per size."""
+    options = dict(storage_options or {})
+    fs, root = fsspec.core.url_to_fs(out, **options)
+    with fs.open(posixpath.join(root, "manifest.json")) as handle:
+        manifest = json.load(handle)
+    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+        raise HeteroError(f"{out} is not an {FORMAT} v{FORMAT_VERSION} output")
+    groups: dict[str, list[tuple[NDArray[np.int64], NDArray[np.float32]]]] = defaultdict(list)
+    for path in sorted(fs.glob(posixpath.join(root, "part-*.npz"))):
+        with (
+            fs.open(path, "rb") as handle,
+            np.load(io.BytesIO(handle.read()), allow_pickle=False) as data,
+        ):
+            height, width = (int(v) for v in data["shape"])
+            groups[f"{height}x{width}"].append((data["timestamps"], data["features"]))
+    result: dict[str, Any] = {}
+    for key, parts in groups.items():
+        stamps = np.concatenate([s for s, _ in parts])
+        features = np.concatenate([f for _, f in parts])
+        order = np.argsort(stamps, kind="stable")
+        result[key] = (stamps[order], features[order])
+    return result

@@ -1,0 +1,158 @@
+"""Dispatching kernels from Spark tasks: :func:`map_partitions`.
+
+Each task gathers its partition into one NumPy array, opens the device Spark assigned to it
+(``TaskContext.resources()``, by address; see :mod:`adcloud.hetero.devices`) or the one the
+policy picks, runs the kernel there and yields NumPy results.  Nothing OpenCL crosses the
+closure: it carries the kernel (a picklable function, e.g. a :func:`functools.partial` of
+:func:`~adcloud.hetero.transform.transform_points`) and the frozen
+:class:`~adcloud.hetero.devices.HeteroSettings`; contexts and programs are made in the
+executor's Python worker and cached there.
+
+Partition elements may be NumPy arrays (one element is used without a copy, several are
+concatenated along axis 0), Arrow record batches or tables (a single fixed-size-list column
+such as ``xyz: fixed_size_list<float, 3>`` becomes an (N, 3) view without a copy; otherwise
+the selected columns are stacked), or rows of numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from adcloud.hetero.devices import ComputeDevice, HeteroSettings, select_device, spark_assignment
+from adcloud.hetero.errors import HeteroError
+
+if TYPE_CHECKING:
+    from pyspark import RDD
+
+__all__ = ["PartitionResult", "map_partitions", "partition_array"]
+
+Kernel = Callable[..., Any]
+"""``kernel(array, device=device)``: NumPy in, anything picklable (usually NumPy) out."""
+
+
+class PartitionResult(NamedTuple):
+    """What one task did, with ``map_partitions(..., with_info=True)``.
+
+    ``address``/``device_name``: the device the kernel ran on; ``resource`` and
+    ``assigned``: the Spark resource and the addresses Spark gave the task (empty outside
+    resource scheduling); ``pid``: the Python worker; ``rows``: input rows; ``seconds``:
+    device selection plus kernel time; ``value``: the kernel's result.
+    """
+
+    partition: int
+    address: str
+    device_name: str
+    resource: str
+    assigned: tuple[str, ...]
+    pid: int
+    rows: int
+    seconds: float
+    value: Any
+
+
+def partition_array(items: Iterable[Any], columns: Sequence[str] | None = None) -> NDArray[Any]:
+    """One array from a partition's elements (see the module docstring); (0,) when empty."""
+    parts = [_as_array(item, columns) for item in items]
+    if not parts:
+        return np.empty((0,))
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, np.ndarray) and p.ndim >= 1 for p in parts):
+        try:
+            return np.concatenate(parts, axis=0)
+        except ValueError as err:
+            raise HeteroError(f"partition elements do not stack: {err}") from err
+    return np.asarray(parts)
+
+
+def _as_array(item: Any, columns: Sequence[str] | None) -> NDArray[Any]:
+    if isinstance(item, np.ndarray):
+        return item
+    module = type(item).__module__
+    if module.startswith("pyarrow"):
+        return _arrow_array(item, columns)
+    array: NDArray[Any] = np.asarray(item)
+    return array[None] if isinstance(item, list | tuple) and array.ndim == 1 else array
+
+
+def _arrow_array(batch: Any, columns: Sequence[str] | None) -> NDArray[Any]:
+    """Columns of an Arrow record batch / table as one array (zero-copy where possible)."""
+    import pyarrow as pa  # noqa: PLC0415 - only when Arrow data arrives
+
+    names = list(columns) if columns is not None else list(batch.schema.names)
+    if len(names) == 1:
+        column = batch.column(names[0])
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if pa.types.is_fixed_size_list(column.type):
+            width = column.type.list_size
+            if column.null_count == 0 and column.offset == 0:
+                values: NDArray[Any] = column.values.to_numpy(zero_copy_only=True)
+                return values.reshape(-1, width)
+            return np.asarray(column.to_pylist(), dtype=np.float64)
+        flat: NDArray[Any] = column.to_numpy(zero_copy_only=False)
+        return flat
+    arrays = [_arrow_array(batch, [name]) for name in names]
+    return np.column_stack(arrays)
+
+
+def _run_partition(
+    index: int,
+    items: Iterator[Any],
+    *,
+    kernel: Kernel,
+    settings: HeteroSettings | None,
+    columns: Sequence[str] | None,
+    with_info: bool,
+) -> Iterator[Any]:
+    array = partition_array(items, columns)
+    if array.size == 0 and not with_info:
+        return
+    started = time.perf_counter()
+    device: ComputeDevice = select_device(settings)
+    assignment = spark_assignment((settings or HeteroSettings.load()).resources)
+    value = kernel(array, device=device) if array.size else None
+    seconds = time.perf_counter() - started
+    if not with_info:
+        yield value
+        return
+    resource, assigned = (assignment[0], tuple(assignment[1])) if assignment else ("", ())
+    yield PartitionResult(
+        partition=index,
+        address=device.info.address,
+        device_name=device.info.name,
+        resource=resource,
+        assigned=assigned,
+        pid=os.getpid(),
+        rows=int(array.shape[0]) if array.ndim else 0,
+        seconds=seconds,
+        value=value,
+    )
+
+
+def map_partitions(
+    rdd: RDD[Any],
+    kernel: Kernel,
+    *,
+    settings: HeteroSettings | None = None,
+    columns: Sequence[str] | None = None,
+    with_info: bool = False,
+) -> RDD[Any]:
+    """Run ``kernel(partition_array, device=device)`` once per partition, on the task's device.
+
+    Returns an RDD with one element per non-empty partition: the kernel's result, or with
+    ``with_info`` a :class:`PartitionResult` for every partition (empty ones included, with
+    ``value`` None).  ``settings`` (default: :meth:`HeteroSettings.load` on the executor)
+    chooses the device where Spark assigned none; ``columns`` selects Arrow columns.
+    """
+    fn = functools.partial(
+        _run_partition, kernel=kernel, settings=settings, columns=columns, with_info=with_info
+    )
+    return rdd.mapPartitionsWithIndex(fn)

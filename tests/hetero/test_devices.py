@@ -1,0 +1,372 @@
+"""Device discovery, addresses, the selection policy, the process cache and FPGA binaries."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adcloud.errors import ConfigError, MissingComponentError
+from adcloud.hetero import (
+    DeviceAddress,
+    DeviceKind,
+    DeviceNotFoundError,
+    HeteroSettings,
+    KernelBuildError,
+    NumpyDevice,
+    OpenCLDevice,
+    discover,
+    list_devices,
+    open_device,
+    select_device,
+    transform_points,
+)
+from adcloud.hetero import devices as devices_module
+from adcloud.hetero._kernels import PROGRAMS, program_source
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DISCOVER = REPO_ROOT / "deploy" / "discover_opencl.sh"
+DISCOVER_FPGA = REPO_ROOT / "deploy" / "discover_fpga.sh"
+
+pytestmark = pytest.mark.opencl
+
+
+# -- addresses and settings -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("0:0", DeviceAddress(0, 0)),
+        ("1:3", DeviceAddress(1, 3)),
+        ("0:0:1/2", DeviceAddress(0, 0, 1, 2)),
+        (" 2:1:0/4 ", DeviceAddress(2, 1, 0, 4)),
+    ],
+)
+def test_addresses_parse_and_print_back(text: str, parsed: DeviceAddress) -> None:
+    assert DeviceAddress.parse(text) == parsed
+    assert str(parsed) == text.strip()
+
+
+@pytest.mark.parametrize("text", ["", "0", "a:b", "0:0:2/2", "0:0:1", "0:0:x/2", "0:0:0:0"])
+def test_bad_addresses_are_refused(text: str) -> None:
+    with pytest.raises(DeviceNotFoundError, match="not an OpenCL device address"):
+        DeviceAddress.parse(text)
+
+
+def test_settings_come_from_the_environment() -> None:
+    settings = HeteroSettings.load(
+        environ={
+            "ADCLOUD_HETERO_DEVICE": "0:0",
+            "ADCLOUD_HETERO_GPU_KINDS": "cpu,gpu",
+            "ADCLOUD_HETERO_SPLIT": "2",
+            "ADCLOUD_HETERO_NUMPY_FALLBACK": "no",
+            "ADCLOUD_HETERO_BINARY_DIR": "/opt/fpga",
+        }
+    )
+    assert settings.device == "0:0"
+    assert settings.gpu_kinds == ("cpu", "gpu")
+    assert settings.split == 2
+    assert settings.numpy_fallback is False
+    assert settings.binary_dir == Path("/opt/fpga")
+    assert settings.kinds_for("fpga") == ("accelerator",)
+    assert pickle.loads(pickle.dumps(settings)) == settings
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"backend": "cuda"}, "backend"),
+        ({"prefer": ("gpu", "tpu")}, "prefer"),
+        ({"split": -1}, "split"),
+    ],
+)
+def test_bad_settings_are_refused(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        HeteroSettings(**overrides)  # type: ignore[arg-type]
+
+
+def test_unknown_spark_resource_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'gpu' and 'fpga'"):
+        discover("tpu")
+
+
+# -- discovery --------------------------------------------------------------------------------
+
+
+def test_devices_are_listed_with_kind_memory_and_compute_units() -> None:
+    found = list_devices()
+    assert found, "PoCL provides at least one CPU device"
+    addresses = [d.address for d in found]
+    assert len(set(addresses)) == len(addresses)
+    for info in found:
+        assert info.kind in (DeviceKind.GPU, DeviceKind.ACCELERATOR, DeviceKind.CPU)
+        assert info.compute_units >= 1
+        assert info.global_mem_bytes > 0
+        assert info.max_work_group_size >= 1
+        assert DeviceAddress.parse(info.address)
+        assert json.loads(json.dumps(info.to_dict()))["address"] == info.address
+    assert any(d.kind == DeviceKind.CPU for d in found)
+
+
+def test_pocl_splits_into_sub_devices_with_their_own_addresses() -> None:
+    whole = next(d for d in list_devices() if d.kind == DeviceKind.CPU)
+    if whole.compute_units < 2:
+        pytest.skip("a one-core machine has nothing to split")
+    parts = [d for d in list_devices(split=2) if d.address.startswith(whole.address + ":")]
+    assert [p.address for p in parts] == [f"{whole.address}:0/2", f"{whole.address}:1/2"]
+    assert all(p.compute_units == whole.compute_units // 2 for p in parts)
+
+
+def test_discovery_document_maps_resources_to_device_kinds() -> None:
+    cpu = [d.address for d in list_devices() if d.kind == DeviceKind.CPU]
+    gpus = [d.address for d in list_devices() if d.kind == DeviceKind.GPU]
+    assert discover("gpu", HeteroSettings()) == {"name": "gpu", "addresses": gpus}
+    standing_in = discover("gpu", HeteroSettings(gpu_kinds=("cpu",)))
+    assert standing_in == {"name": "gpu", "addresses": cpu}
+    assert discover("fpga", HeteroSettings(fpga_kinds=("cpu",)))["name"] == "fpga"
+
+
+def _run_script(script: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(script), *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_discovery_script_prints_spark_json(pocl_env: dict[str, str]) -> None:
+    env = {**pocl_env, "ADCLOUD_PYTHON": sys.executable}
+    assert os.access(DISCOVER, os.X_OK)
+    assert os.access(DISCOVER_FPGA, os.X_OK)
+    plain = _run_script(DISCOVER, env)
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout) == discover("gpu", HeteroSettings())
+    stand_in = _run_script(
+        DISCOVER, {**env, "ADCLOUD_HETERO_GPU_KINDS": "cpu", "ADCLOUD_HETERO_SPLIT": "2"}
+    )
+    doc = json.loads(stand_in.stdout)
+    assert doc["name"] == "gpu"
+    assert doc["addresses"] == [
+        d.address for d in list_devices(split=2) if d.kind == DeviceKind.CPU
+    ]
+    fpga = _run_script(DISCOVER_FPGA, {**env, "ADCLOUD_HETERO_FPGA_KINDS": "cpu"})
+    assert json.loads(fpga.stdout) == discover("fpga", HeteroSettings(fpga_kinds=("cpu",)))
+    bad = _run_script(DISCOVER, env, "tpu")
+    assert bad.returncode == 1
+    assert "'gpu' and 'fpga'" in bad.stderr
+
+
+# -- selection ----------------------------------------------------------------------------------
+
+
+def test_policy_prefers_gpu_then_accelerator_then_cpu(caplog: pytest.LogCaptureFixture) -> None:
+    found = list_devices()
+    with caplog.at_level(logging.DEBUG, logger="adcloud.hetero.devices"):
+        chosen = select_device(HeteroSettings())
+    for kind in ("gpu", "accelerator", "cpu"):
+        of_kind = [d for d in found if d.kind.value == kind]
+        if of_kind:
+            assert chosen.info.address == of_kind[0].address
+            break
+    assert "picked by preference" in caplog.text
+    cpu_first = select_device(HeteroSettings(prefer=("cpu",)))
+    assert cpu_first.info.kind == DeviceKind.CPU
+
+
+def test_explicit_device_setting_and_numpy_backend() -> None:
+    address = list_devices()[0].address
+    assert select_device(HeteroSettings(device=address)).info.address == address
+    numpy = select_device(HeteroSettings(backend="numpy"))
+    assert isinstance(numpy, NumpyDevice)
+    assert numpy.info.kind == DeviceKind.NUMPY
+
+
+def test_no_device_of_the_preferred_kinds_falls_back_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kinds = {d.kind.value for d in list_devices()}
+    missing = [k for k in ("gpu", "accelerator", "cpu") if k not in kinds]
+    if not missing:
+        pytest.skip("every device kind is present")
+    settings = HeteroSettings(prefer=(missing[0],))
+    devices_module._CACHE.current().logged.discard(("fallback", "numpy"))
+    with caplog.at_level(logging.WARNING, logger="adcloud.hetero.devices"):
+        chosen = select_device(settings)
+    assert isinstance(chosen, NumpyDevice)
+    assert "NumPy reference" in caplog.text
+    with pytest.raises(MissingComponentError, match="no usable OpenCL device"):
+        select_device(HeteroSettings(prefer=(missing[0],), numpy_fallback=False))
+
+
+def test_unknown_device_addresses_say_what_exists() -> None:
+    with pytest.raises(DeviceNotFoundError, match="no OpenCL platform 9"):
+        open_device("9:0")
+    with pytest.raises(DeviceNotFoundError, match=r"has \d+ device"):
+        open_device("0:99")
+    with pytest.raises(DeviceNotFoundError, match="device number 99"):
+        open_device("99")
+
+
+def test_devices_are_cached_per_process() -> None:
+    address = list_devices()[0].address
+    first = open_device(address)
+    assert isinstance(first, OpenCLDevice)
+    assert open_device(address) is first
+    assert first.program("transform") is first.program("transform")
+    assert first.kernel("transform", "transform_points") is first.kernel(
+        "transform", "transform_points"
+    )
+
+
+NO_PLATFORM = textwrap.dedent(
+    """
+    import logging, numpy as np
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    from adcloud.hetero import opencl_status, select_device, transform_points, HeteroSettings
+    from adcloud.errors import MissingComponentError
+    print("STATUS", opencl_status() is not None)
+    device = select_device()
+    print("DEVICE", device.info.address)
+    print("RESULT", transform_points(np.ones((2, 3)), np.eye(4), device=device).tolist())
+    try:
+        select_device(HeteroSettings(numpy_fallback=False))
+    except MissingComponentError as err:
+        print("STRICT", "pip install pyopencl" in str(err))
+    """
+)
+
+
+def test_no_opencl_platform_falls_back_to_numpy_and_says_so(pocl_env: dict[str, str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_PLATFORM],
+        env={**pocl_env, "OCL_ICD_VENDORS": "/nonexistent-opencl-vendors"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "STATUS True" in proc.stdout
+    assert "DEVICE numpy" in proc.stdout
+    assert "RESULT [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]" in proc.stdout
+    assert "STRICT True" in proc.stdout
+    assert "WARNING hetero: no OpenCL platform" in proc.stderr
+    assert "NumPy reference" in proc.stderr
+
+
+AFTER_FORK = textwrap.dedent(
+    """
+    import os, numpy as np
+    from adcloud.hetero import HeteroError, open_device, transform_points
+    points = np.arange(12, dtype=np.float32).reshape(4, 3)
+    pid = os.fork()
+    if pid == 0:  # like a Spark Python worker: OpenCL first used after the fork
+        moved = transform_points(points, np.eye(4), device=open_device("0:0"))
+        os._exit(0 if np.array_equal(moved, points) else 3)
+    _, status = os.waitpid(pid, 0)
+    print("LAZY CHILD", os.waitstatus_to_exitcode(status))
+    parent = open_device("0:0")
+    transform_points(points, np.eye(4), device=parent)
+    pid = os.fork()
+    if pid == 0:  # forked after the parent used OpenCL: refused, not hung
+        try:
+            open_device("0:0")
+        except HeteroError as err:
+            os._exit(0 if "do not survive fork" in str(err) else 4)
+        os._exit(5)
+    _, status = os.waitpid(pid, 0)
+    print("LATE CHILD", os.waitstatus_to_exitcode(status))
+    """
+)
+
+
+def test_opencl_is_initialised_lazily_and_never_across_a_fork(pocl_env: dict[str, str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", AFTER_FORK],
+        env=pocl_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "LAZY CHILD 0" in proc.stdout
+    assert "LATE CHILD 0" in proc.stdout
+
+
+def test_sub_device_addresses_open_sub_devices() -> None:
+    cpu = next(d for d in list_devices() if d.kind == DeviceKind.CPU)
+    if cpu.compute_units < 2:
+        pytest.skip("a one-core machine has nothing to split")
+    part = open_device(f"{cpu.address}:1/2")
+    assert isinstance(part, OpenCLDevice)
+    assert part.info.compute_units == cpu.compute_units // 2
+    assert part.device.parent_device is not None
+    points = np.random.default_rng(0).random((100, 3)).astype(np.float32)
+    assert np.allclose(transform_points(points, np.eye(4), device=part), points)
+
+
+# -- FPGA-style prebuilt binaries ---------------------------------------------------------------
+
+
+def test_prebuilt_binaries_are_loaded_by_ip_id(tmp_path: Path, cpu_device: OpenCLDevice) -> None:
+    """PoCL stands in for an FPGA: its own binaries go where an .aocx would."""
+    binary = cpu_device.program("transform").binaries[0]
+    (tmp_path / "ip-7").mkdir()
+    (tmp_path / "ip-7" / "transform.bin").write_bytes(binary)
+    settings = HeteroSettings(prebuilt_kinds=("cpu",), binary_dir=tmp_path, ip_id="ip-7")
+    fpga_like = open_device(cpu_device.info.address, settings)
+    assert fpga_like is not cpu_device
+    assert isinstance(fpga_like, OpenCLDevice) and fpga_like.build.prebuilt
+    points = np.random.default_rng(1).random((50, 3)).astype(np.float32)
+    matrix = np.eye(4)
+    matrix[:3, 3] = [1.0, 2.0, 3.0]
+    assert np.allclose(
+        transform_points(points, matrix, device=fpga_like), points + np.array([1, 2, 3])
+    )
+    with pytest.raises(KernelBuildError, match=r"ip-7/voxel\.aocx"):
+        fpga_like.program("voxel")
+
+
+def test_prebuilt_ip_id_defaults_to_yarns_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REQUESTED_FPGA_IP_ID", "matrix-multiply-v2")
+    assert HeteroSettings().fpga_ip_id() == "matrix-multiply-v2"
+    assert HeteroSettings(ip_id="explicit").fpga_ip_id() == "explicit"
+    monkeypatch.delenv("REQUESTED_FPGA_IP_ID")
+    assert HeteroSettings().fpga_ip_id() == "default"
+
+
+def test_prebuilt_kinds_without_binary_dir_say_how_to_build(cpu_device: OpenCLDevice) -> None:
+    device = open_device(cpu_device.info.address, HeteroSettings(prebuilt_kinds=("cpu",)))
+    assert isinstance(device, OpenCLDevice)
+    with pytest.raises(KernelBuildError, match="adcloud hetero kernels"):
+        device.program("icp")
+
+
+def test_every_program_source_is_self_contained_and_builds(cpu_device: OpenCLDevice) -> None:
+    for name in PROGRAMS:
+        source = program_source(name)
+        assert "#define EMPTY_KEY" in source
+        assert cpu_device.program(name) is not None
+
+
+@pytest.mark.gpu
+def test_gpu_and_cpu_devices_agree(gpu_device: OpenCLDevice, cpu_device: OpenCLDevice) -> None:
+    """Where a GPU exists the same kernels give the same answers there (non-unified memory:
+    buffers are copied, not wrapped)."""
+    points = np.random.default_rng(2).normal(0, 20, (50_000, 4)).astype(np.float32)
+    matrix = np.eye(4)
+    matrix[:3, 3] = [1.0, 2.0, 3.0]
+    np.testing.assert_allclose(
+        transform_points(points, matrix, device=gpu_device),
+        transform_points(points, matrix, device=cpu_device),
+        atol=1e-4,
+    )
+    assert gpu_device.info.kind == DeviceKind.GPU

@@ -1,0 +1,144 @@
+"""The image feature job and the ``adcloud hetero`` commands, on local Spark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyspark.sql import SparkSession
+from rich.console import Console
+
+from adcloud.hetero import HeteroError, extract_features, hog_features, read_features
+from adcloud.hetero.command import add_parser
+
+from .conftest import smooth_images, write_image_bag
+
+pytestmark = pytest.mark.opencl
+
+
+@pytest.fixture(scope="module")
+def image_bags(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Three small camera bags: rgb8, padded mono8 and bgr8, with their images."""
+    folder = tmp_path_factory.mktemp("image-bags")
+    rgb = smooth_images(40, 48, 64, seed=1)
+    mono = smooth_images(25, 30, 41, seed=2, color=False)
+    bgr = smooth_images(10, 48, 64, seed=3)
+    return {
+        "rgb": write_image_bag(folder / "rgb.bag", rgb, chunk_threshold=64 * 1024),
+        "mono": write_image_bag(folder / "mono.bag", mono, encoding="mono8", pad=3),
+        "bgr": write_image_bag(folder / "bgr.bag", bgr[..., ::-1], encoding="bgr8"),
+        "images": {"rgb": rgb, "mono": mono, "bgr": bgr},
+    }
+
+
+def test_features_of_every_image_are_saved_per_partition(
+    spark: SparkSession, image_bags: dict, tmp_path: Path
+) -> None:
+    out = tmp_path / "features"
+    result = extract_features(
+        spark, [str(image_bags["rgb"]), str(image_bags["mono"])], str(out), partitions_per_bag=3
+    )
+    assert result.images == 65
+    assert result.partitions >= 4
+    assert sum(result.devices.values()) == 65
+    assert result.images_per_second > 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format"] == "adcloud-hog" and manifest["version"] == 1
+    assert "hetero" in json.loads((out / "settings.json").read_text())
+    saved = read_features(str(out))
+    assert set(saved) == {"48x64", "30x41"}
+    stamps, features = saved["48x64"]
+    assert np.all(np.diff(stamps) > 0)
+    np.testing.assert_allclose(
+        features, hog_features(image_bags["images"]["rgb"], device="numpy"), atol=3e-5
+    )
+    _, mono_features = saved["30x41"]
+    np.testing.assert_allclose(
+        mono_features, hog_features(image_bags["images"]["mono"], device="numpy"), atol=3e-5
+    )
+    for path in out.glob("part-*.npz"):
+        with np.load(path, allow_pickle=False) as data:
+            assert int(data["version"]) == 1
+            assert list(data["params"]) == [8, 9]
+
+
+def test_bgr_images_give_the_features_of_their_rgb_pixels(
+    spark: SparkSession, image_bags: dict, tmp_path: Path
+) -> None:
+    result = extract_features(spark, str(image_bags["bgr"]), str(tmp_path / "bgr"))
+    assert result.images == 10
+    ((_, features),) = read_features(str(tmp_path / "bgr")).values()
+    np.testing.assert_allclose(
+        features, hog_features(image_bags["images"]["bgr"], device="numpy"), atol=3e-5
+    )
+
+
+def test_existing_output_and_wrong_topic(
+    spark: SparkSession, image_bags: dict, tmp_path: Path
+) -> None:
+    out = tmp_path / "again"
+    extract_features(spark, str(image_bags["bgr"]), str(out))
+    with pytest.raises(HeteroError, match="exists and is not empty"):
+        extract_features(spark, str(image_bags["bgr"]), str(out))
+    assert extract_features(spark, str(image_bags["bgr"]), str(out), overwrite=True).images == 10
+    with pytest.raises(Exception, match="not sensor_msgs/Image"):
+        extract_features(spark, str(image_bags["rgb"]), str(tmp_path / "status"), topic="/status")
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    parser = argparse.ArgumentParser(prog="adcloud")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    console = Console(record=True, width=200)
+    code = args.func(args, console)
+    return code, console.export_text()
+
+
+def test_cli_devices() -> None:
+    code, text = run(["hetero", "devices"])
+    assert code == 0
+    assert "OpenCL devices" in text and "0:0" in text and "policy" in text
+    code, text = run(["hetero", "devices", "--json"])
+    doc = json.loads(text)
+    assert doc["opencl"] == "ok" and doc["devices"][0]["address"] == "0:0"
+    code, text = run(["hetero", "devices", "--discover", "gpu", "--split", "2"])
+    assert json.loads(text)["name"] == "gpu"
+
+
+def test_cli_features_and_kernels(spark: SparkSession, image_bags: dict, tmp_path: Path) -> None:
+    code, text = run(
+        [
+            "hetero",
+            "features",
+            str(image_bags["rgb"]),
+            "--out",
+            str(tmp_path / "cli"),
+            "--master",
+            "local[2]",
+        ]
+    )
+    assert code == 0, text
+    assert "HOG features of 40 images" in text and "images/s" in text
+    assert str(tmp_path / "cli") in text
+    code, text = run(["hetero", "kernels", "--out", str(tmp_path / "cl")])
+    assert code == 0
+    assert sorted(p.name for p in (tmp_path / "cl").glob("*.cl")) == [
+        "features.cl",
+        "icp.cl",
+        "raster.cl",
+        "transform.cl",
+        "voxel.cl",
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv", [["hetero"], ["hetero", "devices"], ["hetero", "features"], ["hetero", "kernels"]]
+)
+def test_every_command_has_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        run([*argv, "--help"])
+    assert info.value.code == 0
+    assert "usage:" in capsys.readouterr().out

@@ -1,0 +1,114 @@
+"""Grid rasterization (both device strategies) against the NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adcloud.hetero import GridSpec, HeteroError, Raster, rasterize
+from adcloud.hetero.devices import ComputeDevice
+
+pytestmark = pytest.mark.opencl
+
+STRATEGIES = ("atomic", "binned")
+
+
+def assert_same(got: Raster, want: Raster) -> None:
+    np.testing.assert_array_equal(got.count, want.count)
+    for name in ("mean_z", "min_z", "max_z", "mean_intensity"):
+        a, b = getattr(got, name), getattr(want, name)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=name)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_random_cloud_matches_the_reference(device: ComputeDevice, strategy: str) -> None:
+    rng = np.random.default_rng(11)
+    points = np.column_stack(
+        [
+            rng.uniform(-5, 55, 200_000),
+            rng.uniform(-5, 45, 200_000),
+            rng.normal(2, 3, 200_000),
+            rng.uniform(0, 255, 200_000),
+        ]
+    ).astype(np.float32)
+    grid = GridSpec(0.0, 0.0, 0.25, 200, 160)
+    got = rasterize(points, grid, strategy=strategy, device=device)
+    assert_same(got, rasterize(points, grid, device="numpy"))
+    inside = (points[:, 0] >= 0) & (points[:, 0] < 50) & (points[:, 1] >= 0) & (points[:, 1] < 40)
+    assert got.count.sum() == inside.sum()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_hand_made_cells(device: ComputeDevice, strategy: str) -> None:
+    points = np.array(
+        [
+            [0.5, 0.5, 1.0, 10],
+            [0.6, 0.4, 3.0, 20],
+            [0.5, 0.5, -2.0, 30],  # negative heights go through the float min/max trick
+            [1.5, 0.5, -0.0, 40],  # minus zero
+            [2.5, 1.5, np.nan, 50],  # dropped: z not finite
+            [2.5, 1.5, 7.0, np.nan],  # dropped: intensity not finite
+            [-0.1, 0.5, 1.0, 1],  # outside
+            [3.0, 0.5, 1.0, 1],  # outside (right edge is exclusive)
+            [1e30, 1e30, 1.0, 1],  # huge
+        ],
+        np.float32,
+    )
+    grid = GridSpec(0.0, 0.0, 1.0, 3, 2)
+    r = rasterize(points, grid, strategy=strategy, device=device)
+    np.testing.assert_array_equal(r.count, [[3, 1, 0], [0, 0, 0]])
+    np.testing.assert_allclose(r.mean_z[0, :2], [2.0 / 3.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(r.min_z[0, :2], [-2.0, 0.0])
+    np.testing.assert_allclose(r.max_z[0, :2], [3.0, 0.0])
+    np.testing.assert_allclose(r.mean_intensity[0, :2], [20.0, 40.0])
+    assert np.isnan(r.mean_z[1]).all() and np.isnan(r.max_z[0, 2])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_empty_one_point_and_all_outside(device: ComputeDevice, strategy: str) -> None:
+    grid = GridSpec(10.0, 20.0, 0.5, 4, 4)
+    empty = rasterize(np.empty((0, 3), np.float32), grid, strategy=strategy, device=device)
+    assert empty.count.shape == (4, 4) and not empty.count.any()
+    one = rasterize(
+        np.array([[11.2, 20.1, 5.0]], np.float32), grid, strategy=strategy, device=device
+    )
+    assert one.count[0, 2] == 1 and one.count.sum() == 1
+    assert one.max_z[0, 2] == 5.0
+    assert np.isnan(one.mean_intensity).all()  # three columns: no intensity
+    outside = rasterize(np.full((10, 3), -100, np.float32), grid, strategy=strategy, device=device)
+    assert not outside.count.any()
+
+
+def test_intensity_array_and_float64_geo_coordinates(device: ComputeDevice) -> None:
+    rng = np.random.default_rng(12)
+    xyz = rng.uniform(0, 20, (50_000, 3)) + np.array([3.2e5, 5.6e6, 0.0])
+    intensity = rng.uniform(0, 1, 50_000)
+    grid = GridSpec(3.2e5, 5.6e6, 0.1, 200, 200)
+    got = rasterize(xyz, grid, intensity=intensity, device=device)
+    assert_same(got, rasterize(xyz, grid, intensity=intensity, device="numpy"))
+    assert got.count.sum() == 50_000
+
+
+def test_a_dense_cell(device: ComputeDevice) -> None:
+    z = np.random.default_rng(13).normal(0, 1, 100_000).astype(np.float32)
+    points = np.column_stack([np.full_like(z, 0.5), np.full_like(z, 0.5), z])
+    for strategy in STRATEGIES:
+        r = rasterize(points, GridSpec(0, 0, 1, 1, 1), strategy=strategy, device=device)
+        assert r.count[0, 0] == 100_000
+        assert r.mean_z[0, 0] == pytest.approx(float(z.astype(np.float64).mean()), abs=1e-4)
+        assert r.min_z[0, 0] == z.min() and r.max_z[0, 0] == z.max()
+
+
+def test_grid_spec_checks_and_covering() -> None:
+    with pytest.raises(HeteroError, match="cell_size"):
+        GridSpec(0, 0, 0, 1, 1)
+    with pytest.raises(HeteroError, match="empty or too large"):
+        GridSpec(0, 0, 1, 0, 1)
+    with pytest.raises(HeteroError, match="strategy"):
+        rasterize(np.zeros((1, 3)), GridSpec(0, 0, 1, 1, 1), strategy="magic")
+    points = np.array([[1.05, -2.0, 0], [3.9, 4.0, 0], [np.nan, 100, 0]])
+    grid = GridSpec.covering(points, 0.5)
+    assert (grid.origin_x, grid.origin_y) == (1.0, -2.0)
+    r = rasterize(points, grid, device="numpy")
+    assert r.count.sum() == 2

@@ -1,0 +1,86 @@
+"""Voxel-grid downsampling on every OpenCL device against the NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adcloud.hetero import HeteroError, voxel_downsample
+from adcloud.hetero.devices import ComputeDevice
+
+pytestmark = pytest.mark.opencl
+
+
+def brute_force(points: np.ndarray, size: float) -> dict[tuple[int, int, int], np.ndarray]:
+    """Voxel -> mean of its points, by a Python dict (a second, independent reference)."""
+    groups: dict[tuple[int, int, int], list[np.ndarray]] = {}
+    for row in points.astype(np.float64):
+        if not np.isfinite(row[:3]).all():
+            continue
+        key = tuple(int(v) for v in np.floor(row[:3] / size))
+        groups.setdefault(key, []).append(row)  # type: ignore[arg-type]
+    return {k: np.mean(v, axis=0) for k, v in groups.items()}
+
+
+def test_matches_the_reference_on_a_cloud_with_intensity(device: ComputeDevice) -> None:
+    rng = np.random.default_rng(2)
+    points = np.concatenate(
+        [rng.normal(0, 5, (20_000, 4)), rng.uniform(-40, 40, (20_000, 4))]
+    ).astype(np.float32)
+    got = voxel_downsample(points, 0.5, device=device)
+    want = voxel_downsample(points, 0.5, device="numpy")
+    np.testing.assert_array_equal(got.counts, want.counts)
+    np.testing.assert_allclose(got.points, want.points, atol=2e-5)
+    assert got.counts.sum() == len(points)
+
+
+def test_reference_agrees_with_a_dictionary_of_voxels() -> None:
+    points = np.random.default_rng(3).uniform(-3, 3, (2000, 3)) + 0.013  # off the lattice
+    result = voxel_downsample(points, 1.0, device="numpy")
+    expected = brute_force(points, 1.0)
+    assert len(result.points) == len(expected)
+    for centroid in result.points:
+        key = tuple(int(v) for v in np.floor(centroid / 1.0))
+        np.testing.assert_allclose(centroid, expected[key], atol=1e-6)  # float32 on the way
+
+
+def test_nan_rows_are_dropped_and_output_sorted_by_cell(device: ComputeDevice) -> None:
+    points = np.array(
+        [[0.1, 0.1, 0.1], [np.nan, 1, 1], [0.3, 0.2, 0.1], [5.5, 0.5, 0.5], [0.5, 5.5, 0.5]],
+        np.float32,
+    )
+    result = voxel_downsample(points, 1.0, device=device)
+    np.testing.assert_array_equal(result.counts, [2, 1, 1])
+    np.testing.assert_allclose(
+        result.points, [[0.2, 0.15, 0.1], [5.5, 0.5, 0.5], [0.5, 5.5, 0.5]], atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("count", [0, 1])
+def test_empty_and_single_point(device: ComputeDevice, count: int) -> None:
+    points = np.full((count, 4), 2.5, np.float32)
+    result = voxel_downsample(points, 0.25, device=device)
+    assert result.points.shape == (count, 4)
+    np.testing.assert_allclose(result.points, points, atol=1e-6)
+
+
+def test_all_nan_gives_nothing(device: ComputeDevice) -> None:
+    result = voxel_downsample(np.full((10, 3), np.nan, np.float32), 1.0, device=device)
+    assert result.points.shape == (0, 3)
+
+
+def test_geo_referenced_float64(device: ComputeDevice) -> None:
+    points = np.random.default_rng(4).uniform(0, 50, (5000, 3)) + np.array([6.1e5, 4.2e6, 30.0])
+    got = voxel_downsample(points, 1.0, device=device)
+    want = voxel_downsample(points, 1.0, device="numpy")
+    assert got.points.dtype == np.float64
+    np.testing.assert_array_equal(got.counts, want.counts)
+    np.testing.assert_allclose(got.points, want.points, atol=1e-4)
+
+
+def test_too_large_an_extent_is_an_error(device: ComputeDevice) -> None:
+    points = np.array([[0, 0, 0], [3e6, 0, 0]], np.float32)
+    with pytest.raises(HeteroError, match="2\\^21"):
+        voxel_downsample(points, 1.0, device=device)
+    with pytest.raises(HeteroError, match="voxel_size"):
+        voxel_downsample(points, 0.0, device=device)
