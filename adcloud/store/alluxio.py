@@ -324,19 +324,6 @@ class AlluxioStore(BaseStore):
                 self._call(self._stream_url(ident, "close"))
         return data
 
-    def put(
-        self,
-        path: str,
-        data: bytes | bytearray | memoryview,
-        *,
-        write_type: WriteType | str | None = None,
-        ttl: float | None = None,
-        pinned: bool | None = None,
-    ) -> None:
-        """Store ``data`` at ``path`` (``chunk_size`` bytes per write request)."""
-        with self.open(path, "wb", write_type=write_type, ttl=ttl, pinned=pinned) as stream:
-            stream.write(data)
-
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists."""
         return bool(self._path_call(path, "exists"))
