@@ -21,7 +21,6 @@ import numpy as np
 
 from adcloud.config import settings_dict
 from adcloud.hetero._ply import read_ply
-from adcloud.hetero._png import preview, write_png
 from adcloud.hetero.devices import HeteroSettings, list_devices, opencl_status, select_device
 from adcloud.hetero.feature_job import extract_features
 from adcloud.hetero.icp import align
@@ -44,6 +43,35 @@ class HeteroDemo:
 
     lines: list[str] = field(default_factory=list)
     outputs: dict[str, Path] = field(default_factory=dict)
+
+
+def _height_preview(path: Path, max_z: np.ndarray, grid: GridSpec) -> Path:
+    """A PNG of the max-height layer in map coordinates (metres), empty cells blank."""
+    import matplotlib  # noqa: PLC0415 - heavy; only the demo draws
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    extent = (
+        grid.origin_x,
+        grid.origin_x + grid.width * grid.cell_size,
+        grid.origin_y,
+        grid.origin_y + grid.height * grid.cell_size,
+    )
+    values = np.where(np.isfinite(max_z), max_z, np.nan)
+    finite = values[np.isfinite(values)]
+    low, high = np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0)
+    aspect = grid.height / max(grid.width, 1)
+    fig, ax = plt.subplots(figsize=(7, min(10.0, 5.5 * aspect + 1.0)))
+    image = ax.imshow(values, origin="lower", extent=extent, cmap="viridis", vmin=low, vmax=high)
+    fig.colorbar(image, ax=ax, label="max height (m)", shrink=0.7)
+    ax.set_xlabel("x (m)")
+    ax.set_ylabel("y (m)")
+    ax.set_title(f"aligned scan pair, {grid.cell_size * 100:.0f} cm cells")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _rotation_error_deg(delta: np.ndarray) -> float:
@@ -161,7 +189,7 @@ def run_demo(
             origin=np.array([grid.origin_x, grid.origin_y]),
             cell_size=np.array(grid.cell_size),
         )
-        png = write_png(root / "raster_height.png", preview(raster.max_z))
+        png = _height_preview(root / "raster_height.png", raster.max_z, grid)
         occupied = int((raster.count > 0).sum())
         say(
             f"raster of the aligned pair: {grid.height} x {grid.width} cells of 10 cm, "
