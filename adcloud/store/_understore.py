@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, cast
 
 import fsspec
 
+from adcloud.store._streams import WriteStream
 from adcloud.store.errors import (
     InvalidPathError,
     StoreError,
@@ -249,37 +250,16 @@ def _rmtree(path: Path) -> None:
     path.rmdir()
 
 
-class StagingWriter:
+class StagingWriter(WriteStream):
     """A write stream over a :class:`UfsStaging`: publishes on close, discards on error."""
 
     def __init__(self, staging: UfsStaging, name: str) -> None:
+        super().__init__(name)
         self._staging = staging
-        self._closed = False
-        self.name = name
-
-    @property
-    def closed(self) -> bool:
-        """Whether the stream was closed (published) or aborted."""
-        return self._closed
-
-    def readable(self) -> bool:
-        """Write streams are not readable."""
-        return False
-
-    def writable(self) -> bool:
-        """Always true until closed."""
-        return not self._closed
-
-    def seekable(self) -> bool:
-        """Write streams only append."""
-        return False
 
     def tell(self) -> int:
         """Bytes written so far."""
         return self._staging.size
-
-    def flush(self) -> None:
-        """Nothing to do: bytes go straight to the staged file."""
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Append ``data``; returns its length."""
@@ -302,15 +282,6 @@ class StagingWriter:
         self._closed = True
         self._staging.finish()
         self._staging.publish()
-
-    def __enter__(self) -> StagingWriter:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None:
-            self.abort()
-        else:
-            self.close()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):

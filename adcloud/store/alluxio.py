@@ -34,6 +34,7 @@ import urllib.parse
 from typing import Any, BinaryIO, ClassVar, Literal, cast
 
 from adcloud.store._alluxio_wire import API_PREFIX, DEFAULT_PORT, status_from_info
+from adcloud.store._streams import WriteStream
 from adcloud.store.base import (
     CAPABILITIES,
     BaseStore,
@@ -444,30 +445,16 @@ class _ResponseReader(io.RawIOBase):
         super().close()
 
 
-class _AlluxioWriter:
+class _AlluxioWriter(WriteStream):
     """A ``streams/{id}/write`` stream; buffers ``chunk_size`` bytes per request."""
 
     def __init__(self, store: AlluxioStore, ident: int, path: str, pinned: bool | None) -> None:
+        super().__init__(path)
         self._store = store
         self._ident = ident
         self._buf = bytearray()
         self._size = 0
-        self._closed = False
         self._pinned = pinned
-        self.name = path
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def readable(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
 
     def tell(self) -> int:
         return self._size
@@ -505,9 +492,6 @@ class _AlluxioWriter:
         self._size += n
         return n
 
-    def flush(self) -> None:
-        """Bytes are sent in ``chunk_size`` requests and at close."""
-
     def abort(self) -> None:
         """Cancel the stream: the file does not appear (adcloud) or is deleted (Alluxio)."""
         if self._closed:
@@ -540,15 +524,6 @@ class _AlluxioWriter:
         self._store._call(self._store._stream_url(self._ident, "close"), what=f"close {self.name}")
         if self._pinned:
             self._store.pin(self.name)
-
-    def __enter__(self) -> _AlluxioWriter:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None:
-            self.abort()
-        else:
-            self.close()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):

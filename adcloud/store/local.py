@@ -54,12 +54,12 @@ import time
 import urllib.parse
 import zlib
 from pathlib import Path
-from types import TracebackType
-from typing import Any, BinaryIO, ClassVar, Literal, NamedTuple, Self, cast
+from typing import Any, BinaryIO, ClassVar, Literal, NamedTuple, cast
 
 from adcloud.config import settings_dict
 from adcloud.store._catalog import Catalog, FileRow, descendant_range
 from adcloud.store._locks import LockFile
+from adcloud.store._streams import WriteStream
 from adcloud.store._tiers import (
     CHUNK,
     Staged,
@@ -140,7 +140,7 @@ class TierUsage(NamedTuple):
     files: int
 
 
-class _LocalWriter:
+class _LocalWriter(WriteStream):
     """The stream :meth:`LocalStore.open` returns for ``"wb"``: publishes on close."""
 
     def __init__(
@@ -156,33 +156,16 @@ class _LocalWriter:
         self._write_type = write_type
         self._ttl = ttl
         self._pinned = pinned
-        self._closed = False
+        super().__init__(key)
         self._cache: StagingFile | None = None
         self._ufs: UfsStaging | None = None
         if write_type is WriteType.THROUGH:
             self._ufs = store._ufs.begin(key)
         else:
             self._cache = StagingFile(store._tiers, 0, store._describe_tiers, _FULL_HINT)
-        self.name = key
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def readable(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
 
     def tell(self) -> int:
         return self._cache.size if self._cache is not None else self._ufs.size  # type: ignore[union-attr]
-
-    def flush(self) -> None:
-        """Nothing to flush: bytes go straight to the staging file."""
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         if self._closed:
@@ -216,20 +199,6 @@ class _LocalWriter:
         else:
             assert self._ufs is not None
             self._store._commit_through(self._key, self._ufs, self._ttl, self._pinned)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is not None:
-            self.abort()
-        else:
-            self.close()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
