@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from adcloud.binpipe.arrays import image_array, pointcloud_array
 from adcloud.binpipe.bags import (
     BagFormat,
     BagPartition,
@@ -32,7 +33,7 @@ from adcloud.binpipe.codec import (
     iter_blocks,
     iter_records,
 )
-from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder
+from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder, decoded_messages, read_messages
 from adcloud.binpipe.errors import BagError, BinpipeError, PipeCommandError
 from adcloud.binpipe.rdd import BinPipeRDD, expand_uris
 from adcloud.binpipe.reindex import reindex_bag
@@ -56,11 +57,15 @@ __all__ = [
     "StreamReader",
     "StreamWriter",
     "TimeSource",
+    "decoded_messages",
     "encode_stream",
     "expand_uris",
+    "image_array",
     "iter_blocks",
     "iter_records",
     "plan_partitions",
+    "pointcloud_array",
+    "read_messages",
     "read_partition",
     "read_partition_timed",
     "reindex_bag",

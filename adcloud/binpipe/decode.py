@@ -9,15 +9,16 @@ packages of the robot that recorded them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from rosbags.typesys import Stores, get_types_from_idl, get_types_from_msg, get_typestore
 
-from adcloud.binpipe.codec import BlockKind, Message, encode_block
+from adcloud.binpipe.bags import plan_partitions, read_partition
+from adcloud.binpipe.codec import Block, BlockKind, Message, as_message, encode_block
 from adcloud.binpipe.errors import BinpipeError
 
-__all__ = ["ConnectionInfo", "MessageDecoder", "meta_block"]
+__all__ = ["ConnectionInfo", "MessageDecoder", "decoded_messages", "meta_block", "read_messages"]
 
 
 class ConnectionInfo(NamedTuple):
@@ -114,3 +115,51 @@ class MessageDecoder:
                 f"cannot decode a {msgtype} message on {message.topic} at t={message.timestamp} "
                 f"({serialization} serialization): {err}"
             ) from err
+
+
+def decoded_messages(
+    blocks: Iterable[bytes | bytearray], *, topics: Iterable[str] | None = None
+) -> Iterator[tuple[Message, Any]]:
+    """``(message, decoded)`` for every message record of a partition's blocks.
+
+    The executor-side loop of every service that consumes bags: META blocks register their
+    definitions, DATA blocks are decoded record by record (``topics`` limits which are
+    decoded; others are skipped undecoded).  ``message.data`` is a zero-copy view valid
+    until the next item.
+    """
+    wanted = None if topics is None else frozenset(topics)
+    decoder = MessageDecoder()
+    for raw in blocks:
+        block = Block.parse(memoryview(raw))
+        if block.kind == BlockKind.META:
+            for rec in block:
+                decoder.add(ConnectionInfo(*rec))  # type: ignore[arg-type]
+            continue
+        if block.kind != BlockKind.DATA:
+            continue
+        for rec in block:
+            item = as_message(rec)
+            if not isinstance(item, Message):
+                raise BinpipeError(f"expected message records, got a {len(rec)}-field record")
+            if wanted is None or item.topic in wanted:
+                yield item, decoder.decode(item)
+
+
+def read_messages(
+    uri: str,
+    *,
+    topics: Iterable[str] | None = None,
+    storage_options: Mapping[str, object] | None = None,
+) -> Iterator[tuple[Message, Any]]:
+    """``(message, decoded)`` for the messages of one bag read in this process, in file order
+    (for notebooks, tests and small drives; jobs use :class:`~adcloud.binpipe.BinPipeRDD`)."""
+    parts = plan_partitions(
+        uri, topics=None if topics is None else tuple(topics), storage_options=storage_options
+    )
+    for part in parts:
+        decoder = MessageDecoder(
+            ConnectionInfo(c.topic, c.msgtype, c.msgdef_format, c.msgdef, c.md5sum, c.serialization)
+            for c in part.connections
+        )
+        for message in read_partition(part):
+            yield message, decoder.decode(message)

@@ -1,0 +1,310 @@
+"""One drive's sensor streams as arrays: what the mapping stages read from a bag.
+
+:class:`DriveAccumulator` takes decoded messages one by one (on an executor or in this
+process) and returns :class:`~adcloud.hdmap.model.Scan` objects for LiDAR sweeps while it
+gathers the small streams (IMU, wheel odometry, GPS, ``/tf_static``) into arrays;
+:func:`read_drive` does the whole thing for one bag in this process. Message types are
+checked against what each topic must carry, so a wrong topic name fails with the bag, the
+topic and the type it found instead of a confusing attribute error later.
+
+GPS fixes become map-frame ENU coordinates about the map origin (WGS84 latitude,
+longitude, ellipsoidal height): the origin given, else the drive's first valid fix.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.spatial.transform import Rotation
+
+from adcloud.binpipe import BinpipeError, pointcloud_array, read_messages
+from adcloud.geodesy import geodetic_to_enu
+from adcloud.hdmap.errors import DriveDataError
+from adcloud.hdmap.model import Extrinsics, GpsFixes, ImuSamples, OdomSamples, Scan
+
+__all__ = [
+    "DriveAccumulator",
+    "DriveData",
+    "DriveTopics",
+    "drive_name",
+    "read_drive",
+    "scan_from_msg",
+    "stamp_ns",
+]
+
+log = logging.getLogger(__name__)
+
+_NS = 1_000_000_000
+Origin = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class DriveTopics:
+    """Where each stream is in the bag (settings ``hdmap``: ``ADCLOUD_HDMAP_LIDAR_TOPIC`` …)."""
+
+    lidar: str = "/lidar/points"
+    imu: str = "/imu/data"
+    odom: str = "/odom"
+    gps: str = "/gps/fix"
+    tf_static: str = "/tf_static"
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every topic, LiDAR first."""
+        return (self.lidar, self.imu, self.odom, self.gps, self.tf_static)
+
+    @property
+    def small(self) -> tuple[str, ...]:
+        """The low-rate streams the pose stage gathers on the driver."""
+        return (self.imu, self.odom, self.gps, self.tf_static)
+
+
+_EXPECTED = {
+    "lidar": ("sensor_msgs/msg/PointCloud2", "sensor_msgs/PointCloud2"),
+    "imu": ("sensor_msgs/msg/Imu", "sensor_msgs/Imu"),
+    "odom": ("nav_msgs/msg/Odometry", "nav_msgs/Odometry"),
+    "gps": ("sensor_msgs/msg/NavSatFix", "sensor_msgs/NavSatFix"),
+    "tf_static": ("tf2_msgs/msg/TFMessage", "tf2_msgs/TFMessage"),
+}
+
+
+@dataclass(frozen=True)
+class DriveData:
+    """A drive ready for mapping. ``scans`` is empty when they were left on the executors."""
+
+    name: str
+    uri: str
+    extrinsics: Extrinsics
+    imu: ImuSamples
+    odom: OdomSamples
+    gps: GpsFixes
+    origin: Origin
+    scans: list[Scan] = field(default_factory=list)
+
+    @property
+    def span_ns(self) -> tuple[int, int]:
+        """First and last time of the odometry (ns)."""
+        return int(self.odom.t[0]), int(self.odom.t[-1])
+
+
+def drive_name(uri: str) -> str:
+    """A drive's name: its bag's file or directory name without the extension."""
+    name = PurePosixPath(uri.rstrip("/")).name
+    for suffix in (".bag", ".mcap", ".db3"):
+        name = name.removesuffix(suffix)
+    return name or uri
+
+
+def stamp_ns(header: Any) -> int:
+    """A ROS header stamp in ns."""
+    stamp = header.stamp
+    return int(stamp.sec) * _NS + int(stamp.nanosec)
+
+
+def scan_from_msg(drive: str, msg: Any, *, topic: str = "/lidar/points") -> Scan:
+    """A :class:`Scan` from a decoded ``sensor_msgs/PointCloud2`` (fields ``x y z`` required;
+    ``intensity``, a per-point time ``t``/``time``/``timestamp`` in s and ``label`` when
+    present). Non-finite points are dropped."""
+    try:
+        cloud = pointcloud_array(msg, topic=topic, require=("x", "y", "z"))
+    except BinpipeError as err:
+        raise DriveDataError(f"drive {drive}: {err}") from None
+    names = cloud.dtype.names or ()
+    xyz = np.stack([cloud["x"], cloud["y"], cloud["z"]], axis=1).astype(np.float32)
+    keep = np.isfinite(xyz).all(axis=1)
+    n = int(keep.sum())
+    intensity = (
+        cloud["intensity"].astype(np.float32)[keep]
+        if "intensity" in names
+        else np.zeros(n, np.float32)
+    )
+    time_field = next((f for f in ("t", "time", "timestamp") if f in names), None)
+    dt = cloud[time_field].astype(np.float32)[keep] if time_field else np.zeros(n, np.float32)
+    label = cloud["label"].astype(np.uint16)[keep] if "label" in names else None
+    return Scan(
+        drive=drive,
+        stamp=stamp_ns(msg.header),
+        frame=str(msg.header.frame_id),
+        xyz=np.ascontiguousarray(xyz[keep]),
+        intensity=intensity,
+        dt=dt,
+        label=label,
+    )
+
+
+def _matrix(translation: Any, rotation: Any) -> NDArray[np.float64]:
+    out = np.eye(4)
+    out[:3, :3] = Rotation.from_quat([rotation.x, rotation.y, rotation.z, rotation.w]).as_matrix()
+    out[:3, 3] = [translation.x, translation.y, translation.z]
+    return out
+
+
+class DriveAccumulator:
+    """Gathers one drive's messages into :class:`DriveData` (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        uri: str = "",
+        *,
+        topics: DriveTopics | None = None,
+        origin: Origin | None = None,
+    ) -> None:
+        self.name = name
+        self.uri = uri or name
+        self.topics = topics or DriveTopics()
+        self.origin = origin
+        self._role = {
+            self.topics.lidar: "lidar",
+            self.topics.imu: "imu",
+            self.topics.odom: "odom",
+            self.topics.gps: "gps",
+            self.topics.tf_static: "tf_static",
+        }
+        self._imu: list[tuple[int, float, float, float, float, float, float]] = []
+        self._imu_frame = "imu_link"
+        self._odom: list[tuple[int, float, float]] = []
+        self._gps: list[tuple[int, float, float, float, float, float, float]] = []
+        self._gps_frame = "gps"
+        self._tf: dict[str, tuple[str, NDArray[np.float64]]] = {}
+
+    def add(self, topic: str, msgtype: str, msg: Any) -> Scan | None:
+        """Take one decoded message; a LiDAR sweep comes back as a :class:`Scan`."""
+        role = self._role.get(topic)
+        if role is None:
+            return None
+        if msgtype not in _EXPECTED[role]:
+            raise DriveDataError(
+                f"drive {self.uri}: topic {topic} carries {msgtype}, but the {role} topic must "
+                f"carry {_EXPECTED[role][0]}; set the right topic (hdmap settings "
+                f"{role}_topic) or fix the recording"
+            )
+        if role == "lidar":
+            return scan_from_msg(self.name, msg, topic=topic)
+        if role == "imu":
+            a, w = msg.linear_acceleration, msg.angular_velocity
+            self._imu.append((stamp_ns(msg.header), a.x, a.y, a.z, w.x, w.y, w.z))
+            self._imu_frame = str(msg.header.frame_id) or self._imu_frame
+        elif role == "odom":
+            twist = msg.twist.twist
+            self._odom.append((stamp_ns(msg.header), twist.linear.x, twist.angular.z))
+        elif role == "gps":
+            if int(msg.status.status) < 0 or not np.isfinite([msg.latitude, msg.longitude]).all():
+                return None  # no fix
+            cov = np.asarray(msg.position_covariance, dtype=np.float64)
+            var = cov[[0, 4, 8]] if cov.size == 9 else np.full(3, 25.0)
+            self._gps.append(
+                (stamp_ns(msg.header), msg.latitude, msg.longitude, msg.altitude, *var.tolist())
+            )
+            self._gps_frame = str(msg.header.frame_id) or self._gps_frame
+        else:
+            for tf in msg.transforms:
+                child = str(tf.child_frame_id).lstrip("/")
+                parent = str(tf.header.frame_id).lstrip("/")
+                self._tf[child] = (parent, _matrix(tf.transform.translation, tf.transform.rotation))
+        return None
+
+    def _extrinsics(self) -> Extrinsics:
+        frames: dict[str, NDArray[np.float64]] = {}
+        for child in self._tf:
+            chain = np.eye(4)
+            frame, seen = child, set()
+            while frame != "base_link":
+                if frame in seen or frame not in self._tf:
+                    break
+                seen.add(frame)
+                parent, mat = self._tf[frame]
+                chain = mat @ chain
+                frame = parent
+            if frame == "base_link":
+                frames[child] = chain
+        return Extrinsics(frames)
+
+    def finish(self, scans: list[Scan] | None = None) -> DriveData:
+        """The drive, with ``scans`` attached (none when they stay on the executors)."""
+        where = f"drive {self.uri}"
+        if len(self._odom) < 2:
+            raise DriveDataError(
+                f"{where}: {len(self._odom)} wheel-odometry messages on {self.topics.odom}; "
+                "mapping needs odometry (set hdmap odom_topic)"
+            )
+        if len(self._imu) < 2:
+            raise DriveDataError(
+                f"{where}: {len(self._imu)} IMU messages on {self.topics.imu}; mapping needs "
+                "an IMU (set hdmap imu_topic)"
+            )
+        if not self._tf:
+            raise DriveDataError(
+                f"{where}: no sensor mounts on {self.topics.tf_static}; record /tf_static "
+                "or give the extrinsics in the settings"
+            )
+        imu = np.asarray(sorted(self._imu), dtype=np.float64)
+        odom = np.asarray(sorted(self._odom), dtype=np.float64)
+        gps = np.asarray(sorted(self._gps), dtype=np.float64).reshape(-1, 7)
+        origin = self.origin
+        if origin is None:
+            if not len(gps):
+                raise DriveDataError(
+                    f"{where}: no GPS fix on {self.topics.gps} and no map origin given; "
+                    "give the origin (hdmap origin_lat/origin_lon/origin_alt)"
+                )
+            origin = (float(gps[0, 1]), float(gps[0, 2]), float(gps[0, 3]))
+        enu = (
+            geodetic_to_enu(gps[:, 1], gps[:, 2], gps[:, 3], origin)
+            if len(gps)
+            else np.zeros((0, 3))
+        )
+        return DriveData(
+            name=self.name,
+            uri=self.uri,
+            extrinsics=self._extrinsics(),
+            imu=ImuSamples(
+                frame=self._imu_frame,
+                t=np.asarray([r[0] for r in sorted(self._imu)], np.int64),
+                accel=imu[:, 1:4],
+                gyro=imu[:, 4:7],
+            ),
+            odom=OdomSamples(
+                t=np.asarray([r[0] for r in sorted(self._odom)], np.int64),
+                speed=odom[:, 1],
+                yaw_rate=odom[:, 2],
+            ),
+            gps=GpsFixes(
+                frame=self._gps_frame,
+                t=np.asarray([r[0] for r in sorted(self._gps)], np.int64),
+                enu=np.asarray(enu, dtype=np.float64).reshape(-1, 3),
+                sigma=np.sqrt(np.maximum(gps[:, 4:7], 1e-6)),
+            ),
+            origin=origin,
+            scans=sorted(scans or [], key=lambda s: s.stamp),
+        )
+
+
+def read_drive(
+    uri: str,
+    *,
+    topics: DriveTopics | None = None,
+    origin: Origin | None = None,
+    with_scans: bool = True,
+    storage_options: Mapping[str, object] | None = None,
+) -> DriveData:
+    """Read one bag (any format and URL BinPipe reads) into :class:`DriveData` in this process."""
+    topics = topics or DriveTopics()
+    acc = DriveAccumulator(drive_name(uri), uri, topics=topics, origin=origin)
+    wanted = topics.all if with_scans else topics.small
+    scans: list[Scan] = []
+    try:
+        for message, decoded in read_messages(uri, topics=wanted, storage_options=storage_options):
+            scan = acc.add(message.topic, message.msgtype, decoded)
+            if scan is not None:
+                scans.append(scan)
+    except BinpipeError as err:
+        raise DriveDataError(f"drive {uri}: {err}") from err
+    log.info("drive %s: %d scans read", acc.name, len(scans))
+    return acc.finish(scans)
