@@ -1,0 +1,61 @@
+"""Intermediates handed between build stages: in memory, or through fsync'ed files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyspark.sql import SparkSession
+
+from adcloud.hdmap.errors import MapFormatError
+from adcloud.hdmap.exchange import Exchange, dump_items, load_items
+from adcloud.hdmap.model import Scan
+
+
+def _scan(i: int) -> Scan:
+    rng = np.random.default_rng(i)
+    return Scan(
+        drive="d",
+        stamp=i,
+        frame="lidar",
+        xyz=rng.normal(size=(10, 3)).astype(np.float32),
+        intensity=np.arange(10, dtype=np.float32),
+        dt=np.zeros(10, np.float32),
+        label=None,
+    )
+
+
+def test_items_round_trip_without_pickle(tmp_path: Path) -> None:
+    items = [(("d", 3), _scan(3)), {"k": [1, 2.5, None, "s"]}, np.arange(4)]
+    assert dump_items(items, tmp_path / "x.npz") == 3
+    back = load_items(tmp_path / "x.npz")
+    assert back[0][0] == ("d", 3) and isinstance(back[0][1], Scan)
+    np.testing.assert_array_equal(back[0][1].xyz, items[0][1].xyz)  # type: ignore[index]
+    assert back[1] == {"k": [1, 2.5, None, "s"]}
+    np.testing.assert_array_equal(back[2], np.arange(4))
+    with np.load(tmp_path / "x.npz", allow_pickle=False) as z:  # nothing needs pickle
+        assert "header" in z.files
+
+
+def test_foreign_classes_and_garbage_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="cannot store a object"):
+        dump_items([object()], tmp_path / "bad.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(MapFormatError, match="junk.npz"):
+        load_items(tmp_path / "junk.npz")
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["memory", "files"])
+def test_both_modes_hand_over_the_same_items(
+    spark: SparkSession, tmp_path: Path, mode: str
+) -> None:
+    exchange = Exchange(mode, tmp_path / "x")
+    rdd = spark.sparkContext.parallelize(range(6), 3).map(_scan)
+    out = exchange.hand_over(rdd, "scans").map(lambda s: (s.stamp, float(s.xyz.sum()))).collect()
+    want = [(i, float(_scan(i).xyz.sum())) for i in range(6)]
+    assert sorted(out) == sorted(want)
+    files = sorted((tmp_path / "x" / "scans").glob("*.npz")) if mode == "files" else []
+    assert len(files) == (3 if mode == "files" else 0)
+    exchange.release()
