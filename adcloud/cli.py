@@ -249,6 +249,18 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     sim_demo(spark, str(drive.bag), str(out), console)
     outputs.append(("replay report (report.html, results.jsonl, junit.xml)", out / "sim"))
 
+    # 5. an HD map of the drive (adcloud.hdmap)
+    from adcloud.hdmap.command import run_demo as hdmap_demo  # noqa: PLC0415
+
+    version = hdmap_demo(spark, str(drive.bag), str(out), console)
+    outputs.append(("HD map (report/summary.html, lanelet2_map.osm, grid/)", version))
+
+    # 6. distributed training on the drive (adcloud.train)
+    from adcloud.train.command import run_demo as train_demo  # noqa: PLC0415
+
+    trained = train_demo(spark, str(drive.bag), str(out), console)
+    outputs.append(("trained model (model/model.pt2, metadata.json, loss.png)", Path(trained)))
+
     console.rule("outputs")
     for what, where in outputs:
         console.print(f"{what}: [bold]{where}[/bold]", soft_wrap=True)
@@ -419,6 +431,14 @@ def build_parser() -> argparse.ArgumentParser:
     from adcloud.hetero.command import add_parser as add_hetero_parser  # noqa: PLC0415
 
     add_hetero_parser(sub)
+
+    from adcloud.hdmap.command import add_parser as add_hdmap_parser  # noqa: PLC0415
+
+    add_hdmap_parser(sub)
+
+    from adcloud.train.command import add_parser as add_train_parser  # noqa: PLC0415
+
+    add_train_parser(sub)
 
     submit = sub.add_parser(
         "submit",

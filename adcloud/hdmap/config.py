@@ -27,7 +27,8 @@ class HdmapSettings:
     - ``origin_lat/lon/alt``: the map frame's WGS84 origin (ENU tangent plane). Unset (NaN):
       the first build takes its first drive's first GPS fix and every later build of the
       same map keeps it.
-    - ``resolution``: grid cell size (m); ``tile_m``: grid and point-cloud tile size (m).
+    - ``resolution``: grid cell size (m); ``tile_m``: grid tile size (m; 20 m, as Autoware's
+      point-cloud tiles).
     - ``segment_s``: drive segments solved in parallel by the pose stage (s).
     - ``device``: ICP/raster device address (empty: adcloud.hetero's policy).
     - ``mode``: ``memory`` (one Spark job, intermediates cached) or ``files`` (stages as
@@ -44,7 +45,7 @@ class HdmapSettings:
     origin_lon: float = float("nan")
     origin_alt: float = float("nan")
     resolution: float = 0.05
-    tile_m: float = 50.0
+    tile_m: float = 20.0
     segment_s: float = 20.0
     device: str = ""
     mode: str = "memory"

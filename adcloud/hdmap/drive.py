@@ -32,6 +32,7 @@ __all__ = [
     "DriveAccumulator",
     "DriveData",
     "DriveTopics",
+    "StreamChunk",
     "drive_name",
     "read_drive",
     "scan_from_msg",
@@ -145,6 +146,25 @@ def _matrix(translation: Any, rotation: Any) -> NDArray[np.float64]:
     return out
 
 
+@dataclass(frozen=True)
+class StreamChunk:
+    """The low-rate streams one partition of a drive gathered: rows of IMU (t, accel,
+    gyro), odometry (t, speed, yaw rate) and GPS (t, lat, lon, alt, variances), with exact
+    int64 times beside them, and the ``/tf_static`` edges (child: (parent, 4x4))."""
+
+    name: str
+    uri: str
+    imu: NDArray[np.float64]
+    imu_t: NDArray[np.int64]
+    odom: NDArray[np.float64]
+    odom_t: NDArray[np.int64]
+    gps: NDArray[np.float64]
+    gps_t: NDArray[np.int64]
+    imu_frame: str
+    gps_frame: str
+    tf: dict[str, tuple[str, NDArray[np.float64]]]
+
+
 class DriveAccumulator:
     """Gathers one drive's messages into :class:`DriveData` (see the module docstring)."""
 
@@ -209,6 +229,35 @@ class DriveAccumulator:
                 parent = str(tf.header.frame_id).lstrip("/")
                 self._tf[child] = (parent, _matrix(tf.transform.translation, tf.transform.rotation))
         return None
+
+    def chunk(self) -> StreamChunk:
+        """What this accumulator gathered, as plain arrays (each Spark partition gathers its
+        own chunk; the driver merges them with :meth:`absorb`)."""
+        return StreamChunk(
+            name=self.name,
+            uri=self.uri,
+            imu=np.asarray(self._imu, dtype=np.float64).reshape(-1, 7),
+            imu_t=np.asarray([r[0] for r in self._imu], dtype=np.int64),
+            odom=np.asarray(self._odom, dtype=np.float64).reshape(-1, 3),
+            odom_t=np.asarray([r[0] for r in self._odom], dtype=np.int64),
+            gps=np.asarray(self._gps, dtype=np.float64).reshape(-1, 7),
+            gps_t=np.asarray([r[0] for r in self._gps], dtype=np.int64),
+            imu_frame=self._imu_frame,
+            gps_frame=self._gps_frame,
+            tf={child: (parent, mat) for child, (parent, mat) in self._tf.items()},
+        )
+
+    def absorb(self, chunk: StreamChunk) -> None:
+        """Add a chunk gathered from other messages of this drive."""
+        for t, row in zip(chunk.imu_t.tolist(), chunk.imu.tolist(), strict=True):
+            self._imu.append((int(t), *row[1:]))
+        for t, row in zip(chunk.odom_t.tolist(), chunk.odom.tolist(), strict=True):
+            self._odom.append((int(t), row[1], row[2]))
+        for t, row in zip(chunk.gps_t.tolist(), chunk.gps.tolist(), strict=True):
+            self._gps.append((int(t), *row[1:]))
+        self._tf.update(chunk.tf)
+        self._imu_frame = chunk.imu_frame if len(chunk.imu) else self._imu_frame
+        self._gps_frame = chunk.gps_frame if len(chunk.gps) else self._gps_frame
 
     def _extrinsics(self) -> Extrinsics:
         frames: dict[str, NDArray[np.float64]] = {}

@@ -51,7 +51,9 @@ def test_origin_given_is_used(bag: Path) -> None:
 
 def test_wrong_message_type_names_topic_and_type(bag: Path) -> None:
     topics = DriveTopics(odom="/imu/data", imu="/odom")
-    with pytest.raises(DriveDataError, match=r"topic /imu/data carries sensor_msgs/msg/Imu, but the odom topic"):
+    with pytest.raises(
+        DriveDataError, match=r"topic /imu/data carries sensor_msgs/msg/Imu, but the odom topic"
+    ):
         read_drive(str(bag), topics=topics, with_scans=False)
 
 

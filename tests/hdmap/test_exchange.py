@@ -42,7 +42,7 @@ def test_foreign_classes_and_garbage_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="cannot store a object"):
         dump_items([object()], tmp_path / "bad.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
-    with pytest.raises(MapFormatError, match="junk.npz"):
+    with pytest.raises(MapFormatError, match=r"junk\.npz"):
         load_items(tmp_path / "junk.npz")
 
 

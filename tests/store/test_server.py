@@ -168,6 +168,7 @@ def test_alluxio_py_client_against_the_server(served: tuple[StoreServer, str]) -
 
 def test_backend_and_client_interoperate(served: tuple[StoreServer, str]) -> None:
     import alluxio  # noqa: PLC0415 - a dev dependency (pyproject [dev]); never skipped
+
     server, token = served
     store = AlluxioStore(server.uri, token=token)
     store.put("/x/from-backend", b"adcloud", write_type=WriteType.ASYNC_THROUGH, pinned=True)

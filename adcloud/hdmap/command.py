@@ -1,0 +1,234 @@
+"""``adcloud hdmap build|eval|info``: nightly map builds from the command line.
+
+``build`` runs :func:`~adcloud.hdmap.build.build_map` on the Spark session (``--master``,
+``ADCLOUD_SPARK_MASTER`` or ``local[*]``; under ``spark-submit`` the submitted session);
+``eval`` compares a map with a synthetic drive's truth; ``info`` lists a map's versions and
+drives. Only this module prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["add_parser"]
+
+_EPILOG_BUILD = """\
+examples:
+  adcloud hdmap build --bags drives/ --map maps/city          # a directory of bags
+  adcloud hdmap build --bags 's3://fleet/2026-11-20/*.bag' --map local:///maps/city
+  adcloud hdmap build --bags d1.bag d2.bag --map maps/city --labels fixes.geojson
+  adcloud submit --master spark://127.0.0.1:7077 -- hdmap build --bags drives/ --map maps/city
+
+Re-running with the same bags changes nothing (drives are known by content hash); new bags
+are processed alone and merged into the map's tiles; a killed build leaves the previous
+version current. Settings: --config YAML (section hdmap) or ADCLOUD_HDMAP_<FIELD>.
+"""
+
+_EPILOG_EVAL = """\
+example:
+  adcloud synth --seconds 60 --out drive.bag && adcloud hdmap build --bags drive.bag --map m
+  adcloud hdmap eval --map m --truth drive.bag.truth --report m-eval
+"""
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from adcloud.config import load_settings  # noqa: PLC0415
+    from adcloud.hdmap.config import HdmapSettings  # noqa: PLC0415
+
+    overrides: dict[str, Any] = {}
+    if args.mode:
+        overrides["mode"] = args.mode
+    if args.device:
+        overrides["device"] = args.device
+    return load_settings(HdmapSettings, "hdmap", file=args.config, **overrides)
+
+
+def _session(args: argparse.Namespace) -> Any:
+    from adcloud.spark import SparkSettings, get_session  # noqa: PLC0415
+
+    spark_settings = SparkSettings.load(master=args.master) if args.master else SparkSettings.load()
+    return get_session(spark_settings, **{"spark.ui.showConsoleProgress": "false"})
+
+
+def _cmd_build(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.hdmap.build import build_map  # noqa: PLC0415
+
+    settings = _settings(args)
+    spark = _session(args)
+    with console.status("building the map ...") as status:
+        summary = build_map(
+            spark,
+            args.bags,
+            args.map,
+            settings,
+            labels=args.labels,
+            progress=status.update,
+        )
+    result = summary.result
+    if not summary.changed:
+        version = result.version.id if result.version else "none"
+        console.print(
+            f"{args.map}: up to date (version {version}, {len(result.plan.known_drives)} "
+            "drive(s) known); nothing written"
+        )
+        return 0
+    assert result.version is not None
+    table = Table(title=f"map {args.map} version {result.version.id}")
+    table.add_column("stage")
+    table.add_column("seconds", justify="right")
+    for stage, seconds in summary.timings.items():
+        table.add_row(stage, f"{seconds:.1f}")
+    console.print(table)
+    counts = ", ".join(f"{k} {v}" for k, v in summary.counts.items())
+    console.print(f"{counts}\noutputs: {result.version.uri}", highlight=False)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.hdmap.evaluate import evaluate_map  # noqa: PLC0415
+    from adcloud.hdmap.report import write_map_report  # noqa: PLC0415
+
+    result = evaluate_map(args.map, args.truth, drive=args.drive)
+    if args.json:
+        console.print_json(result.to_json())
+    else:
+        table = Table(title=f"{args.map} vs {args.truth}")
+        for col in ("metric", "value", "target", "pass"):
+            table.add_column(col)
+        for m in result.metrics:
+            value = "n/a" if m.value is None else f"{m.value:.4g} {m.unit}"
+            mark = {True: "[green]yes", False: "[red]no", None: "-"}[m.passed]
+            table.add_row(m.name, value, f"{m.op} {m.target:g} {m.unit}", mark)
+        console.print(table)
+        for note in result.notes:
+            console.print(f"note: {note}")
+    if args.report:
+        html = write_map_report(args.map, args.report, eval_result=result)
+        console.print(f"report: {html}")
+    if args.out:
+        Path(args.out).write_text(result.to_json())
+    return 0 if result.passed else 1
+
+
+def _cmd_info(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.hdmap.mapdir import MapDir  # noqa: PLC0415
+
+    mapdir = MapDir(args.map)
+    current = mapdir.current()
+    if current is None:
+        console.print(f"{args.map}: no version yet (build it with adcloud hdmap build)")
+        return 1
+    if args.json:
+        console.print_json(
+            json.dumps(
+                {
+                    "current": current.id,
+                    "versions": mapdir.versions(),
+                    "manifest": json.loads(current.manifest.to_json()),
+                }
+            )
+        )
+        return 0
+    console.print(
+        f"{args.map}: current version {current.id}; versions {', '.join(mapdir.versions())}"
+    )
+    table = Table(title="drives")
+    for col in ("name", "sha256", "size", "added in", "processed"):
+        table.add_column(col)
+    for d in current.manifest.drives:
+        table.add_row(d.name, d.sha256[:12], f"{d.size:,}", d.added_in or "", d.processed_at or "")
+    console.print(table)
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``hdmap`` (``build``, ``eval``, ``info``) on ``subparsers``."""
+    hdmap = subparsers.add_parser(
+        "hdmap",
+        help="HD maps: nightly incremental builds, evaluation",
+        description="Build HD maps from drives (poses with GTSAM, ICP on OpenCL, a 5 cm grid, "
+        "lanes and signs; Autoware and Lanelet2 outputs) and evaluate them.",
+    )
+    sub = hdmap.add_subparsers(dest="hdmap_command", metavar="COMMAND", required=True)
+    build = sub.add_parser(
+        "build",
+        help="build or extend a map from bags (incremental, idempotent, atomic)",
+        description="Process the drives the map does not have yet and publish a new map "
+        "version: trajectories, GeoTIFF grid tiles, point-cloud tiles, lanelet2_map.osm, "
+        "semantic.geojson and a report.",
+        epilog=_EPILOG_BUILD,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    build.add_argument(
+        "--bags", nargs="+", required=True, help="bags, directories or globs (any URL)"
+    )
+    build.add_argument("--map", required=True, help="map directory: a path or URL")
+    build.add_argument("--labels", help="GeoJSON of human/external labels to keep in the map")
+    build.add_argument("--mode", choices=["memory", "files"], help="stage hand-over (memory)")
+    build.add_argument("--device", help="OpenCL device address for ICP and rasterizing")
+    build.add_argument("--config", help="YAML/JSON settings file (section hdmap)")
+    build.add_argument(
+        "--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)"
+    )
+    build.set_defaults(func=_cmd_build)
+
+    ev = sub.add_parser(
+        "eval",
+        help="compare a map with a synthetic drive's ground truth",
+        description="Align the map to the truth frame by its trajectory, then report ATE, "
+        "elevation RMSE, lane-marking distance and recovered length, sign recall and "
+        "precision against their targets (exit status 1 when a target is missed).",
+        epilog=_EPILOG_EVAL,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ev.add_argument("--map", required=True, help="map directory or URL (its current version)")
+    ev.add_argument("--truth", required=True, help="the drive's truth directory (<bag>.truth)")
+    ev.add_argument("--drive", help="which of the map's drives the truth belongs to")
+    ev.add_argument("--report", help="write summary.html with error plots here")
+    ev.add_argument("--out", help="write the metrics as JSON here")
+    ev.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ev.set_defaults(func=_cmd_eval)
+
+    info = sub.add_parser(
+        "info",
+        help="a map's versions and drives",
+        description="Show the current version, the versions kept and the "
+        "drives (by content hash) the map was built from.",
+    )
+    info.add_argument("--map", required=True, help="map directory or URL")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(func=_cmd_info)
+
+
+def run_demo(spark: Any, bag: str, out_dir: str, console: Console) -> Path:
+    """The HD-map part of ``adcloud demo``: build a map of ``bag`` under ``out_dir/hdmap``,
+    evaluate it against the drive's truth (when the bag has one) and print where it is."""
+    from adcloud.hdmap.build import build_map  # noqa: PLC0415
+    from adcloud.hdmap.evaluate import evaluate_map  # noqa: PLC0415
+    from adcloud.synth import truth_dir_for  # noqa: PLC0415
+
+    console.rule("adcloud hdmap: poses, ICP, 5 cm grid, lanes and signs in one Spark job")
+    map_uri = str(Path(out_dir) / "hdmap")
+    with console.status("building the map ...") as status:
+        summary = build_map(spark, bag, map_uri, progress=status.update)
+    version = summary.result.version
+    assert version is not None
+    stages = ", ".join(f"{k} {v:.1f} s" for k, v in summary.timings.items())
+    counts = ", ".join(f"{k} {v}" for k, v in summary.counts.items())
+    console.print(f"version {version.id}: {stages}\n{counts}", highlight=False)
+    truth = truth_dir_for(Path(bag))
+    if truth.is_dir():
+        result = evaluate_map(map_uri, truth)
+        figures = []
+        for m in result.metrics:
+            if m.value is not None:
+                figures.append(f"{m.name} {m.value:.3g} {m.unit}".rstrip())
+        console.print("against the truth: " + "; ".join(figures), highlight=False)
+    console.print(f"map: [bold]{version.uri}[/bold] (report/summary.html, lanelet2_map.osm)")
+    return Path(version.uri.removeprefix("file://"))

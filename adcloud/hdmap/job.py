@@ -1,0 +1,452 @@
+"""The map build as one Spark job: bags -> poses -> aligned scans -> grid tiles -> labels.
+
+:func:`run_pipeline` chains the four stages on a SparkSession:
+
+0. ETL -- every bag becomes a :class:`~adcloud.binpipe.BinPipeRDD` (each task reads its own
+   byte range); executors decode LiDAR sweeps into :class:`~adcloud.hdmap.model.Scan` objects
+   and gather the low-rate streams (IMU, odometry, GPS, ``/tf_static``), which the driver
+   merges per drive.
+1. Poses -- keyframes and segments are chosen on the driver from the scans' stamps; each
+   segment's keyframe sweeps are grouped on an executor and solved there
+   (:func:`~adcloud.hdmap.poses.solve_segment`: ICP through :mod:`adcloud.hetero` plus a
+   GTSAM graph); the driver joins the segments and closes loops.
+2. Alignment -- executors de-skew every sweep into the map frame with the joined trajectory.
+3. Grid -- per-scan tile partials, merged by tile key (``reduceByKey``), finalised and written
+   as GeoTIFF tiles by the executors; the point-cloud map tiles likewise.
+4. Labels -- lane markings, centre lines and signs from the merged layers, on the driver.
+
+Intermediates go through an :class:`~adcloud.hdmap.exchange.Exchange`: cached in executor
+memory (``mode="memory"``, one job) or written to fsync'ed files between stages
+(``mode="files"``, the separate-jobs comparison).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from pyspark import RDD
+from pyspark.sql import SparkSession
+
+from adcloud.binpipe import BinPipeRDD, decoded_messages
+from adcloud.hdmap.config import HdmapSettings
+from adcloud.hdmap.drive import DriveAccumulator, DriveData, DriveTopics, drive_name
+from adcloud.hdmap.errors import DriveDataError, HdmapError
+from adcloud.hdmap.exchange import Exchange, dump_items
+from adcloud.hdmap.geotiff import read_grid_tile, tile_file_name, write_grid_tile, write_preview
+from adcloud.hdmap.grid import (
+    GridSettings,
+    GridTile,
+    TilePartial,
+    finalize_tile,
+    merge_partials,
+    scan_partials,
+)
+from adcloud.hdmap.loops import LoopSettings, find_loop_closures
+from adcloud.hdmap.model import Extrinsics, Scan
+from adcloud.hdmap.pcmap import (
+    CloudPartial,
+    PointCloudMapSettings,
+    deskew,
+    finalize_cloud,
+    merge_cloud_partials,
+    scan_cloud_partials,
+    sensor_position,
+    write_cloud_tile,
+    write_pointcloud_metadata,
+)
+from adcloud.hdmap.poses import (
+    PoseSettings,
+    SegmentInput,
+    SegmentSolution,
+    join_segments,
+    propagate,
+    solution_keyframes,
+    solve_segment,
+    split_segments,
+)
+from adcloud.hdmap.trajectory import Trajectory
+
+__all__ = [
+    "STATE_CLOUD",
+    "STATE_TILES",
+    "PipelineResult",
+    "StageSettings",
+    "run_pipeline",
+    "write_tile_outputs",
+]
+
+#: Where a map version keeps its merged tile statistics (for the next incremental build).
+STATE_TILES = "state/tiles"
+#: Where grid tiles (GeoTIFF) go in a map version.
+GRID_DIR = "grid"
+#: ... and its point-cloud tiles' voxel sums.
+STATE_CLOUD = "state/cloud"
+
+log = logging.getLogger(__name__)
+
+Origin = tuple[float, float, float]
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    """The stages' own settings (defaults derived from :class:`HdmapSettings`)."""
+
+    poses: PoseSettings = field(default_factory=PoseSettings)
+    loops: LoopSettings = field(default_factory=LoopSettings)
+    grid: GridSettings = field(default_factory=GridSettings)
+    cloud: PointCloudMapSettings = field(default_factory=PointCloudMapSettings)
+
+    @classmethod
+    def from_settings(cls, settings: HdmapSettings) -> StageSettings:
+        cells = max(1, round(settings.tile_m / settings.resolution))
+        return cls(
+            poses=dataclasses.replace(PoseSettings(), segment_seconds=settings.segment_s),
+            grid=dataclasses.replace(
+                GridSettings(), resolution=settings.resolution, tile_cells=cells
+            ),
+        )
+
+
+@dataclass
+class PipelineResult:
+    """What the stages produced (on the driver) and how long each took (s)."""
+
+    drives: dict[str, DriveData]
+    trajectories: dict[str, Trajectory]
+    tiles: list[GridTile]
+    tile_keys: list[tuple[int, int]]
+    sign_points: NDArray[np.float64]
+    sign_intensity: NDArray[np.float32]
+    loop_closures: int
+    timings: dict[str, float]
+    origin: Origin
+
+
+# -- stage 0: ETL ---------------------------------------------------------------------------
+
+
+def _etl_partition(
+    blocks: Iterable[bytes | bytearray], *, drive: str, uri: str, topics: DriveTopics
+) -> Iterator[tuple[str, Any]]:
+    """Executor: decode one partition into ("scan", Scan) items and one ("streams", acc)."""
+    acc = DriveAccumulator(drive, uri, topics=topics)
+    for message, decoded in decoded_messages(blocks):
+        scan = acc.add(message.topic, message.msgtype, decoded)
+        if scan is not None:
+            yield "scan", scan
+    yield "streams", acc.chunk()
+
+
+def _etl(
+    spark: SparkSession,
+    bags: Sequence[str | tuple[str, str]],
+    topics: DriveTopics,
+    exchange: Exchange,
+) -> RDD[Any]:
+    rdds: list[RDD[Any]] = []
+    names: set[str] = set()
+    for bag in bags:
+        name, uri = (drive_name(bag), bag) if isinstance(bag, str) else bag
+        if name in names:
+            raise HdmapError(f"two drives are named {name!r}; give every bag a distinct name")
+        names.add(name)
+        pipe = BinPipeRDD.from_bags(spark, uri, topics=list(topics.all))
+        part = functools.partial(_etl_partition, drive=name, uri=uri, topics=topics)
+        rdds.append(pipe.rdd.mapPartitions(part))
+    union = spark.sparkContext.union(rdds) if len(rdds) > 1 else rdds[0]
+    return exchange.hand_over(union, "decoded")
+
+
+def _drives(decoded: RDD[Any], origin: Origin | None, topics: DriveTopics) -> dict[str, DriveData]:
+    merged: dict[str, DriveAccumulator] = {}
+    for _, chunk in decoded.filter(lambda kv: kv[0] == "streams").collect():
+        if chunk.name not in merged:
+            merged[chunk.name] = DriveAccumulator(chunk.name, chunk.uri, topics=topics)
+        merged[chunk.name].absorb(chunk)
+    out: dict[str, DriveData] = {}
+    for name in sorted(merged):
+        acc = merged[name]
+        acc.origin = origin
+        drive = acc.finish()
+        origin = drive.origin  # every drive of a map shares the first one's origin
+        out[name] = drive
+    return out
+
+
+# -- stage 1: poses -------------------------------------------------------------------------
+
+
+def _stub(drive: str, stamp: int, frame: str) -> Scan:
+    empty = np.zeros((0, 3), np.float32)
+    return Scan(drive, stamp, frame, empty, np.zeros(0, np.float32), np.zeros(0, np.float32))
+
+
+def _solve(
+    item: tuple[tuple[str, int], Iterable[Scan]],
+    segments: dict[tuple[str, int], SegmentInput],
+    settings: PoseSettings,
+    device: str,
+) -> SegmentSolution:
+    key, scans = item
+    seg = segments[key]
+    by_stamp = {s.stamp: s for s in scans}
+    real = tuple(by_stamp[int(t)] for t in seg.stamps)
+    return solve_segment(dataclasses.replace(seg, scans=real), settings, device=device or None)
+
+
+def _poses(
+    scans: RDD[Scan],
+    drives: dict[str, DriveData],
+    stages: StageSettings,
+    device: str,
+    progress: Progress,
+) -> tuple[dict[str, Trajectory], int]:
+    sc = scans.context
+    stamps: dict[str, list[tuple[int, str]]] = {}
+    for owner, stamp, frame in scans.map(lambda s: (s.drive, s.stamp, s.frame)).collect():
+        stamps.setdefault(owner, []).append((stamp, frame))
+    segments: dict[tuple[str, int], SegmentInput] = {}
+    membership: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for name, drive in drives.items():
+        if name not in stamps:
+            raise DriveDataError(f"drive {drive.uri}: no LiDAR sweeps on the lidar topic")
+        propagated = propagate(drive.imu, drive.odom, drive.extrinsics, stages.poses)
+        stub = dataclasses.replace(
+            drive, scans=[_stub(name, t, f) for t, f in sorted(stamps[name])]
+        )
+        for seg in split_segments(stub, propagated, stages.poses):
+            segments[(name, seg.index)] = seg
+            for t in seg.stamps:
+                membership.setdefault((name, int(t)), []).append((name, seg.index))
+    progress(f"poses: {len(segments)} segments of {len(drives)} drive(s)")
+    member = sc.broadcast(membership)
+    solve = functools.partial(_solve, segments=segments, settings=stages.poses, device=device)
+    keyed = scans.flatMap(lambda s: [(seg, s) for seg in member.value.get((s.drive, s.stamp), [])])
+    solutions = keyed.groupByKey(numPartitions=max(1, len(segments))).map(solve).collect()
+    gps = {name: d.gps for name, d in drives.items()}
+    trajectories = join_segments(solutions, gps, (), stages.poses, loop_settings=stages.loops)
+    closures = []
+    if stages.poses.loop_closure:
+        keyframes = solution_keyframes(solutions, trajectories)
+        closures = find_loop_closures(keyframes, stages.loops, device=device or None)
+        if closures:
+            trajectories = join_segments(
+                solutions, gps, closures, stages.poses, loop_settings=stages.loops
+            )
+    return trajectories, len(closures)
+
+
+def write_tile_outputs(tile: GridTile, out: Path, origin: Origin) -> None:
+    """The files of one finished grid tile: GeoTIFF layers and a PNG preview."""
+    path = write_grid_tile(tile, out / GRID_DIR, origin)
+    write_preview(tile, out / GRID_DIR / "preview" / path.with_suffix(".png").name)
+
+
+# -- stages 2 and 3: alignment and grid -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AlignedScan:
+    """A sweep de-skewed into the map frame, with the sensor's position at its stamp."""
+
+    drive: str
+    stamp: int
+    xyz: NDArray[np.float64]
+    intensity: NDArray[np.float32]
+    sensor: NDArray[np.float64]
+
+
+def _align(
+    scan: Scan, trajectories: dict[str, Trajectory], extrinsics: dict[str, Extrinsics], device: str
+) -> list[AlignedScan]:
+    traj = trajectories[scan.drive]
+    lo, hi = traj.span_ns
+    times = scan.stamp + np.rint(scan.dt.astype(np.float64) * 1e9).astype(np.int64)
+    keep = (times >= lo) & (times <= hi)
+    if not keep.any():
+        return []
+    if not keep.all():
+        scan = dataclasses.replace(
+            scan,
+            xyz=scan.xyz[keep],
+            intensity=scan.intensity[keep],
+            dt=scan.dt[keep],
+            label=None if scan.label is None else scan.label[keep],
+        )
+    mounts = extrinsics[scan.drive]
+    xyz, intensity = deskew(scan, traj, mounts, device=device or None)
+    sensor = sensor_position(scan, traj, mounts) if lo <= scan.stamp <= hi else xyz.mean(axis=0)
+    return [AlignedScan(scan.drive, scan.stamp, xyz, intensity, sensor)]
+
+
+def _corridor(
+    trajectories: dict[str, Trajectory], grid: GridSettings, margin_m: float
+) -> frozenset[tuple[int, int]]:
+    """Keys of the tiles within ``margin_m`` of any trajectory (where roads are)."""
+    keys: set[tuple[int, int]] = set()
+    size = grid.tile_size
+    for traj in trajectories.values():
+        xy = traj.xyz[:, :2]
+        for dx in (-margin_m, 0.0, margin_m):
+            for dy in (-margin_m, 0.0, margin_m):
+                cells = np.floor((xy + np.array([dx, dy])) / size).astype(np.int64)
+                keys.update(map(tuple, np.unique(cells, axis=0).tolist()))
+    return frozenset(keys)
+
+
+def _tile_sink(
+    item: tuple[tuple[int, int], TilePartial],
+    *,
+    out: str,
+    grid: GridSettings,
+    origin: Origin,
+) -> tuple[int, int]:
+    """Executor: keep a merged tile's statistics for later builds and write its layers."""
+    key, partial = item
+    state = Path(out) / STATE_TILES
+    state.mkdir(parents=True, exist_ok=True)
+    dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
+    tile = finalize_tile(partial, grid)
+    write_tile_outputs(tile, Path(out), origin)
+    return key
+
+
+def _with_previous(rdd: RDD[Any], previous: list[Any]) -> RDD[Any]:
+    if not previous:
+        return rdd
+    return rdd.union(rdd.context.parallelize(previous, max(1, len(previous) // 8)))
+
+
+def _cloud_sink(
+    item: tuple[tuple[int, int], CloudPartial], *, out: str, settings: PointCloudMapSettings
+) -> tuple[str, tuple[float, float]] | None:
+    """Executor: keep a merged point-cloud tile's voxel sums, write its PCD file."""
+    key, partial = item
+    state = Path(out) / STATE_CLOUD
+    state.mkdir(parents=True, exist_ok=True)
+    dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
+    return write_cloud_tile(finalize_cloud(partial), Path(out), settings)
+
+
+def _sign_candidates(
+    scan: AlignedScan, min_intensity: float
+) -> list[tuple[NDArray[Any], NDArray[Any]]]:
+    keep = scan.intensity >= min_intensity
+    keep &= scan.xyz[:, 2] > scan.sensor[2] - 1.0  # well above the road (sensor ~1.9 m up)
+    if not keep.any():
+        return []
+    return [(scan.xyz[keep], scan.intensity[keep])]
+
+
+def run_pipeline(
+    spark: SparkSession,
+    bags: Sequence[str | tuple[str, str]],
+    settings: HdmapSettings,
+    out_dir: str | Path,
+    *,
+    origin: Origin | None = None,
+    corridor_m: float = 15.0,
+    exchange_dir: str | Path | None = None,
+    previous_tiles: Iterable[tuple[tuple[int, int], TilePartial]] = (),
+    previous_cloud: Iterable[tuple[tuple[int, int], CloudPartial]] = (),
+    corridor_trajectories: dict[str, Trajectory] | None = None,
+    stages: StageSettings | None = None,
+    progress: Progress | None = None,
+) -> PipelineResult:
+    """Run stages 0-3 over ``bags`` (URIs, or ``(drive name, URI)`` pairs) and return their
+    products on the driver (see the module docstring), writing grid and point-cloud tiles
+    under ``out_dir``. ``previous_tiles`` and
+    ``previous_cloud`` (an incremental build's earlier tile statistics) merge by key;
+    ``corridor_trajectories`` (earlier drives) widen the roads the label stage looks at."""
+    say = progress or (lambda text: log.info("%s", text))
+    stages = stages or StageSettings.from_settings(settings)
+    exchange = Exchange(settings.mode, exchange_dir)
+    timings: dict[str, float] = {}
+    tick = time.perf_counter()
+    try:
+        decoded = _etl(spark, bags, settings.topics, exchange)
+        drives = _drives(decoded, origin or settings.origin, settings.topics)
+        scans = decoded.filter(lambda kv: kv[0] == "scan").map(lambda kv: kv[1])
+        timings["etl"] = time.perf_counter() - tick
+        say(f"etl: {len(drives)} drive(s) decoded")
+
+        tick = time.perf_counter()
+        trajectories, loops = _poses(scans, drives, stages, settings.device, say)
+        timings["poses"] = time.perf_counter() - tick
+        say(f"poses: {len(trajectories)} trajectories, {loops} loop closure(s)")
+
+        tick = time.perf_counter()
+        sc = spark.sparkContext
+        traj_b = sc.broadcast(trajectories)
+        mounts_b = sc.broadcast({n: d.extrinsics for n, d in drives.items()})
+        device = settings.device
+        aligned = exchange.hand_over(
+            scans.flatMap(lambda s: _align(s, traj_b.value, mounts_b.value, device)), "aligned"
+        )
+        timings["align"] = time.perf_counter() - tick
+
+        tick = time.perf_counter()
+        grid = stages.grid
+        partials = aligned.flatMap(
+            lambda a: scan_partials(
+                a.xyz, a.intensity, grid, sensor_xyz=a.sensor, device=device or None
+            )
+        )
+        partials = _with_previous(partials, list(previous_tiles))
+        merged = exchange.hand_over(partials.reduceByKey(merge_partials), "tiles")
+        corridor = _corridor(
+            {**(corridor_trajectories or {}), **trajectories}, grid, margin_m=corridor_m
+        )
+        map_origin = next(iter(drives.values())).origin
+        sink = functools.partial(_tile_sink, out=str(out_dir), grid=grid, origin=map_origin)
+        keys = sorted(merged.map(sink).collect())
+        # The label stage reads the tiles along the roads back from the GeoTIFFs just
+        # written: shipping dense layers through the driver's JVM would cost more memory.
+        tiles = [
+            read_grid_tile(Path(out_dir) / GRID_DIR / tile_file_name(key)).tile
+            for key in keys
+            if key in corridor
+        ]
+        timings["grid"] = time.perf_counter() - tick
+        say(f"grid: {len(keys)} tiles, {len(tiles)} along the roads")
+
+        tick = time.perf_counter()
+        cloud = stages.cloud
+        clouds = aligned.flatMap(
+            lambda a: scan_cloud_partials(
+                a.xyz, a.intensity, cloud, sensor_xyz=a.sensor, device=device or None
+            )
+        )
+        clouds = _with_previous(clouds, list(previous_cloud))
+        cloud_sink = functools.partial(_cloud_sink, out=str(out_dir), settings=cloud)
+        entries = clouds.reduceByKey(merge_cloud_partials).map(cloud_sink).collect()
+        write_pointcloud_metadata([e for e in entries if e is not None], Path(out_dir), cloud)
+        timings["cloud"] = time.perf_counter() - tick
+        say(f"point-cloud map: {len(entries)} tiles")
+
+        signs = aligned.flatMap(lambda a: _sign_candidates(a, 150.0)).collect()
+        sign_xyz = np.concatenate([s[0] for s in signs]) if signs else np.zeros((0, 3))
+        sign_int = np.concatenate([s[1] for s in signs]) if signs else np.zeros(0, np.float32)
+        return PipelineResult(
+            drives=drives,
+            trajectories=trajectories,
+            tiles=tiles,
+            tile_keys=sorted(keys),
+            sign_points=sign_xyz,
+            sign_intensity=sign_int.astype(np.float32),
+            loop_closures=loops,
+            timings=timings,
+            origin=next(iter(drives.values())).origin,
+        )
+    finally:
+        exchange.release()

@@ -1,0 +1,330 @@
+"""Loop closures: keyframes that revisit a place, within one drive or across drives.
+
+A drive that comes back to where it was (or two drives of the same area) sees the same
+buildings, poles and curbs twice. :func:`find_loop_closures` proposes pairs of keyframes
+whose current position estimates are close (:func:`loop_candidates`) although the car has
+travelled far or a long time has passed between them -- otherwise the pair is just two
+neighbours of the odometry chain -- and verifies each with point-to-plane ICP
+(:func:`adcloud.hetero.align`): a pair becomes a :class:`LoopClosure` only when the
+registration converges with enough overlap (fitness), a small residual and a correction
+within what the position estimates can be wrong by. The accepted closures enter the
+pose graph of :func:`adcloud.hdmap.poses.join_segments` as relative-pose constraints with
+a robust noise model, so one wrong closure that slips through cannot tear the map.
+
+Keys are ``(drive, stamp)``: keyframes of several drives are searched together, which
+ties drives of the same area into one globally consistent map.
+
+Frames: a :class:`Keyframe` cloud is in ``base_link`` at the keyframe's stamp (motion
+de-skewed), ``pose`` maps ``base_link`` into ``map``; ``LoopClosure.relative`` maps the
+second keyframe's ``base_link`` into the first's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.spatial import cKDTree
+
+from adcloud.config import load_settings
+from adcloud.hdmap.errors import HdmapError
+from adcloud.hetero import HeteroError, align
+from adcloud.hetero.devices import ComputeDevice, as_device
+
+__all__ = [
+    "Keyframe",
+    "LoopClosure",
+    "LoopSettings",
+    "find_loop_closures",
+    "local_keyframe",
+    "loop_candidates",
+    "verify_loop",
+]
+
+log = logging.getLogger(__name__)
+
+F64 = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """How loop closures are proposed and accepted (section ``hdmap_loops``, env
+    ``ADCLOUD_HDMAP_LOOPS_*``).
+
+    Candidates: keyframes of the same drive closer than ``search_radius_m`` whose
+    separation along the drive is at least ``min_travel_m`` and ``min_interval_s``
+    (keyframes of different drives always qualify); at most ``max_per_keyframe`` nearest
+    candidates per keyframe and, along a revisit, one pair per ``stride`` keyframes.
+    Verification registers the sweeps of ``map_keyframes`` neighbours on each side of one
+    keyframe (placed by their pose estimates) onto those around the other: single sparse
+    sweeps sample surfaces too thinly for reliable normals. ICP runs coarse
+    (``coarse_voxel_m``, matching within ``coarse_distance_m``) then fine (``voxel_m``,
+    ``max_distance_m``); a closure is accepted with fitness at least ``min_fitness``,
+    point-to-plane RMSE at most ``max_rmse_m`` and a correction of the initial guess no
+    larger than ``max_correction_m`` / ``max_correction_rad``.
+    ``sigma_translation_m`` / ``sigma_rotation_rad`` and a Cauchy kernel of ``robust_k``
+    (in sigmas) weight an accepted closure in the pose graph.
+    """
+
+    search_radius_m: float = 8.0
+    map_keyframes: int = 2
+    min_travel_m: float = 60.0
+    min_interval_s: float = 15.0
+    max_per_keyframe: int = 1
+    stride: int = 3
+    coarse_voxel_m: float = 1.0
+    coarse_distance_m: float = 3.0
+    voxel_m: float = 0.4
+    max_distance_m: float = 1.0
+    iterations: int = 30
+    min_fitness: float = 0.4
+    max_rmse_m: float = 0.1
+    max_correction_m: float = 6.0
+    max_correction_rad: float = 0.3
+    sigma_translation_m: float = 0.03
+    sigma_rotation_rad: float = 0.002
+    robust_k: float = 3.0
+
+    def __post_init__(self) -> None:
+        positive = (
+            "search_radius_m",
+            "coarse_voxel_m",
+            "coarse_distance_m",
+            "voxel_m",
+            "max_distance_m",
+            "max_rmse_m",
+            "sigma_translation_m",
+            "sigma_rotation_rad",
+            "robust_k",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value > 0):
+                raise HdmapError(f"loop settings: {name} must be > 0, got {value!r}")
+        if self.map_keyframes < 0:
+            raise HdmapError(f"loop settings: map_keyframes must be >= 0, got {self.map_keyframes}")
+        if self.max_per_keyframe < 1 or self.stride < 1 or self.iterations < 1:
+            raise HdmapError(
+                "loop settings: max_per_keyframe, stride and iterations must be >= 1, got "
+                f"{self.max_per_keyframe}, {self.stride}, {self.iterations}"
+            )
+        if not 0 < self.min_fitness <= 1:
+            raise HdmapError(
+                f"loop settings: min_fitness must be in (0, 1], got {self.min_fitness}"
+            )
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        file: str | Path | None = None,
+        environ: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> LoopSettings:
+        """Defaults, then the ``hdmap_loops`` section of ``file``, then
+        ``ADCLOUD_HDMAP_LOOPS_*``, then ``overrides``."""
+        return load_settings(cls, "hdmap_loops", file=file, environ=environ, **overrides)
+
+
+@dataclass(frozen=True, eq=False)
+class Keyframe:
+    """A keyframe: drive, ``stamp`` (ns), current ``pose`` estimate (4x4 ``map <- base_link``),
+    ``travel_m`` (distance driven since the drive's start, m) and ``cloud`` (N, 3) float32,
+    the de-skewed, voxel-downsampled sweep in ``base_link`` at ``stamp``."""
+
+    drive: str
+    stamp: int
+    pose: F64
+    travel_m: float
+    cloud: NDArray[np.float32]
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """``(drive, stamp)``: the keyframe's node in the global pose graph."""
+        return (self.drive, self.stamp)
+
+
+@dataclass(frozen=True, eq=False)
+class LoopClosure:
+    """A verified revisit: ``relative`` (4x4) maps keyframe ``b``'s ``base_link`` into
+    keyframe ``a``'s; ``fitness`` and ``rmse_m`` are ICP's; ``correction_m`` how far it
+    moved ``b`` from where the pose estimates had put it."""
+
+    a: tuple[str, int]
+    b: tuple[str, int]
+    relative: F64
+    fitness: float
+    rmse_m: float
+    correction_m: float
+
+
+def loop_candidates(
+    keyframes: Sequence[Keyframe], settings: LoopSettings | None = None
+) -> list[tuple[int, int]]:
+    """Index pairs ``(i, j)`` (``i`` earlier, or of another drive) of keyframes worth
+    verifying: close in ``map`` yet far apart along the drive (see :class:`LoopSettings`).
+
+    Each keyframe keeps its ``max_per_keyframe`` nearest partners; along one revisit only
+    every ``stride``-th keyframe is kept, since neighbouring closures say nearly the same.
+    """
+    cfg = settings or LoopSettings()
+    if len(keyframes) < 2:
+        return []
+    xyz = np.array([k.pose[:3, 3] for k in keyframes])
+    travel = np.array([k.travel_m for k in keyframes])
+    stamp = np.array([k.stamp for k in keyframes], np.int64)
+    drives = [k.drive for k in keyframes]
+    tree = cKDTree(xyz)
+    pairs: list[tuple[int, int]] = []
+    chosen: set[tuple[int, int]] = set()
+    for j in range(len(keyframes)):
+        near = tree.query_ball_point(xyz[j], cfg.search_radius_m)
+        found: list[tuple[float, int]] = []
+        for i in near:
+            if i == j:
+                continue
+            if drives[i] == drives[j]:
+                if stamp[i] >= stamp[j]:
+                    continue
+                far = travel[j] - travel[i] >= cfg.min_travel_m
+                late = (stamp[j] - stamp[i]) / 1e9 >= cfg.min_interval_s
+                if not (far and late):
+                    continue
+            elif (drives[i], stamp[i]) > (drives[j], stamp[j]):
+                continue
+            found.append((float(np.linalg.norm(xyz[i] - xyz[j])), i))
+        for _, i in sorted(found)[: cfg.max_per_keyframe]:
+            chosen.add((i, j))
+    # Thin each revisit: keep a pair unless one of the stride - 1 keyframes before j
+    # already closes to a neighbour of i.
+    kept: set[tuple[int, int]] = set()
+    for i, j in sorted(chosen, key=lambda p: (p[1], p[0])):
+        redundant = any(
+            (i2, j2) in kept
+            for j2 in range(j - cfg.stride + 1, j)
+            for i2 in range(i - 2 * cfg.stride, i + 2 * cfg.stride + 1)
+            if j2 >= 0 and drives[j2] == drives[j]
+        )
+        if not redundant:
+            kept.add((i, j))
+            pairs.append((i, j))
+    return pairs
+
+
+def local_keyframe(keyframes: Sequence[Keyframe], index: int, neighbors: int) -> Keyframe:
+    """Keyframe ``index`` with the clouds of up to ``neighbors`` keyframes of the same drive
+    on each side (by stamp) merged into its cloud, placed by the pose estimates."""
+    centre = keyframes[index]
+    same = sorted((k for k in keyframes if k.drive == centre.drive), key=lambda k: k.stamp)
+    at = next(i for i, k in enumerate(same) if k.stamp == centre.stamp)
+    to_centre = np.linalg.inv(centre.pose)
+    parts = []
+    for k in same[max(0, at - neighbors) : at + neighbors + 1]:
+        rel = to_centre @ k.pose
+        parts.append(k.cloud.astype(np.float64) @ rel[:3, :3].T + rel[:3, 3])
+    return replace(centre, cloud=np.concatenate(parts).astype(np.float32))
+
+
+def _rotation_angle(matrix: F64) -> float:
+    cos = (np.trace(matrix[:3, :3]) - 1.0) / 2.0
+    return float(np.arccos(np.clip(cos, -1.0, 1.0)))
+
+
+def verify_loop(
+    a: Keyframe,
+    b: Keyframe,
+    settings: LoopSettings | None = None,
+    *,
+    device: ComputeDevice | str | None = None,
+) -> LoopClosure | None:
+    """Register ``b``'s cloud onto ``a``'s from the pose estimates' relative pose; the
+    :class:`LoopClosure` when it passes the checks of :class:`LoopSettings`, else None."""
+    cfg = settings or LoopSettings()
+    guess = np.linalg.inv(a.pose) @ b.pose
+    try:
+        coarse = align(
+            b.cloud,
+            a.cloud,
+            guess,
+            voxel_size=cfg.coarse_voxel_m,
+            max_distance=cfg.coarse_distance_m,
+            iterations=cfg.iterations,
+            huber=0.3,
+            tolerance=1e-4,
+            device=device,
+        )
+        fine = align(
+            b.cloud,
+            a.cloud,
+            coarse.transform,
+            voxel_size=cfg.voxel_m,
+            max_distance=cfg.max_distance_m,
+            iterations=cfg.iterations,
+            tolerance=1e-4,
+            device=device,
+        )
+    except HeteroError as err:
+        log.debug("loop %s-%s: ICP failed: %s", a.key, b.key, err)
+        return None
+    change = np.linalg.inv(guess) @ fine.transform
+    moved = float(np.linalg.norm(fine.transform[:3, 3] - guess[:3, 3]))
+    ok = (
+        fine.fitness >= cfg.min_fitness
+        and fine.rmse <= cfg.max_rmse_m
+        and moved <= cfg.max_correction_m
+        and _rotation_angle(change) <= cfg.max_correction_rad
+    )
+    log.debug(
+        "loop %s-%s: fitness %.2f rmse %.3f m moved %.2f m -> %s",
+        a.key,
+        b.key,
+        fine.fitness,
+        fine.rmse,
+        moved,
+        "accepted" if ok else "rejected",
+    )
+    if not ok:
+        return None
+    return LoopClosure(a.key, b.key, fine.transform, fine.fitness, fine.rmse, moved)
+
+
+def find_loop_closures(
+    keyframes: Sequence[Keyframe],
+    settings: LoopSettings | None = None,
+    *,
+    device: ComputeDevice | str | None = None,
+) -> list[LoopClosure]:
+    """Verified loop closures among ``keyframes`` (one drive or several of the same area).
+
+    Candidates come from :func:`loop_candidates`; each is checked by :func:`verify_loop`
+    on the merged sweeps around both keyframes (:func:`local_keyframe`). The keyframes'
+    poses must already be in one ``map`` frame (GPS-anchored) and good to a few metres.
+    """
+    cfg = settings or LoopSettings()
+    pairs = loop_candidates(keyframes, cfg)
+    dev = as_device(device) if pairs else None
+    closures = [
+        c
+        for i, j in pairs
+        if (
+            c := verify_loop(
+                local_keyframe(keyframes, i, cfg.map_keyframes),
+                local_keyframe(keyframes, j, cfg.map_keyframes),
+                cfg,
+                device=dev,
+            )
+        )
+        is not None
+    ]
+    log.info(
+        "loop closures: %d of %d candidates accepted among %d keyframes",
+        len(closures),
+        len(pairs),
+        len(keyframes),
+    )
+    return closures

@@ -1,0 +1,1546 @@
+"""Map directories: versioned HD maps that nightly builds extend incrementally and atomically.
+
+A map URI names a directory: a local path, any fsspec URL (``file://``, ``memory://``,
+``s3://``, ``hdfs://``...) or an adcloud store path (``local:///maps/city``,
+``alluxio://host:39999/maps/city``).  Its layout::
+
+    <map>/CURRENT                         the current version id, one line ("000007\\n")
+    <map>/build.lock                      present while a build runs (JSON: pid, host, start)
+    <map>/versions/000007/                one complete map: every file the build writes
+    <map>/versions/000007/manifest.json   what that version was built from (below)
+    <map>/versions/.staging-000008/       a build in progress (local maps only); never read
+
+Guarantees
+    *Atomic*: a build writes a new version directory beside the old ones and only then
+    replaces ``CURRENT`` (write a temporary file, fsync, rename over it, fsync the
+    directory).  Readers resolve ``CURRENT`` first, so a build killed at any point -- even
+    by SIGKILL or a power cut -- leaves the previous version current, complete and readable.
+    *Incremental*: :meth:`MapDir.plan` identifies drives by the SHA-256 of their bytes, not
+    by name, and compares them with the current manifest: only new content is processed
+    (a bag renamed or moved is recognised; a bag rewritten under the same name is new).
+    *Idempotent*: :meth:`MapDir.update` writes nothing at all -- not even the lock -- when
+    the plan has no new drive.
+    *Exclusive*: one build at a time holds ``build.lock``.  On a local filesystem the lock is
+    an ``flock`` held for the whole build, which the kernel drops when the process dies; the
+    JSON inside names the holder, so the next build logs that it takes over a stale lock
+    from a dead process.  On other backends the lock file is created exclusively and a lock
+    whose process is gone (same host, pid not running) is taken over; a lock held from
+    another host must be removed by hand once that build is known to be dead.
+
+Bag hashing
+    A bag file hashes as ``sha256(file bytes)`` (the same digest as ``sha256sum``).  A
+    directory (a rosbag2 bag: ``metadata.yaml`` and its storage files) hashes as the SHA-256
+    of, for every regular file in sorted relative-path order, its size as 8 little-endian
+    bytes followed by its bytes.  Files are streamed, never read whole.
+
+Manifest format (``manifest.json``), version 1
+    ``{"format": "adcloud.hdmap.manifest", "format_version": 1, "version": "000007",
+    "parent": "000006" | null, "created_at": ISO-8601 UTC, "adcloud_version": "0.1.0",
+    "settings": {...effective build settings...}, "drives": [{"name", "uri", "sha256",
+    "size", "mtime", "processed_at", "added_in"}, ...]}``.  ``drives`` lists every drive the
+    version contains; ``added_in`` is the version that first processed it.
+
+History
+    - Version 1: first version.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import datetime as dt
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import re
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+from adcloud import __version__
+from adcloud.errors import AdcloudError
+from adcloud.hdmap.errors import BuildError, HdmapError, MapFormatError
+
+__all__ = [
+    "CURRENT_NAME",
+    "LOCK_NAME",
+    "MANIFEST_FORMAT",
+    "MANIFEST_NAME",
+    "MANIFEST_VERSION",
+    "VERSIONS_DIR",
+    "BuildLock",
+    "BuildPlan",
+    "BuildResult",
+    "DriveRecord",
+    "LockInfo",
+    "Manifest",
+    "MapDir",
+    "MapDirSettings",
+    "MapVersion",
+    "Staging",
+    "content_hash",
+    "drive_name",
+    "find_bags",
+]
+
+_LOG = logging.getLogger(__name__)
+
+CURRENT_NAME = "CURRENT"
+LOCK_NAME = "build.lock"
+VERSIONS_DIR = "versions"
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "adcloud.hdmap.manifest"
+MANIFEST_VERSION = 1
+_STAGING_PREFIX = ".staging-"
+_VERSION_RE = re.compile(r"^\d{6,}$")
+_BAG_SUFFIXES = (".bag", ".mcap")
+_NAME_SUFFIXES = (".bag", ".mcap", ".db3")
+_ROSBAG2_METADATA = "metadata.yaml"
+_GLOB = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True)
+class MapDirSettings:
+    """How a map directory is maintained.
+
+    ``keep_versions``: after each commit, versions beyond the newest ``keep_versions`` (the
+    current one always included) are deleted; 0 keeps everything.  ``fsync``: flush files
+    and directories to stable storage before switching ``CURRENT`` (only switch it off on
+    scratch maps).  ``hash_chunk_bytes``: read size when hashing bags.  ``staging_dir``:
+    where versions of maps that are not on a local filesystem are written before the upload
+    (empty: the system's temporary directory); it needs room for one whole version.
+    """
+
+    keep_versions: int = 5
+    fsync: bool = True
+    hash_chunk_bytes: int = 8 << 20
+    staging_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if self.keep_versions < 0:
+            raise BuildError(f"hdmap.keep_versions must be >= 0, got {self.keep_versions}")
+        if self.hash_chunk_bytes <= 0:
+            raise BuildError(f"hdmap.hash_chunk_bytes must be > 0, got {self.hash_chunk_bytes}")
+
+
+def _now_text() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# --------------------------------------------------------------------------- file backends
+
+
+class _Files(abc.ABC):
+    """The few file operations a map directory needs, on one backend.
+
+    Paths are the backend's absolute ``/``-separated paths; a missing file or directory
+    raises :class:`FileNotFoundError`.
+    """
+
+    #: the local directory root of the backend when paths are local paths, else None
+    local = False
+
+    @abc.abstractmethod
+    def describe(self, path: str) -> str:
+        """``path`` as a URI for messages and manifests."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def isdir(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def size_mtime(self, path: str) -> tuple[int, float | None]:
+        """Size in bytes and modification time (s since the epoch, None if unknown)."""
+
+    @abc.abstractmethod
+    def open_read(self, path: str) -> IO[bytes]: ...
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.open_read(path) as f:
+            return f.read()
+
+    @abc.abstractmethod
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data``: readers see the old or the new bytes, never a mix."""
+
+    @abc.abstractmethod
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` with ``data`` unless it exists (then return False)."""
+
+    @abc.abstractmethod
+    def listdir(self, path: str) -> list[str]:
+        """Names of the entries of directory ``path`` (empty if it does not exist)."""
+
+    @abc.abstractmethod
+    def find(self, path: str) -> list[tuple[str, int]]:
+        """``(relative posix path, size)`` of every regular file below ``path``, sorted."""
+
+    @abc.abstractmethod
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Delete a file or a directory tree; a missing path is not an error."""
+
+    def glob(self, pattern: str) -> list[str]:
+        """Paths matching a glob ``pattern``, sorted."""
+        raise HdmapError(
+            f"{self.describe(pattern)}: this storage cannot expand glob patterns; name a bag "
+            "or a directory of bags"
+        )
+
+    @abc.abstractmethod
+    def put_tree(self, local_dir: Path, path: str, *, last: str | None = None) -> None:
+        """Copy the files below ``local_dir`` to ``path``; the file ``last`` goes last."""
+
+    @abc.abstractmethod
+    def get_tree(self, path: str, local_dir: Path) -> None:
+        """Copy the files below ``path`` into ``local_dir``."""
+
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing
+        """Release connections and threads (nothing by default)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _fsync_path(path: Path, *, directory: bool = False) -> None:
+    flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        # some filesystems (e.g. certain FUSE/network mounts) do not support fsync on
+        # directories; the rename is still atomic there, only its durability is weaker
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+class _LocalFiles(_Files):
+    """Local paths (``/data/maps/x`` or ``file:///data/maps/x``)."""
+
+    local = True
+
+    def __init__(self, fsync: bool = True) -> None:
+        self.fsync = fsync
+
+    def describe(self, path: str) -> str:
+        return path
+
+    def exists(self, path: str) -> bool:
+        return Path(path).exists()
+
+    def isdir(self, path: str) -> bool:
+        return Path(path).is_dir()
+
+    def size_mtime(self, path: str) -> tuple[int, float | None]:
+        p = Path(path)
+        if p.is_dir():
+            files = self.find(path)
+            mtimes = [p.stat().st_mtime] + [(p / rel).stat().st_mtime for rel, _ in files]
+            return sum(size for _, size in files), max(mtimes)
+        st = p.stat()
+        return st.st_size, st.st_mtime
+
+    def open_read(self, path: str) -> IO[bytes]:
+        return Path(path).open("rb")
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+        tmp.replace(target)
+        if self.fsync:
+            _fsync_path(target.parent, directory=True)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(p.name for p in Path(path).iterdir())
+        except FileNotFoundError:
+            return []
+
+    def find(self, path: str) -> list[tuple[str, int]]:
+        root = Path(path)
+        if root.is_file():
+            return [("", root.stat().st_size)]
+        out = []
+        for dirpath, _dirs, names in os.walk(root):
+            for name in names:
+                p = Path(dirpath) / name
+                if p.is_file():
+                    out.append((p.relative_to(root).as_posix(), p.stat().st_size))
+        return sorted(out)
+
+    def glob(self, pattern: str) -> list[str]:
+        parts = Path(pattern).parts
+        first = next(k for k, part in enumerate(parts) if _GLOB.search(part))
+        return sorted(str(p) for p in Path(*parts[:first]).glob("/".join(parts[first:])))
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        p = Path(path)
+        if p.is_dir() and not p.is_symlink():
+            if recursive:
+                shutil.rmtree(p, ignore_errors=False)
+            else:
+                p.rmdir()
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+
+    def put_tree(self, local_dir: Path, path: str, *, last: str | None = None) -> None:
+        shutil.copytree(local_dir, path, dirs_exist_ok=True)
+
+    def get_tree(self, path: str, local_dir: Path) -> None:
+        shutil.copytree(path, local_dir, dirs_exist_ok=True)
+
+
+class _FsspecFiles(_Files):
+    """Any fsspec filesystem (object stores, HDFS, ``memory://``)."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    def describe(self, path: str) -> str:
+        return str(self.fs.unstrip_protocol(path))
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.exists(path))
+
+    def isdir(self, path: str) -> bool:
+        return bool(self.fs.isdir(path))
+
+    def size_mtime(self, path: str) -> tuple[int, float | None]:
+        if self.isdir(path):
+            return sum(size for _, size in self.find(path)), None
+        info = self.fs.info(path)
+        mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
+        if isinstance(mtime, dt.datetime):
+            stamp: float | None = mtime.timestamp()
+        elif isinstance(mtime, int | float):
+            stamp = float(mtime)
+        else:
+            stamp = None
+        return int(info.get("size") or 0), stamp
+
+    def open_read(self, path: str) -> IO[bytes]:
+        f: IO[bytes] = self.fs.open(path, "rb")
+        return f
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        # object stores publish a PUT atomically; the temporary name + move also makes
+        # rename-based filesystems (HDFS) atomic
+        tmp = f"{path}.tmp-{os.getpid()}"
+        self.fs.pipe_file(tmp, data)
+        self.fs.mv(tmp, path)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        try:
+            with self.fs.open(path, "xb") as f:
+                f.write(data)
+        except FileExistsError:
+            return False
+        except (NotImplementedError, ValueError):
+            # no exclusive create on this backend: check-then-write is the best it offers
+            if self.fs.exists(path):
+                return False
+            self.fs.pipe_file(path, data)
+        return True
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        base = path.rstrip("/")
+        names = {posixpath.basename(str(e).rstrip("/")) for e in entries if str(e) != base}
+        return sorted(n for n in names if n)
+
+    def find(self, path: str) -> list[tuple[str, int]]:
+        if not self.isdir(path):
+            return [("", int(self.fs.info(path)["size"]))]
+        found = self.fs.find(path, detail=True)
+        base = path.rstrip("/") + "/"
+        out = []
+        for name, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            rel = str(name)[len(base) :] if str(name).startswith(base) else str(name)
+            out.append((rel.lstrip("/"), int(info.get("size") or 0)))
+        return sorted(out)
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(str(p) for p in self.fs.glob(pattern))
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(path, recursive=recursive)
+
+    def put_tree(self, local_dir: Path, path: str, *, last: str | None = None) -> None:
+        files = sorted(p for p in local_dir.rglob("*") if p.is_file())
+        files.sort(key=lambda p: p.relative_to(local_dir).as_posix() == last)
+        for p in files:
+            target = posixpath.join(path, p.relative_to(local_dir).as_posix())
+            self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
+            self.fs.put_file(str(p), target)
+
+    def get_tree(self, path: str, local_dir: Path) -> None:
+        for rel, _ in self.find(path):
+            target = local_dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(posixpath.join(path, rel), str(target))
+
+
+class _StoreFiles(_Files):
+    """An adcloud store (``local://`` tiered store, ``alluxio://``)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def describe(self, path: str) -> str:
+        base = str(self.store.uri)
+        return base + path if base.endswith("://") else base.rstrip("/") + path
+
+    def exists(self, path: str) -> bool:
+        return bool(self.store.exists(path))
+
+    def isdir(self, path: str) -> bool:
+        return self.exists(path) and bool(self.store.stat(path).is_dir)
+
+    def size_mtime(self, path: str) -> tuple[int, float | None]:
+        from adcloud.store import StoreNotFoundError  # noqa: PLC0415 - 0.15 s; store URIs only
+
+        try:
+            st = self.store.stat(path)
+        except StoreNotFoundError as err:
+            raise FileNotFoundError(self.describe(path)) from err
+        if st.is_dir:
+            return sum(size for _, size in self.find(path)), None
+        return int(st.size), float(st.mtime)
+
+    def open_read(self, path: str) -> IO[bytes]:
+        from adcloud.store import StoreNotFoundError  # noqa: PLC0415
+
+        try:
+            f: IO[bytes] = self.store.open(path, "rb")
+        except StoreNotFoundError as err:
+            raise FileNotFoundError(self.describe(path)) from err
+        return f
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        self.store.put(path, data)  # a store publishes each put atomically
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        from adcloud.store import StoreExistsError  # noqa: PLC0415
+
+        if self.store.exists(path):
+            return False
+        # rename refuses an existing destination, atomically: the exclusive step
+        tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
+        self.store.put(tmp, data)
+        try:
+            self.store.rename(tmp, path)
+        except StoreExistsError:
+            self.store.delete(tmp)
+            return False
+        return True
+
+    def listdir(self, path: str) -> list[str]:
+        from adcloud.store import StoreNotFoundError  # noqa: PLC0415
+
+        try:
+            return sorted(s.name for s in self.store.list(path) if s.path != path)
+        except StoreNotFoundError:
+            return []
+
+    def find(self, path: str) -> list[tuple[str, int]]:
+        st = self.store.stat(path)
+        if not st.is_dir:
+            return [("", int(st.size))]
+        base = path.rstrip("/") + "/"
+        return sorted(
+            (s.path[len(base) :], int(s.size))
+            for s in self.store.list(path, recursive=True)
+            if not s.is_dir
+        )
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        if self.store.exists(path):
+            self.store.delete(path, recursive=recursive)
+
+    def put_tree(self, local_dir: Path, path: str, *, last: str | None = None) -> None:
+        files = sorted(p for p in local_dir.rglob("*") if p.is_file())
+        files.sort(key=lambda p: p.relative_to(local_dir).as_posix() == last)
+        for p in files:
+            with (
+                p.open("rb") as src,
+                self.store.open(
+                    posixpath.join(path, p.relative_to(local_dir).as_posix()), "wb"
+                ) as dst,
+            ):
+                shutil.copyfileobj(src, dst, 8 << 20)
+
+    def get_tree(self, path: str, local_dir: Path) -> None:
+        for rel, _ in self.find(path):
+            target = local_dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with self.store.open(posixpath.join(path, rel), "rb") as src, target.open("wb") as dst:
+                shutil.copyfileobj(src, dst, 8 << 20)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _locate(uri: str | os.PathLike[str], *, fsync: bool = True) -> tuple[_Files, str]:
+    """The backend holding ``uri`` and the path inside it."""
+    text = os.fspath(uri)
+    if "://" not in text:
+        return _LocalFiles(fsync), str(Path(text).expanduser().absolute())
+    scheme = text.split("://", 1)[0].lower()
+    if scheme == "file":
+        import fsspec  # noqa: PLC0415
+
+        _fs, path = fsspec.core.url_to_fs(text)
+        return _LocalFiles(fsync), str(Path(path).absolute())
+    try:
+        if scheme in ("local", "alluxio"):
+            # adcloud's own stores: fsspec's "local" protocol would be a plain local path
+            from adcloud.store import locate  # noqa: PLC0415
+
+            store, path = locate(text)
+            return _StoreFiles(store), path.rstrip("/") or "/"
+        import fsspec  # noqa: PLC0415
+
+        fs, path = fsspec.core.url_to_fs(text)
+    except AdcloudError:
+        raise
+    except (ImportError, ValueError) as err:
+        raise HdmapError(
+            f"cannot open {text!r}: {err}; use a local path, file://, memory://, s3://, "
+            "hdfs://, local:// or alluxio:// (install the fsspec backend the scheme needs)"
+        ) from err
+    return _FsspecFiles(fs), str(path).rstrip("/") or "/"
+
+
+# --------------------------------------------------------------------------- bags and hashes
+
+
+def drive_name(uri: str | os.PathLike[str]) -> str:
+    """The drive name of a bag URI: its last path segment without ``.bag``/``.mcap``/``.db3``,
+    reduced to ``[A-Za-z0-9._-]`` (map products are named after it)."""
+    text = os.fspath(uri).rstrip("/")
+    base = posixpath.basename(text.split("://", 1)[-1]) or "drive"
+    for suffix in _NAME_SUFFIXES:
+        if base.lower().endswith(suffix) and len(base) > len(suffix):
+            base = base[: -len(suffix)]
+            break
+    return re.sub(r"[^A-Za-z0-9._-]", "_", base)
+
+
+def _hash_stream(h: Any, f: IO[bytes], chunk: int) -> None:
+    while True:
+        block = f.read(chunk)
+        if not block:
+            return
+        h.update(block)
+
+
+def _content_hash(files: _Files, path: str, chunk: int) -> tuple[str, int]:
+    h = hashlib.sha256()
+    total = 0
+    if not files.isdir(path):
+        with files.open_read(path) as f:
+            _hash_stream(h, f, chunk)
+        return h.hexdigest(), files.size_mtime(path)[0]
+    for rel, size in files.find(path):
+        h.update(int(size).to_bytes(8, "little"))
+        with files.open_read(posixpath.join(path, rel)) as f:
+            _hash_stream(h, f, chunk)
+        total += size
+    return h.hexdigest(), total
+
+
+def content_hash(uri: str | os.PathLike[str], *, chunk_bytes: int = 8 << 20) -> tuple[str, int]:
+    """``(sha256 hex digest, size in bytes)`` of a bag file or rosbag2 directory (the rule
+    is in the module docstring).  Raises :class:`~adcloud.hdmap.errors.HdmapError` naming
+    the URI when it cannot be read."""
+    files, path = _locate(uri)
+    try:
+        with files:
+            return _content_hash(files, path, chunk_bytes)
+    except FileNotFoundError as err:
+        raise HdmapError(f"{os.fspath(uri)}: no such bag file or directory") from err
+    except OSError as err:
+        raise HdmapError(f"{os.fspath(uri)}: cannot read the bag to hash it: {err}") from err
+
+
+def find_bags(uri: str | os.PathLike[str]) -> list[str]:
+    """The bags a ``--bags`` URI names, sorted: the URI itself when it is a bag file or a
+    rosbag2 directory (one with ``metadata.yaml``); otherwise every ``*.bag``/``*.mcap``
+    file and rosbag2 directory below it (hidden entries and ``*.truth`` directories are
+    skipped).  A URI with glob characters (``*``, ``?``, ``[``) names every match
+    (``s3://fleet/2026-11-20/*.bag``).  Raises :class:`~adcloud.hdmap.errors.HdmapError`
+    if there is nothing."""
+    files, path = _locate(uri)
+    with files:
+        return _find_bags(files, path, os.fspath(uri))
+
+
+def _find_bags(files: _Files, path: str, text: str) -> list[str]:
+    if _GLOB.search(path):
+        matches = files.glob(path)
+        if not matches:
+            raise HdmapError(f"{text}: the pattern matches nothing")
+        out: set[str] = set()
+        for match in matches:
+            name = posixpath.basename(match.rstrip("/"))
+            if name.startswith(".") or name.endswith(".truth"):
+                continue  # the same entries a directory search skips
+            try:
+                out.update(find_bags(match if files.local else files.describe(match)))
+            except HdmapError:
+                continue  # a directory without bags among the matches
+        if not out:
+            raise HdmapError(f"{text}: the pattern matches no bag")
+        return sorted(out)
+    prefix = text.rstrip("/") if "://" in text else path
+    if not files.exists(path):
+        raise HdmapError(f"{text}: no such file or directory; pass a bag or a directory of bags")
+    if not files.isdir(path):
+        return [prefix]
+    rels = [rel for rel, _ in files.find(path)]
+    if _ROSBAG2_METADATA in rels:
+        return [prefix]
+    rosbag2_dirs = sorted(
+        {posixpath.dirname(r) for r in rels if posixpath.basename(r) == _ROSBAG2_METADATA}
+    )
+
+    def skipped(rel: str) -> bool:
+        parts = rel.split("/")
+        return any(p.startswith(".") or p.endswith(".truth") for p in parts)
+
+    found = [d for d in rosbag2_dirs if not skipped(d)]
+    for rel in rels:
+        if skipped(rel) or not rel.lower().endswith(_BAG_SUFFIXES):
+            continue
+        if any(rel.startswith(d + "/") for d in rosbag2_dirs):
+            continue  # an MCAP file inside a rosbag2 directory belongs to that bag
+        found.append(rel)
+    if not found:
+        raise HdmapError(
+            f"{text}: no bags found (looked for *.bag, *.mcap and rosbag2 directories with "
+            "metadata.yaml)"
+        )
+    return sorted(f"{prefix}/{rel}" for rel in found)
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+@dataclass(frozen=True)
+class DriveRecord:
+    """One drive (bag) of a map: ``name`` (unique in the map; products are named after it),
+    ``uri`` where it was read, ``sha256``/``size`` of its bytes, ``mtime`` (s, None when the
+    backend has none), ``processed_at`` (ISO-8601 UTC; None until processed) and
+    ``added_in`` (the map version that first processed it)."""
+
+    name: str
+    uri: str
+    sha256: str
+    size: int
+    mtime: float | None = None
+    processed_at: str | None = None
+    added_in: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> DriveRecord:
+        """Parse one ``drives`` entry; ``where`` names the file and index for errors."""
+        try:
+            rec = cls(
+                name=str(data["name"]),
+                uri=str(data["uri"]),
+                sha256=str(data["sha256"]),
+                size=int(data["size"]),
+                mtime=None if data.get("mtime") is None else float(data["mtime"]),
+                processed_at=data.get("processed_at"),
+                added_in=data.get("added_in"),
+            )
+        except KeyError as err:
+            raise MapFormatError(f"{where}: missing field {err.args[0]!r}") from None
+        except (TypeError, ValueError) as err:
+            raise MapFormatError(f"{where}: {err}") from None
+        if not re.fullmatch(r"[0-9a-f]{64}", rec.sha256):
+            raise MapFormatError(f"{where}: sha256 {rec.sha256!r} is not 64 hex digits")
+        return rec
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What one map version was built from (``manifest.json``, format in the module doc).
+
+    ``version`` and ``parent`` are stamped by :meth:`Staging.commit`; ``settings`` is the
+    effective build configuration (JSON-ready)."""
+
+    drives: tuple[DriveRecord, ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    version: str = ""
+    parent: str | None = None
+    created_at: str = ""
+    adcloud_version: str = __version__
+
+    def by_hash(self) -> dict[str, DriveRecord]:
+        """The drives keyed by content hash."""
+        return {d.sha256: d for d in self.drives}
+
+    def drive(self, name: str) -> DriveRecord:
+        """The drive called ``name`` (KeyError if the map has none)."""
+        for d in self.drives:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    def to_json(self) -> str:
+        """The ``manifest.json`` text."""
+        data = {
+            "format": MANIFEST_FORMAT,
+            "format_version": MANIFEST_VERSION,
+            "version": self.version,
+            "parent": self.parent,
+            "created_at": self.created_at,
+            "adcloud_version": self.adcloud_version,
+            "settings": dict(self.settings),
+            "drives": [d.to_dict() for d in self.drives],
+        }
+        return json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> Manifest:
+        """Parse ``manifest.json``; ``where`` names the file in errors."""
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise MapFormatError(f"{where}: not valid JSON ({err})") from None
+        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+            raise MapFormatError(f"{where}: not an hdmap manifest (format != {MANIFEST_FORMAT!r})")
+        if data.get("format_version") != MANIFEST_VERSION:
+            raise MapFormatError(
+                f"{where}: manifest format_version {data.get('format_version')!r} is not "
+                f"{MANIFEST_VERSION}; upgrade adcloud to read it"
+            )
+        drives = data.get("drives")
+        if not isinstance(drives, list):
+            raise MapFormatError(f"{where}: field 'drives' must be a list")
+        settings = data.get("settings") or {}
+        if not isinstance(settings, dict):
+            raise MapFormatError(f"{where}: field 'settings' must be an object")
+        return cls(
+            drives=tuple(
+                DriveRecord.from_dict(d, f"{where}: drives[{i}]") for i, d in enumerate(drives)
+            ),
+            settings=settings,
+            version=str(data.get("version") or ""),
+            parent=data.get("parent"),
+            created_at=str(data.get("created_at") or ""),
+            adcloud_version=str(data.get("adcloud_version") or ""),
+        )
+
+
+def _settings_json(settings: object) -> dict[str, Any]:
+    if settings is None:
+        return {}
+    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+        from adcloud.config import settings_dict  # noqa: PLC0415
+
+        return settings_dict(settings)
+    if isinstance(settings, Mapping):
+        out: dict[str, Any] = json.loads(json.dumps(dict(settings), default=_json_default))
+        return out
+    raise TypeError(f"settings must be a dataclass or a mapping, got {type(settings).__name__}")
+
+
+def _json_default(value: object) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _settings_json(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
+    return str(value)
+
+
+# --------------------------------------------------------------------------- versions
+
+
+@dataclass(frozen=True)
+class MapVersion:
+    """One committed version of a map: ``id`` (``"000007"``), ``uri`` of its directory,
+    its ``manifest`` and, for maps on a local filesystem, ``path`` (its local directory)."""
+
+    id: str
+    uri: str
+    manifest: Manifest
+    path: Path | None
+    _files: _Files = field(repr=False, compare=False)
+    _root: str = field(repr=False, compare=False)
+
+    def files(self) -> list[str]:
+        """Relative paths of the version's files, sorted."""
+        return [rel for rel, _ in self._files.find(self._root)]
+
+    def read_bytes(self, relpath: str) -> bytes:
+        """The bytes of one file of the version (``relpath`` is ``/``-separated)."""
+        try:
+            return self._files.read_bytes(posixpath.join(self._root, relpath))
+        except FileNotFoundError as err:
+            raise MapFormatError(f"{self.uri}/{relpath}: no such file in map version") from err
+
+    def fetch(self, dest: str | os.PathLike[str] | None = None) -> Path:
+        """A local directory with the version's files: the version's own directory for local
+        maps, else a copy downloaded into ``dest`` (a new temporary directory if None)."""
+        if self.path is not None:
+            return self.path
+        target = Path(dest) if dest is not None else Path(tempfile.mkdtemp(prefix="hdmap-"))
+        target.mkdir(parents=True, exist_ok=True)
+        self._files.get_tree(self._root, target)
+        return target
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What a build has to do, from comparing the input bags with the current manifest.
+
+    ``new_drives``: content the map does not have (to process; ``processed_at`` None);
+    ``known_drives``: inputs already in the map (their manifest records); ``removed``:
+    drives of the map not among the inputs -- builds only add, so the map keeps them;
+    ``renamed``: ``(uri in the manifest, uri now)`` for known content met under a new URI;
+    ``duplicates``: input URIs skipped because another input has the same bytes.
+    """
+
+    parent: MapVersion | None
+    new_drives: tuple[DriveRecord, ...]
+    known_drives: tuple[DriveRecord, ...]
+    removed: tuple[DriveRecord, ...] = ()
+    renamed: tuple[tuple[str, str], ...] = ()
+    duplicates: tuple[str, ...] = ()
+
+    @property
+    def up_to_date(self) -> bool:
+        """True when there is nothing new to process (an idempotent re-run)."""
+        return not self.new_drives
+
+    def manifest(self, settings: object = None, *, processed_at: str | None = None) -> Manifest:
+        """The manifest of the version this plan builds: every drive of the parent plus the
+        new ones stamped ``processed_at`` (now by default); ``settings`` is the effective
+        build configuration (a settings dataclass or a mapping)."""
+        stamp = processed_at or _now_text()
+        old = self.parent.manifest.drives if self.parent is not None else ()
+        new = tuple(dataclasses.replace(d, processed_at=stamp) for d in self.new_drives)
+        return Manifest(
+            drives=old + new,
+            settings=_settings_json(settings),
+            parent=self.parent.id if self.parent is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What :meth:`MapDir.update` did: the ``plan``, the ``version`` now current (None for an
+    empty map) and whether a new version was written (``changed``)."""
+
+    plan: BuildPlan
+    version: MapVersion | None
+    changed: bool
+
+
+# --------------------------------------------------------------------------- lock
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """Who holds a map's build lock: ``pid`` on ``host`` since ``started`` (ISO-8601 UTC)."""
+
+    pid: int
+    host: str
+    started: str
+    map_uri: str = ""
+
+    def to_json(self) -> bytes:
+        """The lock file's content."""
+        return (json.dumps(dataclasses.asdict(self)) + "\n").encode()
+
+    @classmethod
+    def parse(cls, data: bytes) -> LockInfo | None:
+        """The holder in a lock file's content (None when empty or unreadable)."""
+        try:
+            obj = json.loads(data.decode())
+            return cls(int(obj["pid"]), str(obj["host"]), str(obj["started"]), str(obj["map_uri"]))
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return None
+
+    def describe(self) -> str:
+        """``pid N on HOST since T`` for messages."""
+        return f"pid {self.pid} on {self.host} since {self.started}"
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie -- dead, not yet reaped -- does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return False
+    return True
+
+
+class BuildLock:
+    """The exclusive right to change one map directory (``<map>/build.lock``).
+
+    Use as a context manager or call :meth:`acquire`/:meth:`release`.  ``taken_over`` is
+    the holder of a stale lock this one replaced (None when the lock was free).  Acquiring
+    a lock that a running build holds raises :class:`~adcloud.hdmap.errors.BuildError`
+    naming the holder.
+    """
+
+    def __init__(self, files: _Files, path: str, map_uri: str) -> None:
+        self._files = files
+        self._path = path
+        self._map_uri = map_uri
+        self._fd: int | None = None
+        self._info: LockInfo | None = None
+        self.taken_over: LockInfo | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock now."""
+        return self._info is not None
+
+    def _stale_message(self, old: LockInfo) -> str:
+        return (
+            f"{self._files.describe(self._path)}: taking over the build lock left by "
+            f"{old.describe()}: that process is no longer running (killed or crashed); its "
+            "partial output is discarded"
+        )
+
+    def acquire(self) -> Self:
+        """Take the lock (see the class doc); returns self."""
+        if self.held:
+            raise BuildError(f"{self._files.describe(self._path)}: this build holds it already")
+        info = LockInfo(os.getpid(), socket.gethostname(), _now_text(), self._map_uri)
+        if self._files.local:
+            self._acquire_local(info)
+        else:
+            self._acquire_exclusive(info)
+        self._info = info
+        return self
+
+    def _acquire_local(self, info: LockInfo) -> None:
+        path = Path(self._path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for _attempt in range(20):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = LockInfo.parse(os.pread(fd, 4096, 0))
+                os.close(fd)
+                who = holder.describe() if holder else "another process"
+                raise BuildError(
+                    f"{path}: another build of this map is running ({who}); wait for it to "
+                    "finish (builds of one map run one at a time)"
+                ) from None
+            # the previous holder may have unlinked the file between our open and flock: a
+            # lock on a deleted inode protects nothing, so retry on the new file
+            try:
+                same = os.fstat(fd).st_ino == path.stat().st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        else:
+            raise BuildError(f"{path}: the lock file keeps being replaced; is something looping?")
+        old = LockInfo.parse(os.pread(fd, 4096, 0))
+        if old is not None:
+            # a holder that exits cleanly deletes the file, so content here means it died
+            self.taken_over = old
+            _LOG.warning("%s", self._stale_message(old))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info.to_json(), 0)
+        os.fsync(fd)
+        self._fd = fd
+
+    def _acquire_exclusive(self, info: LockInfo) -> None:
+        where = self._files.describe(self._path)
+        for _attempt in range(2):
+            if self._files.create_exclusive(self._path, info.to_json()):
+                return
+            try:
+                holder = LockInfo.parse(self._files.read_bytes(self._path))
+            except FileNotFoundError:
+                continue  # released in between: try again
+            if holder is None:
+                raise BuildError(
+                    f"{where}: unreadable build lock; if no build of this map is running, "
+                    "delete it and retry"
+                )
+            if holder.host == socket.gethostname() and not _pid_alive(holder.pid):
+                self.taken_over = holder
+                _LOG.warning("%s", self._stale_message(holder))
+                self._files.remove(self._path)
+                continue
+            hint = (
+                "wait for it to finish"
+                if holder.host == socket.gethostname()
+                else f"if no build runs on {holder.host} any more, delete {where} and retry"
+            )
+            raise BuildError(
+                f"{where}: another build of this map holds the lock ({holder.describe()}); {hint}"
+            )
+        raise BuildError(f"{where}: could not take the build lock (another build raced us)")
+
+    def release(self) -> None:
+        """Give the lock back (deletes the lock file); a no-op when not held."""
+        if self._info is None:
+            return
+        try:
+            if self._fd is not None:
+                path = Path(self._path)
+                with contextlib.suppress(FileNotFoundError):
+                    if os.fstat(self._fd).st_ino == path.stat().st_ino:
+                        path.unlink()
+                os.close(self._fd)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    if LockInfo.parse(self._files.read_bytes(self._path)) == self._info:
+                        self._files.remove(self._path)
+        finally:
+            self._fd = None
+            self._info = None
+
+    def __enter__(self) -> Self:
+        return self.acquire() if not self.held else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+# --------------------------------------------------------------------------- staging
+
+
+class Staging:
+    """A new map version being written: write the version's files below :attr:`path` (a
+    local directory), then :meth:`commit` -- or :meth:`abort`.  As a context manager,
+    leaving the block without a commit aborts.
+
+    For maps on a local filesystem ``path`` is ``<map>/versions/.staging-<id>`` and commit is
+    a rename; for other backends it is a local temporary directory uploaded at commit."""
+
+    def __init__(
+        self,
+        mapdir: MapDir,
+        version_id: str,
+        parent: MapVersion | None,
+        lock: BuildLock,
+        owns_lock: bool,
+    ) -> None:
+        self._mapdir = mapdir
+        self.version_id = version_id
+        self.parent = parent
+        self._lock = lock
+        self._owns_lock = owns_lock
+        self._done = False
+        files = mapdir._files
+        if files.local:
+            self.path = Path(mapdir._path(VERSIONS_DIR, f"{_STAGING_PREFIX}{version_id}"))
+            self.path.mkdir(parents=True)
+        else:
+            where = mapdir.settings.staging_dir or None
+            if where is not None:
+                Path(where).mkdir(parents=True, exist_ok=True)
+            self.path = Path(tempfile.mkdtemp(prefix=f"hdmap-{version_id}-", dir=where))
+
+    @property
+    def done(self) -> bool:
+        """Whether the staging was committed or aborted."""
+        return self._done
+
+    def copy_from_parent(self, *relpaths: str) -> list[str]:
+        """Copy files of the parent version into the staging directory (all of them when no
+        path is given) and return their relative paths.  Copies, never links: the build may
+        rewrite them in place without touching the parent."""
+        if self.parent is None:
+            return []
+        wanted = set(relpaths)
+        copied = []
+        for rel in self.parent.files():
+            if rel == MANIFEST_NAME or (wanted and rel not in wanted):
+                continue
+            target = self.path / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if self.parent.path is not None:
+                shutil.copy2(self.parent.path / rel, target)
+            else:
+                target.write_bytes(self.parent.read_bytes(rel))
+            copied.append(rel)
+        missing = wanted - set(copied)
+        if missing:
+            raise MapFormatError(
+                f"{self.parent.uri}: no file(s) {', '.join(sorted(missing))} in the parent version"
+            )
+        return copied
+
+    def commit(self, manifest: Manifest) -> MapVersion:
+        """Write ``manifest.json`` (stamped with this version id, the parent id and the time),
+        flush everything, and make this version current in one atomic step."""
+        self._check_open()
+        md = self._mapdir
+        current = md._current_id()
+        expected = self.parent.id if self.parent is not None else None
+        if current != expected:
+            raise BuildError(
+                f"{md.uri}: CURRENT changed during the build (now {current}, the build started "
+                f"from {expected}); the version is discarded -- run the build again"
+            )
+        stamped = dataclasses.replace(
+            manifest,
+            version=self.version_id,
+            parent=expected,
+            created_at=manifest.created_at or _now_text(),
+            drives=tuple(
+                d if d.added_in else dataclasses.replace(d, added_in=self.version_id)
+                for d in manifest.drives
+            ),
+        )
+        (self.path / MANIFEST_NAME).write_text(stamped.to_json(), encoding="utf-8")
+        final = md._path(VERSIONS_DIR, self.version_id)
+        if md._files.local:
+            if md.settings.fsync:
+                for dirpath, _dirs, names in os.walk(self.path):
+                    for name in names:
+                        _fsync_path(Path(dirpath) / name)
+                    _fsync_path(Path(dirpath), directory=True)
+            self.path.rename(final)
+            if md.settings.fsync:
+                _fsync_path(Path(final).parent, directory=True)
+        else:
+            # the manifest goes last: a version directory without it is an interrupted upload
+            md._files.put_tree(self.path, final, last=MANIFEST_NAME)
+            shutil.rmtree(self.path, ignore_errors=True)
+        md._files.write_atomic(md._path(CURRENT_NAME), f"{self.version_id}\n".encode())
+        self._done = True
+        _LOG.info(
+            "%s: version %s is current (%d drives)", md.uri, self.version_id, len(stamped.drives)
+        )
+        try:
+            if md.settings.keep_versions:
+                md.gc(md.settings.keep_versions)
+        except (HdmapError, OSError) as err:
+            # the new version is committed; old ones are only left for the next build's gc
+            _LOG.warning("%s: could not remove old versions: %s", md.uri, err)
+        finally:
+            self._finish()
+        return md.version(self.version_id)
+
+    def abort(self) -> None:
+        """Discard the staging directory; the current version is untouched."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            self._finish()
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise BuildError(f"{self._mapdir.uri}: staging {self.version_id} is already finished")
+
+    def _finish(self) -> None:
+        if self._owns_lock:
+            self._lock.release()
+            self._mapdir._held = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self._done:
+            self.abort()
+
+
+# --------------------------------------------------------------------------- map directory
+
+
+class MapDir:
+    """A versioned map directory (layout and guarantees in the module docstring).
+
+    ``MapDir(uri)`` opens nothing eagerly; every method reads the directory afresh, so one
+    object may be kept across builds.  It pickles as its URI and settings.
+    """
+
+    def __init__(self, uri: str | os.PathLike[str], settings: MapDirSettings | None = None) -> None:
+        self.settings = settings or MapDirSettings()
+        self._uri_text = os.fspath(uri)
+        self._files, self._root = _locate(self._uri_text, fsync=self.settings.fsync)
+        self.uri = self._files.describe(self._root)
+        self._held: BuildLock | None = None
+        self._active: Staging | None = None
+
+    def __reduce__(self) -> tuple[Callable[..., MapDir], tuple[str, MapDirSettings]]:
+        return (MapDir, (self._uri_text, self.settings))
+
+    def __repr__(self) -> str:
+        return f"MapDir({self.uri!r})"
+
+    def close(self) -> None:
+        """Release the backend's connections (a store's threads); the object stays usable
+        for nothing after that."""
+        self._files.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _path(self, *parts: str) -> str:
+        return posixpath.join(self._root, *parts)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _current_id(self) -> str | None:
+        path = self._path(CURRENT_NAME)
+        try:
+            text = self._files.read_bytes(path).decode("ascii", "replace").strip()
+        except FileNotFoundError:
+            return None
+        if not _VERSION_RE.match(text):
+            raise MapFormatError(
+                f"{self._files.describe(path)}: {text[:40]!r} is not a version id; write the id "
+                f"of a directory under {self.uri}/{VERSIONS_DIR} into it"
+            )
+        return text
+
+    def current(self) -> MapVersion | None:
+        """The current version, or None for a map that has none yet."""
+        vid = self._current_id()
+        return None if vid is None else self.version(vid)
+
+    def version(self, version_id: str) -> MapVersion:
+        """The committed version ``version_id``; MapFormatError if it is missing or broken."""
+        root = self._path(VERSIONS_DIR, version_id)
+        where = self._files.describe(posixpath.join(root, MANIFEST_NAME))
+        try:
+            text = self._files.read_bytes(posixpath.join(root, MANIFEST_NAME))
+        except FileNotFoundError:
+            raise MapFormatError(
+                f"{where}: missing; version {version_id} of {self.uri} does not exist or was "
+                "never committed (see `versions()`)"
+            ) from None
+        manifest = Manifest.from_json(text, where)
+        return MapVersion(
+            id=version_id,
+            uri=self._files.describe(root),
+            manifest=manifest,
+            path=Path(root) if self._files.local else None,
+            _files=self._files,
+            _root=root,
+        )
+
+    def versions(self) -> list[str]:
+        """Ids of the committed versions (those with a manifest), oldest first."""
+        out = []
+        for name in self._files.listdir(self._path(VERSIONS_DIR)):
+            if _VERSION_RE.match(name) and self._files.exists(
+                self._path(VERSIONS_DIR, name, MANIFEST_NAME)
+            ):
+                out.append(name)
+        return sorted(out, key=int)
+
+    def lock_holder(self) -> LockInfo | None:
+        """Who holds the build lock as recorded in ``build.lock`` (None when there is none;
+        the holder may be a dead process whose lock the next build takes over)."""
+        try:
+            return LockInfo.parse(self._files.read_bytes(self._path(LOCK_NAME)))
+        except FileNotFoundError:
+            return None
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def plan(
+        self, bag_uris: Iterable[str | os.PathLike[str]], *, trust_mtime: bool = False
+    ) -> BuildPlan:
+        """Compare the bags with the current manifest by content hash (see
+        :class:`BuildPlan`).  ``trust_mtime`` reuses the recorded hash of a bag whose URI,
+        size and mtime are unchanged instead of reading it (faster, trusts timestamps).
+        Reads the bags; writes nothing."""
+        parent = self.current()
+        drives = parent.manifest.drives if parent is not None else ()
+        known_hash = {d.sha256: d for d in drives}
+        known_uri = {d.uri: d for d in drives}
+        used_names = {d.name for d in drives}
+        seen: set[str] = set()
+        new: list[DriveRecord] = []
+        known: list[DriveRecord] = []
+        renamed: list[tuple[str, str]] = []
+        duplicates: list[str] = []
+        for raw in bag_uris:
+            files, path = _locate(raw)
+            text = os.fspath(raw)
+            uri = files.describe(path) if "://" not in text or files.local else text.rstrip("/")
+            try:
+                with files:
+                    size, mtime = files.size_mtime(path)
+                    prev = known_uri.get(uri)
+                    if trust_mtime and prev and prev.size == size and prev.mtime == mtime:
+                        digest = prev.sha256
+                    else:
+                        _LOG.info("hashing %s (%d bytes)", uri, size)
+                        digest, size = _content_hash(files, path, self.settings.hash_chunk_bytes)
+            except FileNotFoundError as err:
+                raise HdmapError(f"{uri}: no such bag file or directory") from err
+            except OSError as err:
+                raise HdmapError(f"{uri}: cannot read the bag: {err}") from err
+            if digest in seen:
+                _LOG.info("%s: same bytes as another input; skipped", uri)
+                duplicates.append(uri)
+                continue
+            seen.add(digest)
+            if digest in known_hash:
+                rec = known_hash[digest]
+                known.append(rec)
+                if rec.uri != uri:
+                    renamed.append((rec.uri, uri))
+                continue
+            name = drive_name(uri)
+            if name in used_names:  # same name, other bytes: a new drive needs its own name
+                name = f"{name}-{digest[:8]}"
+            used_names.add(name)
+            new.append(DriveRecord(name=name, uri=uri, sha256=digest, size=size, mtime=mtime))
+        removed = tuple(d for d in drives if d.sha256 not in seen)
+        return BuildPlan(
+            parent=parent,
+            new_drives=tuple(new),
+            known_drives=tuple(known),
+            removed=removed,
+            renamed=tuple(renamed),
+            duplicates=tuple(duplicates),
+        )
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def lock(self) -> BuildLock:
+        """A (not yet acquired) build lock of this map; ``with md.lock(): ...``."""
+        return _MapDirLock(self)
+
+    def _cleanup(self) -> None:
+        """Remove what interrupted builds left (under the lock): staging directories and
+        version directories without a manifest (an interrupted upload)."""
+        versions = self._path(VERSIONS_DIR)
+        for name in self._files.listdir(versions):
+            path = posixpath.join(versions, name)
+            partial = _VERSION_RE.match(name) and not self._files.exists(
+                posixpath.join(path, MANIFEST_NAME)
+            )
+            if name.startswith(_STAGING_PREFIX) or partial or ".tmp-" in name:
+                _LOG.warning("%s: removing %s left by an interrupted build", self.uri, name)
+                self._files.remove(path, recursive=True)
+        for name in self._files.listdir(self._root):
+            if ".tmp-" in name:
+                self._files.remove(self._path(name))
+
+    def _next_id(self) -> str:
+        ids = [0]
+        for name in self._files.listdir(self._path(VERSIONS_DIR)):
+            digits = name.removeprefix(_STAGING_PREFIX)
+            if _VERSION_RE.match(digits):
+                ids.append(int(digits))
+        current = self._current_id()
+        if current is not None:
+            ids.append(int(current))
+        return f"{max(ids) + 1:06d}"
+
+    def begin(self, parent: MapVersion | None) -> Staging:
+        """Start writing a new version on top of ``parent`` (normally :meth:`current`).
+
+        Takes the build lock unless this object holds it already (then the caller releases
+        it), removes leftovers of interrupted builds and returns the :class:`Staging`."""
+        cur = self._current_id()
+        expected = parent.id if parent is not None else None
+        if cur != expected:
+            raise BuildError(
+                f"{self.uri}: the parent version {expected} is not current (CURRENT is {cur}); "
+                "plan again from `current()`"
+            )
+        if self._active is not None and not self._active.done:
+            raise BuildError(
+                f"{self.uri}: version {self._active.version_id} is still being written by this "
+                "process; commit or abort it first"
+            )
+        owns = self._held is None
+        lock = self._held or BuildLock(self._files, self._path(LOCK_NAME), self.uri).acquire()
+        try:
+            self._cleanup()
+            staging = Staging(self, self._next_id(), parent, lock, owns)
+        except BaseException:
+            if owns:
+                lock.release()
+            raise
+        if owns:
+            self._held = lock
+        self._active = staging
+        return staging
+
+    def gc(self, keep: int | None = None) -> list[str]:
+        """Delete old versions, keeping the current one and the ``keep - 1`` versions just
+        before it (``keep`` defaults to the settings); versions newer than the current one
+        (a commit interrupted before switching CURRENT, or a rolled-back version) are
+        deleted too.  Takes the build lock unless this object holds it (BuildError while
+        another build runs).  Returns the deleted ids."""
+        keep = self.settings.keep_versions if keep is None else keep
+        if keep < 1:
+            raise BuildError(f"{self.uri}: gc must keep at least 1 version, got {keep}")
+        if self._held is None:
+            # under the lock: a build between renaming its version into place and switching
+            # CURRENT must not see that version deleted as "newer than current"
+            with self.lock():
+                return self._gc(keep)
+        return self._gc(keep)
+
+    def _gc(self, keep: int) -> list[str]:
+        current = self._current_id()
+        if current is None:
+            return []
+        older = [v for v in self.versions() if int(v) <= int(current)]
+        kept = set(older[-keep:]) | {current}
+        removed = []
+        for vid in self.versions():
+            if vid not in kept:
+                self._files.remove(self._path(VERSIONS_DIR, vid), recursive=True)
+                removed.append(vid)
+        if removed:
+            _LOG.info("%s: removed old versions %s", self.uri, ", ".join(removed))
+        return removed
+
+    def update(
+        self,
+        bag_uris: Sequence[str | os.PathLike[str]],
+        build: Callable[[BuildPlan, Staging], None],
+        *,
+        settings: object = None,
+        trust_mtime: bool = False,
+    ) -> BuildResult:
+        """One incremental, idempotent, atomic build step.
+
+        Plans; when nothing is new returns at once having written nothing.  Otherwise takes
+        the lock, plans again if another build committed meanwhile, begins a staging
+        version, calls ``build(plan, staging)`` -- which writes the version's files under
+        ``staging.path``, merging the new drives into the parent's products -- and commits
+        with the plan's manifest (``settings`` recorded in it).  If ``build`` raises, the
+        staging is discarded and the error propagates; the current version is untouched.
+        """
+        plan = self.plan(bag_uris, trust_mtime=trust_mtime)
+        if plan.up_to_date:
+            _LOG.info("%s: up to date (%d drives known)", self.uri, len(plan.known_drives))
+            return BuildResult(plan, plan.parent, changed=False)
+        with self.lock():
+            current = self._current_id()
+            if current != (plan.parent.id if plan.parent is not None else None):
+                plan = self.plan(bag_uris, trust_mtime=trust_mtime)
+                if plan.up_to_date:
+                    return BuildResult(plan, plan.parent, changed=False)
+            with self.begin(plan.parent) as staging:
+                _LOG.info(
+                    "%s: building version %s from %d new drive(s) on top of %s",
+                    self.uri,
+                    staging.version_id,
+                    len(plan.new_drives),
+                    plan.parent.id if plan.parent is not None else "an empty map",
+                )
+                build(plan, staging)
+                version = staging.commit(plan.manifest(settings))
+        return BuildResult(plan, version, changed=True)
+
+
+class _MapDirLock(BuildLock):
+    """A :class:`BuildLock` that registers itself with its :class:`MapDir`, so that
+    :meth:`MapDir.begin` inside the ``with`` block uses it."""
+
+    def __init__(self, mapdir: MapDir) -> None:
+        super().__init__(mapdir._files, mapdir._path(LOCK_NAME), mapdir.uri)
+        self._mapdir = mapdir
+
+    def acquire(self) -> Self:
+        if self._mapdir._held is not None:
+            raise BuildError(f"{self._mapdir.uri}: this process already holds the build lock")
+        super().acquire()
+        self._mapdir._held = self
+        return self
+
+    def release(self) -> None:
+        try:
+            super().release()
+        finally:
+            if self._mapdir._held is self:
+                self._mapdir._held = None

@@ -1,0 +1,759 @@
+"""The semantic layers of a map, their GeoJSON form, and labels imported from people.
+
+A :class:`SemanticMap` holds the four layers stage 4 produces -- lane markings, lane centre
+lines, road reference lines, traffic signs -- plus ``extras``: imported features of other
+kinds (curbs, poles, crosswalks ...) kept verbatim.
+
+GeoJSON (format version 1)
+    An RFC 7946 FeatureCollection whose coordinates are **map-frame metres** ``[x, y, z]``
+    (``[x, y]`` where the height is unknown), not longitude/latitude; the foreign members
+    ``"adcloud:frame": "map"``, ``"adcloud:units": "m"``, ``"adcloud:origin"`` (the map
+    frame's WGS84 origin: ``latitude_deg``, ``longitude_deg``, ``height_m``) and
+    ``"adcloud:version": 1`` say so -- the layout of the synthetic drives' truth
+    ``map.geojson``, which therefore reads as a label file. Each feature has ``id`` and
+    ``properties.kind`` (``lane_marking``, ``lane_centerline``, ``reference_line``,
+    ``traffic_sign``; any other kind is an extra) and ``properties.source``: ``auto``
+    (extracted by the build), ``human`` (drawn or corrected by a person) or ``external``
+    (another system's labels). Properties the layer does not know are kept in the feature's
+    ``attributes`` and written back unchanged.
+
+Labels kept across rebuilds (:func:`import_labels`, :func:`merge_labels`)
+    A map build regenerates every ``auto`` feature; ``human`` and ``external`` features live
+    in label files that each build imports and merges:
+
+    1. imported features are kept unchanged (except that a ``human`` feature beats an
+       ``external`` one it overlaps, by rule 2 applied between the two);
+    2. an automatic feature loses to an imported feature *of the same layer* that overlaps
+       it: the vertices of an automatic line within ``line_overlap_m`` of an imported line
+       are removed, and what remains is kept where it still runs ``min_remaining_m``; an
+       automatic sign within ``sign_overlap_m`` (horizontally) of an imported sign is
+       dropped;
+    3. an imported feature with ``properties.action == "delete"`` removes what it overlaps
+       by rule 2 and is not itself part of the merged map (the label file keeps it, so the
+       deletion holds on every rebuild).
+
+    Lane centre lines are not re-derived from corrected markings here: re-run
+    :func:`adcloud.hdmap.labels.lane_centerlines` on the merged markings for that.
+
+History: version 1, first version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+import fsspec
+import numpy as np
+from numpy.typing import NDArray
+from scipy.spatial import cKDTree
+
+from adcloud.hdmap.errors import HdmapError, MapFormatError
+from adcloud.hdmap.labels import (
+    MARKING_TYPES,
+    LaneCenterline,
+    LaneMarking,
+    ReferenceLine,
+    resample_polyline,
+)
+from adcloud.hdmap.signs import TrafficSign
+
+__all__ = [
+    "FORMAT_VERSION",
+    "IMPORTED_SOURCES",
+    "SOURCES",
+    "MergeSettings",
+    "Origin",
+    "SemanticMap",
+    "import_labels",
+    "merge_labels",
+    "parse_geojson",
+    "read_geojson",
+    "write_geojson",
+]
+
+log = logging.getLogger(__name__)
+
+F64 = NDArray[np.float64]
+#: WGS84 latitude (deg), longitude (deg), ellipsoidal height (m) of the map frame's origin.
+Origin = tuple[float, float, float]
+
+FORMAT_VERSION = 1
+SOURCES = ("auto", "human", "external")
+IMPORTED_SOURCES = ("human", "external")
+
+# Properties each kind maps onto dataclass fields; everything else goes to `attributes`.
+_MARKING_KEYS = {"kind", "type", "color", "width_m", "coverage", "confidence", "source", "id"}
+_CENTER_KEYS = {
+    "kind",
+    "left_boundary",
+    "right_boundary",
+    "left_marking",
+    "right_marking",
+    "direction",
+    "section",
+    "width_m",
+    "source",
+    "id",
+}
+_REFERENCE_KEYS = {"kind", "source", "id"}
+_SIGN_KEYS = {
+    "kind",
+    "type",
+    "facing_yaw_rad",
+    "width_m",
+    "plate_height_m",
+    "height_m",
+    "candidates",
+    "confidence",
+    "point_count",
+    "source",
+    "id",
+}
+
+
+@dataclass(frozen=True)
+class SemanticMap:
+    """The semantic layers of one map (map frame, metres) and the frame's WGS84 ``origin``
+    (None when unknown). ``extras`` are imported GeoJSON features of other kinds, verbatim."""
+
+    markings: tuple[LaneMarking, ...] = ()
+    centerlines: tuple[LaneCenterline, ...] = ()
+    reference_lines: tuple[ReferenceLine, ...] = ()
+    signs: tuple[TrafficSign, ...] = ()
+    extras: tuple[Mapping[str, Any], ...] = ()
+    origin: Origin | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("markings", "centerlines", "reference_lines", "signs", "extras"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.origin is not None:
+            object.__setattr__(self, "origin", tuple(float(v) for v in self.origin))
+
+    def __len__(self) -> int:
+        return (
+            len(self.markings)
+            + len(self.centerlines)
+            + len(self.reference_lines)
+            + len(self.signs)
+            + len(self.extras)
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Features per layer."""
+        return {
+            "lane_marking": len(self.markings),
+            "lane_centerline": len(self.centerlines),
+            "reference_line": len(self.reference_lines),
+            "traffic_sign": len(self.signs),
+            "extra": len(self.extras),
+        }
+
+    def to_geojson(self) -> dict[str, Any]:
+        """The map as a GeoJSON FeatureCollection dict (see the module docstring)."""
+        features: list[dict[str, Any]] = []
+        features += [_marking_feature(m) for m in self.markings]
+        features += [_centerline_feature(c) for c in self.centerlines]
+        features += [_reference_feature(r) for r in self.reference_lines]
+        features += [_sign_feature(s) for s in self.signs]
+        features += [dict(e) for e in self.extras]
+        out: dict[str, Any] = {
+            "type": "FeatureCollection",
+            "adcloud:frame": "map",
+            "adcloud:units": "m",
+        }
+        if self.origin is not None:
+            lat, lon, alt = self.origin
+            out["adcloud:origin"] = {"latitude_deg": lat, "longitude_deg": lon, "height_m": alt}
+        out["adcloud:version"] = FORMAT_VERSION
+        out["features"] = features
+        return out
+
+
+# -- writing --------------------------------------------------------------------------------
+
+
+def _num(value: float) -> float | None:
+    """A JSON number, or null for NaN/inf (JSON has no NaN)."""
+    v = float(value)
+    return round(v, 6) if math.isfinite(v) else None
+
+
+def _coords(points: F64) -> list[list[float]]:
+    out: list[list[float]] = []
+    for x, y, z in np.asarray(points, dtype=np.float64):
+        pos = [round(float(x), 4), round(float(y), 4)]
+        if math.isfinite(z):
+            pos.append(round(float(z), 4))
+        out.append(pos)
+    return out
+
+
+def _feature(
+    fid: str, geometry: dict[str, Any], props: dict[str, Any], attributes: Mapping[str, Any]
+) -> dict[str, Any]:
+    merged = {**dict(attributes), **props}
+    feature: dict[str, Any] = {"type": "Feature", "geometry": geometry, "properties": merged}
+    if fid:
+        feature["id"] = fid
+    return feature
+
+
+def _line(points: F64) -> dict[str, Any]:
+    return {"type": "LineString", "coordinates": _coords(points)}
+
+
+def _marking_feature(m: LaneMarking) -> dict[str, Any]:
+    props = {
+        "kind": "lane_marking",
+        "type": m.type,
+        "color": m.color,
+        "width_m": _num(m.width_m),
+        "coverage": _num(m.coverage),
+        "confidence": _num(m.confidence),
+        "source": m.source,
+    }
+    return _feature(m.id, _line(m.points), props, m.attributes)
+
+
+def _centerline_feature(c: LaneCenterline) -> dict[str, Any]:
+    props: dict[str, Any] = {
+        "kind": "lane_centerline",
+        "direction": c.direction,
+        "section": c.section,
+        "width_m": _num(c.width_m),
+        "left_marking": c.left_marking,
+        "right_marking": c.right_marking,
+        "source": c.source,
+    }
+    if c.has_boundaries:
+        props["left_boundary"] = _coords(c.left_boundary)
+        props["right_boundary"] = _coords(c.right_boundary)
+    return _feature(c.id, _line(c.points), props, c.attributes)
+
+
+def _reference_feature(r: ReferenceLine) -> dict[str, Any]:
+    return _feature(
+        r.id, _line(r.points), {"kind": "reference_line", "source": r.source}, r.attributes
+    )
+
+
+def _sign_feature(s: TrafficSign) -> dict[str, Any]:
+    props = {
+        "kind": "traffic_sign",
+        "type": s.type,
+        "facing_yaw_rad": _num(s.facing_yaw),
+        "width_m": _num(s.width_m),
+        "plate_height_m": _num(s.height_m),
+        "height_m": _num(s.height_above_ground_m),
+        "candidates": list(s.candidates),
+        "confidence": _num(s.confidence),
+        "point_count": int(s.point_count),
+        "source": s.source,
+    }
+    geometry = {"type": "Point", "coordinates": _coords(s.position.reshape(1, 3))[0]}
+    return _feature(s.id, geometry, props, s.attributes)
+
+
+def write_geojson(path: str | os.PathLike[str], semantic_map: SemanticMap) -> str:
+    """Write ``semantic_map`` as GeoJSON to ``path`` (a local path or an fsspec URL);
+    returns the path written."""
+    data = semantic_map.to_geojson()
+    features = data.pop("features")
+    # One feature per line: diffs of label files stay readable, files stay compact.
+    head = json.dumps(data, allow_nan=False)[:-1]
+    body = ",\n".join(json.dumps(f, allow_nan=False, separators=(",", ":")) for f in features)
+    text = f'{head}, "features": [\n{body}\n]}}'
+    target = os.fspath(path)
+    with fsspec.open(target, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    log.info("semantic: wrote %s (%s)", target, semantic_map.counts())
+    return target
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+class _Where:
+    """Builds error messages naming the file and the feature."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.index = -1
+        self.kind = ""
+
+    def error(self, text: str) -> MapFormatError:
+        if self.index < 0:
+            return MapFormatError(f"{self.path}: {text}")
+        kind = f" ({self.kind})" if self.kind else ""
+        return MapFormatError(f"{self.path}: feature {self.index}{kind}: {text}")
+
+
+def _positions(coords: Any, where: _Where, what: str) -> F64:
+    if not isinstance(coords, list) or not coords:
+        raise where.error(f"{what} must be a non-empty list of [x, y] or [x, y, z] positions")
+    out = np.full((len(coords), 3), np.nan)
+    for k, pos in enumerate(coords):
+        if (
+            not isinstance(pos, list)
+            or len(pos) not in (2, 3)
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pos)
+        ):
+            raise where.error(
+                f"{what}[{k}] must be [x, y] or [x, y, z] numbers (map-frame metres), got {pos!r}"
+            )
+        out[k, : len(pos)] = pos
+    if not np.isfinite(out[:, :2]).all():
+        raise where.error(f"{what} holds a non-finite coordinate")
+    return out
+
+
+def _linestring(geometry: Any, where: _Where) -> F64:
+    if not isinstance(geometry, dict) or geometry.get("type") != "LineString":
+        got = geometry.get("type") if isinstance(geometry, dict) else type(geometry).__name__
+        raise where.error(f"geometry must be a LineString, got {got}")
+    pts = _positions(geometry.get("coordinates"), where, "coordinates")
+    if len(pts) < 2:
+        raise where.error("a LineString needs at least 2 positions")
+    return pts
+
+
+def _point(geometry: Any, where: _Where) -> F64:
+    if not isinstance(geometry, dict) or geometry.get("type") != "Point":
+        got = geometry.get("type") if isinstance(geometry, dict) else type(geometry).__name__
+        raise where.error(f"geometry must be a Point, got {got}")
+    coords = geometry.get("coordinates")
+    pts = _positions([coords] if isinstance(coords, list) else coords, where, "coordinates")
+    out: F64 = pts[0]
+    return out
+
+
+def _float(props: Mapping[str, Any], key: str, where: _Where, default: float | None) -> float:
+    value = props.get(key)
+    if value is None:
+        if default is None:
+            raise where.error(f"properties.{key} is required (a number)")
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise where.error(f"properties.{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _text(props: Mapping[str, Any], key: str, where: _Where, default: str) -> str:
+    value = props.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise where.error(f"properties.{key} must be a string, got {value!r}")
+    return value
+
+
+def _rest(props: Mapping[str, Any], known: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in props.items() if k not in known}
+
+
+def _feature_id(feature: Mapping[str, Any], props: Mapping[str, Any], where: _Where) -> str:
+    fid = feature.get("id", props.get("id"))
+    if fid is None:
+        return ""
+    if isinstance(fid, bool) or not isinstance(fid, (str, int)):
+        raise where.error(f"id must be a string or a number, got {fid!r}")
+    return str(fid)
+
+
+@dataclass
+class _Layers:
+    markings: list[LaneMarking] = field(default_factory=list)
+    centerlines: list[LaneCenterline] = field(default_factory=list)
+    references: list[ReferenceLine] = field(default_factory=list)
+    signs: list[TrafficSign] = field(default_factory=list)
+    extras: list[Mapping[str, Any]] = field(default_factory=list)
+
+
+def _parse_feature(
+    feature: Any, where: _Where, default_source: str | None, layers: _Layers
+) -> None:
+    if not isinstance(feature, dict) or feature.get("type") != "Feature":
+        raise where.error('must be an object with "type": "Feature"')
+    props = feature.get("properties")
+    if not isinstance(props, dict):
+        raise where.error("properties must be an object")
+    kind = props.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise where.error(
+            "properties.kind is missing; set lane_marking, lane_centerline, reference_line, "
+            "traffic_sign (or another kind, kept as an extra)"
+        )
+    where.kind = kind
+    source = props.get("source", default_source)
+    if source is None:
+        raise where.error(
+            f"properties.source is missing; set one of {', '.join(SOURCES)} (or import with "
+            "default_source)"
+        )
+    if source not in SOURCES:
+        raise where.error(f"properties.source is {source!r}; expected one of {', '.join(SOURCES)}")
+    # features without an id are named by source and position in the file
+    fid = _feature_id(feature, props, where) or f"{source}-{where.index}"
+    geometry = feature.get("geometry")
+    if kind == "lane_marking":
+        mtype = _text(props, "type", where, "unknown")
+        if mtype not in MARKING_TYPES:
+            raise where.error(
+                f"properties.type is {mtype!r}; expected one of {', '.join(MARKING_TYPES)}"
+            )
+        layers.markings.append(
+            LaneMarking(
+                points=_linestring(geometry, where),
+                type=mtype,
+                color=_text(props, "color", where, "white"),
+                width_m=_float(props, "width_m", where, math.nan),
+                coverage=_float(props, "coverage", where, math.nan),
+                confidence=_float(props, "confidence", where, 1.0),
+                source=source,
+                id=fid,
+                attributes=_rest(props, _MARKING_KEYS),
+            )
+        )
+    elif kind == "lane_centerline":
+        bounds = {}
+        for key in ("left_boundary", "right_boundary"):
+            raw = props.get(key)
+            bounds[key] = (
+                np.zeros((0, 3)) if raw is None else _positions(raw, where, f"properties.{key}")
+            )
+        section = props.get("section", -1)
+        if isinstance(section, bool) or not isinstance(section, int):
+            raise where.error(f"properties.section must be an integer, got {section!r}")
+        layers.centerlines.append(
+            LaneCenterline(
+                points=_linestring(geometry, where),
+                left_boundary=bounds["left_boundary"],
+                right_boundary=bounds["right_boundary"],
+                left_marking=_text(props, "left_marking", where, ""),
+                right_marking=_text(props, "right_marking", where, ""),
+                direction=_text(props, "direction", where, "along"),
+                section=section,
+                width_m=_float(props, "width_m", where, math.nan),
+                source=source,
+                id=fid,
+                attributes=_rest(props, _CENTER_KEYS),
+            )
+        )
+    elif kind == "reference_line":
+        layers.references.append(
+            ReferenceLine(
+                points=_linestring(geometry, where),
+                source=source,
+                id=fid,
+                attributes=_rest(props, _REFERENCE_KEYS),
+            )
+        )
+    elif kind == "traffic_sign":
+        position = _point(geometry, where)
+        if not math.isfinite(position[2]):
+            raise where.error("a traffic sign needs [x, y, z]: z is the plate centre's height")
+        candidates = props.get("candidates", [])
+        if not isinstance(candidates, list) or not all(isinstance(c, str) for c in candidates):
+            raise where.error(
+                f"properties.candidates must be a list of strings, got {candidates!r}"
+            )
+        count = props.get("point_count", 0)
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise where.error(f"properties.point_count must be an integer, got {count!r}")
+        layers.signs.append(
+            TrafficSign(
+                position=position,
+                facing_yaw=_float(props, "facing_yaw_rad", where, None),
+                width_m=_float(props, "width_m", where, math.nan),
+                height_m=_float(props, "plate_height_m", where, math.nan),
+                height_above_ground_m=_float(props, "height_m", where, math.nan),
+                type=_text(props, "type", where, "unknown"),
+                candidates=tuple(candidates),
+                confidence=_float(props, "confidence", where, 1.0),
+                point_count=count,
+                source=source,
+                id=fid,
+                attributes=_rest(props, _SIGN_KEYS),
+            )
+        )
+    else:
+        if geometry is not None and not isinstance(geometry, dict):
+            raise where.error("geometry must be an object or null")
+        extra = dict(feature)
+        extra["properties"] = {**props, "source": source}
+        layers.extras.append(extra)
+
+
+def _parse_origin(data: Mapping[str, Any], where: _Where) -> Origin | None:
+    raw = data.get("adcloud:origin")
+    if raw is None:
+        return None
+    keys = ("latitude_deg", "longitude_deg", "height_m")
+    if not isinstance(raw, dict) or not all(
+        isinstance(raw.get(k), (int, float)) and not isinstance(raw.get(k), bool) for k in keys
+    ):
+        raise where.error(f'"adcloud:origin" must be an object with numbers {", ".join(keys)}')
+    return (float(raw["latitude_deg"]), float(raw["longitude_deg"]), float(raw["height_m"]))
+
+
+def parse_geojson(
+    data: Any, where: str = "<geojson>", *, default_source: str | None = None
+) -> SemanticMap:
+    """A :class:`SemanticMap` from a parsed GeoJSON dict (see the module docstring);
+    ``where`` names the source in errors."""
+    w = _Where(where)
+    if not isinstance(data, dict) or data.get("type") != "FeatureCollection":
+        raise w.error(
+            'not a GeoJSON FeatureCollection (top-level "type" must be "FeatureCollection")'
+        )
+    frame = data.get("adcloud:frame")
+    if frame != "map":
+        raise w.error(
+            f'"adcloud:frame" is {frame!r}; label files must hold map-frame metres and say '
+            '"adcloud:frame": "map" (convert WGS84 longitude/latitude to the map frame first)'
+        )
+    units = data.get("adcloud:units", "m")
+    if units != "m":
+        raise w.error(f'"adcloud:units" is {units!r}; only metres ("m") are supported')
+    version = data.get("adcloud:version", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise w.error(
+            f'"adcloud:version" is {version!r}; this adcloud reads version {FORMAT_VERSION}'
+        )
+    if default_source is not None and default_source not in SOURCES:
+        raise HdmapError(
+            f"default_source must be one of {', '.join(SOURCES)}, got {default_source!r}"
+        )
+    origin = _parse_origin(data, w)
+    features = data.get("features")
+    if not isinstance(features, list):
+        raise w.error('"features" must be a list')
+    layers = _Layers()
+    for index, feature in enumerate(features):
+        w.index, w.kind = index, ""
+        _parse_feature(feature, w, default_source, layers)
+    return SemanticMap(
+        markings=tuple(layers.markings),
+        centerlines=tuple(layers.centerlines),
+        reference_lines=tuple(layers.references),
+        signs=tuple(layers.signs),
+        extras=tuple(layers.extras),
+        origin=origin,
+    )
+
+
+def read_geojson(path: str | os.PathLike[str], *, default_source: str | None = None) -> SemanticMap:
+    """Read a semantic GeoJSON file (a local path or an fsspec URL), every source included.
+    Features without ``properties.source`` get ``default_source`` (an error if None)."""
+    target = os.fspath(path)
+    try:
+        with fsspec.open(target, "r", encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise MapFormatError(f"{target}: no such label file") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise MapFormatError(
+            f"{target}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})"
+        ) from None
+    return parse_geojson(data, target, default_source=default_source)
+
+
+def _select(smap: SemanticMap, sources: Sequence[str]) -> SemanticMap:
+    keep = set(sources)
+
+    def pick(items: Iterable[Any]) -> tuple[Any, ...]:
+        return tuple(i for i in items if i.source in keep)
+
+    return SemanticMap(
+        markings=pick(smap.markings),
+        centerlines=pick(smap.centerlines),
+        reference_lines=pick(smap.reference_lines),
+        signs=pick(smap.signs),
+        extras=tuple(e for e in smap.extras if e["properties"].get("source") in keep),
+        origin=smap.origin,
+    )
+
+
+def import_labels(
+    path: str | os.PathLike[str], *, default_source: str | None = None
+) -> SemanticMap:
+    """The ``human`` and ``external`` features of a label file, to be merged into each
+    rebuild by :func:`merge_labels`; ``auto`` features in it are skipped (the build makes
+    them afresh). Features without a source get ``default_source`` (e.g. ``external`` for
+    another system's file); without one they are an error naming the file and feature."""
+    smap = read_geojson(path, default_source=default_source)
+    imported = _select(smap, IMPORTED_SOURCES)
+    skipped = len(smap) - len(imported)
+    log.info(
+        "semantic: imported %s from %s (%d automatic features skipped)",
+        imported.counts(),
+        os.fspath(path),
+        skipped,
+    )
+    return imported
+
+
+# -- merging --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MergeSettings:
+    """How imported labels win over automatic features (metres; see the module doc)."""
+
+    line_overlap_m: float = 0.5
+    sign_overlap_m: float = 1.0
+    min_remaining_m: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("line_overlap_m", "sign_overlap_m", "min_remaining_m"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise HdmapError(f"MergeSettings.{name} must be a number >= 0, got {value!r}")
+
+
+def _dense(points: F64, step: float = 0.05) -> F64:
+    return resample_polyline(points[:, :2], step)
+
+
+_Line = TypeVar("_Line", LaneMarking, LaneCenterline, ReferenceLine)
+
+
+def _trim_lines(
+    items: Sequence[_Line], winners: Sequence[Any], settings: MergeSettings
+) -> list[_Line]:
+    """``items`` minus their vertices near any of ``winners`` (lines), split into runs."""
+    if not winners:
+        return list(items)
+    tree = cKDTree(np.vstack([_dense(w.points) for w in winners]))
+    out: list[_Line] = []
+    for item in items:
+        dist, _ = tree.query(item.points[:, :2])
+        free = dist > settings.line_overlap_m
+        if free.all():
+            out.append(item)
+            continue
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], free.astype(np.int8), [0]])))
+        runs = [(a, b) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+        kept = 0
+        for a, b in runs:
+            piece = item.points[a:b]
+            seg = np.linalg.norm(np.diff(piece[:, :2], axis=0), axis=1).sum() if b - a > 1 else 0.0
+            if seg < max(settings.min_remaining_m, 1e-9):
+                continue
+            suffix = f".{kept + 1}" if len(runs) > 1 else ""
+            changes: dict[str, Any] = {"points": piece, "id": f"{item.id}{suffix}"}
+            if isinstance(item, LaneCenterline):
+                same = len(item.left_boundary) == len(item.points) == len(item.right_boundary)
+                changes["left_boundary"] = item.left_boundary[a:b] if same else np.zeros((0, 3))
+                changes["right_boundary"] = item.right_boundary[a:b] if same else np.zeros((0, 3))
+            out.append(replace(item, **changes))
+            kept += 1
+    return out
+
+
+def _trim_signs(
+    items: Sequence[TrafficSign], winners: Sequence[TrafficSign], settings: MergeSettings
+) -> list[TrafficSign]:
+    if not winners:
+        return list(items)
+    tree = cKDTree(np.array([w.position[:2] for w in winners]))
+    out = []
+    for item in items:
+        dist, _ = tree.query(item.position[:2])
+        if dist > settings.sign_overlap_m:
+            out.append(item)
+    return out
+
+
+def _is_delete(item: Any) -> bool:
+    attrs = item.attributes if hasattr(item, "attributes") else item.get("properties", {})
+    return bool(attrs.get("action") == "delete")
+
+
+def _apply(losers: SemanticMap, winners: SemanticMap, settings: MergeSettings) -> SemanticMap:
+    return replace(
+        losers,
+        markings=tuple(_trim_lines(losers.markings, winners.markings, settings)),
+        centerlines=tuple(_trim_lines(losers.centerlines, winners.centerlines, settings)),
+        reference_lines=tuple(
+            _trim_lines(losers.reference_lines, winners.reference_lines, settings)
+        ),
+        signs=tuple(_trim_signs(losers.signs, winners.signs, settings)),
+    )
+
+
+def _without_deletes(smap: SemanticMap) -> SemanticMap:
+    return replace(
+        smap,
+        markings=tuple(m for m in smap.markings if not _is_delete(m)),
+        centerlines=tuple(c for c in smap.centerlines if not _is_delete(c)),
+        reference_lines=tuple(r for r in smap.reference_lines if not _is_delete(r)),
+        signs=tuple(s for s in smap.signs if not _is_delete(s)),
+        extras=tuple(e for e in smap.extras if not _is_delete(e)),
+    )
+
+
+def _same_origin(a: Origin | None, b: Origin | None) -> bool:
+    if a is None or b is None:
+        return True
+    return abs(a[0] - b[0]) < 1e-9 and abs(a[1] - b[1]) < 1e-9 and abs(a[2] - b[2]) < 1e-3
+
+
+def merge_labels(
+    auto: SemanticMap, imported: SemanticMap, settings: MergeSettings | None = None
+) -> SemanticMap:
+    """The map a rebuild publishes: ``auto`` features with the ``imported`` labels merged
+    in by the rules of the module docstring. Both maps must share the map frame's origin."""
+    settings = settings or MergeSettings()
+    if not _same_origin(auto.origin, imported.origin):
+        raise HdmapError(
+            f"merge_labels: the labels' map origin {imported.origin} differs from the build's "
+            f"{auto.origin}; labels must be in the same map frame (re-project them first)"
+        )
+    items: list[LaneMarking | LaneCenterline | ReferenceLine | TrafficSign] = [
+        *imported.markings,
+        *imported.centerlines,
+        *imported.reference_lines,
+        *imported.signs,
+    ]
+    bad = [item.id or "<no id>" for item in items if item.source not in IMPORTED_SOURCES]
+    if bad:
+        raise HdmapError(
+            f"merge_labels: imported features must have source human or external; "
+            f"{', '.join(bad[:5])} do not (load label files with import_labels)"
+        )
+    human = _select(imported, ("human",))
+    external = _apply(_select(imported, ("external",)), human, settings)
+    winners = SemanticMap(
+        markings=human.markings + external.markings,
+        centerlines=human.centerlines + external.centerlines,
+        reference_lines=human.reference_lines + external.reference_lines,
+        signs=human.signs + external.signs,
+        extras=human.extras + external.extras,
+        origin=imported.origin,
+    )
+    trimmed = _apply(auto, winners, settings)
+    kept = _without_deletes(winners)
+    merged = SemanticMap(
+        markings=kept.markings + trimmed.markings,
+        centerlines=kept.centerlines + trimmed.centerlines,
+        reference_lines=kept.reference_lines + trimmed.reference_lines,
+        signs=kept.signs + trimmed.signs,
+        extras=auto.extras + kept.extras,
+        origin=auto.origin if auto.origin is not None else imported.origin,
+    )
+    log.info(
+        "semantic: merged %s automatic with %s imported into %s",
+        auto.counts(),
+        imported.counts(),
+        merged.counts(),
+    )
+    return merged

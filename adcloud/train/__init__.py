@@ -1,0 +1,36 @@
+"""Offline model training: task data pipelines, models, metrics and model export.
+
+A :class:`~adcloud.train.task.Task` turns decoded bag messages into samples and owns the model,
+its loss and its evaluation (:func:`get_task` picks one by name: ``lidar_seg``, ``camera_seg``);
+:func:`~adcloud.train.export.export_model` writes a ``torch.export`` program with its metadata
+and :func:`~adcloud.train.export.inspect_model` reads it back.
+"""
+
+from __future__ import annotations
+
+from adcloud.train.errors import (
+    CheckpointError,
+    DataError,
+    ExportError,
+    StaleParametersError,
+    TrainError,
+)
+from adcloud.train.export import ExportedModel, export_model, inspect_model
+from adcloud.train.task import Batch, ImageSample, PointCloudSample, Sample, Task, get_task
+
+__all__ = [
+    "Batch",
+    "CheckpointError",
+    "DataError",
+    "ExportError",
+    "ExportedModel",
+    "ImageSample",
+    "PointCloudSample",
+    "Sample",
+    "StaleParametersError",
+    "Task",
+    "TrainError",
+    "export_model",
+    "get_task",
+    "inspect_model",
+]

@@ -1,0 +1,205 @@
+"""Settings of one training run (:class:`TrainConfig`, settings section ``train``).
+
+Build it directly, or with :meth:`TrainConfig.load` (``adcloud.config.load_settings``) so that
+a settings file's ``train:`` section and ``ADCLOUD_TRAIN_<FIELD>`` environment variables
+override the defaults (``ADCLOUD_TRAIN_SYNC=ps``, ``ADCLOUD_TRAIN_BAGS=a.bag,b.bag``,
+``ADCLOUD_TRAIN_TASK_OPTIONS='{"voxel": 0.2}'``).  :meth:`TrainConfig.validate` raises
+:class:`~adcloud.train.errors.TrainError` naming every bad field.
+
+Units: ``lr`` per optimizer step, ``sync_timeout_s`` in seconds.  ``batch_size`` is the
+*global* batch: with ``workers`` trainers each takes ``batch_size // workers`` samples per
+step from its own shard, and the averaged gradient is that of one batch of ``batch_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adcloud.config import load_settings, settings_dict
+from adcloud.train.errors import TrainError
+
+__all__ = ["DEVICES", "ETL_MODES", "OPTIMIZERS", "SYNC_MODES", "TrainConfig"]
+
+#: ``single``: one process; ``ps``: parameter server on the store; ``allreduce``:
+#: torch.distributed all-reduce inside a Spark barrier stage (or under torchrun).
+SYNC_MODES = ("single", "ps", "allreduce")
+#: ``memory``: ETL output stays cached in executor memory; ``files``: ETL writes its samples
+#: to ``etl_dir`` and training reads them back (the comparison baseline of the benchmark).
+ETL_MODES = ("memory", "files")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+DEVICES = ("auto", "cpu", "cuda")
+
+# Fields that decide nothing about the trained parameters: they are left out of the default
+# run id so that re-running the same training resumes it, wherever its output goes.
+_NOT_IN_RUN_ID = frozenset(
+    {"run", "out", "progress", "log_every", "sync_timeout_s", "keep_checkpoints", "etl_dir"}
+)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides one training run (see the module docstring for the units).
+
+    The same config and data give the same parameters: trainer ``r`` of ``workers`` draws its
+    batches from a ``torch.Generator`` seeded by ``(seed, r, epoch)`` and the model is
+    initialised from ``seed``.  ``run`` names the run's directory in ``store``
+    (checkpoints, parameter versions); empty means :meth:`run_id`, a digest of the settings
+    that decide the result, so running the same config again resumes it.
+    """
+
+    #: Task name for :func:`adcloud.train.task.get_task` (``lidar_seg``, ``camera_seg``, ...).
+    task: str = "lidar_seg"
+    #: Training bags and held-out bags (files, directories, globs or fsspec URLs).
+    bags: tuple[str, ...] = ()
+    heldout_bags: tuple[str, ...] = ()
+    #: Task options passed to ``get_task`` (a mapping; from the environment, a JSON object).
+    task_options: Mapping[str, Any] = field(default_factory=dict)
+    #: ``single`` | ``ps`` | ``allreduce`` (see :data:`SYNC_MODES`).
+    sync: str = "single"
+    #: Number of trainers (shards) for ``ps`` and ``allreduce``; ``single`` uses 1.
+    workers: int = 2
+    #: Optimizer steps; ``epochs > 0`` replaces it by ``epochs`` passes over the smallest shard.
+    steps: int = 200
+    epochs: int = 0
+    #: Global batch size (samples per step over all trainers); a multiple of ``workers``.
+    batch_size: int = 8
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    seed: int = 0
+    #: Save a checkpoint every this many steps (0: never) and keep the last this many.
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 3
+    #: Store URI for checkpoints and parameter versions, with ``key=value`` store options
+    #: (``root=/tmp/x`` for a private local store, ``token=...`` for alluxio://).
+    store: str = "local:///adcloud-train"
+    store_options: tuple[str, ...] = ()
+    #: Run name in the store (empty: :meth:`run_id`).
+    run: str = ""
+    #: Where the job writes the final parameters, the loss curve and the effective settings
+    #: (a directory or fsspec URL; empty: nowhere).
+    out: str = ""
+    #: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+    device: str = "auto"
+    #: Seconds a trainer waits for a parameter version or for the other trainers' updates
+    #: before it gives up with :class:`~adcloud.train.errors.StaleParametersError`.
+    sync_timeout_s: float = 120.0
+    #: Parameter versions kept behind the newest (at least 2: one may still be being read).
+    keep_versions: int = 2
+    #: Torch intra-op threads per trainer (0: torch's default).
+    threads: int = 0
+    #: ETL: ``memory`` | ``files`` (see :data:`ETL_MODES`); ``etl_dir`` is the files mode's
+    #: exchange directory (a ``file://`` URL or path; empty: a temporary directory).
+    etl: str = "memory"
+    etl_dir: str = ""
+    #: How finely Spark splits each bag (None: about 64 MiB per partition).
+    partitions_per_bag: int | None = None
+    #: Log every this many steps; show a progress bar in single-process interactive runs.
+    log_every: int = 10
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        # From the environment or a flat file, task_options arrives as JSON text.
+        options: Any = self.task_options
+        if isinstance(options, str):
+            try:
+                options = json.loads(options) if options.strip() else {}
+            except json.JSONDecodeError as err:
+                msg = f"train.task_options: not a JSON object: {options!r} ({err})"
+                raise TrainError(msg) from err
+        if not isinstance(options, Mapping):
+            msg = f"train.task_options must be a mapping, not {type(options).__name__}"
+            raise TrainError(msg)
+        object.__setattr__(self, "task_options", dict(options))
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        file: str | Path | None = None,
+        environ: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> TrainConfig:
+        """Defaults, then the ``train`` section of ``file``, ``ADCLOUD_TRAIN_*``, ``overrides``."""
+        return load_settings(cls, "train", file=file, environ=environ, **overrides).validate()
+
+    def validate(self) -> TrainConfig:
+        """Return ``self`` if every setting is usable, else raise :class:`TrainError`."""
+        problems: list[str] = []
+
+        def need(ok: bool, text: str) -> None:
+            if not ok:
+                problems.append(text)
+
+        need(bool(self.task), "task must name a task (e.g. lidar_seg)")
+        need(self.sync in SYNC_MODES, f"sync must be one of {', '.join(SYNC_MODES)}")
+        need(self.workers >= 1, f"workers must be >= 1, not {self.workers}")
+        need(self.steps >= 1 or self.epochs >= 1, "steps or epochs must be >= 1")
+        need(self.steps >= 0 and self.epochs >= 0, "steps and epochs must be >= 0")
+        need(self.batch_size >= 1, f"batch_size must be >= 1, not {self.batch_size}")
+        world = self.world
+        need(
+            self.batch_size % world == 0,
+            f"batch_size {self.batch_size} must be a multiple of workers ({world}) so every "
+            "trainer takes the same share of the global batch",
+        )
+        need(self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+        need(self.lr > 0, f"lr must be > 0, not {self.lr}")
+        need(self.weight_decay >= 0, "weight_decay must be >= 0")
+        need(self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0: no checkpoints)")
+        need(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
+        need("://" in self.store, f"store must be a store URI (local://...), not {self.store!r}")
+        need(self.device in DEVICES, f"device must be one of {', '.join(DEVICES)}")
+        need(self.sync_timeout_s > 0, "sync_timeout_s must be > 0")
+        need(self.keep_versions >= 2, "keep_versions must be >= 2")
+        need(self.threads >= 0, "threads must be >= 0")
+        need(self.etl in ETL_MODES, f"etl must be one of {', '.join(ETL_MODES)}")
+        need(
+            self.partitions_per_bag is None or self.partitions_per_bag >= 1,
+            "partitions_per_bag must be >= 1 or empty",
+        )
+        need(self.log_every >= 1, "log_every must be >= 1")
+        need("/" not in self.run and ".." not in self.run, "run must be a plain name")
+        for entry in self.store_options:
+            need("=" in entry, f"store_options entry {entry!r} is not key=value")
+        if problems:
+            raise TrainError("invalid train settings: " + "; ".join(problems))
+        return self
+
+    @property
+    def world(self) -> int:
+        """The number of trainers: ``workers``, or 1 for ``single``."""
+        return 1 if self.sync == "single" else self.workers
+
+    def store_kwargs(self) -> dict[str, str]:
+        """``store_options`` as keyword arguments for :func:`adcloud.store.open_store`."""
+        out: dict[str, str] = {}
+        for entry in self.store_options:
+            key, sep, value = entry.partition("=")
+            if not sep or not key.strip():
+                raise TrainError(f"train.store_options: entry {entry!r} is not key=value")
+            out[key.strip()] = value.strip()
+        return out
+
+    def run_id(self) -> str:
+        """The run's name: ``run``, or ``<task>-<digest of the settings that decide it>``."""
+        if self.run:
+            return self.run
+        decisive = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_RUN_ID}
+        text = json.dumps(decisive, sort_keys=True, default=str)
+        return f"{self.task}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (what is written next to every output)."""
+        return settings_dict(self)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with ``changes`` applied (validated)."""
+        return dataclasses.replace(self, **changes).validate()

@@ -1,0 +1,660 @@
+"""The training job: bags to a trained model in one Spark job, data kept in executor memory.
+
+:func:`run_training` is the recipe:
+
+1. ETL (:func:`etl_samples`): :meth:`BinPipeRDD.from_bags <adcloud.binpipe.BinPipeRDD.from_bags>`
+   partitions the bags; every task decodes its messages with
+   :class:`~adcloud.binpipe.MessageDecoder` and turns them into samples with
+   :meth:`Task.samples <adcloud.train.task.Task.samples>`, keyed by ``(partition, ordinal)``
+   -- bag order, then record order -- and the result is cached in executor memory.
+2. Sharding (:func:`shard_samples`): sample ``i`` (in key order) goes to trainer
+   ``i % workers``; the shards are cached too (a retried stage reuses them).  No file lies
+   between ETL and training.
+3. Training (:func:`train_on_shards`): ``rdd.barrier().mapPartitions`` runs
+   :func:`adcloud.train.loop.train` in each task -- rank = partition id -- with the
+   configured :mod:`~adcloud.train.sync` mode (``ps``: parameter versions in the store;
+   ``allreduce``: a gloo/NCCL process group whose address rank 0 shares through
+   ``BarrierTaskContext.allGather``).  Checkpoints go to the store, so a retried stage
+   resumes from the last one.  Rank 0 returns the final parameters as bytes.
+4. ``single`` mode collects the samples and runs the same function in the driver.
+
+Held-out bags are decoded the same way and scored in the driver
+(:meth:`Task.evaluate <adcloud.train.task.Task.evaluate>`).  With ``out`` set, the job
+writes ``parameters.tensors`` (:mod:`adcloud.train.tensors` format), ``result.json`` (loss
+curve, throughput, metrics) and ``settings.json`` (the effective config) there.
+
+``etl="files"`` is the benchmark's baseline: the ETL stage writes its samples to files in a
+``file://`` directory (pickle-free, :func:`~adcloud.train.tensors.encode_tree`) and the
+training stage reads them back.
+
+The same training function runs under ``torchrun`` (:func:`run_torchrun`, or
+``torchrun --nproc-per-node N -m adcloud.train.job --config train.yaml``): every process
+decodes the bags itself (:func:`local_samples`), keeps the samples ``i % world == rank`` and
+joins the ``env://`` process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import functools
+import json
+import logging
+import os
+import posixpath
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+import numpy as np
+
+from adcloud.store import open_store
+from adcloud.train.checkpoint import Checkpointer
+from adcloud.train.config import TrainConfig
+from adcloud.train.errors import TrainError
+from adcloud.train.export import data_manifest, export_model
+from adcloud.train.loop import TrainResult, resolve_device, resolve_steps, train
+from adcloud.train.sync import AllReduceSync, ParameterStoreSync, Synchronizer, barrier_session
+from adcloud.train.tensors import decode_tree, encode_tree
+
+if TYPE_CHECKING:
+    from pyspark import RDD
+    from pyspark.sql import SparkSession
+
+    from adcloud.train.task import Task
+
+__all__ = [
+    "etl_samples",
+    "etl_to_files",
+    "load_task",
+    "local_samples",
+    "main",
+    "run_torchrun",
+    "run_training",
+    "shard_samples",
+    "train_on_shards",
+    "write_outputs",
+]
+
+log = logging.getLogger(__name__)
+
+_SAMPLES_FORMAT = "adcloud-samples"
+_SAMPLES_VERSION = 1
+
+
+def load_task(config: TrainConfig) -> Task:
+    """The task ``config.task`` configured with ``config.task_options``."""
+    from adcloud.train.task import get_task  # noqa: PLC0415 - models load only when used
+
+    return get_task(config.task, config.task_options)
+
+
+def _absolute(url: str) -> str:
+    """Local paths made absolute (executors run elsewhere); URLs unchanged."""
+    return url if "://" in url else str(Path(url).expanduser().resolve())
+
+
+# -- ETL ------------------------------------------------------------------------------------
+
+
+def _decode_messages(task: Task, blocks: Iterable[bytes | bytearray]) -> Iterator[tuple[int, Any]]:
+    """The samples of one partition's blocks with their ordinal in the partition."""
+    from adcloud.binpipe import Block, BlockKind, ConnectionInfo, MessageDecoder  # noqa: PLC0415
+
+    decoder = MessageDecoder()
+    ordinal = 0
+    for raw in blocks:
+        block = Block.parse(memoryview(raw))
+        if block.kind == BlockKind.META:
+            for record in block:
+                decoder.add(ConnectionInfo(*record))  # type: ignore[arg-type]
+            continue
+        for message in block.messages():
+            decoded = decoder.decode(message)
+            for sample in task.samples(message.topic, message.timestamp, decoded):
+                yield ordinal, sample
+                ordinal += 1
+
+
+def _etl_partition(
+    index: int, blocks: Iterable[bytes | bytearray], *, task: Task
+) -> Iterator[tuple[tuple[int, int], Any]]:
+    # Each Spark task unpickles its own copy of ``task``, so buffered state (a message
+    # waiting for its partner) never crosses partitions.
+    for ordinal, sample in _decode_messages(task, blocks):
+        yield (index, ordinal), sample
+
+
+def etl_samples(
+    spark: SparkSession, config: TrainConfig, task: Task, bags: Sequence[str]
+) -> RDD[tuple[tuple[int, int], Any]]:
+    """``((partition, ordinal), sample)`` of every message of ``task.topics`` in ``bags``.
+
+    Not cached: the caller caches what it keeps.
+    """
+    from adcloud.binpipe import BinPipeRDD  # noqa: PLC0415 - pyspark is heavy
+
+    if not bags:
+        raise TrainError("no bags to train on: set train.bags (files, directories or globs)")
+    rdd = BinPipeRDD.from_bags(
+        spark,
+        [_absolute(b) for b in bags],
+        topics=list(task.topics),
+        partitions_per_bag=config.partitions_per_bag,
+    )
+    return rdd.rdd.mapPartitionsWithIndex(functools.partial(_etl_partition, task=task))
+
+
+def local_samples(
+    task: Task,
+    bags: Sequence[str],
+    *,
+    partitions_per_bag: int | None = None,
+    min_partitions: int = 1,
+) -> list[Any]:
+    """The samples of ``bags`` decoded in this process, in the order :func:`etl_samples` keys
+    them (bag order, then record order), for runs without Spark (torchrun, tests)."""
+    from adcloud.binpipe import (  # noqa: PLC0415
+        ConnectionInfo,
+        MessageDecoder,
+        expand_uris,
+        plan_partitions,
+        read_partition,
+    )
+    from adcloud.binpipe.rdd import DEFAULT_PARTITION_BYTES  # noqa: PLC0415
+
+    out: list[Any] = []
+    for uri in expand_uris([_absolute(b) for b in bags]):
+        parts = plan_partitions(
+            uri,
+            topics=task.topics,
+            partitions_per_bag=partitions_per_bag,
+            partition_bytes=DEFAULT_PARTITION_BYTES,
+            min_partitions=min_partitions,
+        )
+        for part in parts:
+            copy_of_task = copy.deepcopy(task)  # a fresh copy per partition, as on executors
+            decoder = MessageDecoder(
+                ConnectionInfo(
+                    c.topic, c.msgtype, c.msgdef_format, c.msgdef, c.md5sum, c.serialization
+                )
+                for c in part.connections
+            )
+            for message in read_partition(part):
+                decoded = decoder.decode(message)
+                out.extend(copy_of_task.samples(message.topic, message.timestamp, decoded))
+    return out
+
+
+# -- the files baseline ---------------------------------------------------------------------
+
+
+def _sample_fields(sample: Any) -> Any:
+    if dataclasses.is_dataclass(sample) and not isinstance(sample, type):
+        return {f.name: getattr(sample, f.name) for f in dataclasses.fields(sample)}
+    if isinstance(sample, tuple) and hasattr(sample, "_fields"):
+        return dict(zip(sample._fields, sample, strict=True))
+    return sample
+
+
+def _rebuild(fields: Any, kind: type | None) -> Any:
+    if kind is None:
+        return fields
+    return kind(**fields)
+
+
+def _write_part(
+    index: int,
+    items: Iterable[tuple[tuple[int, int], Any]],
+    *,
+    directory: str,
+) -> Iterator[dict[str, Any]]:
+    kinds: list[type] = []
+    keys: list[list[int]] = []
+    fields: list[Any] = []
+    types: list[int] = []
+    for key, sample in items:
+        keys.append([int(key[0]), int(key[1])])
+        plain = dataclasses.is_dataclass(sample) or hasattr(sample, "_fields")
+        kind = type(sample) if plain else None
+        if kind is not None and kind not in kinds:
+            kinds.append(kind)
+        types.append(kinds.index(kind) if kind is not None else -1)
+        fields.append(_sample_fields(sample))
+    data = encode_tree(
+        {"keys": keys, "types": types, "samples": fields},
+        {"format": _SAMPLES_FORMAT, "version": _SAMPLES_VERSION},
+    )
+    url = posixpath.join(directory, f"part-{index:05d}.tensors")
+    fs, path = fsspec.core.url_to_fs(url)
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with fs.open(tmp, "wb") as handle:
+        handle.write(data)
+    fs.mv(tmp, path)
+    # The sample classes go back to the driver in the task result, never into the file.
+    yield {"url": url, "count": len(keys), "kinds": kinds, "bytes": len(data)}
+
+
+def _read_part(part: tuple[str, list[type]]) -> Iterator[tuple[tuple[int, int], Any]]:
+    url, kinds = part
+    fs, path = fsspec.core.url_to_fs(url)
+    with fs.open(path, "rb") as handle:
+        data = handle.read()
+    tree, meta = decode_tree(data, source=url)
+    if meta.get("format") != _SAMPLES_FORMAT or meta.get("version") != _SAMPLES_VERSION:
+        raise TrainError(f"{url} is not an {_SAMPLES_FORMAT} v{_SAMPLES_VERSION} file")
+    for key, kind, fields in zip(tree["keys"], tree["types"], tree["samples"], strict=True):
+        yield (int(key[0]), int(key[1])), _rebuild(fields, kinds[kind] if kind >= 0 else None)
+
+
+def etl_to_files(
+    spark: SparkSession,
+    keyed: RDD[tuple[tuple[int, int], Any]],
+    directory: str,
+) -> RDD[tuple[tuple[int, int], Any]]:
+    """The baseline exchange: write ``keyed`` to files under ``directory``, read them back.
+
+    One ``part-PPPPP.tensors`` file per partition (``adcloud-samples`` v1: an
+    :func:`~adcloud.train.tensors.encode_tree` file of the keys, the sample fields and a
+    type index); the returned RDD reads them (one partition per file).
+    """
+    directory = _absolute(directory)
+    if "://" not in directory:
+        directory = "file://" + directory
+    fs, root = fsspec.core.url_to_fs(directory)
+    fs.makedirs(root, exist_ok=True)
+    reports = keyed.mapPartitionsWithIndex(
+        functools.partial(_write_part, directory=directory)
+    ).collect()
+    parts = [(r["url"], r["kinds"]) for r in reports]
+    log.info(
+        "etl files: %d samples in %d files, %d bytes under %s",
+        sum(r["count"] for r in reports),
+        len(reports),
+        sum(r["bytes"] for r in reports),
+        directory,
+    )
+    return spark.sparkContext.parallelize(parts, max(1, len(parts))).flatMap(_read_part)
+
+
+# -- sharding and training ------------------------------------------------------------------
+
+
+def shard_samples(
+    keyed: RDD[tuple[tuple[int, int], Any]], workers: int
+) -> tuple[RDD[tuple[int, Any]], list[int]]:
+    """``workers`` shards of ``keyed`` (sample ``i`` in key order to shard ``i % workers``) as
+    an RDD of ``(i, sample)`` with one partition per shard, and the shard sizes.
+
+    ``keyed`` must be in key order across its partitions, as :func:`etl_samples` and
+    :func:`etl_to_files` make it (partition ``p`` holds the keys ``(p, 0), (p, 1), ...``), so
+    the index needs no sort.  ``keyed`` is cached (the index and the shuffle both read it);
+    so are the shards.
+    """
+    from pyspark import StorageLevel  # noqa: PLC0415
+
+    keyed.persist(StorageLevel.MEMORY_ONLY)
+    indexed = keyed.values().zipWithIndex()
+    total = indexed.count()
+    sizes = [len(range(r, total, workers)) for r in range(workers)]
+    shards = (
+        indexed.map(lambda pair: (pair[1] % workers, (pair[1], pair[0])))
+        .partitionBy(workers, int)
+        .values()
+    )
+    shards.persist(StorageLevel.MEMORY_ONLY)
+    return shards, sizes
+
+
+def _open_sync(config: TrainConfig, context: Any, rank: int, world: int, run: str) -> Synchronizer:
+    if config.sync == "ps":
+        info = barrier_session(context, with_master=False)
+        store = open_store(config.store, **config.store_kwargs())
+        return ParameterStoreSync(
+            store,
+            run,
+            rank,
+            world,
+            session=info.session,
+            timeout_s=config.sync_timeout_s,
+            keep_versions=config.keep_versions,
+            peers=info.peers,
+        )
+    device = resolve_device(config.device, rank)
+    backend = "gloo"
+    if device.type == "cuda":
+        import torch  # noqa: PLC0415
+
+        # NCCL needs one GPU per rank; several ranks on one GPU reduce through gloo.
+        backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
+    return AllReduceSync.from_barrier(
+        context, backend=backend, device=device, timeout_s=config.sync_timeout_s
+    )
+
+
+def _barrier_train(
+    items: Iterable[tuple[int, Any]], *, task: Task, config: TrainConfig
+) -> Iterator[dict[str, Any]]:
+    """Executor side: one trainer of the barrier stage."""
+    from pyspark import BarrierTaskContext  # noqa: PLC0415
+
+    context = BarrierTaskContext.get()
+    rank = context.partitionId()
+    world = len(context.getTaskInfos())
+    shard = [sample for _, sample in sorted(items, key=lambda pair: pair[0])]
+    run = config.run_id()
+    sync = _open_sync(config, context, rank, world, run)
+    store = open_store(config.store, **config.store_kwargs())
+    checkpointer = Checkpointer(
+        store,
+        run,
+        every=config.checkpoint_every,
+        keep=config.keep_checkpoints,
+        timeout_s=config.sync_timeout_s,
+    )
+    try:
+        result = train(task, shard, config, sync, checkpointer, rank, world)
+    finally:
+        sync.close()
+    report = result.to_dict()
+    report["rank"] = rank
+    report["parameters"] = result.parameters
+    report["attempt"] = context.attemptNumber()
+    yield report
+
+
+def _result_from(report: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> TrainResult:
+    sync = dict(report["sync"])
+    sync["max_sync_seconds"] = max(float(r["sync"]["sync_seconds"]) for r in others)
+    sync["attempt"] = float(report.get("attempt", 0))
+    return TrainResult(
+        task=report["task"],
+        run=report["run"],
+        mode=report["mode"],
+        world=int(report["world"]),
+        steps=int(report["steps"]),
+        start_step=int(report["start_step"]),
+        losses=tuple(float(v) for v in report["losses"]),
+        parameters=bytes(report["parameters"]),
+        seconds=float(report["seconds"]),
+        samples_per_second=float(report["samples_per_second"]),
+        shard_size=int(report["shard_size"]),
+        metrics={},
+        sync=sync,
+    )
+
+
+def train_on_shards(shards: RDD[tuple[int, Any]], config: TrainConfig, task: Task) -> TrainResult:
+    """Run :func:`~adcloud.train.loop.train` in a barrier stage, one task per shard.
+
+    ``config.steps`` must be resolved (``epochs=0``).  The stage needs ``workers`` free task
+    slots at once; Spark retries the whole stage when a trainer dies, and the retry resumes
+    from the last checkpoint.
+    """
+    if config.sync not in ("ps", "allreduce"):
+        raise TrainError(f"train_on_shards runs ps or allreduce, not {config.sync!r}")
+    slots = shards.context.defaultParallelism
+    if config.workers > slots:
+        raise TrainError(
+            f"train.workers={config.workers} trainers need as many free task slots, but the "
+            f"cluster has {slots}: lower workers or add executors/cores"
+        )
+    job = functools.partial(_barrier_train, task=task, config=config)
+    # Spark retries a failed barrier stage only when it is a shuffle-map stage (a failed
+    # barrier *result* stage aborts the job), so the reports go through a one-partition
+    # shuffle: a trainer that dies makes Spark rerun every trainer, which resume from the
+    # last checkpoint.
+    reports = shards.barrier().mapPartitions(job).repartition(1).collect()
+    by_rank = {int(r["rank"]): r for r in reports}
+    if 0 not in by_rank:
+        raise TrainError(f"run {config.run_id()}: rank 0 returned no result")
+    return _result_from(by_rank[0], reports)
+
+
+def _plot_losses(result: TrainResult, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    fig = Figure(figsize=(6, 3.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    steps = np.arange(1, len(result.losses) + 1)
+    ax.plot(steps, result.losses, lw=1.2)
+    if result.start_step:
+        ax.axvline(result.start_step, color="grey", ls="--", lw=0.8, label="resumed")
+        ax.legend()
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean over trainers)")
+    ax.set_title(f"{result.task}: {result.mode}, {result.world} trainer(s)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def write_outputs(
+    result: TrainResult,
+    config: TrainConfig,
+    out: str,
+    *,
+    task: Task | None = None,
+    examples: Sequence[Any] = (),
+) -> None:
+    """Write ``parameters.tensors``, ``result.json``, ``settings.json`` and ``loss.png`` under
+    ``out``; with ``task`` and ``examples`` (samples to trace with) also the deployable
+    ``model/`` (``model.pt2`` + ``metadata.json``, see :mod:`adcloud.train.export`)."""
+    out = _absolute(out)
+    fs, root = fsspec.core.url_to_fs(out)
+    fs.makedirs(root, exist_ok=True)
+    with fs.open(posixpath.join(root, "parameters.tensors"), "wb") as handle:
+        handle.write(result.parameters)
+    with fs.open(posixpath.join(root, "result.json"), "w") as handle:
+        handle.write(result.to_json())
+    with fs.open(posixpath.join(root, "settings.json"), "w") as handle:
+        handle.write(json.dumps({"train": config.to_dict()}, indent=2, sort_keys=True) + "\n")
+    with tempfile.TemporaryDirectory(prefix="adcloud-train-") as tmp:
+        local = Path(tmp)
+        _plot_losses(result, local / "loss.png")
+        if task is not None and examples:
+            model = task.build_model()
+            model.load_state_dict(result.state_dict())
+            local_bags = [b for b in config.bags if "://" not in b or b.startswith("file://")]
+            metadata = {
+                "task": task.name,
+                "config": config.to_dict(),
+                "data": {
+                    "bags": data_manifest(local_bags),
+                    "heldout": data_manifest(
+                        [
+                            b
+                            for b in config.heldout_bags
+                            if "://" not in b or b.startswith("file://")
+                        ]
+                    ),
+                },
+                "metrics": dict(result.metrics),
+                "training": {
+                    "run": result.run,
+                    "mode": result.mode,
+                    "trainers": result.world,
+                    "steps": result.steps,
+                    "final_loss": result.losses[-1] if result.losses else None,
+                    "samples_per_second": result.samples_per_second,
+                },
+            }
+            export_model(
+                model,
+                task.example_inputs(examples),
+                local / "model",
+                metadata,
+                dynamic_shapes=task.dynamic_shapes(),
+            )
+        fs.put(str(local) + "/", root, recursive=True)
+
+
+def _evaluate(task: Task, result: TrainResult, samples: Sequence[Any]) -> dict[str, float]:
+    import torch  # noqa: PLC0415
+
+    model = task.build_model()
+    model.load_state_dict(result.state_dict())
+    model.eval()
+    with torch.no_grad():
+        return dict(task.evaluate(model, samples))
+
+
+def _no_samples(config: TrainConfig, task: Task) -> TrainError:
+    return TrainError(
+        f"the bags {', '.join(config.bags) or '(given as samples)'} gave no samples for task "
+        f"{task.name} (topics {', '.join(task.topics)}): check the task's topic names against "
+        "the bags (adcloud bag info) and the task options"
+    )
+
+
+def run_training(
+    spark: SparkSession,
+    config: TrainConfig,
+    *,
+    task: Task | None = None,
+    keyed: RDD[tuple[tuple[int, int], Any]] | None = None,
+) -> TrainResult:
+    """Train ``config.task`` on ``config.bags`` in one Spark job (see the module docstring).
+
+    ``task`` replaces ``load_task(config)``; ``keyed`` replaces the ETL of ``config.bags``
+    with ready ``((partition, ordinal), sample)`` pairs.  Held-out bags are scored in the
+    driver; with ``config.out`` the results are written there.
+    """
+    config = config.validate()
+    task = load_task(config) if task is None else task
+    started = time.perf_counter()
+    if keyed is None:
+        keyed = etl_samples(spark, config, task, config.bags)
+    keyed_examples = keyed.take(2) if config.out else []
+    made_dir = ""
+    if config.etl == "files":
+        directory = config.etl_dir or tempfile.mkdtemp(prefix="adcloud-etl-")
+        made_dir = "" if config.etl_dir else directory
+        keyed = etl_to_files(spark, keyed, directory)
+    try:
+        if config.sync == "single":
+            samples = [s for _, s in sorted(keyed.collect(), key=lambda pair: pair[0])]
+            if not samples:
+                raise _no_samples(config, task)
+            resolved = config.replace(
+                steps=resolve_steps(config, [len(samples)]), epochs=0, run=config.run_id()
+            )
+            store = open_store(config.store, **config.store_kwargs())
+            checkpointer = Checkpointer(
+                store,
+                resolved.run_id(),
+                every=config.checkpoint_every,
+                keep=config.keep_checkpoints,
+                timeout_s=config.sync_timeout_s,
+            )
+            result = train(task, samples, resolved, None, checkpointer, 0, 1)
+        else:
+            shards, sizes = shard_samples(keyed, config.workers)
+            if sum(sizes) == 0:
+                raise _no_samples(config, task)
+            if min(sizes) == 0:
+                raise TrainError(
+                    f"{sum(sizes)} sample(s) cannot fill {config.workers} shards: lower "
+                    "train.workers or add data"
+                )
+            run = config.run_id()  # the id of the config as given, before steps resolve
+            resolved = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=run)
+            try:
+                result = train_on_shards(shards, resolved, task)
+            finally:
+                shards.unpersist()
+                keyed.unpersist()
+    finally:
+        if made_dir:
+            shutil.rmtree(made_dir, ignore_errors=True)
+    if config.heldout_bags:
+        heldout = etl_samples(spark, config, task, config.heldout_bags).collect()
+        samples = [s for _, s in sorted(heldout, key=lambda pair: pair[0])]
+        result = dataclasses.replace(result, metrics=_evaluate(task, result, samples))
+    log.info(
+        "run %s (%s, %d trainer(s)): %d steps, final loss %.5f, %.1f s",
+        result.run,
+        result.mode,
+        result.world,
+        result.steps,
+        result.losses[-1] if result.losses else float("nan"),
+        time.perf_counter() - started,
+    )
+    if config.out:
+        examples = [s for _, s in keyed_examples] if keyed_examples else []
+        write_outputs(result, config, config.out, task=task, examples=examples[:2])
+    return result
+
+
+# -- torchrun -------------------------------------------------------------------------------
+
+
+def run_torchrun(
+    config: TrainConfig, *, task: Task | None = None, samples: Sequence[Any] | None = None
+) -> TrainResult:
+    """Run this process's trainer of a ``torchrun`` job (``env://`` process group).
+
+    Every process decodes ``config.bags`` itself (or takes ``samples``: all of them, in
+    order) and keeps samples ``i % world == rank``: the shards of :func:`shard_samples`.
+    Rank 0 writes the outputs when ``config.out`` is set.
+    """
+    task = load_task(config) if task is None else task
+    if samples is None:
+        samples = local_samples(task, config.bags, partitions_per_bag=config.partitions_per_bag)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    config = config.replace(sync="allreduce", workers=world)
+    sizes = [len(range(r, len(samples), world)) for r in range(world)]
+    config = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=config.run_id())
+    device = resolve_device(config.device, int(os.environ.get("LOCAL_RANK", rank)))
+    sync = AllReduceSync.from_env(device=device, timeout_s=config.sync_timeout_s)
+    store = open_store(config.store, **config.store_kwargs())
+    checkpointer = Checkpointer(
+        store,
+        config.run_id(),
+        every=config.checkpoint_every,
+        keep=config.keep_checkpoints,
+        timeout_s=config.sync_timeout_s,
+    )
+    shard = [samples[i] for i in range(rank, len(samples), world)]
+    try:
+        result = train(task, shard, config, sync, checkpointer, rank, world)
+    finally:
+        sync.close()
+    if rank == 0 and config.out:
+        write_outputs(result, config, config.out)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``torchrun -m adcloud.train.job --config FILE [--set key=value ...]``."""
+    parser = argparse.ArgumentParser(prog="python -m adcloud.train.job", description=__doc__)
+    parser.add_argument("--config", help="settings file with a train: section")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting"
+    )
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set {item!r} is not KEY=VALUE")
+        overrides[key.strip()] = value
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = TrainConfig.load(file=args.config, **overrides)
+    result = run_torchrun(config)
+    if int(os.environ.get("RANK", "0")) == 0:
+        log.info("final loss %.5f after %d steps", result.losses[-1], result.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""The learning problems the training service runs: the :class:`Task` protocol and its registry.
+
+A task is one learning problem with its data pipeline. The Spark job calls
+:meth:`Task.samples` on every decoded bag message of :attr:`Task.topics` (ETL on the executors),
+caches the samples in executor memory, and trains with :meth:`Task.batches` and
+:meth:`Task.loss`; :meth:`Task.evaluate` scores held-out samples and
+:meth:`Task.example_inputs` / :meth:`Task.dynamic_shapes` feed :func:`torch.export.export`.
+
+Samples are small frozen records of NumPy arrays (they pickle cheaply and cache in Spark);
+a :data:`Batch` is a dict of tensors, so moving it to a device is
+``{k: v.to(device) for k, v in batch.items()}``.
+
+Tasks (``get_task(name, options)``):
+
+- ``lidar_seg`` -- per-point semantic segmentation of ``/lidar/points``
+  (:class:`adcloud.train.lidar.LidarSegTask`);
+- ``camera_seg`` -- per-pixel semantic segmentation of ``/camera/image_raw`` against
+  ``/camera/labels`` (:class:`adcloud.train.camera.CameraSegTask`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from adcloud.train.errors import DataError, TrainError
+
+__all__ = [
+    "TASKS",
+    "Batch",
+    "ImageSample",
+    "PointCloudSample",
+    "Sample",
+    "Task",
+    "expect_msgtype",
+    "get_task",
+]
+
+
+@dataclass(frozen=True)
+class PointCloudSample:
+    """One labelled LiDAR sweep.
+
+    ``points`` is ``float32 (N, 4)``: ``x, y, z`` in metres in the sensor frame of the message
+    (``lidar`` for the synthetic drives) and ``intensity`` (0--255); ``labels`` is
+    ``uint8 (N,)`` of label ids (``docs/synth-truth-format.md`` section 6; 0 = unlabelled,
+    ignored by the loss). ``stamp_ns`` is the header stamp, ns since the Unix epoch.
+    """
+
+    stamp_ns: int
+    points: NDArray[np.float32]
+    labels: NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class ImageSample:
+    """One camera image with its per-pixel labels.
+
+    ``image`` is ``uint8 (H, W, 3)`` RGB, rows top to bottom; ``labels`` is ``uint8 (H, W)``
+    of label ids (0 = sky). ``stamp_ns`` is the common header stamp of both images.
+    """
+
+    stamp_ns: int
+    image: NDArray[np.uint8]
+    labels: NDArray[np.uint8]
+
+
+#: What :meth:`Task.samples` makes.
+Sample: TypeAlias = PointCloudSample | ImageSample
+#: What :meth:`Task.loss` takes: named tensors (all on one device).
+Batch: TypeAlias = dict[str, torch.Tensor]
+
+
+@runtime_checkable
+class Task(Protocol):
+    """One learning problem with its data pipeline (ETL, batching, model, loss, evaluation).
+
+    A task object is cheap to pickle (its options and at most one buffered message), so it
+    crosses Spark closures; each executor gets its own copy.
+    """
+
+    @property
+    def name(self) -> str:
+        """Registry name (``lidar_seg``, ``camera_seg``)."""
+        ...
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Bag topics whose decoded messages :meth:`samples` needs."""
+        ...
+
+    def samples(self, topic: str, timestamp: int, decoded: Any) -> Iterable[Sample]:
+        """Samples made from one decoded rosbags message of ``topic`` (record time ns).
+
+        May be empty (another topic, or a message buffered until its partner arrives); raises
+        :class:`~adcloud.train.errors.DataError` naming the topic and field on bad input.
+        """
+        ...
+
+    def build_model(self) -> torch.nn.Module:
+        """A fresh model; its initialisation is seeded by the caller (``torch.manual_seed``)."""
+        ...
+
+    def batches(
+        self, samples: Sequence[Sample], batch_size: int, generator: torch.Generator
+    ) -> Iterator[Batch]:
+        """One epoch of batches over ``samples``, shuffled (and augmented) by ``generator``.
+
+        The same samples and generator state give the same batches. The last batch may be
+        smaller than ``batch_size``.
+        """
+        ...
+
+    def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        """Scalar training loss: the mean over the batch's samples of a per-sample loss, so
+        equal-size shards average to the loss (and gradient) of the whole batch."""
+        ...
+
+    def evaluate(self, model: torch.nn.Module, samples: Sequence[Sample]) -> dict[str, float]:
+        """Scores of ``model`` on ``samples`` (``miou``, ``accuracy``, ``iou_<class>``...)."""
+        ...
+
+    def example_inputs(self, samples: Sequence[Sample]) -> tuple[Any, ...]:
+        """Model inputs made from ``samples`` (at least one), for :func:`torch.export.export`."""
+        ...
+
+    def dynamic_shapes(self) -> Any:
+        """The ``dynamic_shapes`` argument of :func:`torch.export.export` for
+        :meth:`example_inputs` (which input dimensions vary at inference)."""
+        ...
+
+
+def expect_msgtype(decoded: Any, topic: str, expected: str) -> None:
+    """Raise :class:`DataError` unless ``decoded`` is a rosbags message of type ``expected``.
+
+    ``expected`` is spelled ``pkg/msg/Name``; ROS 1 spellings (``pkg/Name``) of the decoded
+    type are accepted too.
+    """
+    got = getattr(decoded, "__msgtype__", None)
+    if not isinstance(got, str):
+        raise DataError(
+            f"{topic}: expected a decoded {expected} message, got a {type(decoded).__name__} "
+            "(pass the message decoded by rosbags / adcloud.binpipe.MessageDecoder)"
+        )
+    pkg, _, name = expected.partition("/msg/")
+    if got not in (expected, f"{pkg}/{name}"):
+        raise DataError(
+            f"{topic}: expected {expected} messages on this topic, got {got} "
+            "(check the topic names of the task against the bag)"
+        )
+
+
+def _lidar(options: Mapping[str, Any]) -> Task:
+    from adcloud.train.lidar import LidarSegTask  # noqa: PLC0415 - import the chosen task only
+
+    return LidarSegTask.from_options(options)
+
+
+def _camera(options: Mapping[str, Any]) -> Task:
+    from adcloud.train.camera import CameraSegTask  # noqa: PLC0415 - import the chosen task only
+
+    return CameraSegTask.from_options(options)
+
+
+#: Task names and their factories (options mapping -> task).
+TASKS: Mapping[str, Callable[[Mapping[str, Any]], Task]] = {
+    "lidar_seg": _lidar,
+    "camera_seg": _camera,
+}
+
+
+def get_task(name: str, config: Mapping[str, Any] | None = None) -> Task:
+    """The task registered as ``name``, configured by the task options ``config``.
+
+    ``config`` keys are the fields of the task's settings (:class:`~adcloud.train.lidar.LidarConfig`
+    or :class:`~adcloud.train.camera.CameraConfig`), plus ``preset`` (``small`` or ``full``).
+    Raises :class:`TrainError` for an unknown name or option.
+    """
+    factory = TASKS.get(name)
+    if factory is None:
+        raise TrainError(
+            f"unknown task {name!r}: choose one of {', '.join(sorted(TASKS))} "
+            "(the `task` setting of the training config)"
+        )
+    return factory(dict(config or {}))

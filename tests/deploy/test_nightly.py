@@ -1,0 +1,209 @@
+"""The nightly-build examples in deploy/nightly/ parse and call `adcloud hdmap build`.
+
+Airflow is not installed here: the DAG is compiled, then executed against stand-in ``airflow``
+modules that record what the file builds (the DAG's arguments and the task's command)."""
+
+from __future__ import annotations
+
+import configparser
+import py_compile
+import re
+import shlex
+import sys
+import types
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+NIGHTLY = Path(__file__).resolve().parents[2] / "deploy" / "nightly"
+SERVICE = NIGHTLY / "adcloud-hdmap-nightly.service"
+TIMER = NIGHTLY / "adcloud-hdmap-nightly.timer"
+DAG_FILE = NIGHTLY / "adcloud_hdmap_dag.py"
+
+# (low, high) of the five crontab time fields: minute, hour, day of month, month, day of week
+CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
+_ITEM = re.compile(r"^(\*|\d+(?:-\d+)?)(?:/(\d+))?$")
+
+
+def cron_field_ok(text: str, low: int, high: int) -> bool:
+    """Whether one crontab time field (lists, ranges, steps, *) is valid for [low, high]."""
+    for item in text.split(","):
+        m = _ITEM.match(item)
+        if m is None:
+            return False
+        base, step = m.group(1), m.group(2)
+        if step is not None and int(step) == 0:
+            return False
+        if base != "*":
+            lo, _, hi = base.partition("-")
+            values = [int(lo)] + ([int(hi)] if hi else [])
+            if any(not low <= v <= high for v in values) or (hi and int(hi) < int(lo)):
+                return False
+    return True
+
+
+def cron_ok(expr: str) -> bool:
+    fields = expr.split()
+    return len(fields) == 5 and all(
+        cron_field_ok(f, lo, hi) for f, (lo, hi) in zip(fields, CRON_RANGES, strict=True)
+    )
+
+
+def test_cron_validator_rejects_bad_fields() -> None:
+    assert cron_ok("15 2 * * *") and cron_ok("*/10 0-6 1,15 * 1-5")
+    assert not cron_ok("60 2 * * *")
+    assert not cron_ok("15 2 * *")
+    assert not cron_ok("15 2 * * mon-fri x")
+    assert not cron_ok("*/0 2 * * *")
+    assert not cron_ok("5-1 2 * * *")
+
+
+def assert_build_command(argv: list[str]) -> None:
+    """``argv`` runs ``adcloud hdmap build`` with a --bags and a --map URI."""
+    assert Path(argv[0]).name == "adcloud", argv
+    assert argv[1:3] == ["hdmap", "build"], argv
+    for flag in ("--bags", "--map"):
+        assert flag in argv, argv
+        value = argv[argv.index(flag) + 1]
+        assert value and not value.startswith("-"), argv
+
+
+def crontab_jobs() -> list[str]:
+    lines = NIGHTLY.joinpath("crontab.example").read_text().splitlines()
+    jobs = []
+    for line in lines:
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if re.match(r"^[A-Z_]+=", stripped):  # environment settings (SHELL=, MAILTO=, ...)
+            continue
+        jobs.append(stripped)
+    return jobs
+
+
+def test_crontab_line() -> None:
+    jobs = crontab_jobs()
+    assert len(jobs) == 1
+    fields = jobs[0].split(None, 5)
+    assert len(fields) == 6
+    assert cron_ok(" ".join(fields[:5])), fields[:5]
+    command = fields[5]
+    assert "%" not in command  # cron turns % into newlines
+    argv = shlex.split(command)
+    end = next((i for i, a in enumerate(argv) if a in (">>", ">", "2>&1", "|")), len(argv))
+    assert_build_command(argv[:end])
+
+
+def read_unit(path: Path) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(interpolation=None, strict=True)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys are case-sensitive
+    parser.read_string(path.read_text(), source=str(path))
+    return parser
+
+
+def test_systemd_service() -> None:
+    unit = read_unit(SERVICE)
+    assert unit.sections() == ["Unit", "Service"]
+    assert unit["Unit"]["Description"]
+    service = unit["Service"]
+    assert service["Type"] == "oneshot"
+    argv = shlex.split(service["ExecStart"])
+    assert Path(argv[0]).is_absolute()  # systemd wants an absolute executable
+    assert_build_command(argv)
+    assert re.fullmatch(r"\d+(h|min|s)", service["TimeoutStartSec"])
+    assert "%" not in service["ExecStart"]  # no unit specifiers hidden in the URIs
+
+
+def test_systemd_timer() -> None:
+    unit = read_unit(TIMER)
+    assert unit.sections() == ["Unit", "Timer", "Install"]
+    timer = unit["Timer"]
+    assert timer["Unit"] == SERVICE.name
+    assert TIMER.stem == SERVICE.stem  # systemd pairs them by name too
+    assert re.fullmatch(r"\*-\*-\* \d{2}:\d{2}(:\d{2})?", timer["OnCalendar"])
+    assert timer["Persistent"] == "true"
+    assert unit["Install"]["WantedBy"] == "timers.target"
+
+
+class _Recorder:
+    dags: ClassVar[list[dict[str, Any]]] = []
+    tasks: ClassVar[list[dict[str, Any]]] = []
+
+
+class _StubDag:
+    def __init__(self, **kwargs: Any) -> None:
+        _Recorder.dags.append(kwargs)
+
+    def __enter__(self) -> _StubDag:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _StubBash:
+    def __init__(self, **kwargs: Any) -> None:
+        _Recorder.tasks.append(kwargs)
+
+
+def stub_airflow(monkeypatch: pytest.MonkeyPatch, version: int) -> None:
+    """Stand-in modules for Airflow 3 (airflow.sdk + standard provider) or Airflow 2."""
+    for name in list(sys.modules):
+        if name == "airflow" or name.startswith("airflow."):
+            monkeypatch.delitem(sys.modules, name)
+    airflow = types.ModuleType("airflow")
+    modules = {"airflow": airflow}
+    if version == 3:
+        sdk = types.ModuleType("airflow.sdk")
+        sdk.DAG = _StubDag  # type: ignore[attr-defined]
+        bash = types.ModuleType("airflow.providers.standard.operators.bash")
+        bash.BashOperator = _StubBash  # type: ignore[attr-defined]
+        modules |= {
+            "airflow.sdk": sdk,
+            "airflow.providers": types.ModuleType("airflow.providers"),
+            "airflow.providers.standard": types.ModuleType("airflow.providers.standard"),
+            "airflow.providers.standard.operators": types.ModuleType(
+                "airflow.providers.standard.operators"
+            ),
+            "airflow.providers.standard.operators.bash": bash,
+        }
+    else:
+        airflow.DAG = _StubDag  # type: ignore[attr-defined]
+        bash = types.ModuleType("airflow.operators.bash")
+        bash.BashOperator = _StubBash  # type: ignore[attr-defined]
+        modules |= {
+            "airflow.operators": types.ModuleType("airflow.operators"),
+            "airflow.operators.bash": bash,
+        }
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_airflow_dag_compiles(tmp_path: Path) -> None:
+    py_compile.compile(str(DAG_FILE), cfile=str(tmp_path / "dag.pyc"), doraise=True)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_airflow_dag_builds_the_nightly_task(monkeypatch: pytest.MonkeyPatch, version: int) -> None:
+    stub_airflow(monkeypatch, version)
+    monkeypatch.setattr(_Recorder, "dags", [])
+    monkeypatch.setattr(_Recorder, "tasks", [])
+    monkeypatch.delenv("ADCLOUD_BIN", raising=False)
+    code = compile(DAG_FILE.read_text(), str(DAG_FILE), "exec")
+    exec(code, {"__name__": "adcloud_hdmap_dag"})
+    assert len(_Recorder.dags) == 1 and len(_Recorder.tasks) == 1
+    dag = _Recorder.dags[0]
+    assert dag["dag_id"] == "adcloud_hdmap_nightly"
+    assert cron_ok(dag["schedule"])
+    assert dag["catchup"] is False and dag["max_active_runs"] == 1
+    assert dag["start_date"].tzinfo is not None
+    task = _Recorder.tasks[0]
+    command = task["bash_command"]
+    assert "var.value.get('adcloud_hdmap_bags'" in command
+    # render the Jinja Variable look-ups as Airflow would without the Variables: defaults
+    rendered, n = re.subn(r"\{\{ var\.value\.get\('\w+', '([^']*)'\) \}\}", r"\1", command)
+    assert n == 2 and "{{" not in rendered
+    argv = shlex.split(rendered)
+    assert argv[0] == "/opt/adcloud/.venv/bin/adcloud"
+    assert_build_command(argv)

@@ -1,0 +1,157 @@
+"""The map build end to end on Spark: accuracy, outputs, idempotence, incremental merges,
+the files mode, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from pyspark.sql import SparkSession
+
+from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
+from adcloud.hdmap.errors import DriveDataError
+from adcloud.hdmap.geotiff import read_grid_tile
+from adcloud.hdmap.lanelet import load_lanelet2
+from adcloud.hdmap.trajectory import Trajectory
+from adcloud.synth import DriveConfig, DriveResult, generate_drive
+
+pytestmark = pytest.mark.spark
+
+SHORT = DriveConfig(seconds=20, seed=5, lidar_beams=16, lidar_columns=512, camera=False)
+
+
+@pytest.fixture(scope="module")
+def short_drives(tmp_path_factory: pytest.TempPathFactory) -> tuple[DriveResult, DriveResult]:
+    """Two drives of the same world: 20 s, and 30 s from the same start (overlapping)."""
+    root = tmp_path_factory.mktemp("short")
+    (root / "a").mkdir()
+    (root / "b").mkdir()
+    first = generate_drive(SHORT, root / "a" / "first.bag")
+    longer = DriveConfig(**{**SHORT.__dict__, "seconds": 30.0})
+    second = generate_drive(longer, root / "b" / "second.bag")
+    return first, second
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_loop_drive_meets_the_accuracy_targets(
+    spark: SparkSession, loop_drive: DriveResult, tmp_path: Path
+) -> None:
+    summary = build_map(spark, str(loop_drive.bag), str(tmp_path / "map"))
+    assert summary.changed and summary.counts["loop_closures"] >= 1
+    version = summary.result.version
+    assert version is not None and version.path is not None
+    root = version.path
+    for name in (
+        "lanelet2_map.osm",
+        "map_projector_info.yaml",
+        "pointcloud_map_metadata.yaml",
+        "semantic.geojson",
+        "report/summary.html",
+        "trajectory/loop.tum",
+        "trajectory/loop.kitti.txt",
+        "grid_elevation.png",
+        "settings.json",
+    ):
+        assert (root / name).is_file(), name
+    meta = yaml.safe_load((root / "pointcloud_map_metadata.yaml").read_text())
+    pcds = [k for k in meta if k.endswith(".pcd")]
+    assert pcds and all((root / "pointcloud_map" / k).is_file() for k in pcds)
+    tiles = sorted((root / "grid").glob("*.tif"))
+    assert tiles and read_grid_tile(tiles[0]).origin == pytest.approx(
+        json.loads((root / "state" / "origin.json").read_text())["origin"]
+    )
+    result = evaluate_map(str(tmp_path / "map"), loop_drive.truth)
+    failed = {m.name: m.value for m in result.metrics if m.passed is not True}
+    assert not failed, failed
+    assert result.metric("ate_rmse").value < 0.05  # type: ignore[operator]
+    lanelets = load_lanelet2(root / "lanelet2_map.osm", version_origin(root))
+    assert len(lanelets.laneletLayer) >= 2
+
+    # a second run with the same bag changes nothing at all
+    before = _tree(tmp_path / "map")
+    again = build_map(spark, str(loop_drive.bag), str(tmp_path / "map"))
+    assert not again.changed
+    assert _tree(tmp_path / "map") == before
+
+
+def version_origin(root: Path) -> tuple[float, float, float]:
+    lat, lon, alt = json.loads((root / "state" / "origin.json").read_text())["origin"]
+    return float(lat), float(lon), float(alt)
+
+
+def test_new_drive_is_merged_into_the_previous_version(
+    spark: SparkSession, short_drives: tuple[DriveResult, DriveResult], tmp_path: Path
+) -> None:
+    first, second = short_drives
+    map_uri = str(tmp_path / "map")
+    v1 = build_map(spark, str(first.bag), map_uri).result.version
+    assert v1 is not None and v1.path is not None
+    v1_files = _tree(v1.path)
+    v2 = build_map(spark, [str(first.bag), str(second.bag)], map_uri)
+    assert v2.counts["drives_new"] == 1  # the first drive is known by its content hash
+    version = v2.result.version
+    assert version is not None and version.path is not None and version.id != v1.id
+    assert sorted(p.name for p in (version.path / "trajectory").glob("*.tum")) == [
+        "first.tum",
+        "second.tum",
+    ]
+    assert [d.name for d in version.manifest.drives] == ["first", "second"]
+    # the first drive's trajectory is carried over unchanged
+    old = Trajectory.read_tum(v1.path / "trajectory" / "first.tum")
+    new = Trajectory.read_tum(version.path / "trajectory" / "first.tum")
+    np.testing.assert_array_equal(old.matrices, new.matrices)
+    # tiles both drives saw hold both drives' scans
+    grew = 0
+    for path in sorted((v1.path / "grid").glob("*.tif")):
+        before = read_grid_tile(path).tile.scans.sum()
+        after = read_grid_tile(version.path / "grid" / path.name).tile.scans.sum()
+        assert after >= before
+        grew += int(after > before)
+    assert grew > 0
+    assert _tree(v1.path) == v1_files  # the old version is untouched
+    assert MapDir(map_uri).current().id == version.id  # type: ignore[union-attr]
+
+
+def test_files_mode_gives_the_same_map(
+    spark: SparkSession, short_drives: tuple[DriveResult, DriveResult], tmp_path: Path
+) -> None:
+    first, _ = short_drives
+    maps = {}
+    for mode in ("memory", "files"):
+        summary = build_map(spark, str(first.bag), str(tmp_path / mode), HdmapSettings(mode=mode))
+        assert summary.result.version is not None
+        maps[mode] = summary.result.version.path
+    assert maps["memory"] is not None and maps["files"] is not None
+    a = Trajectory.read_tum(maps["memory"] / "trajectory" / "first.tum")
+    b = Trajectory.read_tum(maps["files"] / "trajectory" / "first.tum")
+    # OpenCL reductions sum in varying order: poses agree to about half a millimetre
+    np.testing.assert_allclose(a.xyz, b.xyz, atol=2e-3)
+    names = sorted(p.name for p in (maps["memory"] / "grid").glob("*.tif"))
+    assert names == sorted(p.name for p in (maps["files"] / "grid").glob("*.tif"))
+    count_a = sum(int(read_grid_tile(maps["memory"] / "grid" / n).tile.count.sum()) for n in names)
+    count_b = sum(int(read_grid_tile(maps["files"] / "grid" / n).tile.count.sum()) for n in names)
+    assert count_a > 0 and abs(count_a - count_b) <= 0.01 * count_a
+
+
+def test_a_bag_without_lidar_fails_and_leaves_the_map_alone(
+    spark: SparkSession, short_drives: tuple[DriveResult, DriveResult], tmp_path: Path
+) -> None:
+    first, _ = short_drives
+    map_uri = str(tmp_path / "map")
+    settings = HdmapSettings(lidar_topic="/no/such/points")
+    with pytest.raises(DriveDataError, match=r"no LiDAR sweeps"):
+        build_map(spark, str(first.bag), map_uri, settings)
+    assert MapDir(map_uri).current() is None
+    assert not list((tmp_path / "map" / "versions").glob("*")) or all(
+        not p.name[0].isdigit() for p in (tmp_path / "map" / "versions").iterdir()
+    )

@@ -1,0 +1,576 @@
+"""Map directories: content-hash plans, incremental and idempotent updates, the build lock,
+and atomicity under SIGKILL (real child processes killed mid-build)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from adcloud.hdmap.errors import BuildError, HdmapError, MapFormatError
+from adcloud.hdmap.mapdir import (
+    CURRENT_NAME,
+    LOCK_NAME,
+    BuildPlan,
+    LockInfo,
+    Manifest,
+    MapDir,
+    MapDirSettings,
+    Staging,
+    content_hash,
+    drive_name,
+    find_bags,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_bag(path: Path, seed: int, size: int = 4096) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(random.Random(seed).randbytes(size))
+    return path
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    """Every entry below root (files and directories) with its size and mtime in ns."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        out[p.relative_to(root).as_posix()] = (st.st_size if p.is_file() else 0, st.st_mtime_ns)
+    return out
+
+
+def record_build(calls: list[BuildPlan]):  # type: ignore[no-untyped-def]
+    """A build step that writes one product per new drive on top of the parent's."""
+
+    def build(plan: BuildPlan, staging: Staging) -> None:
+        calls.append(plan)
+        staging.copy_from_parent()
+        (staging.path / "trajectory").mkdir(exist_ok=True)
+        for d in plan.new_drives:
+            (staging.path / "trajectory" / f"{d.name}.tum").write_text(d.sha256)
+
+    return build
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def test_content_hash_of_file_and_rosbag2_directory(tmp_path: Path) -> None:
+    bag = make_bag(tmp_path / "a.bag", 1, 100_000)
+    digest, size = content_hash(bag, chunk_bytes=4096)  # streamed in small chunks
+    assert digest == hashlib.sha256(bag.read_bytes()).hexdigest()
+    assert size == 100_000
+    r2 = tmp_path / "r2"
+    make_bag(r2 / "metadata.yaml", 2, 100)
+    make_bag(r2 / "r2_0.db3", 3, 1000)
+    d1, s1 = content_hash(r2)
+    assert s1 == 1100
+    h = hashlib.sha256()
+    for name in ("metadata.yaml", "r2_0.db3"):  # sorted, each as size + bytes
+        data = (r2 / name).read_bytes()
+        h.update(len(data).to_bytes(8, "little") + data)
+    assert d1 == h.hexdigest()
+    make_bag(r2 / "r2_0.db3", 4, 1000)
+    assert content_hash(r2)[0] != d1
+    with pytest.raises(HdmapError, match="no such bag"):
+        content_hash(tmp_path / "missing.bag")
+
+
+def test_find_bags_and_drive_names(tmp_path: Path) -> None:
+    root = tmp_path / "drives"
+    make_bag(root / "2024-01-01" / "a.bag", 1)
+    make_bag(root / "2024-01-02" / "b.mcap", 2)
+    make_bag(root / "2024-01-02" / "notes.txt", 3)
+    make_bag(root / "r2" / "metadata.yaml", 4)
+    make_bag(root / "r2" / "r2_0.mcap", 5)  # part of the rosbag2 bag, not a bag itself
+    make_bag(root / "x.bag.truth" / "poses.bag", 6)
+    make_bag(root / ".partial" / "c.bag", 7)
+    found = find_bags(root)
+    assert found == [
+        f"{root}/2024-01-01/a.bag",
+        f"{root}/2024-01-02/b.mcap",
+        f"{root}/r2",
+    ]
+    assert find_bags(root / "r2") == [str(root / "r2")]
+    assert find_bags(root / "2024-01-01" / "a.bag") == [str(root / "2024-01-01" / "a.bag")]
+    make_bag(tmp_path / "empty" / "x.txt", 1)
+    with pytest.raises(HdmapError, match="no bags found"):
+        find_bags(tmp_path / "empty")
+    with pytest.raises(HdmapError, match="no such file"):
+        find_bags(tmp_path / "nope")
+    assert find_bags(f"{root}/2024-*/*.bag") == [f"{root}/2024-01-01/a.bag"]
+    assert find_bags(f"{root}/*") == found  # each match searched like a --bags directory
+    with pytest.raises(HdmapError, match="matches nothing"):
+        find_bags(f"{root}/1999-*")
+    fs = fsspec.filesystem("memory")
+    base = f"/find-bags-{os.getpid()}-{time.monotonic_ns()}"
+    fs.pipe_file(f"{base}/n1/x.bag", b"1")
+    fs.pipe_file(f"{base}/n2/y.mcap", b"2")
+    fs.pipe_file(f"{base}/n2/z.txt", b"3")
+    assert [drive_name(u) for u in find_bags(f"memory://{base}/*")] == ["x", "y"]
+    assert [drive_name(u) for u in found] == ["a", "b", "r2"]
+    assert drive_name("s3://bucket/drives/run 7.bag") == "run_7"
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def test_plan_compares_content_not_names(tmp_path: Path) -> None:
+    md = MapDir(tmp_path / "map")
+    a = make_bag(tmp_path / "in" / "a.bag", 1)
+    b = make_bag(tmp_path / "in" / "b.bag", 2)
+    plan = md.plan([a, b])
+    assert plan.parent is None and [d.name for d in plan.new_drives] == ["a", "b"]
+    assert plan.new_drives[0].sha256 == hashlib.sha256(a.read_bytes()).hexdigest()
+    calls: list[BuildPlan] = []
+    md.update([a, b], record_build(calls), settings={"resolution": 0.05})
+
+    moved = tmp_path / "elsewhere" / "a-renamed.bag"
+    moved.parent.mkdir()
+    a.rename(moved)  # same bytes under a new name: known
+    make_bag(b, 99)  # new bytes under the old name: new, with a distinct drive name
+    c = make_bag(tmp_path / "in" / "c.bag", 3)
+    dup = tmp_path / "in" / "c-copy.bag"
+    dup.write_bytes(c.read_bytes())
+    plan = md.plan([moved, b, c, dup])
+    assert [d.name for d in plan.known_drives] == ["a"]
+    assert plan.renamed == ((str(a), str(moved)),)
+    new_names = [d.name for d in plan.new_drives]
+    sha_b = hashlib.sha256(b.read_bytes()).hexdigest()
+    assert new_names == [f"b-{sha_b[:8]}", "c"]
+    assert plan.duplicates == (str(dup),)
+    assert [d.name for d in plan.removed] == ["b"]  # old b bytes are not among the inputs
+    assert not plan.up_to_date
+
+
+def test_trust_mtime_skips_reading_unchanged_bags(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    md = MapDir(tmp_path / "map")
+    a = make_bag(tmp_path / "a.bag", 1)
+    md.update([a], record_build([]))
+    caplog.set_level(logging.INFO, logger="adcloud.hdmap.mapdir")
+    caplog.clear()
+    assert md.plan([a], trust_mtime=True).up_to_date
+    assert "hashing" not in caplog.text
+    assert md.plan([a]).up_to_date
+    assert "hashing" in caplog.text
+
+
+# --------------------------------------------------------------------------- updates
+
+
+def test_update_is_incremental_and_idempotent(tmp_path: Path) -> None:
+    md = MapDir(tmp_path / "map")
+    bags = [make_bag(tmp_path / "in" / f"d{i}.bag", i) for i in range(3)]
+    calls: list[BuildPlan] = []
+    build = record_build(calls)
+    first = md.update(bags[:2], build, settings={"resolution": 0.05})
+    assert first.changed and first.version is not None and first.version.id == "000001"
+    assert [d.name for d in calls[-1].new_drives] == ["d0", "d1"]
+
+    second = md.update(bags, build, settings={"resolution": 0.05})
+    assert second.changed and second.version is not None and second.version.id == "000002"
+    assert [d.name for d in calls[-1].new_drives] == ["d2"]  # only the new drive
+    v2 = second.version
+    assert v2.files() == [
+        "manifest.json",
+        "trajectory/d0.tum",
+        "trajectory/d1.tum",
+        "trajectory/d2.tum",
+    ]
+    man = v2.manifest
+    assert man.version == "000002" and man.parent == "000001"
+    assert [d.added_in for d in man.drives] == ["000001", "000001", "000002"]
+    assert all(d.processed_at for d in man.drives)
+    assert man.settings == {"resolution": 0.05}
+    assert man.adcloud_version
+    raw = json.loads((tmp_path / "map" / "versions" / "000002" / "manifest.json").read_text())
+    assert raw["format"] == "adcloud.hdmap.manifest" and raw["format_version"] == 1
+    assert raw["drives"][2]["size"] == 4096
+
+    before = tree_state(tmp_path / "map")
+    n_calls = len(calls)
+    again = md.update(bags, build)
+    assert not again.changed and again.version is not None and again.version.id == "000002"
+    assert len(calls) == n_calls  # nothing processed
+    assert tree_state(tmp_path / "map") == before  # and nothing written, not even the lock
+    assert (tmp_path / "map" / CURRENT_NAME).read_text() == "000002\n"
+    assert not (tmp_path / "map" / LOCK_NAME).exists()
+
+
+def test_failed_build_leaves_the_map_untouched(tmp_path: Path) -> None:
+    md = MapDir(tmp_path / "map")
+    a, b = make_bag(tmp_path / "a.bag", 1), make_bag(tmp_path / "b.bag", 2)
+    md.update([a], record_build([]))
+    before = tree_state(tmp_path / "map")
+
+    def broken(plan: BuildPlan, staging: Staging) -> None:
+        (staging.path / "half.bin").write_bytes(b"x" * 100)
+        raise RuntimeError("stage 3 failed")
+
+    with pytest.raises(RuntimeError, match="stage 3"):
+        md.update([a, b], broken)
+    after = tree_state(tmp_path / "map")
+    assert {k for k in after if not k.startswith("versions")} == {
+        k for k in before if not k.startswith("versions")
+    }
+    assert md.versions() == ["000001"]
+    assert not list((tmp_path / "map" / "versions").glob(".staging-*"))
+    assert md.lock_holder() is None
+    assert md.update([a, b], record_build([])).version.id == "000002"  # type: ignore[union-attr]
+
+
+def test_gc_keeps_the_last_versions(tmp_path: Path) -> None:
+    md = MapDir(tmp_path / "map", MapDirSettings(keep_versions=2))
+    for i in range(4):
+        md.update([make_bag(tmp_path / f"d{i}.bag", i)], record_build([]))
+    assert md.versions() == ["000003", "000004"]
+    assert md.current().id == "000004"  # type: ignore[union-attr]
+    # a version newer than CURRENT (a commit that died before switching) is removed by gc
+    with md.begin(md.current()) as st:
+        (st.path / "x").write_text("x")
+        st.commit(Manifest())
+    (tmp_path / "map" / CURRENT_NAME).write_text("000004\n")
+    assert md.gc(3) == ["000005"]
+    with pytest.raises(BuildError, match="at least 1"):
+        md.gc(0)
+
+
+def test_staging_context_aborts_and_rejects_stale_parent(tmp_path: Path) -> None:
+    md = MapDir(tmp_path / "map")
+    md.update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
+    v1 = md.current()
+    with md.begin(v1) as st:
+        (st.path / "f").write_text("partial")
+        staging_dir = st.path
+    assert not staging_dir.exists() and md.lock_holder() is None
+    assert md.current() == v1
+    st = md.begin(v1)
+    with pytest.raises(BuildError, match="still being written"):
+        md.begin(v1)
+    # someone switched CURRENT behind the build's back: the commit refuses
+    (tmp_path / "map" / CURRENT_NAME).write_text("000009\n")
+    with pytest.raises(BuildError, match="CURRENT changed"):
+        st.commit(Manifest())
+    st.abort()
+    (tmp_path / "map" / CURRENT_NAME).write_text("000001\n")
+    with pytest.raises(BuildError, match="not current"):
+        md.begin(None)
+
+
+def test_copy_from_parent_copies_not_links(tmp_path: Path) -> None:
+    md = MapDir(tmp_path / "map")
+    md.update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
+    v1 = md.current()
+    assert v1 is not None and v1.path is not None
+    with md.begin(v1) as st:
+        assert st.copy_from_parent("trajectory/a.tum") == ["trajectory/a.tum"]
+        (st.path / "trajectory" / "a.tum").write_text("rewritten in place")
+        with pytest.raises(MapFormatError, match="nope"):
+            st.copy_from_parent("nope")
+        st.commit(Manifest())
+    assert (v1.path / "trajectory" / "a.tum").read_text() != "rewritten in place"
+    assert md.current().read_bytes("trajectory/a.tum") == b"rewritten in place"  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- bad directories
+
+
+def test_broken_map_files_are_reported(tmp_path: Path) -> None:
+    md = MapDir(tmp_path / "map")
+    md.update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
+    cur = tmp_path / "map" / CURRENT_NAME
+    cur.write_text("garbage\n")
+    with pytest.raises(MapFormatError, match=r"CURRENT.*not a version id"):
+        md.current()
+    cur.write_text("000007\n")
+    with pytest.raises(MapFormatError, match=r"000007.*does not exist"):
+        md.current()
+    cur.write_text("000001\n")
+    manifest = tmp_path / "map" / "versions" / "000001" / "manifest.json"
+    text = manifest.read_text()
+    manifest.write_text("{not json")
+    with pytest.raises(MapFormatError, match=r"manifest\.json: not valid JSON"):
+        md.current()
+    data = json.loads(text)
+    data["format_version"] = 99
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(MapFormatError, match="format_version 99"):
+        md.current()
+    data["format_version"] = 1
+    del data["drives"][0]["sha256"]
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(MapFormatError, match=r"drives\[0\]: missing field 'sha256'"):
+        md.current()
+    with pytest.raises(HdmapError, match="no such bag"):
+        MapDir(tmp_path / "m2").plan([tmp_path / "missing.bag"])
+    with pytest.raises(BuildError, match="keep_versions"):
+        MapDirSettings(keep_versions=-1)
+
+
+def test_mapdir_pickles_as_its_description(tmp_path: Path) -> None:
+    md = MapDir(tmp_path / "map", MapDirSettings(keep_versions=3))
+    md.update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
+    clone = pickle.loads(pickle.dumps(md))
+    assert clone.uri == md.uri and clone.settings.keep_versions == 3
+    assert clone.current() == md.current()
+
+
+# --------------------------------------------------------------------------- the lock
+
+
+def test_lock_excludes_a_second_build(tmp_path: Path) -> None:
+    md1 = MapDir(tmp_path / "map")
+    md2 = MapDir(tmp_path / "map")
+    with md1.lock():
+        holder = md2.lock_holder()
+        assert holder is not None and holder.pid == os.getpid()
+        with pytest.raises(
+            BuildError, match=f"another build of this map is running \\(pid {os.getpid()}"
+        ):
+            md2.begin(None)
+        with pytest.raises(BuildError, match="already holds"):
+            md1.lock().acquire()
+        st = md1.begin(None)  # the holder may build
+        (st.path / "x").write_text("1")
+        st.commit(Manifest())
+        assert md1.lock_holder() is not None  # still held: the lock outlives the staging
+    assert md1.lock_holder() is None
+    assert md2.current().id == "000001"  # type: ignore[union-attr]
+
+
+def test_lock_held_by_another_live_process(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import sys, time
+        from pathlib import Path
+        from adcloud.hdmap.mapdir import MapDir
+        with MapDir(sys.argv[1]).lock():
+            Path(sys.argv[2]).write_text("locked")
+            time.sleep(60)
+        """
+    )
+    marker = tmp_path / "locked"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "map"), str(marker)], cwd=REPO
+    )
+    try:
+        wait_for(marker, proc)
+        with pytest.raises(BuildError, match=f"pid {proc.pid}"):
+            MapDir(tmp_path / "map").begin(None)
+    finally:
+        proc.kill()
+        proc.wait()
+    # killed: the kernel dropped its flock, the next build takes over
+    with MapDir(tmp_path / "map").lock() as lock:
+        assert lock.taken_over is not None and lock.taken_over.pid == proc.pid
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_memory_backend_and_stale_locks(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    fs = fsspec.filesystem("memory")
+    uri = f"memory://hdmap-test-{os.getpid()}-{time.monotonic_ns()}/map"
+    stage = tmp_path / "stage"
+    md = MapDir(uri, MapDirSettings(staging_dir=str(stage)))
+    bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
+    res = md.update(bags[:1], record_build([]))
+    assert res.version is not None and res.version.path is None
+    assert res.version.uri == f"{md.uri}/versions/000001"
+    assert list(stage.iterdir()) == []  # the local staging copy is gone after the upload
+
+    def broken(plan: BuildPlan, staging: Staging) -> None:
+        assert staging.path.parent == stage
+        (staging.path / "half").write_text("x")
+        raise RuntimeError("killed stage")
+
+    with pytest.raises(RuntimeError):
+        md.update(bags, broken)
+    assert list(stage.iterdir()) == [] and md.versions() == ["000001"]
+    res = md.update(bags, record_build([]))
+    assert res.version.files() == ["manifest.json", "trajectory/d0.tum", "trajectory/d1.tum"]  # type: ignore[union-attr]
+    local = res.version.fetch(tmp_path / "copy")  # type: ignore[union-attr]
+    assert (local / "trajectory" / "d1.tum").read_text() == res.plan.new_drives[0].sha256
+    assert not md.update(bags, record_build([])).changed
+
+    lock_path = md._path(LOCK_NAME)  # a lock left by a dead process of this host
+    stale = LockInfo(dead_pid(), socket.gethostname(), "2024-01-01T00:00:00Z", md.uri)
+    fs.pipe_file(lock_path, stale.to_json())
+    caplog.set_level(logging.WARNING, logger="adcloud.hdmap.mapdir")
+    with md.lock() as lock:
+        assert lock.taken_over == stale
+    assert f"left by pid {stale.pid}" in caplog.text and "no longer running" in caplog.text
+    assert not fs.exists(lock_path)
+
+    other = LockInfo(1, "build-host-7", "2024-01-01T00:00:00Z", md.uri)
+    fs.pipe_file(lock_path, other.to_json())
+    with pytest.raises(BuildError, match="if no build runs on build-host-7 any more, delete"):
+        md.begin(md.current())
+    fs.rm(lock_path)
+
+
+def test_local_store_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(tmp_path / "store"))
+    bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
+    with MapDir("local:///maps/city") as md:
+        assert md.uri == "local:///maps/city"
+        md.update(bags[:1], record_build([]))
+        res = md.update(bags, record_build([]))
+        assert res.version is not None and res.version.id == "000002"
+        assert (
+            res.version.read_bytes("trajectory/d0.tum").decode() == res.plan.known_drives[0].sha256
+        )
+        assert not md.update(bags, record_build([])).changed
+    with MapDir("local:///maps/city") as again:  # another process would see the same
+        assert again.current().id == "000002"  # type: ignore[union-attr]
+        assert again.versions() == ["000001", "000002"]
+
+
+# --------------------------------------------------------------------------- SIGKILL
+
+
+def wait_for(marker: Path, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited early with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise AssertionError("child did not get there in time")
+        time.sleep(0.01)
+
+
+HALFWAY_BUILD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from adcloud.hdmap.mapdir import MapDir
+    md = MapDir(sys.argv[1])
+    plan = md.plan(sys.argv[3:])
+    st = md.begin(plan.parent)
+    st.copy_from_parent()
+    (st.path / "tiles").mkdir(exist_ok=True)
+    for i in range(10_000):
+        (st.path / "tiles" / f"{i}.bin").write_bytes(b"new" * 1000)
+        if i == 20:
+            Path(sys.argv[2]).write_text("halfway")
+        time.sleep(0.005)
+    st.commit(plan.manifest())
+    """
+)
+
+
+def test_sigkill_halfway_leaves_previous_version(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "map"
+    md = MapDir(root)
+    a, b = make_bag(tmp_path / "a.bag", 1), make_bag(tmp_path / "b.bag", 2)
+    md.update([a], record_build([]))
+    v1 = md.current()
+    assert v1 is not None
+    v1_files = {rel: v1.read_bytes(rel) for rel in v1.files()}
+
+    marker = tmp_path / "halfway"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HALFWAY_BUILD, str(root), str(marker), str(a), str(b)], cwd=REPO
+    )
+    try:
+        wait_for(marker, proc)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    # the previous version is current, complete and readable
+    reader = MapDir(root)
+    cur = reader.current()
+    assert cur is not None and cur.id == "000001"
+    assert {rel: cur.read_bytes(rel) for rel in cur.files()} == v1_files
+    assert reader.versions() == ["000001"]
+    partial = list((root / "versions").glob(".staging-*"))
+    assert len(partial) == 1 and len(list((partial[0] / "tiles").iterdir())) > 20
+    holder = reader.lock_holder()
+    assert holder is not None and holder.pid == proc.pid  # the dead build's lock is there
+
+    # the next build takes the stale lock over, cleans the partial version and succeeds
+    caplog.set_level(logging.WARNING, logger="adcloud.hdmap.mapdir")
+    res = reader.update([a, b], record_build([]))
+    assert res.changed and res.version is not None
+    assert f"taking over the build lock left by pid {proc.pid}" in caplog.text
+    assert "removing .staging-000002" in caplog.text
+    assert res.version.id == "000002"  # the dead build's id was never visible: reused
+    assert [d.name for d in res.version.manifest.drives] == ["a", "b"]
+    assert not list((root / "versions").glob(".staging-*"))
+    assert reader.lock_holder() is None
+
+
+LOOPING_BUILD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from adcloud.hdmap.mapdir import MapDir, MapDirSettings, Manifest
+    md = MapDir(sys.argv[1], MapDirSettings(keep_versions=3))
+    Path(sys.argv[2]).write_text("started")
+    while True:
+        st = md.begin(md.current())
+        for i in range(20):
+            (st.path / f"part-{i:02d}").write_text(st.version_id * 50)
+        st.commit(Manifest(settings={"files": 20}))
+    """
+)
+
+
+def check_complete(md: MapDir) -> str | None:
+    """The current version's id after checking that every file is there and belongs to it."""
+    cur = md.current()
+    if cur is None:
+        return None
+    files = cur.files()
+    assert files == ["manifest.json"] + [f"part-{i:02d}" for i in range(20)]
+    for rel in files[1:]:
+        assert cur.read_bytes(rel).decode() == cur.id * 50
+    assert cur.manifest.version == cur.id
+    return cur.id
+
+
+def test_sigkill_at_random_moments_never_exposes_a_partial_version(tmp_path: Path) -> None:
+    root = tmp_path / "map"
+    rng = random.Random(20240101)
+    seen: list[str | None] = []
+    for round_ in range(6):
+        marker = tmp_path / f"started-{round_}"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", LOOPING_BUILD, str(root), str(marker)], cwd=REPO
+        )
+        try:
+            wait_for(marker, proc)
+            if round_ == 0:  # at least one commit, however busy the machine
+                wait_for(root / CURRENT_NAME, proc)
+            time.sleep(rng.uniform(0.05, 0.4))
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.wait()
+        seen.append(check_complete(MapDir(root)))
+    ids = [int(s) for s in seen if s is not None]
+    assert len(ids) == len(seen)
+    assert ids == sorted(ids)  # the map only moves forward
+    assert len(MapDir(root).versions()) <= 4  # gc ran (3 kept, + at most one orphan)

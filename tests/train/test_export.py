@@ -1,0 +1,258 @@
+"""Model export: torch.export program + metadata, loading, inspection, corrupt files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from rich.console import Console
+
+import adcloud
+from adcloud.train.errors import ExportError
+from adcloud.train.export import (
+    ExportedModel,
+    data_manifest,
+    export_model,
+    inspect_model,
+    inspection_table,
+    load_exported,
+    sha256_file,
+)
+from adcloud.train.lidar import NUM_CLASSES, LidarSegTask
+from adcloud.train.task import ImageSample, PointCloudSample, Sample, get_task
+
+
+def sweeps(sizes: list[int], seed: int) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    out: list[Sample] = []
+    for n in sizes:
+        pts = np.column_stack(
+            [rng.normal(0, 15, (n, 2)), rng.normal(-1, 1, n), rng.uniform(0, 255, n)]
+        ).astype(np.float32)
+        out.append(PointCloudSample(0, pts, rng.integers(1, NUM_CLASSES, n).astype(np.uint8)))
+    return out
+
+
+def linear_conv_macs(model: torch.nn.Module, inputs: tuple[Any, ...]) -> int:
+    """MACs of every Linear and Conv2d, counted from their output shapes by forward hooks."""
+    total = 0
+
+    def hook(mod: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(mod, torch.nn.Linear):
+            total += out.numel() * mod.in_features
+        elif isinstance(mod, torch.nn.Conv2d):
+            kh, kw = mod.kernel_size
+            total += out.numel() * (mod.in_channels // mod.groups) * kh * kw
+
+    handles = [
+        m.register_forward_hook(hook)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear | torch.nn.Conv2d)
+    ]
+    with torch.no_grad():
+        model(*inputs)
+    for h in handles:
+        h.remove()
+    return total
+
+
+@pytest.fixture(scope="module")
+def lidar_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[ExportedModel, Any, Any]:
+    task = get_task("lidar_seg")
+    torch.manual_seed(0)
+    model = task.build_model()
+    bag = tmp_path_factory.mktemp("bags") / "a.bag"
+    bag.write_bytes(b"not really a bag, but bytes to hash" * 100)
+    meta = {
+        "task": "lidar_seg",
+        "config": {"steps": 3, "lr": 0.01},
+        "data": {"train": data_manifest([bag])},
+        "metrics": {"miou": 0.5, "accuracy": 0.75},
+    }
+    examples = task.example_inputs(sweeps([900, 700], seed=0))
+    exported = export_model(
+        model,
+        examples,
+        tmp_path_factory.mktemp("export") / "lidar",
+        meta,
+        dynamic_shapes=task.dynamic_shapes(),
+        warmup=2,
+        runs=12,
+    )
+    return exported, model, examples
+
+
+def test_exported_lidar_program_matches_the_eager_model_on_other_point_counts(
+    lidar_export: tuple[ExportedModel, Any, Any],
+) -> None:
+    exported, model, _ = lidar_export
+    assert exported.program_path.is_file() and exported.metadata_path.is_file()
+    program = torch.export.load(exported.program_path)
+    task = LidarSegTask()
+    for sizes in ([1234, 400, 77], [5000]):  # other sweep and point counts than the example
+        batch = task._pad([s.points for s in sweeps(sizes, seed=len(sizes))])  # type: ignore[union-attr]
+        with torch.no_grad():
+            want = model(batch["points"], batch["valid"])
+            got = program.module()(batch["points"], batch["valid"])
+        assert got.shape == (len(sizes), max(sizes), NUM_CLASSES)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_metadata_fields_are_present_and_sane(
+    lidar_export: tuple[ExportedModel, Any, Any],
+) -> None:
+    exported, model, examples = lidar_export
+    meta = json.loads(exported.metadata_path.read_text())
+    assert meta == json.loads(json.dumps(exported.metadata))
+    assert meta["format"] == "adcloud.train.export" and meta["version"] == 1
+    assert meta["task"] == "lidar_seg" and meta["metrics"]["miou"] == 0.5
+    assert meta["config"] == {"steps": 3, "lr": 0.01}
+    (bag,) = meta["data"]["train"]
+    assert bag["sha256"] == hashlib.sha256(Path(bag["uri"]).read_bytes()).hexdigest()
+    assert meta["code"]["adcloud"] == adcloud.__version__
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", meta["code"]["git_commit"])
+    m = meta["model"]
+    assert m["class"] == "adcloud.train.lidar.PolarBevSegNet"
+    assert m["parameters"] == sum(p.numel() for p in model.parameters())
+    assert m["macs"] == linear_conv_macs(model, examples)
+    assert m["flops"] == 2 * m["macs"]
+    assert m["inputs"] == [
+        {"shape": [2, 900, 4], "dtype": "float32"},
+        {"shape": [2, 900], "dtype": "bool"},
+    ]
+    assert m["dynamic"]["points"]["1"]["name"] == "points"
+    lat = meta["latency_ms"]
+    assert 0 < lat["p50"] <= lat["p99"] < 60_000 and lat["runs"] == 12
+    assert meta["runtime"]["device"] == "cpu" and meta["runtime"]["torch"] == torch.__version__
+    program = meta["files"]["model.pt2"]
+    assert program["sha256"] == sha256_file(exported.program_path)
+    assert program["bytes"] == exported.program_path.stat().st_size
+
+
+def test_inspect_and_render(lidar_export: tuple[ExportedModel, Any, Any]) -> None:
+    exported, _, _ = lidar_export
+    info = inspect_model(exported.directory)
+    assert info["path"] == str(exported.directory)
+    assert info["model"]["parameters"] == exported.metadata["model"]["parameters"]
+    assert inspect_model(exported.metadata_path)["files"] == info["files"]
+    console = Console(record=True, width=200)
+    console.print(inspection_table(info))
+    text = console.export_text()
+    assert "PolarBevSegNet" in text and "p50" in text and "metric miou" in text
+    assert f"{info['model']['parameters'] / 1e3:.2f} k" in text
+    program, meta = load_exported(exported.directory)
+    assert meta["version"] == 1 and isinstance(program, torch.export.ExportedProgram)
+
+
+def _copy(exported: ExportedModel, dest: Path) -> Path:
+    dest.mkdir()
+    for name in ("model.pt2", "metadata.json"):
+        (dest / name).write_bytes((exported.directory / name).read_bytes())
+    return dest
+
+
+def test_corrupt_metadata_is_refused_naming_the_file(
+    lidar_export: tuple[ExportedModel, Any, Any], tmp_path: Path
+) -> None:
+    exported, _, _ = lidar_export
+    d = _copy(exported, tmp_path / "m")
+    meta_path = d / "metadata.json"
+    meta_path.write_text(meta_path.read_text()[:-40])
+    with pytest.raises(ExportError, match=re.escape(str(meta_path)) + ": corrupt JSON"):
+        inspect_model(d)
+    meta_path.write_text(json.dumps({"format": "adcloud.train.export", "version": 99}))
+    with pytest.raises(ExportError, match="version 99 is not supported"):
+        load_exported(d)
+    meta_path.unlink()
+    with pytest.raises(ExportError, match=re.escape(str(meta_path)) + ": not found"):
+        inspect_model(d)
+
+
+def test_corrupt_program_is_refused_naming_the_file(
+    lidar_export: tuple[ExportedModel, Any, Any], tmp_path: Path
+) -> None:
+    exported, _, _ = lidar_export
+    d = _copy(exported, tmp_path / "p")
+    program = d / "model.pt2"
+    raw = bytearray(program.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    program.write_bytes(bytes(raw))
+    with pytest.raises(ExportError, match=re.escape(str(program)) + ": corrupt"):
+        inspect_model(d)
+    # A program that is not a torch.export archive at all, with metadata that matches it.
+    program.write_bytes(b"garbage" * 10)
+    meta = json.loads((d / "metadata.json").read_text())
+    meta["files"]["model.pt2"] = {"bytes": 70, "sha256": sha256_file(program)}
+    (d / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ExportError, match=re.escape(str(program)) + ": torch.export.load failed"):
+        load_exported(d)
+    program.unlink()
+    with pytest.raises(ExportError, match=r"model\.pt2: missing"):
+        inspect_model(d)
+
+
+def test_bad_metadata_is_refused_before_writing(tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    x = (torch.randn(2, 3),)
+    with pytest.raises(ExportError, match="metadata key 'model' is written by export_model"):
+        export_model(model, x, tmp_path / "a", {"model": "mine"})
+    with pytest.raises(ExportError, match=r"metadata\.json: metadata is not plain JSON"):
+        export_model(model, x, tmp_path / "b", {"metrics": {"miou": float("nan")}}, runs=1)
+    assert not (tmp_path / "b" / "metadata.json").exists()
+    assert model.training  # the mode is restored
+
+
+def test_exported_camera_model_has_a_dynamic_batch(tmp_path: Path) -> None:
+    task = get_task("camera_seg", {"channels": [8, 16]})
+    torch.manual_seed(0)
+    model = task.build_model()
+    rng = np.random.default_rng(0)
+    frames = [
+        ImageSample(
+            i, rng.integers(0, 256, (120, 160, 3), dtype=np.uint8), np.zeros((120, 160), np.uint8)
+        )
+        for i in range(2)
+    ]
+    exported = export_model(
+        model,
+        task.example_inputs(frames),
+        tmp_path / "cam",
+        {"task": "camera_seg"},
+        dynamic_shapes=task.dynamic_shapes(),
+        warmup=1,
+        runs=3,
+    )
+    program, meta = load_exported(exported.directory)
+    images = torch.rand(3, 3, 120, 160)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(images), model(images), rtol=1e-5, atol=1e-5)
+    assert meta["model"]["macs"] == linear_conv_macs(model, (images[:2],))
+
+
+def test_data_manifest_hashes_files_and_directories(tmp_path: Path) -> None:
+    bag = tmp_path / "x.bag"
+    bag.write_bytes(b"abc")
+    ros2 = tmp_path / "ros2"
+    (ros2 / "sub").mkdir(parents=True)
+    (ros2 / "metadata.yaml").write_text("a: 1\n")
+    (ros2 / "sub" / "d.db3").write_bytes(b"\x00" * 10)
+    first = data_manifest([bag, f"file://{ros2}"])
+    assert first[0] == {
+        "uri": str(bag),
+        "sha256": hashlib.sha256(b"abc").hexdigest(),
+        "bytes": 3,
+        "files": 1,
+    }
+    assert first[1]["files"] == 2 and first[1]["bytes"] == 15
+    assert data_manifest([f"file://{ros2}"])[0] == first[1]
+    (ros2 / "sub" / "d.db3").write_bytes(b"\x01" * 10)
+    assert data_manifest([ros2])[0]["sha256"] != first[1]["sha256"]
+    with pytest.raises(ExportError, match=r"nope\.bag: no such bag"):
+        data_manifest([tmp_path / "nope.bag"])

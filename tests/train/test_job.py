@@ -1,0 +1,371 @@
+"""The Spark training job on a real local[2] session: ETL from a real synthetic bag, the
+parameter-server and all-reduce barrier stages against single-process training, the files
+baseline, a trainer killed mid-training that Spark's stage retry resumes, and torchrun."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from pyspark import TaskContext
+from pyspark.sql import SparkSession
+
+from adcloud.store import open_store
+from adcloud.synth import DriveConfig, generate_drive
+from adcloud.train.checkpoint import latest_checkpoint
+from adcloud.train.config import TrainConfig
+from adcloud.train.errors import DataError, TrainError
+from adcloud.train.job import etl_samples, local_samples, run_training
+from adcloud.train.loop import TrainResult, train
+from adcloud.train.tensors import decode_tree
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Point:
+    x: np.ndarray
+    y: float
+
+
+class LinearTask:
+    """A small MLP regression over ``Point`` samples; full-batch friendly (no dropout)."""
+
+    name = "toy_linear"
+    topics = ("/odom",)
+
+    def samples(self, topic: str, timestamp: int, decoded: Any) -> Iterator[Point]:
+        if getattr(decoded, "__msgtype__", "") not in (
+            "nav_msgs/msg/Odometry",
+            "nav_msgs/Odometry",
+        ):
+            raise DataError(f"{topic}: expected nav_msgs/msg/Odometry")
+        twist = decoded.twist.twist
+        pos = decoded.pose.pose.position
+        x = np.array([twist.linear.x / 10, twist.angular.z, pos.x / 100, pos.y / 100], np.float32)
+        yield Point(x, float(0.5 * x[0] - 2.0 * x[1] + 0.1))
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def batches(
+        self, samples: Sequence[Point], batch_size: int, generator: torch.Generator
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        order = torch.randperm(len(samples), generator=generator).tolist()
+        for i in range(0, len(order), batch_size):
+            chosen = [samples[j] for j in order[i : i + batch_size]]
+            yield {
+                "x": torch.from_numpy(np.stack([s.x for s in chosen])),
+                "y": torch.tensor([[s.y] for s in chosen]),
+            }
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+    def evaluate(self, model: torch.nn.Module, samples: Sequence[Point]) -> dict[str, float]:
+        x = torch.from_numpy(np.stack([s.x for s in samples]))
+        y = torch.tensor([[s.y] for s in samples])
+        return {"mse": float(torch.nn.functional.mse_loss(model(x), y))}
+
+    def example_inputs(self, samples: Sequence[Point]) -> tuple[Any, ...]:
+        return (torch.from_numpy(np.stack([s.x for s in samples[:1]])),)
+
+    def dynamic_shapes(self) -> Any:
+        return None
+
+
+class KillingTask(LinearTask):
+    """Kills its own Spark Python worker (SIGKILL) at rank 1's 7th step, once per marker."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.calls = 0
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.calls += 1
+        context = TaskContext.get()
+        rank = context.partitionId() if context is not None else 0
+        if rank == 1 and self.calls == 7 and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().loss(model, batch)
+
+
+def make_points(n: int, seed: int = 0) -> list[Point]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    y = x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32) + 0.05 * rng.normal(size=n)
+    return [Point(x[i], float(y[i])) for i in range(n)]
+
+
+def keyed_points(spark: SparkSession, points: Sequence[Point], partitions: int = 2) -> Any:
+    """``((partition, ordinal), sample)`` pairs in key order, as the ETL makes them."""
+    per = -(-len(points) // partitions)
+    pairs = [((i // per, i % per), p) for i, p in enumerate(points)]
+    return spark.sparkContext.parallelize(pairs, partitions)
+
+
+def config(tmp_path: Path, **kw: Any) -> TrainConfig:
+    base: dict[str, Any] = {
+        "task": "toy_linear",
+        "workers": 2,
+        "steps": 8,
+        "batch_size": 32,
+        "lr": 0.05,
+        "seed": 3,
+        "checkpoint_every": 4,
+        "store": "local:///train-job-tests",
+        "store_options": (f"root={tmp_path / 'store'}",),
+        "threads": 1,
+        "sync_timeout_s": 60.0,
+        "progress": False,
+    }
+    base.update(kw)
+    return TrainConfig(**base).validate()
+
+
+def assert_close_parameters(a: TrainResult, b: TrainResult, atol: float) -> None:
+    left, right = a.state_dict(), b.state_dict()
+    assert list(left) == list(right)
+    for name in left:
+        assert torch.allclose(left[name], right[name], atol=atol), name
+
+
+@pytest.fixture(scope="module")
+def drive(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 4 s drive without LiDAR and camera, in small chunks (several partitions)."""
+    out = tmp_path_factory.mktemp("drive") / "odom.bag"
+    cfg = DriveConfig(
+        seconds=4, seed=3, lidar=False, camera=False, truth_raster=False, chunk_bytes=16384
+    )
+    return str(generate_drive(cfg, out).bag)
+
+
+def test_etl_keys_bag_samples_in_record_order(spark: SparkSession, drive: str) -> None:
+    task = LinearTask()
+    cfg = TrainConfig(task="toy_linear", partitions_per_bag=3)
+    keyed = etl_samples(spark, cfg, task, [drive])
+    assert keyed.getNumPartitions() == 3
+    pairs = keyed.collect()
+    keys = [k for k, _ in pairs]
+    assert keys == sorted(keys)
+    assert {k[0] for k in keys} == {0, 1, 2}
+    assert len(pairs) == 200  # /odom at 50 Hz for 4 s
+    local = local_samples(task, [drive])
+    assert len(local) == len(pairs)
+    for (_, a), b in zip(pairs, local, strict=True):
+        assert np.array_equal(a.x, b.x) and a.y == b.y
+    with pytest.raises(TrainError, match="no bags"):
+        etl_samples(spark, cfg, task, [])
+
+
+def test_single_mode_trains_in_the_driver_and_writes_outputs(
+    spark: SparkSession, drive: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    cfg = config(
+        tmp_path,
+        sync="single",
+        bags=(drive,),
+        heldout_bags=(drive,),
+        steps=0,
+        epochs=3,
+        batch_size=50,
+        lr=0.02,
+        out=str(out),
+    )
+    result = run_training(spark, cfg, task=LinearTask())
+    assert result.mode == "single" and result.world == 1
+    assert result.steps == 12 and len(result.losses) == 12  # 3 epochs x 200 / 50
+    assert result.losses[-1] < result.losses[0]
+    assert set(result.metrics) == {"mse"}
+    assert json.loads((out / "result.json").read_text())["steps"] == 12
+    assert json.loads((out / "settings.json").read_text())["train"]["epochs"] == 3
+    stored = (out / "parameters.tensors").read_bytes()
+    assert stored == result.parameters
+    assert (out / "loss.png").stat().st_size > 1000
+    meta = json.loads((out / "model" / "metadata.json").read_text())
+    assert meta["task"] == "toy_linear" and meta["metrics"] == result.metrics
+    assert meta["data"]["bags"][0]["sha256"] == hashlib.sha256(Path(drive).read_bytes()).hexdigest()
+    program = torch.export.load(str(out / "model" / "model.pt2")).module()
+    x = torch.randn(1, 4)  # exported with the example batch of one
+    model = LinearTask().build_model()
+    model.load_state_dict(result.state_dict())
+    torch.testing.assert_close(program(x), model(x))
+    store = open_store(cfg.store, **cfg.store_kwargs())
+    info = latest_checkpoint(store, cfg.run_id())
+    assert info is not None and info.step == 12
+
+
+def test_ps_and_allreduce_follow_the_single_process_curve(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Full-batch steps: the two shards' averaged gradient is the whole batch's gradient, so
+    the three modes must agree up to float32 summation order."""
+    points = make_points(32)
+    results = {
+        mode: run_training(
+            spark,
+            config(tmp_path, sync=mode, run=f"curve-{mode}", lr=0.1),
+            task=LinearTask(),
+            keyed=keyed_points(spark, points),
+        )
+        for mode in ("single", "ps", "allreduce")
+    }
+    single = results["single"]
+    assert single.losses[-1] < 0.5 * single.losses[0]
+    for mode in ("ps", "allreduce"):
+        result = results[mode]
+        assert (result.mode, result.world, result.shard_size) == (mode, 2, 16)
+        assert result.losses == pytest.approx(single.losses, rel=1e-5)
+        assert_close_parameters(result, single, atol=1e-5)
+        assert result.sync["bytes_sent"] > 0
+    store = open_store("local:///train-job-tests", root=str(tmp_path / "store"))
+    # the parameter server left its last versions and nothing else behind
+    assert sorted(e.name for e in store.list("/curve-ps")) == ["checkpoints", "params"]
+    assert json.loads(store.get("/curve-ps/params/latest"))["version"] == 8
+    for mode in ("ps", "allreduce"):
+        info = latest_checkpoint(store, f"curve-{mode}")
+        assert info is not None and (info.step, info.world) == (8, 2)
+
+
+def test_minibatch_ps_and_allreduce_agree_with_each_other(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """With minibatches the shards' batches are not the single process's, but both
+    distributed modes see the same ones and the curves stay close to the single one."""
+    points = make_points(64, seed=1)
+    kw = {"steps": 24, "batch_size": 8, "checkpoint_every": 0, "lr": 0.03}
+    runs = {
+        mode: run_training(
+            spark,
+            config(tmp_path, sync=mode, run=f"mini-{mode}", **kw),
+            task=LinearTask(),
+            keyed=keyed_points(spark, points),
+        )
+        for mode in ("single", "ps", "allreduce")
+    }
+    assert runs["ps"].losses == pytest.approx(runs["allreduce"].losses, rel=1e-5)
+    single = np.array(runs["single"].losses)
+    ps = np.array(runs["ps"].losses)
+    assert ps[-8:].mean() < 0.5 * ps[:4].mean()
+    assert abs(ps[-8:].mean() - single[-8:].mean()) < 0.25 * single[:4].mean()
+
+
+def test_files_baseline_trains_the_same(spark: SparkSession, drive: str, tmp_path: Path) -> None:
+    kw = {"sync": "single", "bags": (drive,), "steps": 6, "batch_size": 40}
+    memory = run_training(spark, config(tmp_path, run="mem", **kw), task=LinearTask())
+    files_dir = tmp_path / "etl"
+    files = run_training(
+        spark,
+        config(tmp_path, run="files", etl="files", etl_dir=str(files_dir), **kw),
+        task=LinearTask(),
+    )
+    assert files.losses == memory.losses
+    parts = sorted(files_dir.glob("part-*.tensors"))
+    assert parts
+    tree, meta = decode_tree(parts[0].read_bytes())  # pickle-free, versioned
+    assert meta == {"format": "adcloud-samples", "version": 1}
+    assert set(tree["samples"][0]) == {"x", "y"}
+
+
+@pytest.mark.parametrize("mode", ["allreduce", "ps"])
+def test_a_killed_trainer_is_retried_by_spark_and_resumes(
+    spark: SparkSession, tmp_path: Path, mode: str
+) -> None:
+    """Rank 1's Python worker is SIGKILLed at step 7; Spark reruns the barrier stage and both
+    trainers resume from the checkpoint at step 4 to the uninterrupted result.  In ps mode
+    the versions the dead attempt published are in the store under the same keys: the new
+    attempt's session must never take them for its own."""
+    points = make_points(32)
+    marker = tmp_path / "killed.pid"
+    # a dead peer breaks gloo at once; a parameter server notices through Spark killing the
+    # stage, the timeout is only the backstop
+    cfg = config(tmp_path, sync=mode, steps=10, run=f"killed-{mode}", sync_timeout_s=20.0)
+    killed = run_training(
+        spark, cfg, task=KillingTask(str(marker)), keyed=keyed_points(spark, points)
+    )
+    assert marker.exists()  # the first attempt really died
+    assert killed.start_step == 4  # the retry resumed from the checkpoint
+    whole = run_training(
+        spark,
+        cfg.replace(run=f"whole-{mode}"),
+        task=LinearTask(),
+        keyed=keyed_points(spark, points),
+    )
+    assert whole.start_step == 0
+    assert killed.losses == whole.losses
+    assert_close_parameters(killed, whole, atol=0.0)
+
+
+def test_torchrun_runs_the_same_training_function(spark: SparkSession, tmp_path: Path) -> None:
+    points = make_points(32)
+    cfg = config(tmp_path, sync="allreduce", run="torchrun", out=str(tmp_path / "tr"))
+    script = tmp_path / "torchrun_main.py"
+    script.write_text(
+        "import importlib.util, sys\n"
+        "from pathlib import Path\n"
+        f"spec = importlib.util.spec_from_file_location('job_tests', {str(Path(__file__))!r})\n"
+        "mod = importlib.util.module_from_spec(spec); sys.modules['job_tests'] = mod\n"
+        "spec.loader.exec_module(mod)\n"
+        "from adcloud.train.job import run_torchrun\n"
+        f"cfg = mod.config(Path({str(tmp_path)!r}), sync='allreduce', run='torchrun', "
+        f"out={str(tmp_path / 'tr')!r})\n"
+        "run_torchrun(cfg, task=mod.LinearTask(), samples=mod.make_points(32))\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "tr" / "result.json").read_text())
+    assert (result["mode"], result["world"], result["steps"]) == ("allreduce", 2, 8)
+    single = train(LinearTask(), points, cfg.replace(sync="single", run="torchrun-ref"))
+    assert result["losses"] == pytest.approx(list(single.losses), rel=1e-5)
+
+
+class OtherTopicTask(LinearTask):
+    topics = ("/no/such/topic",)
+
+
+def test_job_errors_are_clear(spark: SparkSession, drive: str, tmp_path: Path) -> None:
+    keyed = keyed_points(spark, make_points(8))
+    with pytest.raises(TrainError, match="workers=3 trainers need as many free task slots"):
+        run_training(
+            spark,
+            config(tmp_path, sync="ps", workers=3, batch_size=3),
+            task=LinearTask(),
+            keyed=keyed,
+        )
+    with pytest.raises(TrainError, match="unknown task 'nope'"):
+        run_training(spark, config(tmp_path, task="nope", sync="single", bags=("x.bag",)))
+    with pytest.raises(TrainError, match="gave no samples for task toy_linear"):
+        run_training(
+            spark,
+            config(tmp_path, sync="single", bags=(drive,)),
+            task=OtherTopicTask(),
+        )
+    with pytest.raises(TrainError, match="cannot fill 2 shards"):
+        run_training(
+            spark,
+            config(tmp_path, sync="ps"),
+            task=LinearTask(),
+            keyed=keyed_points(spark, make_points(1), partitions=1),
+        )

@@ -1,0 +1,200 @@
+"""The training function on a tiny task of its own: determinism, sharding, epochs, errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from adcloud.train.config import TrainConfig
+from adcloud.train.errors import TrainError
+from adcloud.train.loop import batch_generator, resolve_steps, train
+from adcloud.train.sync import SingleProcess
+
+
+@dataclass(frozen=True)
+class Point:
+    x: np.ndarray
+    y: float
+
+
+class RegressionTask:
+    """y = x . w + noise, learnt by a small MLP with dropout (so the global RNG matters)."""
+
+    name = "toy_regression"
+    topics = ("/toy",)
+
+    def __init__(self, dropout: float = 0.1) -> None:
+        self.dropout = dropout
+
+    def samples(self, topic: str, timestamp: int, decoded: Any) -> Iterator[Point]:
+        yield Point(np.asarray(decoded, np.float32), 0.0)
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Sequential(
+            torch.nn.Linear(4, 16),
+            torch.nn.Tanh(),
+            torch.nn.Dropout(self.dropout),
+            torch.nn.Linear(16, 1),
+        )
+
+    def batches(
+        self, samples: Sequence[Point], batch_size: int, generator: torch.Generator
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        order = torch.randperm(len(samples), generator=generator).tolist()
+        for i in range(0, len(order), batch_size):
+            chosen = [samples[j] for j in order[i : i + batch_size]]
+            yield {
+                "x": torch.from_numpy(np.stack([s.x for s in chosen])),
+                "y": torch.tensor([[s.y] for s in chosen]),
+            }
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+    def evaluate(self, model: torch.nn.Module, samples: Sequence[Point]) -> dict[str, float]:
+        x = torch.from_numpy(np.stack([s.x for s in samples]))
+        y = torch.tensor([[s.y] for s in samples])
+        return {"mse": float(torch.nn.functional.mse_loss(model(x), y).detach())}
+
+    def example_inputs(self, samples: Sequence[Point]) -> tuple[Any, ...]:
+        return (torch.from_numpy(np.stack([s.x for s in samples[:1]])),)
+
+    def dynamic_shapes(self) -> Any:
+        return None
+
+
+def make_points(n: int, seed: int = 0) -> list[Point]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    y = x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32) + 0.05 * rng.normal(size=n)
+    return [Point(x[i], float(y[i])) for i in range(n)]
+
+
+def _config(**kw: Any) -> TrainConfig:
+    base = {
+        "task": "toy_regression",
+        "sync": "single",
+        "steps": 30,
+        "batch_size": 8,
+        "lr": 0.02,
+        "seed": 1,
+        "checkpoint_every": 0,
+        "progress": False,
+    }
+    base.update(kw)
+    return TrainConfig(**base).validate()
+
+
+def test_training_learns_and_records_the_loss_curve() -> None:
+    task = RegressionTask()
+    points = make_points(64)
+    result = train(task, points, _config(), eval_samples=points[:16])
+    assert result.steps == 30 and len(result.losses) == 30
+    assert np.mean(result.losses[-5:]) < 0.5 * np.mean(result.losses[:5])
+    assert result.start_step == 0 and result.mode == "single" and result.world == 1
+    assert result.shard_size == 64
+    assert set(result.metrics) == {"mse"}
+    assert result.samples_per_second > 0
+    model = task.build_model()
+    model.load_state_dict(result.state_dict())
+    model.eval()
+    assert task.evaluate(model, points[:16])["mse"] == pytest.approx(result.metrics["mse"])
+    summary = json.loads(result.to_json())
+    assert summary["losses"] == pytest.approx(list(result.losses))
+    assert summary["parameter_bytes"] == len(result.parameters)
+
+
+def test_the_same_seed_gives_the_same_parameters_and_another_seed_does_not() -> None:
+    points = make_points(48)
+    first = train(RegressionTask(), points, _config(steps=12))
+    second = train(RegressionTask(), points, _config(steps=12))
+    other = train(RegressionTask(), points, _config(steps=12, seed=2))
+    assert first.losses == second.losses
+    assert first.parameters == second.parameters
+    assert other.losses != first.losses
+
+
+def test_batches_come_from_a_generator_seeded_by_seed_rank_and_epoch() -> None:
+    def draw(seed: int, rank: int, epoch: int) -> list[int]:
+        return torch.randperm(10, generator=batch_generator(seed, rank, epoch)).tolist()
+
+    assert draw(1, 0, 0) == draw(1, 0, 0)
+    assert len({tuple(draw(1, r, e)) for r in range(2) for e in range(2)}) == 4
+
+
+def test_epochs_resolve_to_steps_over_the_smallest_shard() -> None:
+    config = _config(steps=0, epochs=3, batch_size=4)
+    assert resolve_steps(config, [10]) == 9  # ceil(10 / 4) = 3 batches per epoch
+    two = _config(steps=0, epochs=2, batch_size=4, sync="ps", workers=2)
+    assert resolve_steps(two, [7, 6]) == 6  # 2 per trainer: ceil(6 / 2) = 3 per epoch
+    result = train(RegressionTask(), make_points(10), config)
+    assert result.steps == 9 and len(result.losses) == 9
+    with pytest.raises(TrainError, match="empty"):
+        resolve_steps(two, [5, 0])
+
+
+def test_progress_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="adcloud.train.loop"):
+        train(RegressionTask(), make_points(16), _config(steps=10, log_every=5))
+    steps = [r.getMessage() for r in caplog.records if "step" in r.getMessage()]
+    assert any("step 5/10" in m for m in steps) and any("step 10/10" in m for m in steps)
+
+
+class _Diverging(RegressionTask):
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return super().loss(model, batch) * float("nan")
+
+
+def test_bad_inputs_get_clear_errors() -> None:
+    points = make_points(16)
+    with pytest.raises(TrainError, match="shard is empty"):
+        train(RegressionTask(), [], _config())
+    with pytest.raises(TrainError, match="multiple of the 3 trainers"):
+        train(RegressionTask(), points, _config(), SingleProcess(), None, 0, 3)
+    with pytest.raises(TrainError, match="synchronizer is rank 0 of 1"):
+        train(RegressionTask(), points, _config(batch_size=8), SingleProcess(), None, 1, 2)
+    with pytest.raises(TrainError, match="loss is nan at step 1"):
+        train(_Diverging(), points, _config())
+
+    class _NoBatches(RegressionTask):
+        def batches(self, samples: Sequence[Point], batch_size: int, generator: torch.Generator):
+            return iter(())
+
+    with pytest.raises(TrainError, match="made no batch"):
+        train(_NoBatches(), points, _config())
+
+
+def test_config_validation_names_the_fields() -> None:
+    with pytest.raises(TrainError) as info:
+        TrainConfig(sync="gossip", batch_size=7, workers=2, lr=-1).validate()
+    text = str(info.value)
+    assert "sync must be one of" in text and "lr must be > 0" in text
+    with pytest.raises(TrainError, match="multiple of workers"):
+        TrainConfig(sync="ps", workers=2, batch_size=7).validate()
+
+
+def test_config_loads_from_file_and_environment(tmp_path: Any) -> None:
+    path = tmp_path / "settings.yaml"
+    path.write_text("train:\n  sync: ps\n  workers: 2\n  task_options: {voxel: 0.2}\n")
+    env = {"ADCLOUD_TRAIN_BATCH_SIZE": "16", "ADCLOUD_TRAIN_BAGS": "a.bag,b.bag"}
+    config = TrainConfig.load(file=path, environ=env, lr=0.5)
+    assert (config.sync, config.workers, config.batch_size, config.lr) == ("ps", 2, 16, 0.5)
+    assert config.bags == ("a.bag", "b.bag")
+    assert config.task_options == {"voxel": 0.2}
+    assert config.world == 2
+    from_env = TrainConfig.load(environ={"ADCLOUD_TRAIN_TASK_OPTIONS": '{"preset": "small"}'})
+    assert from_env.task_options == {"preset": "small"}
+    with pytest.raises(TrainError, match="task_options"):
+        TrainConfig.load(environ={"ADCLOUD_TRAIN_TASK_OPTIONS": "{oops"})
+    # the run id follows what decides the result, not where it is written
+    assert config.run_id() == config.replace(out="/elsewhere").run_id()
+    assert config.run_id() != config.replace(seed=9).run_id()
+    assert config.replace(run="mine").run_id() == "mine"
+    assert TrainConfig(store_options=("root=/tmp/x",)).store_kwargs() == {"root": "/tmp/x"}

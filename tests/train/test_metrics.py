@@ -1,0 +1,99 @@
+"""Segmentation scores: confusion matrix, IoU, mean IoU and the Lovasz-softmax loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from adcloud.train.errors import TrainError
+from adcloud.train.metrics import (
+    confusion_matrix,
+    iou_per_class,
+    lovasz_softmax,
+    mean_iou,
+    segmentation_scores,
+)
+
+
+def _loop_confusion(truth: np.ndarray, pred: np.ndarray, k: int) -> np.ndarray:
+    cm = np.zeros((k, k), dtype=np.int64)
+    for t, p in zip(truth.ravel(), pred.ravel(), strict=True):
+        cm[t, p] += 1
+    return cm
+
+
+def test_confusion_matrix_counts_truth_rows_prediction_columns() -> None:
+    rng = np.random.default_rng(3)
+    truth = rng.integers(0, 5, size=(7, 13))
+    pred = rng.integers(0, 5, size=(7, 13))
+    cm = confusion_matrix(truth, pred, 5)
+    assert cm.dtype == np.int64
+    np.testing.assert_array_equal(cm, _loop_confusion(truth, pred, 5))
+    assert confusion_matrix([2], [4], 5)[2, 4] == 1
+
+
+def test_iou_and_mean_leave_out_absent_and_ignored_classes() -> None:
+    # class 0: ignored; class 1: 2 TP, 1 FN (predicted 3); class 2: 1 TP, 1 FP (a 1);
+    # class 3: no ground truth but one false positive; class 4: absent everywhere.
+    truth = np.array([0, 1, 1, 1, 2, 2])
+    pred = np.array([1, 1, 1, 3, 2, 2])
+    cm = confusion_matrix(truth, pred, 5)
+    iou = iou_per_class(cm)
+    assert iou[1] == pytest.approx(2 / 4)  # TP 2, FP 1 (the ignored 0 predicted 1), FN 1
+    assert iou[2] == pytest.approx(1.0)
+    assert np.isnan(iou[3]) and np.isnan(iou[4])
+    assert mean_iou(cm, ignore=(0,)) == pytest.approx((0.5 + 1.0) / 2)
+    assert iou[0] == 0.0  # present, never predicted
+    assert mean_iou(cm) == pytest.approx((0.0 + 0.5 + 1.0) / 3)
+    assert np.isnan(mean_iou(np.zeros((3, 3), dtype=np.int64)))
+
+
+def test_segmentation_scores_names_present_classes() -> None:
+    truth = np.array([1, 1, 2, 2, 0])
+    pred = np.array([1, 2, 2, 2, 1])
+    scores = segmentation_scores(
+        confusion_matrix(truth, pred, 4), {1: "road", 2: "curb"}, ignore=(0,)
+    )
+    assert set(scores) == {"miou", "accuracy", "iou_road", "iou_curb"}
+    assert scores["accuracy"] == pytest.approx(3 / 4)  # the ignored point is not counted
+    assert scores["iou_road"] == pytest.approx(1 / 3)
+    assert scores["iou_curb"] == pytest.approx(2 / 3)
+    assert scores["miou"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("truth", "pred", "k", "needle"),
+    [
+        (np.zeros(3, int), np.zeros(4, int), 3, "shape"),
+        (np.array([0, 3]), np.array([0, 1]), 3, "truth labels must be in [0, 3)"),
+        (np.array([0, 1]), np.array([-1, 1]), 3, "prediction labels"),
+        (np.array([0.5]), np.array([0]), 3, "integers"),
+    ],
+)
+def test_bad_labels_are_refused(truth: np.ndarray, pred: np.ndarray, k: int, needle: str) -> None:
+    with pytest.raises(TrainError, match=needle.replace("[", r"\[").replace(")", r"\)")):
+        confusion_matrix(truth, pred, k)
+
+
+def test_lovasz_of_hard_predictions_is_one_minus_iou() -> None:
+    # For one-hot probabilities the Lovasz extension equals the Jaccard loss itself.
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, 4, size=200)
+    pred = np.where(rng.random(200) < 0.7, labels, rng.integers(0, 4, size=200))
+    probs = torch.nn.functional.one_hot(torch.from_numpy(pred), 4).double()
+    loss = lovasz_softmax(probs, torch.from_numpy(labels))
+    iou = iou_per_class(confusion_matrix(labels, pred, 4))
+    assert float(loss) == pytest.approx(float(np.mean(1 - iou[~np.isnan(iou)])))
+    perfect = torch.nn.functional.one_hot(torch.from_numpy(labels), 4).double()
+    assert float(lovasz_softmax(perfect, torch.from_numpy(labels))) == pytest.approx(0.0)
+
+
+def test_lovasz_gradient_moves_towards_the_labels() -> None:
+    labels = torch.tensor([0, 0, 1, 1, 2])
+    logits = torch.zeros(5, 3, requires_grad=True)
+    lovasz_softmax(logits.softmax(dim=1), labels).backward()
+    assert logits.grad is not None
+    # Lowering the loss means raising each point's true-class logit.
+    true_grad = logits.grad[torch.arange(5), labels]
+    assert (true_grad < 0).all()

@@ -1,0 +1,184 @@
+"""The pickle-free tensor file format: round trips, layout, and every way a file can be bad."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from adcloud.train.errors import TrainError
+from adcloud.train.tensors import (
+    DTYPES,
+    MAGIC,
+    TensorFormatError,
+    decode_tensors,
+    decode_tree,
+    encode_tensors,
+    encode_tree,
+)
+
+
+def _header(data: bytes) -> dict:
+    _, _, length, _, _ = struct.unpack_from("<8sIIII", data, 0)
+    return json.loads(data[24 : 24 + length])
+
+
+@pytest.mark.parametrize("name", sorted(DTYPES))
+def test_every_dtype_round_trips_bit_exactly(name: str) -> None:
+    dtype = DTYPES[name]
+    gen = torch.Generator().manual_seed(1)
+    if dtype is torch.bool:
+        tensor = torch.rand(3, 5, generator=gen) > 0.5
+    elif dtype.is_complex:
+        tensor = torch.randn(3, 5, generator=gen, dtype=dtype)
+    elif dtype.is_floating_point:
+        tensor = (torch.randn(3, 5, generator=gen) * 100).to(dtype)
+    else:
+        tensor = torch.randint(0, 100, (3, 5), generator=gen).to(dtype)
+    stored = decode_tensors(encode_tensors({"t": tensor}))
+    back = stored.tensors["t"]
+    assert back.dtype == dtype
+    assert back.shape == tensor.shape
+    assert torch.equal(back, tensor)
+
+
+def test_layout_matches_the_documented_header() -> None:
+    a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    b = np.array([1, 2, 3], dtype=np.int64)
+    data = encode_tensors({"a": a, "b": b}, {"version": 7})
+    assert data[:8] == MAGIC
+    header = _header(data)
+    assert header["format"] == "adcloud-tensors"
+    assert header["version"] == 1
+    assert header["metadata"] == {"version": 7}
+    offset = header["data_offset"]
+    assert offset % 64 == 0
+    assert len(data) == offset + header["data_size"]
+    entry_a, entry_b = header["tensors"]
+    assert entry_a == {
+        "name": "a",
+        "dtype": "float32",
+        "shape": [2, 3],
+        "offset": 0,
+        "nbytes": 24,
+        "crc32": zlib.crc32(a.numpy().tobytes()),
+    }
+    assert entry_b["offset"] % 64 == 0
+    # the raw bytes are little-endian and exactly where the header says
+    raw = data[offset + entry_b["offset"] : offset + entry_b["offset"] + entry_b["nbytes"]]
+    assert np.frombuffer(raw, "<i8").tolist() == [1, 2, 3]
+
+
+def test_scalars_empty_and_non_contiguous_tensors() -> None:
+    base = torch.arange(12.0).reshape(3, 4)
+    tensors = {
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+        "transposed": base.t(),
+        "sliced": base[:, ::2],
+    }
+    back = decode_tensors(encode_tensors(tensors)).tensors
+    assert list(back) == list(tensors)
+    for name, tensor in tensors.items():
+        assert torch.equal(back[name], tensor), name
+    assert back["scalar"].shape == ()
+
+
+def test_decoded_tensors_are_writable_copies() -> None:
+    data = encode_tensors({"w": torch.ones(4)})
+    tensor = decode_tensors(data).tensors["w"]
+    tensor.add_(1)
+    assert torch.equal(decode_tensors(data).tensors["w"], torch.ones(4))
+
+
+def test_truncation_is_reported_with_the_offset() -> None:
+    data = encode_tensors({"w": torch.ones(100)})
+    for cut in (0, 10, 30, len(data) - 1):
+        with pytest.raises(TensorFormatError, match="truncated") as info:
+            decode_tensors(data[:cut], source="/run/x")
+        assert info.value.offset == cut
+        assert info.value.source == "/run/x"
+        assert "/run/x" in str(info.value)
+
+
+def test_corrupt_tensor_bytes_name_the_tensor_and_offset() -> None:
+    data = bytearray(encode_tensors({"a": torch.zeros(10), "b": torch.ones(10)}))
+    header = _header(bytes(data))
+    where = header["data_offset"] + header["tensors"][1]["offset"] + 3
+    data[where] ^= 0xFF
+    with pytest.raises(TensorFormatError, match="'b' is corrupt") as info:
+        decode_tensors(bytes(data), source="key")
+    assert info.value.offset == header["data_offset"] + header["tensors"][1]["offset"]
+
+
+def test_corrupt_header_bad_magic_version_and_trailing_bytes() -> None:
+    data = encode_tensors({"a": torch.zeros(3)})
+    flipped = bytearray(data)
+    flipped[30] ^= 0x01
+    with pytest.raises(TensorFormatError, match="header checksum") as info:
+        decode_tensors(bytes(flipped))
+    assert info.value.offset == 24
+    with pytest.raises(TensorFormatError, match="bad magic"):
+        decode_tensors(b"PK\x03\x04" + data[4:])
+    newer = bytearray(data)
+    struct.pack_into("<I", newer, 8, 2)
+    with pytest.raises(TensorFormatError, match="version 2"):
+        decode_tensors(bytes(newer))
+    with pytest.raises(TensorFormatError, match="unexpected bytes"):
+        decode_tensors(data + b"\x00")
+
+
+def test_unsupported_inputs_are_refused_with_the_name() -> None:
+    with pytest.raises(TrainError, match="'q'"):
+        encode_tensors({"q": torch.zeros(2).to_sparse()})
+    with pytest.raises(TrainError, match="'s'"):
+        encode_tensors({"s": [1, 2, 3]})  # type: ignore[dict-item]
+    with pytest.raises(TrainError, match="JSON"):
+        encode_tensors({}, {"loss": float("nan")})
+
+
+def test_tree_round_trips_an_optimizer_state_exactly() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.95))
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(5, 3)).pow(2).mean().backward()
+        opt.step()
+    state = opt.state_dict()
+    tree = {"optimizer": state, "model": dict(model.state_dict()), "inf": -math.inf, "none": None}
+    back, meta = decode_tree(encode_tree(tree, {"step": 3}))
+    assert meta == {"step": 3}
+    assert back["inf"] == -math.inf and back["none"] is None
+    assert set(back["optimizer"]["state"]) == {0, 1, 2, 3}  # int keys survive
+    assert back["optimizer"]["param_groups"][0]["betas"] == (0.8, 0.95)  # a tuple again
+    for key, slots in state["state"].items():
+        for slot, value in slots.items():
+            assert torch.equal(back["optimizer"]["state"][key][slot], value)
+    fresh = torch.optim.Adam(model.parameters(), lr=0.5)
+    fresh.load_state_dict(back["optimizer"])
+    assert fresh.param_groups[0]["lr"] == 0.01
+
+
+def test_tree_keeps_numpy_arrays_as_arrays() -> None:
+    keys = np.arange(624, dtype=np.uint32)
+    back, _ = decode_tree(encode_tree({"numpy": keys, "list": [1, (2, "x")]}))
+    assert isinstance(back["numpy"], np.ndarray)
+    assert back["numpy"].dtype == np.uint32
+    assert np.array_equal(back["numpy"], keys)
+    assert back["list"] == [1, (2, "x")]
+
+
+def test_tree_refuses_what_it_cannot_store() -> None:
+    with pytest.raises(TrainError, match="object"):
+        encode_tree({"x": object()})
+    with pytest.raises(TrainError, match="mapping key"):
+        encode_tree({(1, 2): 3})
+    with pytest.raises(TrainError, match="reserved"):
+        encode_tree({}, {"tree": 1})
+    with pytest.raises(TensorFormatError, match="no state skeleton"):
+        decode_tree(encode_tensors({"a": torch.zeros(1)}))
