@@ -252,7 +252,7 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     # 5. an HD map of the drive (adcloud.hdmap)
     from adcloud.hdmap.command import run_demo as hdmap_demo  # noqa: PLC0415
 
-    version = hdmap_demo(spark, str(drive.bag), str(out), console)
+    version = hdmap_demo(spark, None, str(out), console)
     outputs.append(("HD map (report/summary.html, lanelet2_map.osm, grid/)", version))
 
     # 6. distributed training on the drive (adcloud.train)

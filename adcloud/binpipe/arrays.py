@@ -41,9 +41,12 @@ def _msgtype(msg: Any) -> str:
 def pointcloud_array(msg: Any, *, topic: str = "?", require: Iterable[str] = ()) -> NDArray[Any]:
     """The points of a ``sensor_msgs/PointCloud2`` as a structured array (one row per point).
 
-    ``require`` names fields that must be present (``BinpipeError`` naming ``topic`` and the
-    missing field otherwise).  The array is a view of the message's bytes when the layout
-    allows (no copy).
+    The dtype comes from the message's ``fields`` (names, offsets, datatypes, counts),
+    ``point_step`` and ``is_bigendian``; organized clouds (``height > 1``) are flattened row
+    by row, skipping row padding. ``require`` names fields that must be present. Raises
+    :class:`BinpipeError` naming ``topic`` and the field when one is missing, a datatype is
+    unknown or the data is shorter than the header says. The array is a view of the
+    message's bytes where the layout allows (no copy).
     """
     if not hasattr(msg, "fields") or not hasattr(msg, "point_step"):
         raise BinpipeError(
@@ -58,31 +61,42 @@ def pointcloud_array(msg: Any, *, topic: str = "?", require: Iterable[str] = ())
         base = _POINT_TYPES.get(int(field.datatype))
         if base is None:
             raise BinpipeError(
-                f"{topic}: field {field.name!r} has unknown PointField datatype {field.datatype}"
+                f"{topic}: PointCloud2 field {field.name!r} has unknown datatype "
+                f"{field.datatype} (sensor_msgs/PointField defines 1..8)"
             )
-        count = int(field.count) or 1
+        if field.name in names:
+            raise BinpipeError(f"{topic}: PointCloud2 field {field.name!r} appears twice")
+        count = max(int(field.count), 1)
         names.append(str(field.name))
         formats.append(order + base if count == 1 else (order + base, (count,)))
         offsets.append(int(field.offset))
     missing = [name for name in require if name not in names]
     if missing:
         raise BinpipeError(
-            f"{topic}: PointCloud2 has no field {missing[0]!r} (fields: {', '.join(names)})"
+            f"{topic}: PointCloud2 has no field {missing[0]!r} (fields: {', '.join(names) or '-'})"
         )
     step = int(msg.point_step)
-    dtype = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": step})
-    n = int(msg.width) * int(msg.height)
-    data = np.frombuffer(msg.data, dtype=np.uint8)
-    if data.size < n * step:
+    try:
+        dtype = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": step})
+    except (ValueError, TypeError) as err:
         raise BinpipeError(
-            f"{topic}: PointCloud2 data holds {data.size} bytes, {n} points of {step} bytes "
-            f"need {n * step}"
+            f"{topic}: PointCloud2 fields {names} do not fit in point_step {step}: {err}"
+        ) from err
+    width, height, row_step = int(msg.width), int(msg.height), int(msg.row_step)
+    data = np.frombuffer(msg.data, dtype=np.uint8)
+    if height * width == 0:
+        return np.zeros(0, dtype=dtype)
+    row_bytes = width * step
+    row_step = row_step or row_bytes
+    if row_step < row_bytes or data.size < (height - 1) * row_step + row_bytes:
+        raise BinpipeError(
+            f"{topic}: PointCloud2 field 'data' holds {data.size} bytes, fewer than "
+            f"{height} rows x {width} points x {step} bytes (row_step {row_step})"
         )
-    row = int(msg.row_step) or step * int(msg.width)
-    if int(msg.height) > 1 and row != step * int(msg.width):
-        rows = [data[r * row : r * row + step * int(msg.width)] for r in range(int(msg.height))]
-        data = np.concatenate(rows)
-    return data[: n * step].view(dtype)
+    if height == 1 or row_step == row_bytes:
+        return data[: height * row_bytes].view(dtype)
+    rows = np.lib.stride_tricks.as_strided(data, (height, row_bytes), (row_step, 1))
+    return np.ascontiguousarray(rows).reshape(-1).view(dtype)
 
 
 def image_array(msg: Any, *, topic: str = "?") -> NDArray[Any]:
@@ -97,10 +111,15 @@ def image_array(msg: Any, *, topic: str = "?") -> NDArray[Any]:
     dtype = np.dtype((">" if msg.is_bigendian else "<") + base)
     h, w, step = int(msg.height), int(msg.width), int(msg.step)
     data = np.frombuffer(msg.data, dtype=np.uint8)
-    if data.size < h * step or step < w * channels * dtype.itemsize:
+    if step < w * channels * dtype.itemsize:
         raise BinpipeError(
-            f"{topic}: image {w}x{h} {msg.encoding} with step {step} needs {h * step} bytes, "
-            f"the message holds {data.size}"
+            f"{topic}: Image field 'step' ({step}) is less than width x {channels * dtype.itemsize}"
+            " bytes"
+        )
+    if data.size < h * step:
+        raise BinpipeError(
+            f"{topic}: Image field 'data' holds {data.size} bytes, fewer than height {h} x "
+            f"step {step}"
         )
     rows = data[: h * step].reshape(h, step)[:, : w * channels * dtype.itemsize]
     pixels = np.ascontiguousarray(rows).view(dtype).reshape(h, w, channels)

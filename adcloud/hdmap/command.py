@@ -206,22 +206,34 @@ def add_parser(subparsers: Any) -> None:
     info.set_defaults(func=_cmd_info)
 
 
-def run_demo(spark: Any, bag: str, out_dir: str, console: Console) -> Path:
-    """The HD-map part of ``adcloud demo``: build a map of ``bag`` under ``out_dir/hdmap``,
-    evaluate it against the drive's truth (when the bag has one) and print where it is."""
+def run_demo(spark: Any, bag: str | None, out_dir: str, console: Console) -> Path:
+    """The HD-map part of ``adcloud demo``: build a map of ``bag`` (None: a 30 s synthetic
+    drive made for it, long enough for lanes, signs and a GPS outage) under
+    ``out_dir/hdmap``, evaluate it against the drive's truth (when the bag has one) and
+    print where it is."""
     from adcloud.hdmap.build import build_map  # noqa: PLC0415
     from adcloud.hdmap.evaluate import evaluate_map  # noqa: PLC0415
-    from adcloud.synth import truth_dir_for  # noqa: PLC0415
+    from adcloud.synth import DriveConfig, generate_drive, truth_dir_for  # noqa: PLC0415
 
     console.rule("adcloud hdmap: poses, ICP, 5 cm grid, lanes and signs in one Spark job")
+    if bag is None:
+        config = DriveConfig(seconds=30, seed=7, lidar_beams=16, lidar_columns=512, camera=False)
+        folder = Path(out_dir) / "hdmap-drive"
+        folder.mkdir(parents=True, exist_ok=True)
+        with console.status("generating a 30 s drive for the map ..."):
+            bag = str(generate_drive(config, folder / "drive.bag", overwrite=True).bag)
+        console.print(f"drive: {bag} (30 s, 16 beams, GPS outage from 20 s)")
     map_uri = str(Path(out_dir) / "hdmap")
     with console.status("building the map ...") as status:
         summary = build_map(spark, bag, map_uri, progress=status.update)
     version = summary.result.version
     assert version is not None
-    stages = ", ".join(f"{k} {v:.1f} s" for k, v in summary.timings.items())
-    counts = ", ".join(f"{k} {v}" for k, v in summary.counts.items())
-    console.print(f"version {version.id}: {stages}\n{counts}", highlight=False)
+    if summary.changed:
+        stages = ", ".join(f"{k} {v:.1f} s" for k, v in summary.timings.items())
+        counts = ", ".join(f"{k} {v}" for k, v in summary.counts.items())
+        console.print(f"version {version.id}: {stages}\n{counts}", highlight=False)
+    else:
+        console.print(f"version {version.id} already holds this drive: nothing to do")
     truth = truth_dir_for(Path(bag))
     if truth.is_dir():
         result = evaluate_map(map_uri, truth)

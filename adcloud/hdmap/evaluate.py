@@ -18,9 +18,11 @@ Alignment
     from the truth frame by an (almost) constant rigid transform.  That offset is not a map
     error for any use of the map except absolute georeferencing, so -- as the TUM benchmark
     and ``evo`` do for trajectories -- the evaluation first fits the rigid transform that
-    best maps the estimated trajectory onto the true one (Umeyama, no scale; the
-    ``alignment`` of the ATE) and applies that one transform to *every* map product (the
-    other trajectories, grid cells, polylines, signs) before comparing.  The products are
+    best maps the estimated trajectory onto the true one (Umeyama, no scale; for a nearly
+    straight drive, whose trajectory leaves the roll about the road free, yaw and
+    translation only; the ``alignment`` of the ATE) and applies that one transform to
+    *every* map product (the other trajectories, grid cells, polylines, signs) before
+    comparing.  The products are
     thus judged in the frame the trajectory defines; the offset itself is reported.
 
 Observable truth
@@ -942,6 +944,16 @@ def _pick_drive(products: MapProducts, truth: Truth, drive: str | None) -> str:
     )
 
 
+def _nearly_straight(trajectory: Trajectory, min_width_m: float = 2.0) -> bool:
+    """Whether the drive is too close to a straight line for a full rigid fit: the minor axis
+    of its horizontal spread is under ``min_width_m``, so roll about the road is not fixed."""
+    xy = trajectory.xyz[:, :2] - trajectory.xyz[:, :2].mean(axis=0)
+    if len(xy) < 3:
+        return True
+    minor = float(np.linalg.svd(xy, compute_uv=False)[-1]) / np.sqrt(len(xy))
+    return bool(minor < min_width_m)
+
+
 def evaluate_map(
     source: MapProducts | MapVersion | str | os.PathLike[str],
     truth_dir: str | os.PathLike[str],
@@ -965,7 +977,7 @@ def evaluate_map(
     name = _pick_drive(products, truth, drive)
     est = products.trajectories[name]
     try:
-        ate = absolute_trajectory_error(est, truth.trajectory)
+        ate = absolute_trajectory_error(est, truth.trajectory, yaw_only=_nearly_straight(est))
     except ValueError as err:
         raise HdmapError(
             f"{products.source}: trajectory {name!r} cannot be compared with "

@@ -82,9 +82,9 @@ class LoopSettings:
     voxel_m: float = 0.4
     max_distance_m: float = 1.0
     iterations: int = 30
-    min_fitness: float = 0.4
+    min_fitness: float = 0.45
     max_rmse_m: float = 0.1
-    max_correction_m: float = 6.0
+    max_correction_m: float = 3.0
     max_correction_rad: float = 0.3
     sigma_translation_m: float = 0.03
     sigma_rotation_rad: float = 0.002

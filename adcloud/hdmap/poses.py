@@ -114,6 +114,11 @@ class PoseSettings:
     first fit are dropped. A segment is anchored to GPS when it has ``gps_min_fixes`` fixes
     spread over ``gps_min_extent_m``; otherwise it stays in its own frame until the join.
 
+    Gravity: every keyframe's roll and pitch are held to the propagated tilt (the
+    accelerometer's gravity) by an attitude factor of ``attitude_sigma_rad``; without it
+    the graph's roll and pitch are set only by the GPS heights, and a map can come out
+    tilted by a degree.
+
     Solver: at most ``max_iterations`` Levenberg-Marquardt iterations. Loop closures are
     looked for when ``loop_closure`` is on (see :class:`~adcloud.hdmap.loops.LoopSettings`).
     """
@@ -152,6 +157,7 @@ class PoseSettings:
     gps_gate_m: float = 6.0
     gps_min_fixes: int = 5
     gps_min_extent_m: float = 20.0
+    attitude_sigma_rad: float = 0.03
     max_iterations: int = 100
     loop_closure: bool = True
     device: str | None = None
@@ -170,6 +176,7 @@ class PoseSettings:
             "icp_max_correction_m",
             "icp_sigma_translation_m",
             "icp_sigma_rotation_rad",
+            "attitude_sigma_rad",
             "odom_sigma_floor_m",
             "odom_sigma_rotation_rad",
             "gps_sigma_scale",
@@ -496,6 +503,7 @@ class SegmentSolution:
     forward: F64
     backward: F64
     seconds: float
+    gravity_body: F64 = field(default_factory=lambda: np.zeros((0, 3)))
 
 
 def _gps_subset(gps: GpsFixes, lo: int, hi: int) -> GpsFixes:
@@ -634,6 +642,23 @@ def _gps_noise(sigma: F64, cfg: PoseSettings) -> Any:
         else gtsam.noiseModel.mEstimator.Huber.Create(cfg.gps_robust_k)
     )
     return gtsam.noiseModel.Robust.Create(kernel, base)
+
+
+def _gravity_in_body(poses: F64) -> F64:
+    """The map's up direction in each pose's body frame (k, 3): ``R^T e_z``."""
+    up = np.asarray(poses[:, 2, :3], dtype=np.float64)
+    out: F64 = up / np.linalg.norm(up, axis=1, keepdims=True)
+    return out
+
+
+def _attitude_factor(key: int, up_body: F64, cfg: PoseSettings) -> Any:
+    """Roll and pitch of ``key`` held to the gravity direction ``up_body`` (2 DoF)."""
+    return gtsam.AttitudeFactorPose3(
+        key,
+        gtsam.Unit3(np.array([0.0, 0.0, 1.0])),
+        gtsam.noiseModel.Isotropic.Sigma(2, cfg.attitude_sigma_rad),
+        gtsam.Unit3(np.asarray(up_body, dtype=np.float64)),
+    )
 
 
 def _optimize(graph: gtsam.NonlinearFactorGraph, values: gtsam.Values, cfg: PoseSettings) -> Any:
@@ -903,6 +928,9 @@ def solve_segment(
             )
         )
         used += 1
+    up = _gravity_in_body(dr)
+    for j in range(k):
+        graph.add(_attitude_factor(_key(j), up[j], cfg))
     result = _optimize(graph, values, cfg)
     poses = np.array([result.atPose3(_key(j)).matrix() for j in range(k)])
     dense = _dense_from_keyframes(stamps, poses, dr, motion)
@@ -937,6 +965,7 @@ def solve_segment(
         forward=forward,
         backward=backward,
         seconds=seconds,
+        gravity_body=up,
     )
 
 
@@ -1092,6 +1121,13 @@ def join_segments(
                     )
                     used += 1
         gps_factors[drive] = used
+        tilted: set[int] = set()
+        for o, sol in enumerate(group.solutions):
+            for r, up in enumerate(sol.gravity_body):
+                node = int(group.nodes[o][r])
+                if node not in tilted:
+                    tilted.add(node)
+                    graph.add(_attitude_factor(_key(node), up, cfg))
 
     loop_noise = gtsam.noiseModel.Robust.Create(
         gtsam.noiseModel.mEstimator.Cauchy.Create(loops_cfg.robust_k),

@@ -158,11 +158,24 @@ class Trajectory:
         return cls.from_xyz_quat(np.asarray(t, dtype=np.int64), arr[:, :3], arr[:, 3:])
 
 
-def rigid_alignment(source: F64, target: F64) -> F64:
+def rigid_alignment(source: F64, target: F64, *, yaw_only: bool = False) -> F64:
     """The rigid transform (4x4) minimising ``sum |T @ source_i - target_i|^2`` (Umeyama,
-    without scale). ``source`` and ``target`` are matched (n, 3) point sets, n >= 3."""
+    without scale). ``source`` and ``target`` are matched (n, 3) point sets, n >= 3.
+
+    ``yaw_only`` restricts the rotation to one about the vertical axis (4 degrees of
+    freedom): with gravity and GPS the map's roll and pitch are observed, and a drive
+    along a nearly straight line leaves the full fit free to roll the map about that line.
+    """
     src = np.asarray(source, dtype=np.float64)
     dst = np.asarray(target, dtype=np.float64)
+    if yaw_only:
+        mu_s, mu_d = src.mean(axis=0), dst.mean(axis=0)
+        a, b = src[:, :2] - mu_s[:2], dst[:, :2] - mu_d[:2]
+        yaw = np.arctan2(np.sum(a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]), np.sum(a * b))
+        out = np.eye(4)
+        out[:2, :2] = [[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]]
+        out[:3, 3] = mu_d - out[:3, :3] @ mu_s
+        return out
     mu_s, mu_d = src.mean(axis=0), dst.mean(axis=0)
     cov = (dst - mu_d).T @ (src - mu_s) / len(src)
     u, _, vt = np.linalg.svd(cov)
@@ -200,19 +213,20 @@ class AteResult:
 
 
 def absolute_trajectory_error(
-    estimate: Trajectory, reference: Trajectory, *, align: bool = True
+    estimate: Trajectory, reference: Trajectory, *, align: bool = True, yaw_only: bool = False
 ) -> AteResult:
     """ATE of ``estimate`` against ``reference``, at the estimate's times inside the
     reference's span (the reference is interpolated). ``align`` first fits the rigid
     transform that best maps the estimate onto the reference (the map frame's gauge: a GPS
-    bias common to the whole drive is not observable)."""
+    bias common to the whole drive is not observable); ``yaw_only`` fits yaw and translation
+    only (see :func:`rigid_alignment`)."""
     lo, hi = reference.span_ns
     keep = (estimate.t >= lo) & (estimate.t <= hi)
     if keep.sum() < 3:
         raise ValueError("ATE: fewer than 3 estimated poses overlap the reference in time")
     est = estimate.xyz[keep]
     ref = reference.at(estimate.t[keep])[:, :3, 3]
-    alignment = rigid_alignment(est, ref) if align else np.eye(4)
+    alignment = rigid_alignment(est, ref, yaw_only=yaw_only) if align else np.eye(4)
     moved = est @ alignment[:3, :3].T + alignment[:3, 3]
     err = np.linalg.norm(moved - ref, axis=1)
     return AteResult(

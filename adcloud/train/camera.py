@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,10 +27,12 @@ import torch.nn.functional as F  # noqa: N812 - the usual spelling
 from numpy.typing import NDArray
 from torch import nn
 
+from adcloud.binpipe import BinpipeError
+from adcloud.binpipe import image_array as image_array_of
 from adcloud.synth.labels import Label
 from adcloud.train.errors import DataError, TrainError
 from adcloud.train.metrics import confusion_matrix, lovasz_softmax, segmentation_scores
-from adcloud.train.task import Batch, ImageSample, Sample, expect_msgtype
+from adcloud.train.task import Batch, ImageSample, Sample, config_from_options, expect_msgtype
 
 __all__ = ["NUM_CLASSES", "CameraConfig", "CameraSegNet", "CameraSegTask", "image_array"]
 
@@ -101,18 +103,10 @@ def image_array(msg: Any, topic: str, encodings: Sequence[str]) -> NDArray[np.ui
         raise DataError(
             f"{topic}: Image field 'encoding' is {enc!r}; this task reads {', '.join(encodings)}"
         )
-    ch = _CHANNELS[enc]
-    h, w, step = int(msg.height), int(msg.width), int(msg.step)
-    data = np.asarray(msg.data, dtype=np.uint8)
-    if step < w * ch:
-        raise DataError(f"{topic}: Image field 'step' ({step}) is less than width x {ch} bytes")
-    if data.size < h * step:
-        raise DataError(
-            f"{topic}: Image field 'data' holds {data.size} bytes, fewer than "
-            f"height {h} x step {step}"
-        )
-    rows = data[: h * step].reshape(h, step)[:, : w * ch]
-    img = rows.reshape(h, w, ch) if ch > 1 else rows.reshape(h, w)
+    try:
+        img = image_array_of(msg, topic=topic)
+    except BinpipeError as err:
+        raise DataError(str(err)) from None
     if enc == "bgr8":
         img = img[:, :, ::-1]
     return img.copy()  # own the pixels: samples outlive the message they came from
@@ -194,22 +188,15 @@ class CameraSegTask:
     def from_options(cls, options: Mapping[str, Any]) -> CameraSegTask:
         """A task from the task options: ``preset`` (``small``/``full``) and
         :class:`CameraConfig` fields; raises :class:`TrainError` naming an unknown option."""
-        opts = dict(options)
-        preset = opts.pop("preset", "small")
-        if preset not in ("small", "full"):
-            raise TrainError(f"camera_seg option preset must be 'small' or 'full', not {preset!r}")
-        base = CameraConfig.full() if preset == "full" else CameraConfig()
-        known = {f.name for f in fields(CameraConfig)}
-        unknown = sorted(set(opts) - known)
-        if unknown:
-            raise TrainError(
-                f"unknown camera_seg option {unknown[0]!r}: choose from preset, "
-                + ", ".join(sorted(known))
+        return cls(
+            config_from_options(
+                "camera_seg",
+                options,
+                CameraConfig(),
+                CameraConfig.full(),
+                {"channels": int, "class_weights": float},
             )
-        for key, kind in (("channels", int), ("class_weights", float)):
-            if key in opts:
-                opts[key] = tuple(kind(c) for c in opts[key])
-        return cls(replace(base, **opts).validate())
+        )
 
     @property
     def topics(self) -> tuple[str, ...]:

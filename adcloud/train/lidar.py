@@ -29,7 +29,7 @@ import itertools
 import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,10 +38,11 @@ import torch.nn.functional as F  # noqa: N812 - the usual spelling
 from numpy.typing import NDArray
 from torch import nn
 
+from adcloud.binpipe import BinpipeError, pointcloud_array
 from adcloud.synth.labels import Label
 from adcloud.train.errors import DataError, TrainError
 from adcloud.train.metrics import confusion_matrix, lovasz_softmax, segmentation_scores
-from adcloud.train.task import Batch, PointCloudSample, Sample, expect_msgtype
+from adcloud.train.task import Batch, PointCloudSample, Sample, config_from_options, expect_msgtype
 
 __all__ = [
     "NUM_CLASSES",
@@ -59,7 +60,6 @@ NUM_CLASSES = len(Label)
 _NAMES = {int(lab): lab.name.lower() for lab in Label}
 
 # sensor_msgs/PointField datatypes -> NumPy kinds (the byte order comes from is_bigendian).
-_FIELD_KINDS = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 8: "f8"}
 
 
 @dataclass(frozen=True)
@@ -140,50 +140,12 @@ def pointcloud2_array(msg: Any, topic: str, need: Iterable[str] = ()) -> NDArray
     missing, a datatype is unknown or the data is shorter than the header says.
     """
     expect_msgtype(msg, topic, "sensor_msgs/msg/PointCloud2")
-    order = ">" if msg.is_bigendian else "<"
-    names: list[str] = []
-    formats: list[Any] = []
-    offsets: list[int] = []
-    for f in msg.fields:
-        kind = _FIELD_KINDS.get(int(f.datatype))
-        if kind is None:
-            raise DataError(
-                f"{topic}: PointCloud2 field {f.name!r} has unknown datatype {f.datatype} "
-                "(sensor_msgs/PointField defines 1..8)"
-            )
-        if f.name in names:
-            raise DataError(f"{topic}: PointCloud2 field {f.name!r} appears twice")
-        count = max(int(f.count), 1)
-        names.append(f.name)
-        formats.append(order + kind if count == 1 else (order + kind, (count,)))
-        offsets.append(int(f.offset))
-    missing = [n for n in need if n not in names]
-    if missing:
-        raise DataError(
-            f"{topic}: PointCloud2 has no field {missing[0]!r} "
-            f"(fields: {', '.join(names) or '-'}); this task needs {', '.join(need)}"
-        )
-    step = int(msg.point_step)
+    need = tuple(need)
     try:
-        dtype = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": step})
-    except (ValueError, TypeError) as err:
-        raise DataError(
-            f"{topic}: PointCloud2 fields {names} do not fit in point_step {step}: {err}"
-        ) from err
-    width, height, row_step = int(msg.width), int(msg.height), int(msg.row_step)
-    data = np.asarray(msg.data, dtype=np.uint8)
-    if height * width == 0:
-        return np.zeros(0, dtype=dtype)
-    row_bytes = width * step
-    if row_step < row_bytes or data.size < (height - 1) * row_step + row_bytes:
-        raise DataError(
-            f"{topic}: PointCloud2 field 'data' holds {data.size} bytes, fewer than "
-            f"{height} rows x {width} points x {step} bytes (row_step {row_step})"
-        )
-    if height == 1 or row_step == row_bytes:
-        return np.frombuffer(data[: height * row_bytes], dtype=dtype)
-    rows = np.lib.stride_tricks.as_strided(data, (height, row_bytes), (row_step, 1))
-    return np.frombuffer(np.ascontiguousarray(rows).tobytes(), dtype=dtype)
+        return pointcloud_array(msg, topic=topic, require=need)
+    except BinpipeError as err:
+        hint = f"; this task needs {', '.join(need)}" if "has no field" in str(err) else ""
+        raise DataError(f"{err}{hint}") from None
 
 
 # --------------------------------------------------------------------------- network
@@ -366,22 +328,15 @@ class LidarSegTask:
     def from_options(cls, options: Mapping[str, Any]) -> LidarSegTask:
         """A task from the task options: ``preset`` (``small``/``full``) and
         :class:`LidarConfig` fields; raises :class:`TrainError` naming an unknown option."""
-        opts = dict(options)
-        preset = opts.pop("preset", "small")
-        if preset not in ("small", "full"):
-            raise TrainError(f"lidar_seg option preset must be 'small' or 'full', not {preset!r}")
-        base = LidarConfig.full() if preset == "full" else LidarConfig()
-        known = {f.name for f in fields(LidarConfig)}
-        unknown = sorted(set(opts) - known)
-        if unknown:
-            raise TrainError(
-                f"unknown lidar_seg option {unknown[0]!r}: choose from preset, "
-                + ", ".join(sorted(known))
+        return cls(
+            config_from_options(
+                "lidar_seg",
+                options,
+                LidarConfig(),
+                LidarConfig.full(),
+                {"bev_channels": int, "class_weights": float},
             )
-        for key, kind in (("bev_channels", int), ("class_weights", float)):
-            if key in opts:
-                opts[key] = tuple(kind(c) for c in opts[key])
-        return cls(replace(base, **opts).validate())
+        )
 
     @property
     def topics(self) -> tuple[str, ...]:

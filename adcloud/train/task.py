@@ -20,6 +20,7 @@ Tasks (``get_task(name, options)``):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, runtime_checkable
@@ -188,3 +189,31 @@ def get_task(name: str, config: Mapping[str, Any] | None = None) -> Task:
             "(the `task` setting of the training config)"
         )
     return factory(dict(config or {}))
+
+
+def config_from_options(
+    task: str,
+    options: Mapping[str, Any],
+    small: Any,
+    full: Any,
+    tuple_fields: Mapping[str, type],
+) -> Any:
+    """A task's config from its options: ``preset`` (``small``/``full``) picks the base config
+    (a frozen dataclass with ``validate()``), the other options replace its fields
+    (``tuple_fields`` are converted element-wise); an unknown option or preset raises
+    :class:`TrainError` naming it."""
+    opts = dict(options)
+    preset = opts.pop("preset", "small")
+    if preset not in ("small", "full"):
+        raise TrainError(f"{task} option preset must be 'small' or 'full', not {preset!r}")
+    base = full if preset == "full" else small
+    known = {f.name for f in dataclasses.fields(base)}
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise TrainError(
+            f"unknown {task} option {unknown[0]!r}: choose from preset, " + ", ".join(sorted(known))
+        )
+    for key, kind in tuple_fields.items():
+        if key in opts:
+            opts[key] = tuple(kind(c) for c in opts[key])
+    return dataclasses.replace(base, **opts).validate()

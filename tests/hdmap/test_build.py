@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 
 from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
 from adcloud.hdmap.errors import DriveDataError
+from adcloud.hdmap.exchange import load_items
 from adcloud.hdmap.geotiff import read_grid_tile
 from adcloud.hdmap.lanelet import load_lanelet2
 from adcloud.hdmap.trajectory import Trajectory
@@ -110,14 +111,18 @@ def test_new_drive_is_merged_into_the_previous_version(
     old = Trajectory.read_tum(v1.path / "trajectory" / "first.tum")
     new = Trajectory.read_tum(version.path / "trajectory" / "first.tum")
     np.testing.assert_array_equal(old.matrices, new.matrices)
-    # tiles both drives saw hold both drives' scans
+    # the merged tile statistics hold both drives' observations (the finished layers may
+    # drop a cell once more data shows it is not ground, so compare the statistics)
     grew = 0
-    for path in sorted((v1.path / "grid").glob("*.tif")):
-        before = read_grid_tile(path).tile.scans.sum()
-        after = read_grid_tile(version.path / "grid" / path.name).tile.scans.sum()
-        assert after >= before
-        grew += int(after > before)
+    for path in sorted((v1.path / "state" / "tiles").glob("*.npz")):
+        (before,) = load_items(path)
+        (after,) = load_items(version.path / "state" / "tiles" / path.name)
+        assert int(after.count.sum()) >= int(before.count.sum())
+        grew += int(after.scans.sum() > before.scans.sum())
     assert grew > 0
+    assert len(list((version.path / "grid").glob("*.tif"))) >= len(
+        list((v1.path / "grid").glob("*.tif"))
+    )
     assert _tree(v1.path) == v1_files  # the old version is untouched
     assert MapDir(map_uri).current().id == version.id  # type: ignore[union-attr]
 
@@ -136,10 +141,13 @@ def test_files_mode_gives_the_same_map(
     b = Trajectory.read_tum(maps["files"] / "trajectory" / "first.tum")
     # OpenCL reductions sum in varying order: poses agree to about half a millimetre
     np.testing.assert_allclose(a.xyz, b.xyz, atol=2e-3)
-    names = sorted(p.name for p in (maps["memory"] / "grid").glob("*.tif"))
-    assert names == sorted(p.name for p in (maps["files"] / "grid").glob("*.tif"))
-    count_a = sum(int(read_grid_tile(maps["memory"] / "grid" / n).tile.count.sum()) for n in names)
-    count_b = sum(int(read_grid_tile(maps["files"] / "grid" / n).tile.count.sum()) for n in names)
+    # ... so a far point may land in a neighbouring edge tile: compare the tiles both have
+    names_a = {p.name for p in (maps["memory"] / "grid").glob("*.tif")}
+    names_b = {p.name for p in (maps["files"] / "grid").glob("*.tif")}
+    assert len(names_a ^ names_b) <= 0.05 * len(names_a)
+    both = sorted(names_a & names_b)
+    count_a = sum(int(read_grid_tile(maps["memory"] / "grid" / n).tile.count.sum()) for n in both)
+    count_b = sum(int(read_grid_tile(maps["files"] / "grid" / n).tile.count.sum()) for n in both)
     assert count_a > 0 and abs(count_a - count_b) <= 0.01 * count_a
 
 

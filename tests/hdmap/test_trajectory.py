@@ -75,3 +75,18 @@ def test_ate_ignores_a_constant_offset_only_when_aligning() -> None:
     noisy = Trajectory(ref.t, ref.matrices.copy())
     noisy.matrices[:, :3, 3] += rng.normal(scale=0.05, size=(len(ref), 3))
     assert absolute_trajectory_error(noisy, ref).rmse == pytest.approx(0.05 * np.sqrt(3), rel=0.15)
+
+
+def test_yaw_only_alignment_keeps_roll_and_pitch() -> None:
+    ref = _circle()
+    truth = np.eye(4)
+    truth[:3, :3] = Rotation.from_euler("z", 0.3).as_matrix()
+    truth[:3, 3] = [2.0, -1.0, 0.4]
+    moved = ref.transformed(truth)
+    fit = rigid_alignment(ref.xyz, moved.xyz, yaw_only=True)
+    np.testing.assert_allclose(fit, truth, atol=1e-9)
+    # points on a straight line: the yaw-only fit cannot roll about the line
+    line = np.stack([np.linspace(0, 50, 20), np.zeros(20), np.zeros(20)], axis=1)
+    noisy = line + np.random.default_rng(2).normal(scale=0.01, size=line.shape)
+    fit = rigid_alignment(line, noisy, yaw_only=True)
+    assert np.allclose(fit[2, :3], [0, 0, 1])
