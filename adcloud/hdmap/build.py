@@ -56,7 +56,7 @@ from adcloud.hdmap.semantic import SemanticMap, import_labels, merge_labels, wri
 from adcloud.hdmap.signs import detect_signs
 from adcloud.hdmap.trajectory import Trajectory
 
-__all__ = ["BuildSummary", "build_map", "mosaic_layers"]
+__all__ = ["BuildSummary", "bag_uris", "build_map", "mosaic_layers", "plan_build"]
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,22 @@ def _write_version(
     }
 
 
+def bag_uris(bags: str | Sequence[str]) -> list[str]:
+    """The bags named by ``bags`` (files, directories, globs, URIs); an error if one names none."""
+    uris: list[str] = []
+    for item in [bags] if isinstance(bags, str) else bags:
+        found = find_bags(item)
+        if not found:
+            raise HdmapError(f"no bag found at {item}; give bag files, a directory or a glob")
+        uris.extend(found)
+    return uris
+
+
+def plan_build(bags: str | Sequence[str], map_uri: str) -> BuildPlan:
+    """What :func:`build_map` would do, without Spark (e.g. to skip starting a session)."""
+    return MapDir(map_uri).plan(bag_uris(bags))
+
+
 def build_map(
     spark: SparkSession,
     bags: str | Sequence[str],
@@ -209,12 +225,7 @@ def build_map(
     already in the map."""
     settings = settings or HdmapSettings()
     say = progress or (lambda text: log.info("%s", text))
-    uris: list[str] = []
-    for item in [bags] if isinstance(bags, str) else bags:
-        found = find_bags(item)
-        if not found:
-            raise HdmapError(f"no bag found at {item}; give bag files, a directory or a glob")
-        uris.extend(found)
+    uris = bag_uris(bags)
     mapdir = MapDir(map_uri, MapDirSettings(keep_versions=settings.keep_versions))
     timings: dict[str, float] = {}
     counts: dict[str, int] = {}

@@ -57,9 +57,16 @@ def _session(args: argparse.Namespace) -> Any:
 
 
 def _cmd_build(args: argparse.Namespace, console: Console) -> int:
-    from adcloud.hdmap.build import build_map  # noqa: PLC0415
+    from adcloud.hdmap.build import build_map, plan_build  # noqa: PLC0415
 
     settings = _settings(args)
+    plan = plan_build(args.bags, args.map)
+    if plan.up_to_date and plan.parent is not None:
+        console.print(
+            f"{args.map}: up to date (version {plan.parent.id}, {len(plan.known_drives)} "
+            "drive(s) known); nothing written"
+        )
+        return 0
     spark = _session(args)
     with console.status("building the map ...") as status:
         summary = build_map(

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from pyspark.sql import SparkSession
 
+from adcloud.cli import main
 from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
 from adcloud.hdmap.errors import DriveDataError
 from adcloud.hdmap.exchange import load_items
@@ -45,7 +46,10 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def test_loop_drive_meets_the_accuracy_targets(
-    spark: SparkSession, loop_drive: DriveResult, tmp_path: Path
+    spark: SparkSession,
+    loop_drive: DriveResult,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     summary = build_map(spark, str(loop_drive.bag), str(tmp_path / "map"))
     assert summary.changed and summary.counts["loop_closures"] >= 1
@@ -78,11 +82,22 @@ def test_loop_drive_meets_the_accuracy_targets(
     lanelets = load_lanelet2(root / "lanelet2_map.osm", version_origin(root))
     assert len(lanelets.laneletLayer) >= 2
 
-    # a second run with the same bag changes nothing at all
+    # a second run with the same bag changes nothing at all, from Python or the CLI
     before = _tree(tmp_path / "map")
     again = build_map(spark, str(loop_drive.bag), str(tmp_path / "map"))
     assert not again.changed
+    map_arg = ["--map", str(tmp_path / "map")]
+    assert main(["hdmap", "build", "--bags", str(loop_drive.bag), *map_arg]) == 0
+    assert "up to date (version 000001" in " ".join(capsys.readouterr().out.split())
     assert _tree(tmp_path / "map") == before
+    report = tmp_path / "eval"
+    assert (
+        main(["hdmap", "eval", *map_arg, "--truth", str(loop_drive.truth), "--report", str(report)])
+        == 0
+    )
+    assert "ate_rmse" in capsys.readouterr().out and (report / "summary.html").is_file()
+    assert main(["hdmap", "info", *map_arg]) == 0
+    assert "loop" in capsys.readouterr().out
 
 
 def version_origin(root: Path) -> tuple[float, float, float]:
