@@ -160,12 +160,13 @@ def bench_cluster(bag: Path, work: Path, rounds: int) -> None:
     best: dict[int, float] = {}
     with StandaloneCluster(1, cores=2, memory="3g", log_dir=work / "logs") as cluster:
         for executors in (1, 2):
-            spark = _session(
-                cluster.master_url,
+            conf = {
                 **cluster.session_conf(),
-                **{"spark.cores.max": str(executors), "spark.executor.cores": "1",
-                   "spark.executor.memory": "1400m"},
-            )  # fmt: skip
+                "spark.cores.max": str(executors),
+                "spark.executor.cores": "1",
+                "spark.executor.memory": "1400m",
+            }
+            spark = _session(cluster.master_url, **conf)
             runs = []
             for r in range(rounds):
                 target = work / f"cluster-{executors}-{r}"
@@ -193,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-modes", action="store_true", help="no files-mode comparison")
     parser.add_argument("--skip-cluster", action="store_true", help="no 1 vs 2 executors")
     parser.add_argument("--skip-kiss", action="store_true", help="no KISS-ICP baseline")
+    parser.add_argument("--skip-build", action="store_true", help="no build/accuracy/modes")
+    parser.add_argument("--skip-icp", action="store_true", help="no OpenCL vs Open3D ICP")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bench-hdmap-") as tmp:
@@ -205,9 +208,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{drive.bytes / 1e6:.0f} MB (generated in {time.perf_counter() - started:.0f} s); "
             f"2 cores, load {_load()} =="
         )
-        figures = bench_build(drive.bag, drive.truth, work, not args.skip_modes)
-        bench_icp(drive.bag, drive.truth, args.pairs)
-        if not args.skip_kiss:
+        figures = (
+            {}
+            if args.skip_build
+            else bench_build(drive.bag, drive.truth, work, not args.skip_modes)
+        )
+        if not args.skip_icp:
+            bench_icp(drive.bag, drive.truth, args.pairs)
+        if not args.skip_kiss and not args.skip_build:
             bench_kiss(drive.bag, drive.truth, figures.get("ate_m", float("nan")))
         if not args.skip_cluster:
             bench_cluster(drive.bag, work, args.rounds)
