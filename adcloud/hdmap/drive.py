@@ -14,9 +14,11 @@ longitude, ellipsoidal height): the origin given, else the drive's first valid f
 from __future__ import annotations
 
 import logging
+import os
+import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -94,12 +96,16 @@ class DriveData:
         return int(self.odom.t[0]), int(self.odom.t[-1])
 
 
-def drive_name(uri: str) -> str:
-    """A drive's name: its bag's file or directory name without the extension."""
-    name = PurePosixPath(uri.rstrip("/")).name
+def drive_name(uri: str | os.PathLike[str]) -> str:
+    """The drive name of a bag URI: its last path segment without ``.bag``/``.mcap``/``.db3``,
+    reduced to ``[A-Za-z0-9._-]`` (map products and trajectories are named after it)."""
+    text = os.fspath(uri).rstrip("/")
+    base = posixpath.basename(text.split("://", 1)[-1]) or "drive"
     for suffix in (".bag", ".mcap", ".db3"):
-        name = name.removesuffix(suffix)
-    return name or uri
+        if base.lower().endswith(suffix) and len(base) > len(suffix):
+            base = base[: -len(suffix)]
+            break
+    return re.sub(r"[^A-Za-z0-9._-]", "_", base)
 
 
 def stamp_ns(header: Any) -> int:

@@ -69,6 +69,7 @@ from typing import IO, Any, Self
 
 from adcloud import __version__
 from adcloud.errors import AdcloudError
+from adcloud.hdmap.drive import drive_name
 from adcloud.hdmap.errors import BuildError, HdmapError, MapFormatError
 
 __all__ = [
@@ -104,7 +105,6 @@ MANIFEST_VERSION = 1
 _STAGING_PREFIX = ".staging-"
 _VERSION_RE = re.compile(r"^\d{6,}$")
 _BAG_SUFFIXES = (".bag", ".mcap")
-_NAME_SUFFIXES = (".bag", ".mcap", ".db3")
 _ROSBAG2_METADATA = "metadata.yaml"
 _GLOB = re.compile(r"[*?\[]")
 
@@ -560,18 +560,6 @@ def _locate(uri: str | os.PathLike[str], *, fsync: bool = True) -> tuple[_Files,
 
 
 # --------------------------------------------------------------------------- bags and hashes
-
-
-def drive_name(uri: str | os.PathLike[str]) -> str:
-    """The drive name of a bag URI: its last path segment without ``.bag``/``.mcap``/``.db3``,
-    reduced to ``[A-Za-z0-9._-]`` (map products are named after it)."""
-    text = os.fspath(uri).rstrip("/")
-    base = posixpath.basename(text.split("://", 1)[-1]) or "drive"
-    for suffix in _NAME_SUFFIXES:
-        if base.lower().endswith(suffix) and len(base) > len(suffix):
-            base = base[: -len(suffix)]
-            break
-    return re.sub(r"[^A-Za-z0-9._-]", "_", base)
 
 
 def _hash_stream(h: Any, f: IO[bytes], chunk: int) -> None:
