@@ -17,7 +17,7 @@ no camera):
 4. a multi-scenario job (windows of the drive through the pipe detector) on a standalone
    cluster with 2 one-core executors vs 1 (target >= 1.8x), as fast as possible (CPU
    bound: on a 2-core machine the driver and JVMs compete for the same cores) and paced
-   at recorded time.
+   at recorded time; the median of ``--repeat`` runs per configuration, every run printed.
 
     .venv/bin/python benchmarks/bench_sim.py [--seconds 10] [--skip-cluster]
 """
@@ -212,7 +212,7 @@ def throughput(bag: str) -> None:
         )
 
 
-def scaling(bag: str, windows: float) -> None:
+def scaling(bag: str, windows: float, repeat: int = 3) -> None:
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
     from adcloud.sim import CutMode, ScenarioCut, run_replay  # noqa: PLC0415
@@ -230,6 +230,7 @@ def scaling(bag: str, windows: float) -> None:
     job = replace(job, cut=ScenarioCut(CutMode.WINDOW, window_s=windows))
     paced = replace(job, timing=replace(job.timing, rate=1.0))
     walls: dict[tuple[str, int], float] = {}
+    spread: dict[tuple[str, int], list[float]] = {}
     for n in (1, 2):
         with (
             tempfile.TemporaryDirectory() as logs,
@@ -244,10 +245,14 @@ def scaling(bag: str, windows: float) -> None:
                 wait_for_executors(spark, n)
                 run_replay(spark, job)  # warm-up: Python workers, imports
                 for name, variant in (("fast", job), ("paced", paced)):
-                    t0 = time.perf_counter()
-                    res = run_replay(spark, variant)
-                    walls[name, n] = time.perf_counter() - t0
-                    assert res.passed, [r.reason for r in res.failed]
+                    runs = []
+                    for _ in range(repeat):
+                        t0 = time.perf_counter()
+                        res = run_replay(spark, variant)
+                        runs.append(time.perf_counter() - t0)
+                        assert res.passed, [r.reason for r in res.failed]
+                    walls[name, n] = statistics.median(runs)
+                    spread[name, n] = runs
                 count = len(res.results)
             finally:
                 spark.stop()
@@ -256,9 +261,12 @@ def scaling(bag: str, windows: float) -> None:
                     active.stop()
     for name, what in (("fast", "as fast as possible"), ("paced", "paced at 1x")):
         one, two = walls[name, 1], walls[name, 2]
+        runs = " / ".join(
+            ", ".join(f"{t:.2f}" for t in spread[name, n]) + " s" for n in (1, 2)
+        )
         print(
-            f"[4] {count} scenarios {what}: 1 executor {one:.2f} s, 2 executors {two:.2f} s "
-            f"-> {one / two:.2f}x (target >= 1.8x)"
+            f"[4] {count} scenarios {what}, median of {repeat}: 1 executor {one:.2f} s, "
+            f"2 executors {two:.2f} s -> {one / two:.2f}x (target >= 1.8x)  [runs: {runs}]"
         )
 
 
@@ -267,6 +275,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="drive length (default 10 s)")
     p.add_argument("--window", type=float, default=1.25, help="scenario window for [4], s")
     p.add_argument("--skip-cluster", action="store_true")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per configuration in [4]")
     args = p.parse_args()
     from adcloud.synth import DriveConfig, generate_drive  # noqa: PLC0415
 
@@ -280,7 +289,7 @@ def main() -> int:
         overheads(bag)
         throughput(bag)
         if not args.skip_cluster:
-            scaling(bag, args.window)
+            scaling(bag, args.window, args.repeat)
     return 0
 
 

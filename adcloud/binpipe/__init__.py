@@ -9,34 +9,78 @@
 
 from __future__ import annotations
 
-from adcloud.binpipe.arrays import image_array, pointcloud_array
-from adcloud.binpipe.bags import (
-    BagFormat,
-    BagPartition,
-    BagSummary,
-    Connection,
-    TimeSource,
-    plan_partitions,
-    read_partition,
-    read_partition_timed,
-    summarize,
+from typing import TYPE_CHECKING
+
+from adcloud._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from adcloud.binpipe.arrays import image_array, pointcloud_array
+    from adcloud.binpipe.bags import (
+        BagFormat,
+        BagPartition,
+        BagSummary,
+        Connection,
+        TimeSource,
+        plan_partitions,
+        read_partition,
+        read_partition_timed,
+        summarize,
+    )
+    from adcloud.binpipe.codec import (
+        Block,
+        BlockKind,
+        FieldType,
+        Message,
+        Record,
+        StreamReader,
+        StreamWriter,
+        encode_stream,
+        iter_blocks,
+        iter_records,
+    )
+    from adcloud.binpipe.decode import (
+        ConnectionInfo,
+        MessageDecoder,
+        decoded_messages,
+        read_messages,
+    )
+    from adcloud.binpipe.errors import BagError, BinpipeError, PipeCommandError
+    from adcloud.binpipe.rdd import BinPipeRDD, expand_uris
+    from adcloud.binpipe.reindex import reindex_bag
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "arrays": ("image_array", "pointcloud_array"),
+        "bags": (
+            "BagFormat",
+            "BagPartition",
+            "BagSummary",
+            "Connection",
+            "TimeSource",
+            "plan_partitions",
+            "read_partition",
+            "read_partition_timed",
+            "summarize",
+        ),
+        "codec": (
+            "Block",
+            "BlockKind",
+            "FieldType",
+            "Message",
+            "Record",
+            "StreamReader",
+            "StreamWriter",
+            "encode_stream",
+            "iter_blocks",
+            "iter_records",
+        ),
+        "decode": ("ConnectionInfo", "MessageDecoder", "decoded_messages", "read_messages"),
+        "errors": ("BagError", "BinpipeError", "PipeCommandError"),
+        "rdd": ("BinPipeRDD", "expand_uris"),
+        "reindex": ("reindex_bag",),
+    },
 )
-from adcloud.binpipe.codec import (
-    Block,
-    BlockKind,
-    FieldType,
-    Message,
-    Record,
-    StreamReader,
-    StreamWriter,
-    encode_stream,
-    iter_blocks,
-    iter_records,
-)
-from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder, decoded_messages, read_messages
-from adcloud.binpipe.errors import BagError, BinpipeError, PipeCommandError
-from adcloud.binpipe.rdd import BinPipeRDD, expand_uris
-from adcloud.binpipe.reindex import reindex_bag
 
 __all__ = [
     "BagError",

@@ -14,7 +14,6 @@ from typing import Any, NamedTuple
 
 from rosbags.typesys import Stores, get_types_from_idl, get_types_from_msg, get_typestore
 
-from adcloud.binpipe.bags import plan_partitions, read_partition
 from adcloud.binpipe.codec import Block, BlockKind, Message, as_message, encode_block
 from adcloud.binpipe.errors import BinpipeError
 
@@ -153,6 +152,10 @@ def read_messages(
 ) -> Iterator[tuple[Message, Any]]:
     """``(message, decoded)`` for the messages of one bag read in this process, in file order
     (for notebooks, tests and small drives; jobs use :class:`~adcloud.binpipe.BinPipeRDD`)."""
+    # imported here: pipe nodes import this module, and the bag readers (fsspec, MCAP,
+    # compression) would add a tenth of a second to every node start
+    from adcloud.binpipe.bags import plan_partitions, read_partition  # noqa: PLC0415
+
     parts = plan_partitions(
         uri, topics=None if topics is None else tuple(topics), storage_options=storage_options
     )

@@ -16,38 +16,88 @@
 
 from __future__ import annotations
 
-from adcloud.sim.adapters import (
-    ADAPTERS,
-    ROS_INSTALL_HINT,
-    NodeAdapter,
-    NodeRun,
-    NodeSpec,
-    PipeAdapter,
-    ReplayTiming,
-    Ros1Adapter,
-    get_adapter,
-    register_adapter,
-)
-from adcloud.sim.errors import SimError
-from adcloud.sim.evaluators import (
-    EVALUATORS,
-    Evaluation,
-    Evaluator,
-    EvaluatorSpec,
-    ScenarioData,
-    build_evaluator,
-    parse_evaluator,
-    register_evaluator,
-)
-from adcloud.sim.perception import camera_replay_job
-from adcloud.sim.replay import ReplayJob, ReplayResults, ScenarioResult, run_replay, run_scenario
-from adcloud.sim.report import read_results, write_report
-from adcloud.sim.scenario import (
-    CutMode,
-    Scenario,
-    ScenarioCut,
-    plan_scenarios,
-    read_scenario_file,
+from typing import TYPE_CHECKING
+
+from adcloud._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from adcloud.sim.adapters import (
+        ADAPTERS,
+        ROS_INSTALL_HINT,
+        NodeAdapter,
+        NodeRun,
+        NodeSpec,
+        PipeAdapter,
+        ReplayTiming,
+        Ros1Adapter,
+        get_adapter,
+        register_adapter,
+    )
+    from adcloud.sim.errors import SimError
+    from adcloud.sim.evaluators import (
+        EVALUATORS,
+        Evaluation,
+        Evaluator,
+        EvaluatorSpec,
+        ScenarioData,
+        build_evaluator,
+        parse_evaluator,
+        register_evaluator,
+    )
+    from adcloud.sim.perception import camera_replay_job
+    from adcloud.sim.replay import (
+        ReplayJob,
+        ReplayResults,
+        ScenarioResult,
+        run_replay,
+        run_scenario,
+    )
+    from adcloud.sim.report import read_results, write_report
+    from adcloud.sim.scenario import (
+        CutMode,
+        Scenario,
+        ScenarioCut,
+        plan_scenarios,
+        read_scenario_file,
+    )
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "adapters": (
+            "ADAPTERS",
+            "ROS_INSTALL_HINT",
+            "NodeAdapter",
+            "NodeRun",
+            "NodeSpec",
+            "PipeAdapter",
+            "ReplayTiming",
+            "Ros1Adapter",
+            "get_adapter",
+            "register_adapter",
+        ),
+        "errors": ("SimError",),
+        "evaluators": (
+            "EVALUATORS",
+            "Evaluation",
+            "Evaluator",
+            "EvaluatorSpec",
+            "ScenarioData",
+            "build_evaluator",
+            "parse_evaluator",
+            "register_evaluator",
+        ),
+        "perception": ("camera_replay_job",),
+        "replay": ("ReplayJob", "ReplayResults", "ScenarioResult", "run_replay", "run_scenario"),
+        "report": ("read_results", "write_report"),
+        "scenario": (
+            "CutMode",
+            "Scenario",
+            "ScenarioCut",
+            "plan_scenarios",
+            "read_scenario_file",
+        ),
+    },
 )
 
 __all__ = [

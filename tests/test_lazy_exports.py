@@ -1,0 +1,38 @@
+"""Package namespaces load their submodules on first use, so pipe nodes start fast."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("package", ["adcloud.binpipe", "adcloud.sim"])
+def test_every_exported_name_resolves(package: str) -> None:
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        assert getattr(module, name) is not None, name
+    assert set(module.__all__) <= set(dir(module))
+
+
+def test_unknown_name_is_an_attribute_error() -> None:
+    module = importlib.import_module("adcloud.sim")
+    with pytest.raises(AttributeError, match="adcloud.sim.*no_such_thing"):
+        _ = module.no_such_thing  # type: ignore[attr-defined]
+
+
+def test_pipe_node_start_does_not_load_the_platform() -> None:
+    # A pipe node runs once per scenario: it must not pay for the bag readers, fsspec,
+    # Spark or plotting that the package namespaces also export.
+    code = (
+        "import sys, adcloud.sim.examples.obstacle_node\n"
+        "heavy = ('pyspark', 'fsspec', 'matplotlib', 'adcloud.binpipe.bags', "
+        "'adcloud.sim.replay', 'adcloud.store')\n"
+        "print(' '.join(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == ""
