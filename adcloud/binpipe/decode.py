@@ -9,15 +9,24 @@ packages of the robot that recorded them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from rosbags.typesys import Stores, get_types_from_idl, get_types_from_msg, get_typestore
+from rosbags.typesys.store import Typestore
 
 from adcloud.binpipe.codec import Block, BlockKind, Message, as_message, encode_block
 from adcloud.binpipe.errors import BinpipeError
 
-__all__ = ["ConnectionInfo", "MessageDecoder", "decoded_messages", "meta_block", "read_messages"]
+__all__ = [
+    "ConnectionInfo",
+    "MessageDecoder",
+    "decoded_messages",
+    "meta_block",
+    "read_messages",
+    "standard_typestore",
+]
 
 
 class ConnectionInfo(NamedTuple):
@@ -40,6 +49,14 @@ def meta_block(connections: Iterable[ConnectionInfo]) -> bytes:
     return encode_block((tuple(c) for c in connections), kind=BlockKind.META)
 
 
+@functools.cache
+def standard_typestore(serialization: str) -> Typestore:
+    """rosbags' bundled standard types: ROS 1 Noetic for ``"ros1"`` serialization, ROS 2
+    Humble otherwise.  Built once per process and shared (read-only): each takes ~60 ms,
+    which a pipe node would otherwise pay at every start."""
+    return get_typestore(Stores.ROS1_NOETIC if serialization == "ros1" else Stores.ROS2_HUMBLE)
+
+
 class MessageDecoder:
     """Turns :class:`Message` bytes into rosbags message objects.
 
@@ -51,10 +68,6 @@ class MessageDecoder:
 
     def __init__(self, connections: Iterable[ConnectionInfo] = ()) -> None:
         self._store = get_typestore(Stores.EMPTY)
-        self._fallback = {
-            "ros1": get_typestore(Stores.ROS1_NOETIC),
-            "cdr": get_typestore(Stores.ROS2_HUMBLE),
-        }
         self._store_of: dict[str, Any] = {}
         self._serialization: dict[str, str] = {}
         self._defs: dict[str, ConnectionInfo] = {}
@@ -88,7 +101,7 @@ class MessageDecoder:
                 ) from err
             self._store_of[msgtype] = self._store
         else:
-            store = self._fallback.get(serialization, self._fallback["cdr"])
+            store = standard_typestore(serialization)
             if msgtype not in store.fielddefs:
                 raise BinpipeError(
                     f"no definition for message type {msgtype}: the partition carries none "

@@ -19,10 +19,9 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from rosbags.typesys import Stores, get_typestore
 
 from adcloud.binpipe.codec import BlockKind, Message, StreamReader, StreamWriter
-from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder
+from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder, standard_typestore
 
 __all__ = ["main"]
 
@@ -35,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default="/detections")
     p.add_argument("--work-ms", type=float, default=0.0, help="extra cost per frame (ms)")
     args = p.parse_args(argv)
-    store = get_typestore(Stores.ROS1_NOETIC)
+    store = standard_typestore("ros1")
     t = store.types
     definition, md5sum = store.generate_msgdef(_POSE_ARRAY)
     decoder = MessageDecoder()

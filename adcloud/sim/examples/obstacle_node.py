@@ -19,10 +19,9 @@ import sys
 from collections.abc import Sequence
 
 import numpy as np
-from rosbags.typesys import Stores, get_typestore
 
 from adcloud.binpipe.codec import BlockKind, StreamReader, StreamWriter
-from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder
+from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder, standard_typestore
 from adcloud.sim.obstacles import cloud_points, cluster_obstacles
 
 __all__ = ["detect", "main"]
@@ -44,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-range", type=float, default=40.0, help="metres (default 40)")
     p.add_argument("--min-points", type=int, default=5)
     args = p.parse_args(argv)
-    store = get_typestore(Stores.ROS1_NOETIC)
+    store = standard_typestore("ros1")
     t = store.types
     definition, md5sum = store.generate_msgdef(_POSE_ARRAY)
     decoder = MessageDecoder()
