@@ -19,7 +19,7 @@ def test_every_exported_name_resolves(package: str) -> None:
 
 def test_unknown_name_is_an_attribute_error() -> None:
     module = importlib.import_module("adcloud.sim")
-    with pytest.raises(AttributeError, match="adcloud.sim.*no_such_thing"):
+    with pytest.raises(AttributeError, match=r"adcloud\.sim.*no_such_thing"):
         _ = module.no_such_thing  # type: ignore[attr-defined]
 
 

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,7 @@ from numpy.typing import NDArray
 from scipy import ndimage
 from scipy.spatial import cKDTree
 
+from adcloud.hdmap._groups import group_rows, reduce_groups
 from adcloud.hdmap.errors import HdmapError
 from adcloud.hetero import GridSpec, rasterize
 from adcloud.hetero.devices import ComputeDevice, as_device
@@ -84,6 +86,7 @@ __all__ = [
     "TilePartial",
     "classify_points",
     "finalize_tile",
+    "merge_many_partials",
     "merge_partials",
     "scan_partials",
 ]
@@ -657,71 +660,62 @@ def _reduce_cells(
 # -- merge and finalize -----------------------------------------------------------------------
 
 
-def _sorted_union(a: NDArray[np.int32], b: NDArray[np.int32]) -> NDArray[np.int32]:
-    """The sorted distinct values of two sorted distinct arrays (a merge, not a hash)."""
-    both = np.concatenate([a, b])
-    both.sort(kind="stable")
-    keep = np.ones(len(both), bool)
-    keep[1:] = both[1:] != both[:-1]
-    out: NDArray[np.int32] = both[keep]
-    return out
-
-
 def merge_partials(a: TilePartial, b: TilePartial) -> TilePartial:
     """The statistics of ``a`` and ``b`` together (same tile); exact, so associative and
     commutative: any merge order gives a bit-identical result."""
-    if a.key != b.key or a.tile_cells != b.tile_cells or a.resolution != b.resolution:
-        raise HdmapError(
-            f"cannot merge tile {a.key} ({a.tile_cells} cells of {a.resolution} m) with tile "
-            f"{b.key} ({b.tile_cells} cells of {b.resolution} m); merge partials by tile key "
-            "and build every drive with the same GridSettings"
-        )
-    if a.patch_cells != b.patch_cells:
-        raise HdmapError(
-            f"cannot merge tile {a.key}: patches of {a.patch_cells} and {b.patch_cells} cells; "
-            "build every drive with the same GridSettings"
-        )
-    cells, ia, ib = _union_index(a.cells, b.cells)
-    patches, pa, pb = _union_index(a.patches, b.patches)
+    return merge_many_partials([a, b])
 
-    def added(name: str, size: int, at_a: NDArray[np.intp], at_b: NDArray[np.intp]) -> NDArray[Any]:
-        x: NDArray[Any] = getattr(a, name)
-        out = np.zeros(size, x.dtype)
-        out[at_a] += x
-        out[at_b] += getattr(b, name)
-        return out
 
-    def extreme(name: str, op: Any) -> F32:
-        out = np.full(len(cells), np.nan, np.float32)
-        out[ia] = getattr(a, name)
-        out[ib] = op(out[ib], getattr(b, name))
-        return out
+def merge_many_partials(parts: Sequence[TilePartial]) -> TilePartial:
+    """The statistics of all ``parts`` together (same tile), in one pass.
+
+    Folding a tile's partials two at a time re-copies the growing tile at every step
+    (quadratic in the number of scans over it); this groups every row once.  Integer sums
+    and min/max are exact, so the result equals any order of :func:`merge_partials`.
+    """
+    if not parts:
+        raise HdmapError("merge_many_partials needs at least one partial")
+    a = parts[0]
+    for b in parts[1:]:
+        if b.key != a.key or b.tile_cells != a.tile_cells or b.resolution != a.resolution:
+            raise HdmapError(
+                f"cannot merge tile {a.key} ({a.tile_cells} cells of {a.resolution} m) with "
+                f"tile {b.key} ({b.tile_cells} cells of {b.resolution} m); merge partials by "
+                "tile key and build every drive with the same GridSettings"
+            )
+        if b.patch_cells != a.patch_cells:
+            raise HdmapError(
+                f"cannot merge tile {a.key}: patches of {a.patch_cells} and {b.patch_cells} "
+                "cells; build every drive with the same GridSettings"
+            )
+    if len(parts) == 1:
+        return a
+    cells, order, starts = group_rows([p.cells for p in parts])
+    patches, porder, pstarts = group_rows([p.patches for p in parts])
+
+    def cell(name: str, op: np.ufunc) -> NDArray[Any]:
+        return reduce_groups([getattr(p, name) for p in parts], order, starts, op)
+
+    def patch(name: str) -> NDArray[Any]:
+        return reduce_groups([getattr(p, name) for p in parts], porder, pstarts, np.add)
 
     return TilePartial(
         key=a.key,
         resolution=a.resolution,
         tile_cells=a.tile_cells,
         cells=cells,
-        count=added("count", len(cells), ia, ib),
-        sum_z=added("sum_z", len(cells), ia, ib),
-        min_z=extreme("min_z", np.fmin),
-        max_z=extreme("max_z", np.fmax),
-        sum_intensity=added("sum_intensity", len(cells), ia, ib),
-        scans=added("scans", len(cells), ia, ib),
-        obstacle_top=extreme("obstacle_top", np.fmax),
+        count=cell("count", np.add),
+        sum_z=cell("sum_z", np.add),
+        min_z=cell("min_z", np.fmin),
+        max_z=cell("max_z", np.fmax),
+        sum_intensity=cell("sum_intensity", np.add),
+        scans=cell("scans", np.add),
+        obstacle_top=cell("obstacle_top", np.fmax),
         patch_cells=a.patch_cells,
         patches=patches,
-        patch_seen=added("patch_seen", len(patches), pa, pb),
-        patch_occupied=added("patch_occupied", len(patches), pa, pb),
+        patch_seen=patch("patch_seen"),
+        patch_occupied=patch("patch_occupied"),
     )
-
-
-def _union_index(
-    a: NDArray[np.int32], b: NDArray[np.int32]
-) -> tuple[NDArray[np.int32], NDArray[np.intp], NDArray[np.intp]]:
-    """The sorted union of two sorted index arrays and where each one's rows go in it."""
-    union = _sorted_union(a, b)
-    return union, np.searchsorted(union, a), np.searchsorted(union, b)
 
 
 def _consistent(

@@ -11,8 +11,9 @@
    (:func:`~adcloud.hdmap.poses.solve_segment`: ICP through :mod:`adcloud.hetero` plus a
    GTSAM graph); the driver joins the segments and closes loops.
 2. Alignment -- executors de-skew every sweep into the map frame with the joined trajectory.
-3. Grid -- per-scan tile partials, merged by tile key (``reduceByKey``), finalised and written
-   as GeoTIFF tiles by the executors; the point-cloud map tiles likewise.
+3. Grid -- per-scan tile partials, merged by tile key (``combineByKey``, many at a time),
+   finalised and written as GeoTIFF tiles by the executors; the point-cloud map tiles
+   likewise.
 4. Labels -- lane markings, centre lines and signs from the merged layers, on the driver.
 
 Intermediates go through an :class:`~adcloud.hdmap.exchange.Exchange`: cached in executor
@@ -47,7 +48,7 @@ from adcloud.hdmap.grid import (
     GridTile,
     TilePartial,
     finalize_tile,
-    merge_partials,
+    merge_many_partials,
     scan_partials,
 )
 from adcloud.hdmap.loops import LoopSettings, find_loop_closures
@@ -57,7 +58,7 @@ from adcloud.hdmap.pcmap import (
     PointCloudMapSettings,
     deskew,
     finalize_cloud,
-    merge_cloud_partials,
+    merge_many_cloud_partials,
     scan_cloud_partials,
     sensor_position,
     write_cloud_tile,
@@ -321,6 +322,37 @@ def _tile_sink(
     return key
 
 
+#: Rows a key's buffered partials reach before they are merged into one on the map side.
+_COMPACT_ROWS = 500_000
+
+
+def _merge_by_key(pairs: RDD[Any], merge_many: Callable[[Sequence[Any]], Any]) -> RDD[Any]:
+    """``reduceByKey`` for tile partials, merging many at a time.
+
+    ``reduceByKey`` folds a tile's partials two at a time, re-copying the growing tile for
+    every scan that touches it: quadratic in the scans per tile, and most of the grid and
+    point-cloud stages' time on a one-minute drive.  Here each key's partials are buffered
+    and merged in one pass (:func:`merge_many_partials`) once the buffered rows reach the
+    merged part's size (at least :data:`_COMPACT_ROWS`): each row is regrouped O(log n)
+    times and a buffer holds about twice its tile.
+    """
+
+    def compact(buf: list[Any]) -> list[Any]:
+        pending = sum(len(p) for p in buf[1:])
+        if len(buf) > 1 and pending >= max(len(buf[0]), _COMPACT_ROWS):
+            return [merge_many(buf)]
+        return buf
+
+    def add(buf: list[Any], part: Any) -> list[Any]:
+        buf.append(part)
+        return compact(buf)
+
+    def join(a: list[Any], b: list[Any]) -> list[Any]:
+        return compact(a + b)
+
+    return pairs.combineByKey(lambda part: [part], add, join).mapValues(merge_many)
+
+
 def _with_previous(rdd: RDD[Any], previous: list[Any]) -> RDD[Any]:
     if not previous:
         return rdd
@@ -403,7 +435,7 @@ def run_pipeline(
             )
         )
         partials = _with_previous(partials, list(previous_tiles))
-        merged = exchange.hand_over(partials.reduceByKey(merge_partials), "tiles")
+        merged = exchange.hand_over(_merge_by_key(partials, merge_many_partials), "tiles")
         corridor = _corridor(
             {**(corridor_trajectories or {}), **trajectories}, grid, margin_m=corridor_m
         )
@@ -429,7 +461,7 @@ def run_pipeline(
         )
         clouds = _with_previous(clouds, list(previous_cloud))
         cloud_sink = functools.partial(_cloud_sink, out=str(out_dir), settings=cloud)
-        entries = clouds.reduceByKey(merge_cloud_partials).map(cloud_sink).collect()
+        entries = _merge_by_key(clouds, merge_many_cloud_partials).map(cloud_sink).collect()
         write_pointcloud_metadata([e for e in entries if e is not None], Path(out_dir), cloud)
         timings["cloud"] = time.perf_counter() - tick
         say(f"point-cloud map: {len(entries)} tiles")

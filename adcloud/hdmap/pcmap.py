@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ import numpy as np
 import yaml
 from numpy.typing import NDArray
 
+from adcloud.hdmap._groups import group_rows, reduce_groups
 from adcloud.hdmap.errors import DriveDataError, HdmapError, MapFormatError
 from adcloud.hdmap.model import Extrinsics, Scan
 from adcloud.hdmap.trajectory import Trajectory
@@ -73,6 +74,7 @@ __all__ = [
     "deskew",
     "finalize_cloud",
     "merge_cloud_partials",
+    "merge_many_cloud_partials",
     "open3d_register",
     "read_pointcloud_map",
     "read_pointcloud_metadata",
@@ -411,21 +413,27 @@ def scan_cloud_partials(
 
 def merge_cloud_partials(a: CloudPartial, b: CloudPartial) -> CloudPartial:
     """The voxel sums of ``a`` and ``b`` together (same tile and layout)."""
-    if a.key != b.key or a.tile_size != b.tile_size or a.voxel_size != b.voxel_size:
-        raise HdmapError(
-            f"cannot merge map tile {a.key} ({a.tile_size} m, voxels {a.voxel_size} m) with "
-            f"{b.key} ({b.tile_size} m, voxels {b.voxel_size} m); merge by tile key and build "
-            "every drive with the same PointCloudMapSettings"
-        )
-    voxels = np.union1d(a.voxels, b.voxels)
-    ia = np.searchsorted(voxels, a.voxels)
-    ib = np.searchsorted(voxels, b.voxels)
-    count = np.zeros(len(voxels), np.int64)
-    sums = np.zeros((len(voxels), 4))
-    count[ia] += a.count
-    count[ib] += b.count
-    sums[ia] += a.sums
-    sums[ib] += b.sums
+    return merge_many_cloud_partials([a, b])
+
+
+def merge_many_cloud_partials(parts: Sequence[CloudPartial]) -> CloudPartial:
+    """The voxel sums of all ``parts`` together (same tile and layout), in one pass
+    (folding two at a time re-copies the growing tile for every scan over it)."""
+    if not parts:
+        raise HdmapError("merge_many_cloud_partials needs at least one partial")
+    a = parts[0]
+    for b in parts[1:]:
+        if a.key != b.key or a.tile_size != b.tile_size or a.voxel_size != b.voxel_size:
+            raise HdmapError(
+                f"cannot merge map tile {a.key} ({a.tile_size} m, voxels {a.voxel_size} m) "
+                f"with {b.key} ({b.tile_size} m, voxels {b.voxel_size} m); merge by tile key "
+                "and build every drive with the same PointCloudMapSettings"
+            )
+    if len(parts) == 1:
+        return a
+    voxels, order, starts = group_rows([p.voxels for p in parts])
+    count = reduce_groups([p.count for p in parts], order, starts, np.add)
+    sums = reduce_groups([p.sums for p in parts], order, starts, np.add)
     return CloudPartial(a.key, a.tile_size, a.voxel_size, voxels, count, sums)
 
 
@@ -452,13 +460,15 @@ def stitch(
     """
     settings = settings or PointCloudMapSettings()
     dev = as_device(device)
-    merged: dict[TileKey, CloudPartial] = {}
+    parts: dict[TileKey, list[CloudPartial]] = {}
     for xyz, intensity, sensor in clouds:
         for key, part in scan_cloud_partials(
             xyz, intensity, settings, sensor_xyz=sensor, device=dev
         ):
-            merged[key] = merge_cloud_partials(merged[key], part) if key in merged else part
-    return {key: finalize_cloud(part) for key, part in sorted(merged.items())}
+            parts.setdefault(key, []).append(part)
+    return {
+        key: finalize_cloud(merge_many_cloud_partials(tile)) for key, tile in sorted(parts.items())
+    }
 
 
 # -- files ------------------------------------------------------------------------------------

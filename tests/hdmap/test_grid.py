@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 from pyspark.sql import SparkSession
 from scipy.spatial import cKDTree
 
+from adcloud.hdmap import job as hdmap_job
 from adcloud.hdmap.drive import DriveData, read_drive
 from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.geotiff import (
@@ -45,6 +46,7 @@ from adcloud.hdmap.grid import (
     TilePartial,
     classify_points,
     finalize_tile,
+    merge_many_partials,
     merge_partials,
     scan_partials,
 )
@@ -273,6 +275,18 @@ def test_merge_order_does_not_change_a_bit(scan_parts: list[Partials]) -> None:
         )
 
 
+def test_merging_many_at_once_equals_merging_two_at_a_time(scan_parts: list[Partials]) -> None:
+    by_key: dict[TileKey, list[TilePartial]] = {}
+    for key, part in (item for partials in scan_parts for item in partials):
+        by_key.setdefault(key, []).append(part)
+    assert max(len(parts) for parts in by_key.values()) > 5
+    for parts in by_key.values():
+        assert_same_partial(merge_many_partials(parts), reduce(merge_partials, parts))
+        assert_same_partial(merge_many_partials(parts[:1]), parts[0])
+    with pytest.raises(HdmapError, match="at least one"):
+        merge_many_partials([])
+
+
 def test_partials_are_small_and_pickle(scan_parts: list[Partials]) -> None:
     sizes = [len(pickle.dumps(partials)) for partials in scan_parts]
     assert max(sizes) < 1_000_000, f"a scan's partials pickle to {max(sizes)} bytes"
@@ -291,6 +305,22 @@ def test_the_spark_job_shape_gives_the_local_result(
     clouds = drive.clouds[:24]
     rdd = spark.sparkContext.parallelize(clouds, 4)
     merged = dict(rdd.mapPartitions(_partials_task).reduceByKey(merge_partials, 3).collect())
+    local = fold(scan_parts[:24])
+    assert sorted(merged) == sorted(local)
+    for key, part in local.items():
+        assert_same_partial(merged[key], part)
+
+
+def test_the_jobs_buffered_merge_by_key_gives_the_local_result(
+    spark: SparkSession,
+    drive: Drive,
+    scan_parts: list[Partials],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a threshold of a few rows makes the map-side buffers compact again and again
+    monkeypatch.setattr(hdmap_job, "_COMPACT_ROWS", 50)
+    rdd = spark.sparkContext.parallelize(drive.clouds[:24], 3).mapPartitions(_partials_task)
+    merged = dict(hdmap_job._merge_by_key(rdd, merge_many_partials).collect())
     local = fold(scan_parts[:24])
     assert sorted(merged) == sorted(local)
     for key, part in local.items():

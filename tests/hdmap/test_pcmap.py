@@ -27,6 +27,7 @@ from adcloud.hdmap.pcmap import (
     deskew,
     finalize_cloud,
     merge_cloud_partials,
+    merge_many_cloud_partials,
     open3d_register,
     read_pointcloud_map,
     read_pointcloud_metadata,
@@ -274,6 +275,12 @@ def test_cloud_merge_order_does_not_matter(
         np.testing.assert_allclose(forward.sums, other.sums, rtol=1e-12, atol=1e-9)
         a, b = finalize_cloud(forward), finalize_cloud(other)
         np.testing.assert_allclose(a.xyz, b.xyz, atol=1e-9)
+        many = merge_many_cloud_partials(shuffled)
+        np.testing.assert_array_equal(many.voxels, forward.voxels)
+        np.testing.assert_array_equal(many.count, forward.count)
+        np.testing.assert_allclose(many.sums, forward.sums, rtol=1e-12, atol=1e-9)
+    with pytest.raises(HdmapError, match="at least one"):
+        merge_many_cloud_partials([])
 
 
 def test_stitched_map_round_trips_through_autoware_files(
