@@ -1069,10 +1069,40 @@ class LocalStore(BaseStore):
     def delete(self, path: str, *, recursive: bool = False) -> None:
         """Delete a file or a directory (non-empty ones only with ``recursive``), everywhere."""
         key = self._key(path)
+        durable = not _memory_only(self._cat.file(key))
+        while True:
+            try:
+                gone, tree = self._delete_rows(key, recursive, durable)
+                break
+            except _DurableDeleteNeededError:
+                durable = True  # the file changed since it was looked at: delete durably
+        for r in gone:
+            self._unlink_object(r)
+        if tree:
+            with self._ufs_locks.hold():
+                self._ufs.delete(key, recursive=True)
+        elif gone[0].in_ufs:
+            with self._ufs_locks.hold(_stripe(key)):
+                self._ufs.delete(key)
+
+    def _delete_rows(
+        self, key: str, recursive: bool, durable: bool
+    ) -> tuple[builtins.list[FileRow], bool]:
+        """The catalog half of :meth:`delete`: the rows removed and whether it was a tree.
+
+        A file that lives only in the MEM tier is deleted without waiting for the disk
+        (``durable=False``; parameter servers delete a consumed version every step): if the
+        machine loses power before the commit reaches the disk, the MEM tier is gone as well
+        and the file comes back only as a LOST entry -- never as data.
+        """
         gone: builtins.list[FileRow] = []
         tree = False
-        with self._cat.transaction(durable=True) as c:
+        with self._cat.transaction(durable=durable) as c:
             row = self._cat.file(key, c)
+            if row is not None and not durable and not _memory_only(row):
+                raise _DurableDeleteNeededError
+            if row is None and not durable:
+                raise _DurableDeleteNeededError  # a directory, or gone: the durable path decides
             if row is not None:
                 c.execute("DELETE FROM files WHERE id = ?", (row.id,))
                 self._cat.drop_entries(c, row.id)
@@ -1092,14 +1122,7 @@ class LocalStore(BaseStore):
                 tree = True
             else:
                 raise StoreNotFoundError(f"{self._rel(key)} does not exist in {self.uri}")
-        for r in gone:
-            self._unlink_object(r)
-        if tree:
-            with self._ufs_locks.hold():
-                self._ufs.delete(key, recursive=True)
-        elif gone[0].in_ufs:
-            with self._ufs_locks.hold(_stripe(key)):
-                self._ufs.delete(key)
+        return gone, tree
 
     def rename(self, src: str, dst: str) -> None:
         """Move a file or directory; ``dst`` must not exist (Alluxio semantics)."""
@@ -1392,3 +1415,17 @@ def _range(key: str) -> tuple[str, str]:
 
 def _stripe(key: str) -> int:
     return zlib.crc32(key.encode("utf-8")) % _UFS_STRIPES
+
+
+class _DurableDeleteNeededError(Exception):
+    """Raised inside a non-durable delete whose file turned out to need a durable one."""
+
+
+def _memory_only(row: FileRow | None) -> bool:
+    """Whether ``row`` is a file whose only copy is in the MEM tier (never persisted)."""
+    return (
+        row is not None
+        and row.tier == 0
+        and not row.in_ufs
+        and row.persistence == PersistenceState.NOT_PERSISTED
+    )

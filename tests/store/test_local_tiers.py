@@ -487,3 +487,66 @@ def test_any_fsspec_url_as_under_store(make_store: MakeStore) -> None:
     store.delete("/u", recursive=True)
     assert not memfs.exists(f"{root}/u/through")
     memfs.rm(root, recursive=True)
+
+
+def test_deleting_a_memory_only_file_does_not_wait_for_the_disk(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A parameter server deletes a consumed version every step: when the file's only copy
+    # is in the MEM tier the catalog commit is not fsynced; anything else still is.
+    store = make_store(mem_capacity="8KB", ssd_capacity="32KB", hdd_capacity="64KB")
+    store.put("/mem", blob(1), write_type="MUST_CACHE")
+    store.put("/ssd", blob(2, 10 * KB), write_type="MUST_CACHE")  # too big for MEM
+    store.put("/through", blob(3), write_type="CACHE_THROUGH")
+    store.put("/dir/a", blob(4), write_type="MUST_CACHE")
+    assert tiers(store, "/mem", "/ssd") == ["MEM", "SSD"]
+    seen: list[bool] = []
+    transaction = store._cat.transaction
+
+    def spy(*, durable: bool = False):  # type: ignore[no-untyped-def]
+        seen.append(durable)
+        return transaction(durable=durable)
+
+    monkeypatch.setattr(store._cat, "transaction", spy)
+    for path, durable in (("/mem", False), ("/ssd", True), ("/through", True)):
+        seen.clear()
+        store.delete(path)
+        assert seen == [durable], path
+        assert not store.exists(path)
+    seen.clear()
+    store.delete("/dir", recursive=True)
+    assert seen == [True]
+    assert store.list("/") == []
+
+
+def test_a_file_replaced_before_its_quick_delete_is_deleted_durably(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store()
+    store.put("/f", blob(1), write_type="MUST_CACHE")
+    lookup = store._cat.file
+    calls = 0
+
+    def racing(key: str, conn=None):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # between delete's first look and its transaction, another
+            row = lookup(key, conn)  # writer replaces the file with a persisted one
+            store.put("/f", blob(2), write_type="CACHE_THROUGH")
+            return row
+        return lookup(key, conn)
+
+    monkeypatch.setattr(store._cat, "file", racing)
+    seen: list[bool] = []
+    transaction = store._cat.transaction
+
+    def spy(*, durable: bool = False):  # type: ignore[no-untyped-def]
+        seen.append(durable)
+        return transaction(durable=durable)
+
+    monkeypatch.setattr(store._cat, "transaction", spy)
+    store.delete("/f")
+    assert seen[-2:] == [False, True]
+    assert not store.exists("/f")
+    monkeypatch.undo()
+    assert store.list("/") == []
