@@ -84,11 +84,13 @@ __all__ = [
     "GridTile",
     "TileKey",
     "TilePartial",
+    "TransientPatches",
     "classify_points",
     "finalize_tile",
     "merge_many_partials",
     "merge_partials",
     "scan_partials",
+    "transient_patches",
 ]
 
 log = logging.getLogger(__name__)
@@ -763,6 +765,79 @@ def _off_steps(
     span = np.maximum(high.reshape(-1)[cells] - z, z - low.reshape(-1)[cells])
     ok: NDArray[np.bool_] = span <= settings.max_step
     return ok
+
+
+@dataclass(frozen=True)
+class TransientPatches:
+    """Where a merged tile saw only passing things: per patch (row 0 the south edge),
+    ``transient`` (occupied in some scans but seen empty in most) and ``ground`` (the mean
+    ground height of its cells, m; NaN where no ground was seen).  Small (a few KB a tile),
+    so the point-cloud map can drop the same ghosts the grid drops."""
+
+    key: TileKey
+    origin: tuple[float, float]
+    patch_size: float
+    transient: NDArray[np.bool_]
+    ground: F32
+
+    def standing(
+        self, xyz: NDArray[Any], min_height: float, max_height: float
+    ) -> NDArray[np.bool_]:
+        """Which map-frame points stand in a transient patch, more than ``min_height`` and
+        at most ``max_height`` above its ground (static overhangs are occupied in most
+        scans, so their patches are not transient)."""
+        pts = np.asarray(xyz, dtype=np.float64)
+        per_side = self.transient.shape[0]
+        col = np.floor((pts[:, 0] - self.origin[0]) / self.patch_size).astype(np.int64)
+        row = np.floor((pts[:, 1] - self.origin[1]) / self.patch_size).astype(np.int64)
+        inside = (col >= 0) & (col < per_side) & (row >= 0) & (row < per_side)
+        out = np.zeros(len(pts), bool)
+        r, c = row[inside], col[inside]
+        height = pts[inside, 2] - self.ground[r, c]
+        with np.errstate(invalid="ignore"):
+            out[inside] = self.transient[r, c] & (height > min_height) & (height <= max_height)
+        return out
+
+
+def transient_patches(
+    partial: TilePartial, settings: GridSettings | None = None
+) -> TransientPatches:
+    """The patches of a merged tile where obstacles were passing through (the complement
+    of :func:`finalize_tile`'s static structure among occupied patches), with their ground."""
+    settings = settings or GridSettings()
+    p = partial
+    n = p.tile_cells
+    per_side = n // p.patch_cells
+    observed = p.patch_seen + p.patch_occupied
+    static = p.patch_occupied >= settings.static_ratio * observed
+    transient = np.zeros(per_side * per_side, bool)
+    transient[p.patches] = (p.patch_occupied > 0) & ~static
+    patch_of = (p.cells // n // p.patch_cells) * per_side + (p.cells % n) // p.patch_cells
+    has = p.count > 0
+    sum_z = np.bincount(
+        patch_of[has],
+        weights=p.sum_z[has].astype(np.float64) * Z_QUANTUM,
+        minlength=per_side * per_side,
+    )
+    count = np.bincount(patch_of[has], weights=p.count[has], minlength=per_side * per_side)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ground = (sum_z / count).reshape(per_side, per_side)
+    unknown = np.isnan(ground)
+    if unknown.all():
+        transient[:] = False  # no ground anywhere in the tile: nothing to measure from
+    elif unknown.any():
+        # a passing car hides the ground of the patches it covers: take the nearest seen
+        nearest = ndimage.distance_transform_edt(
+            unknown, return_distances=False, return_indices=True
+        )
+        ground = ground[nearest[0], nearest[1]]
+    return TransientPatches(
+        key=p.key,
+        origin=(p.key[0] * n * p.resolution, p.key[1] * n * p.resolution),
+        patch_size=p.patch_cells * p.resolution,
+        transient=transient.reshape(per_side, per_side),
+        ground=ground.astype(np.float32),
+    )
 
 
 def finalize_tile(partial: TilePartial, settings: GridSettings | None = None) -> GridTile:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,14 +48,17 @@ from adcloud.hdmap.grid import (
     GridSettings,
     GridTile,
     TilePartial,
+    TransientPatches,
     finalize_tile,
     merge_many_partials,
     scan_partials,
+    transient_patches,
 )
 from adcloud.hdmap.loops import LoopSettings, find_loop_closures
 from adcloud.hdmap.model import Extrinsics, Scan
 from adcloud.hdmap.pcmap import (
     CloudPartial,
+    MapCloud,
     PointCloudMapSettings,
     deskew,
     finalize_cloud,
@@ -360,14 +364,25 @@ def _with_previous(rdd: RDD[Any], previous: list[Any]) -> RDD[Any]:
 
 
 def _cloud_sink(
-    item: tuple[tuple[int, int], CloudPartial], *, out: str, settings: PointCloudMapSettings
+    item: tuple[tuple[int, int], tuple[CloudPartial, TransientPatches | None]],
+    *,
+    out: str,
+    settings: PointCloudMapSettings,
+    grid: GridSettings,
 ) -> tuple[str, tuple[float, float]] | None:
-    """Executor: keep a merged point-cloud tile's voxel sums, write its PCD file."""
-    key, partial = item
+    """Executor: keep a merged point-cloud tile's voxel sums, write its PCD file without
+    the points that stood where the grid saw only passing things (no ghosts of moving cars;
+    the kept sums are unfiltered, so a later build judges them again with more scans)."""
+    key, (partial, patches) = item
     state = Path(out) / STATE_CLOUD
     state.mkdir(parents=True, exist_ok=True)
     dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
-    return write_cloud_tile(finalize_cloud(partial), Path(out), settings)
+    cloud = finalize_cloud(partial)
+    if patches is not None:
+        keep = ~patches.standing(cloud.xyz, settings.transient_min_height, grid.obstacle_clearance)
+        log.debug("point-cloud tile %s: %d transient points dropped", key, int((~keep).sum()))
+        cloud = MapCloud(cloud.key, cloud.xyz[keep], cloud.intensity[keep])
+    return write_cloud_tile(cloud, Path(out), settings)
 
 
 def _sign_candidates(
@@ -459,9 +474,23 @@ def run_pipeline(
                 a.xyz, a.intensity, cloud, sensor_xyz=a.sensor, device=device or None
             )
         )
-        clouds = _with_previous(clouds, list(previous_cloud))
-        cloud_sink = functools.partial(_cloud_sink, out=str(out_dir), settings=cloud)
-        entries = _merge_by_key(clouds, merge_many_cloud_partials).map(cloud_sink).collect()
+        clouds = _merge_by_key(
+            _with_previous(clouds, list(previous_cloud)), merge_many_cloud_partials
+        )
+        if math.isclose(cloud.tile_size, grid.tile_size):
+            # the grid's tiles cover the same squares: its transient patches filter ghosts
+            patches = merged.mapValues(functools.partial(transient_patches, settings=grid))
+            with_patches = clouds.leftOuterJoin(patches)
+        else:
+            log.warning(
+                "point-cloud tiles (%g m) and grid tiles (%g m) differ: moving objects are "
+                "not removed from the point-cloud map; give both the same tile size",
+                cloud.tile_size,
+                grid.tile_size,
+            )
+            with_patches = clouds.mapValues(lambda part: (part, None))
+        cloud_sink = functools.partial(_cloud_sink, out=str(out_dir), settings=cloud, grid=grid)
+        entries = with_patches.map(cloud_sink).collect()
         write_pointcloud_metadata([e for e in entries if e is not None], Path(out_dir), cloud)
         timings["cloud"] = time.perf_counter() - tick
         say(f"point-cloud map: {len(entries)} tiles")

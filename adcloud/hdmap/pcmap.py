@@ -279,12 +279,17 @@ def open3d_register(
 class PointCloudMapSettings:
     """Layout of the point-cloud map: ``tile_size`` (m, Autoware recommends about 20 m),
     ``voxel_size`` (m) and the horizontal distance from the sensor of the points kept
-    (``min_range`` drops the car's own body, ``max_range`` sparse far points)."""
+    (``min_range`` drops the car's own body, ``max_range`` sparse far points); moving
+    things are dropped within the grid's ``max_range`` (beyond it no patch is judged)."""
 
     tile_size: float = 20.0
     voxel_size: float = 0.1
     min_range: float = 2.0
     max_range: float = 60.0
+    #: Where the grid saw only passing things (its transient patches; the job needs grid
+    #: and point-cloud tiles of one size), points more than this above the ground are
+    #: dropped: what was there moved on.
+    transient_min_height: float = 0.1
 
     def __post_init__(self) -> None:
         for name in ("tile_size", "voxel_size", "max_range"):
@@ -293,6 +298,11 @@ class PointCloudMapSettings:
                 raise HdmapError(f"PointCloudMapSettings.{name} must be positive, got {value!r}")
         if not 0 <= self.min_range < self.max_range:
             raise HdmapError("PointCloudMapSettings needs 0 <= min_range < max_range")
+        if not self.transient_min_height >= 0:
+            raise HdmapError(
+                "PointCloudMapSettings.transient_min_height must be >= 0, got "
+                f"{self.transient_min_height!r}"
+            )
         if self.tile_size / self.voxel_size >= 1 << _XY_BITS:
             raise HdmapError(
                 f"a tile of {self.tile_size} m holds more than 65535 voxels of "
