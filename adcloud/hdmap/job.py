@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from pyspark import RDD
+from pyspark.broadcast import Broadcast
 from pyspark.sql import SparkSession
 
 from adcloud.binpipe import BinPipeRDD, decoded_messages
@@ -315,15 +316,16 @@ def _tile_sink(
     out: str,
     grid: GridSettings,
     origin: Origin,
-) -> tuple[int, int]:
-    """Executor: keep a merged tile's statistics for later builds and write its layers."""
+) -> tuple[tuple[int, int], TransientPatches]:
+    """Executor: keep a merged tile's statistics for later builds and write its layers;
+    returns the tile's transient patches (a few KB) for the point-cloud stage."""
     key, partial = item
     state = Path(out) / STATE_TILES
     state.mkdir(parents=True, exist_ok=True)
     dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
     tile = finalize_tile(partial, grid)
     write_tile_outputs(tile, Path(out), origin)
-    return key
+    return key, transient_patches(partial, grid)
 
 
 #: Rows a key's buffered partials reach before they are merged into one on the map side.
@@ -364,22 +366,26 @@ def _with_previous(rdd: RDD[Any], previous: list[Any]) -> RDD[Any]:
 
 
 def _cloud_sink(
-    item: tuple[tuple[int, int], tuple[CloudPartial, TransientPatches | None]],
+    item: tuple[tuple[int, int], CloudPartial],
     *,
     out: str,
     settings: PointCloudMapSettings,
     grid: GridSettings,
+    patches: Broadcast[dict[tuple[int, int], TransientPatches]],
 ) -> tuple[str, tuple[float, float]] | None:
     """Executor: keep a merged point-cloud tile's voxel sums, write its PCD file without
     the points that stood where the grid saw only passing things (no ghosts of moving cars;
     the kept sums are unfiltered, so a later build judges them again with more scans)."""
-    key, (partial, patches) = item
+    key, partial = item
     state = Path(out) / STATE_CLOUD
     state.mkdir(parents=True, exist_ok=True)
     dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
     cloud = finalize_cloud(partial)
-    if patches is not None:
-        keep = ~patches.standing(cloud.xyz, settings.transient_min_height, grid.obstacle_clearance)
+    transient = patches.value.get(key)
+    if transient is not None:
+        keep = ~transient.standing(
+            cloud.xyz, settings.transient_min_height, grid.obstacle_clearance
+        )
         log.debug("point-cloud tile %s: %d transient points dropped", key, int((~keep).sum()))
         cloud = MapCloud(cloud.key, cloud.xyz[keep], cloud.intensity[keep])
     return write_cloud_tile(cloud, Path(out), settings)
@@ -456,7 +462,8 @@ def run_pipeline(
         )
         map_origin = next(iter(drives.values())).origin
         sink = functools.partial(_tile_sink, out=str(out_dir), grid=grid, origin=map_origin)
-        keys = sorted(merged.map(sink).collect())
+        written = dict(merged.map(sink).collect())
+        keys = sorted(written)
         # The label stage reads the tiles along the roads back from the GeoTIFFs just
         # written: shipping dense layers through the driver's JVM would cost more memory.
         tiles = [
@@ -479,8 +486,7 @@ def run_pipeline(
         )
         if math.isclose(cloud.tile_size, grid.tile_size):
             # the grid's tiles cover the same squares: its transient patches filter ghosts
-            patches = merged.mapValues(functools.partial(transient_patches, settings=grid))
-            with_patches = clouds.leftOuterJoin(patches)
+            patches_b = sc.broadcast(written)
         else:
             log.warning(
                 "point-cloud tiles (%g m) and grid tiles (%g m) differ: moving objects are "
@@ -488,9 +494,11 @@ def run_pipeline(
                 cloud.tile_size,
                 grid.tile_size,
             )
-            with_patches = clouds.mapValues(lambda part: (part, None))
-        cloud_sink = functools.partial(_cloud_sink, out=str(out_dir), settings=cloud, grid=grid)
-        entries = with_patches.map(cloud_sink).collect()
+            patches_b = sc.broadcast({})
+        cloud_sink = functools.partial(
+            _cloud_sink, out=str(out_dir), settings=cloud, grid=grid, patches=patches_b
+        )
+        entries = clouds.map(cloud_sink).collect()
         write_pointcloud_metadata([e for e in entries if e is not None], Path(out_dir), cloud)
         timings["cloud"] = time.perf_counter() - tick
         say(f"point-cloud map: {len(entries)} tiles")
