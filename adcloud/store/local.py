@@ -1092,8 +1092,8 @@ class LocalStore(BaseStore):
 
         A file that lives only in the MEM tier is deleted without waiting for the disk
         (``durable=False``; parameter servers delete a consumed version every step): if the
-        machine loses power before the commit reaches the disk, the MEM tier is gone as well
-        and the file comes back only as a LOST entry -- never as data.
+        machine loses power before the commit reaches the disk, the MEM tier (tmpfs) is gone
+        as well and the file comes back only as a LOST entry -- never as data.
         """
         gone: builtins.list[FileRow] = []
         tree = False
