@@ -198,16 +198,16 @@ def _stub(drive: str, stamp: int, frame: str) -> Scan:
 
 
 def _solve(
-    item: tuple[tuple[str, int], Iterable[Scan]],
-    segments: dict[tuple[str, int], SegmentInput],
+    item: tuple[tuple[str, int], Iterable[tuple[int, NDArray[np.float32]]]],
+    segments: Broadcast[dict[tuple[str, int], SegmentInput]],
     settings: PoseSettings,
     device: str,
 ) -> SegmentSolution:
-    key, scans = item
-    seg = segments[key]
-    by_stamp = {s.stamp: s for s in scans}
-    real = tuple(by_stamp[int(t)] for t in seg.stamps)
-    return solve_segment(dataclasses.replace(seg, scans=real), settings, device=device or None)
+    key, clouds = item
+    seg = segments.value[key]
+    by_stamp = dict(clouds)
+    ready = tuple(by_stamp[int(t)] for t in seg.stamps)
+    return solve_segment(dataclasses.replace(seg, clouds=ready), settings, device=device or None)
 
 
 def _poses(
@@ -236,8 +236,23 @@ def _poses(
                 membership.setdefault((name, int(t)), []).append((name, seg.index))
     progress(f"poses: {len(segments)} segments of {len(drives)} drive(s)")
     member = sc.broadcast(membership)
-    solve = functools.partial(_solve, segments=segments, settings=stages.poses, device=device)
-    keyed = scans.flatMap(lambda s: [(seg, s) for seg in member.value.get((s.drive, s.stamp), [])])
+    segments_b = sc.broadcast(segments)
+    settings = stages.poses
+    solve = functools.partial(_solve, segments=segments_b, settings=settings, device=device)
+
+    dev = device or None
+
+    def keyframe_clouds(
+        scan: Scan,
+    ) -> list[tuple[tuple[str, int], tuple[int, NDArray[np.float32]]]]:
+        # De-skewed and downsampled where the sweep is: the shuffle carries a few thousand
+        # points per keyframe instead of the sweep (a 32-beam sweep is ~1 MB).
+        return [
+            (seg, (scan.stamp, segments_b.value[seg].keyframe_cloud(scan, settings, device=dev)))
+            for seg in member.value.get((scan.drive, scan.stamp), [])
+        ]
+
+    keyed = scans.flatMap(keyframe_clouds)
     solutions = keyed.groupByKey(numPartitions=max(1, len(segments))).map(solve).collect()
     gps = {name: d.gps for name, d in drives.items()}
     trajectories = join_segments(solutions, gps, (), stages.poses, loop_settings=stages.loops)

@@ -455,7 +455,9 @@ class SegmentInput:
     (distance from the drive's start); ``propagated`` the dead-reckoned trajectory over
     the segment (``odom`` frame); ``gps`` the fixes inside the segment's span;
     ``lidar_mount`` (4x4 ``base_link <- lidar``) and ``gps_lever_arm`` (3,) the antenna in
-    ``base_link``.
+    ``base_link``.  ``clouds``, when given instead of ``scans``, are the keyframes already
+    through :meth:`keyframe_cloud` (a Spark job computes them where the sweeps are and
+    ships a few thousand points per keyframe instead of whole sweeps).
     """
 
     drive: str
@@ -467,6 +469,21 @@ class SegmentInput:
     gps: GpsFixes
     lidar_mount: F64
     gps_lever_arm: F64
+    clouds: tuple[NDArray[np.float32], ...] = ()
+
+    def keyframe_cloud(
+        self,
+        scan: Scan,
+        settings: PoseSettings | None = None,
+        *,
+        device: ComputeDevice | str | None = None,
+    ) -> NDArray[np.float32]:
+        """What :func:`solve_segment` registers of keyframe ``scan``: de-skewed with this
+        segment's propagated motion into ``base_link``, cropped and voxel-downsampled (on
+        the device :func:`solve_segment` would pick: ``device``, else ``settings.device``)."""
+        cfg = settings or PoseSettings()
+        dev = as_device(device if device is not None else cfg.device)
+        return deskew_scan(scan, self.propagated, self.lidar_mount, cfg, device=dev)
 
     @property
     def span_ns(self) -> tuple[int, int]:
@@ -866,14 +883,16 @@ def solve_segment(
     started = time.perf_counter()
     stamps = segment.stamps
     k = len(stamps)
-    if k < 1 or len(segment.scans) != k or segment.travel_m.shape != (k,):
+    given = len(segment.clouds) if segment.clouds else len(segment.scans)
+    if k < 1 or given != k or segment.travel_m.shape != (k,):
         raise HdmapError(
             f"segment {segment.drive}#{segment.index}: {k} keyframe stamps but "
-            f"{len(segment.scans)} scans and {segment.travel_m.shape} travel values"
+            f"{given} {'clouds' if segment.clouds else 'scans'} and "
+            f"{segment.travel_m.shape} travel values"
         )
     motion = segment.propagated
-    clouds = tuple(
-        deskew_scan(s, motion, segment.lidar_mount, cfg, device=dev) for s in segment.scans
+    clouds = segment.clouds or tuple(
+        segment.keyframe_cloud(s, cfg, device=dev) for s in segment.scans
     )
     dr = motion.at(stamps)
 

@@ -393,6 +393,24 @@ def test_estimate_trajectory_runs_the_same_steps(drive: DriveData, truth: Trajec
     assert absolute_trajectory_error(estimate, truth).rmse <= ATE_TARGET_M
 
 
+def test_a_segment_solves_the_same_from_clouds_made_elsewhere(drive: DriveData) -> None:
+    # The job de-skews keyframes where their sweeps are and ships only the clouds.
+    short = _cut(drive, drive.name, 0.0, 6.0)
+    settings = PoseSettings(segment_seconds=6.0, backward_matching=False, device="numpy")
+    propagated = propagate(short.imu, short.odom, short.extrinsics, settings)
+    segment = split_segments(short, propagated, settings)[0]
+    clouds = tuple(segment.keyframe_cloud(s, settings) for s in segment.scans)
+    assert len(clouds) == len(segment.stamps) and all(c.dtype == np.float32 for c in clouds)
+    sweeps = sum(s.xyz.nbytes + s.intensity.nbytes + s.dt.nbytes for s in segment.scans)
+    assert sum(c.nbytes for c in clouds) < sweeps / 3  # what the job's shuffle no longer moves
+    from_scans = solve_segment(segment, settings)
+    from_clouds = solve_segment(dataclasses.replace(segment, scans=(), clouds=clouds), settings)
+    np.testing.assert_array_equal(from_clouds.stamps, from_scans.stamps)
+    np.testing.assert_allclose(from_clouds.poses, from_scans.poses, atol=1e-9)
+    with pytest.raises(HdmapError, match="clouds"):
+        solve_segment(dataclasses.replace(segment, scans=(), clouds=clouds[1:]), settings)
+
+
 # -- loop closures -----------------------------------------------------------------------------
 
 
