@@ -261,9 +261,7 @@ def scaling(bag: str, windows: float, repeat: int = 3) -> None:
                     active.stop()
     for name, what in (("fast", "as fast as possible"), ("paced", "paced at 1x")):
         one, two = walls[name, 1], walls[name, 2]
-        runs = " / ".join(
-            ", ".join(f"{t:.2f}" for t in spread[name, n]) + " s" for n in (1, 2)
-        )
+        runs = " / ".join(", ".join(f"{t:.2f}" for t in spread[name, n]) + " s" for n in (1, 2))
         print(
             f"[4] {count} scenarios {what}, median of {repeat}: 1 executor {one:.2f} s, "
             f"2 executors {two:.2f} s -> {one / two:.2f}x (target >= 1.8x)  [runs: {runs}]"
