@@ -767,6 +767,23 @@ def _off_steps(
     return ok
 
 
+def _static_patches(p: TilePartial, settings: GridSettings) -> NDArray[np.bool_]:
+    """Per entry of ``p.patches``: static structure, i.e. occupied in at least
+    ``static_ratio`` of the scans that observed it; other occupied patches saw things pass."""
+    observed = p.patch_seen + p.patch_occupied
+    out: NDArray[np.bool_] = (p.patch_occupied > 0) & (
+        p.patch_occupied >= settings.static_ratio * observed
+    )
+    return out
+
+
+def _patch_of_cells(p: TilePartial) -> NDArray[np.int64]:
+    """The flat patch index (row-major over the tile's patches) of each of ``p.cells``."""
+    n, k = p.tile_cells, p.patch_cells
+    out: NDArray[np.int64] = (p.cells // n // k) * (n // k) + (p.cells % n) // k
+    return out
+
+
 @dataclass(frozen=True)
 class TransientPatches:
     """Where a merged tile saw only passing things: per patch (row 0 the south edge),
@@ -808,11 +825,9 @@ def transient_patches(
     p = partial
     n = p.tile_cells
     per_side = n // p.patch_cells
-    observed = p.patch_seen + p.patch_occupied
-    static = p.patch_occupied >= settings.static_ratio * observed
     transient = np.zeros(per_side * per_side, bool)
-    transient[p.patches] = (p.patch_occupied > 0) & ~static
-    patch_of = (p.cells // n // p.patch_cells) * per_side + (p.cells % n) // p.patch_cells
+    transient[p.patches] = (p.patch_occupied > 0) & ~_static_patches(p, settings)
+    patch_of = _patch_of_cells(p)
     has = p.count > 0
     sum_z = np.bincount(
         patch_of[has],
@@ -856,10 +871,8 @@ def finalize_tile(partial: TilePartial, settings: GridSettings | None = None) ->
     p = partial
     # Static structure: obstacle points in a patch that was occupied in enough of the scans
     # that observed it; in other patches the obstacles were passing through.
-    observed = p.patch_seen + p.patch_occupied
-    static_patch = (p.patch_occupied > 0) & (p.patch_occupied >= settings.static_ratio * observed)
-    per_side = n // p.patch_cells
-    patch_of = (p.cells // n // p.patch_cells) * per_side + (p.cells % n) // p.patch_cells
+    static_patch = _static_patches(p, settings)
+    patch_of = _patch_of_cells(p)
     position = np.clip(np.searchsorted(p.patches, patch_of), 0, max(len(p.patches) - 1, 0))
     in_static = np.zeros(len(p), bool)
     if len(p.patches):
