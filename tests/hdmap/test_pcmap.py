@@ -339,5 +339,7 @@ def test_map_files_that_are_not_right_fail_clearly(tmp_path: Path) -> None:
     assert not (tmp_path / TILE_DIR).exists()
     with pytest.raises(HdmapError, match="voxel_size must be positive"):
         PointCloudMapSettings(voxel_size=0.0)
+    with pytest.raises(HdmapError, match="transient_min_height must be >= 0"):
+        PointCloudMapSettings(transient_min_height=float("nan"))
     with pytest.raises(HdmapError, match=r"\(n, 3\) float array"):
         scan_cloud_partials(np.zeros((4, 2)), None)
