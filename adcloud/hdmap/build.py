@@ -189,7 +189,8 @@ def _write_version(
         "lane_markings": len(semantic.markings),
         "lanes": len(semantic.centerlines),
         "signs": len(semantic.signs),
-        "lanelets": int(getattr(lanelets, "lanelets", 0)),
+        "lanelets": lanelets.lanelets,
+        "lanelet_connectors": lanelets.connectors,
     }
 
 

@@ -65,6 +65,7 @@ __all__ = [
     "LaneMarking",
     "ReferenceLine",
     "extract_lane_markings",
+    "hermite_bridge",
     "lane_centerlines",
     "paint_mask",
     "reference_lines",
@@ -619,13 +620,20 @@ def _link_cost(
     return gap + 10.0 * offset
 
 
-def _hermite(pa: F64, ta: F64, pb: F64, tb: F64, step: float) -> F64:
-    """Points strictly between ``pa`` and ``pb`` (3-D) on the cubic Hermite curve with unit
-    horizontal tangents ``ta``/``tb`` scaled by the chord length."""
+def hermite_bridge(pa: F64, ta: F64, pb: F64, tb: F64, step: float) -> F64:
+    """Points strictly between ``pa`` and ``pb`` (3-D), about ``step`` apart, on the cubic
+    Hermite curve with unit horizontal tangents ``ta``/``tb``.
+
+    The tangents are scaled by the chord length over cos^2(turn / 4): with that length the
+    curve between two points of a circular arc stays on the arc to 0.03 % of the radius
+    for a 90-degree turn (the chord length alone strays by 0.45 %, 12 cm on a 50-degree
+    turn of a 27 m radius lane), and a straight gap is unchanged."""
     gap = float(np.linalg.norm(pb[:2] - pa[:2]))
     k = int(gap // step)
     if k < 1:
         return np.zeros((0, 3))
+    turn = math.atan2(ta[0] * tb[1] - ta[1] * tb[0], ta[0] * tb[0] + ta[1] * tb[1])
+    scale = gap / math.cos(turn / 4) ** 2
     s = np.arange(1, k + 1) / (k + 1)
     h00 = 2 * s**3 - 3 * s**2 + 1
     h10 = s**3 - 2 * s**2 + s
@@ -633,9 +641,9 @@ def _hermite(pa: F64, ta: F64, pb: F64, tb: F64, step: float) -> F64:
     h11 = s**3 - s**2
     xy = (
         h00[:, None] * pa[:2]
-        + h10[:, None] * (gap * ta)
+        + h10[:, None] * (scale * ta)
         + h01[:, None] * pb[:2]
-        + h11[:, None] * (gap * tb)
+        + h11[:, None] * (scale * tb)
     )
     z = pa[2] + s * (pb[2] - pa[2])
     return np.column_stack([xy, z])
@@ -723,7 +731,7 @@ def _chain_points(pieces: list[_Piece], chain: list[tuple[int, bool]], step: flo
             tb = pts[1, :2] - pts[0, :2] if len(pts) > 1 else pts[0, :2] - prev[-1, :2]
             ta = ta / max(float(np.linalg.norm(ta)), 1e-12)
             tb = tb / max(float(np.linalg.norm(tb)), 1e-12)
-            parts.append(_hermite(prev[-1], ta, pts[0], tb, step))
+            parts.append(hermite_bridge(prev[-1], ta, pts[0], tb, step))
         parts.append(pts)
         prev = pts
     return np.vstack(parts)

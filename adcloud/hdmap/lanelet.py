@@ -23,7 +23,17 @@ What goes in (Lanelet2 tagging; ``adcloud:id``/``adcloud:source`` tag every elem
 - each sign as a Lanelet2 ``TrafficSign`` regulatory element (``subtype traffic_sign``,
   ``sign_type`` the detected type) referring to the plate's bottom edge (a ``traffic_sign``
   line string whose ``subtype`` is the sign type, ``height`` the plate height), attached to
-  the lanelets whose traffic faces the plate within ``attach_radius_m``.
+  the lanelets whose traffic faces the plate within ``attach_radius_m``;
+- where one lane ends and another starts a little ahead (an intersection the drive crossed, a
+  stretch where a marking was not seen), a *connector* lanelet joins them: its bounds start at
+  the first lane's last boundary points and end at the next lane's first ones (the same
+  Lanelet2 points, so ``lanelet2.routing`` finds the route through), bridged with cubic
+  Hermite curves along the lanes' end tangents, tagged ``type virtual`` (nothing is painted
+  there), and the lanelet carries Autoware's ``turn_direction`` (``straight``/``left``/
+  ``right``). A join is made only when it is plausible driving: the gap is at most
+  ``connect_gap_m``, the heading turns by at most ``connect_max_turn_deg``, and the two ends
+  lie on one circular arc to within ``connect_max_offset_m`` (so a lane never joins the lane
+  beside it or the opposite direction).
 """
 
 from __future__ import annotations
@@ -38,10 +48,11 @@ from typing import Any
 import numpy as np
 import yaml
 from numpy.typing import NDArray
+from scipy.spatial import cKDTree
 
 from adcloud.errors import MissingComponentError
 from adcloud.hdmap.errors import HdmapError, MapFormatError
-from adcloud.hdmap.labels import LaneCenterline, LaneMarking
+from adcloud.hdmap.labels import LaneCenterline, LaneMarking, hermite_bridge
 from adcloud.hdmap.semantic import Origin, SemanticMap
 from adcloud.hdmap.signs import TrafficSign
 
@@ -49,6 +60,7 @@ __all__ = [
     "LaneletSettings",
     "LaneletSummary",
     "load_lanelet2",
+    "routing_graph",
     "write_lanelet2",
     "write_map_projector_info",
 ]
@@ -61,28 +73,49 @@ F64 = NDArray[np.float64]
 @dataclass(frozen=True)
 class LaneletSettings:
     """``attach_radius_m``: how far from a lane's centre line a sign may stand to regulate
-    it; ``location``: the lanelets' ``location`` tag (``urban``/``nonurban``)."""
+    it; ``location``: the lanelets' ``location`` tag (``urban``/``nonurban``).
+
+    Connectors (see the module docstring): ``connect_gap_m`` the longest gap bridged (0
+    turns connectors off), ``connect_max_turn_deg`` the largest heading change across it,
+    ``connect_max_offset_m`` how far the two ends may be from one circular arc;
+    ``straight_max_turn_deg`` the heading change below which a connector is ``straight``."""
 
     attach_radius_m: float = 8.0
     location: str = "urban"
+    connect_gap_m: float = 40.0
+    connect_max_turn_deg: float = 120.0
+    connect_max_offset_m: float = 1.0
+    straight_max_turn_deg: float = 30.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.attach_radius_m) and self.attach_radius_m > 0):
+        positive = ("attach_radius_m", "connect_max_offset_m", "straight_max_turn_deg")
+        for name in positive:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise HdmapError(f"LaneletSettings.{name} must be a positive number, got {value}")
+        if not (math.isfinite(self.connect_gap_m) and self.connect_gap_m >= 0):
             raise HdmapError(
-                "LaneletSettings.attach_radius_m must be a positive number, got "
-                f"{self.attach_radius_m}"
+                "LaneletSettings.connect_gap_m must be a number >= 0 (0: no connectors), "
+                f"got {self.connect_gap_m}"
+            )
+        if not (0 < self.connect_max_turn_deg < 180):
+            raise HdmapError(
+                "LaneletSettings.connect_max_turn_deg must be in (0, 180) degrees, got "
+                f"{self.connect_max_turn_deg}"
             )
 
 
 @dataclass(frozen=True)
 class LaneletSummary:
-    """What :func:`write_lanelet2` wrote."""
+    """What :func:`write_lanelet2` wrote: ``lanelets`` the lanes, ``connectors`` the
+    connector lanelets joining them (not counted in ``lanelets``)."""
 
     path: Path
     lanelets: int
     line_strings: int
     regulatory_elements: int
     attached_signs: int
+    connectors: int = 0
 
 
 def _lanelet2() -> Any:
@@ -128,13 +161,14 @@ class _Builder:
         self.markings: dict[str, LaneMarking] = {m.id: m for m in semantic_map.markings if m.id}
         self.used_markings: set[str] = set()
         self.shared: dict[tuple[int, str], Any] = {}
+        self.bridges: dict[tuple[int, int], Any] = {}
         self.lanelets: list[tuple[Any, LaneCenterline]] = []
         self.line_strings = 0
 
     def attrs(self, values: dict[str, str]) -> Any:
         return self.core.AttributeMap(values)
 
-    def line(self, points: F64, tags: dict[str, str]) -> Any:
+    def points(self, points: F64) -> list[Any]:
         core = self.core
         pts = []
         for x, y, z in points:
@@ -143,8 +177,56 @@ class _Builder:
             p.attributes["local_x"] = f"{x:.4f}"
             p.attributes["local_y"] = f"{y:.4f}"
             pts.append(p)
+        return pts
+
+    def line(self, points: F64, tags: dict[str, str]) -> Any:
         self.line_strings += 1
-        return core.LineString3d(core.getId(), pts, self.attrs(tags))
+        return self.core.LineString3d(self.core.getId(), self.points(points), self.attrs(tags))
+
+    def bridge(self, ends: Any, starts: Any) -> Any:
+        """A ``virtual`` line string from the last point of ``ends`` to the first point of
+        ``starts`` (the same Lanelet2 points), curving along both lines' tangents."""
+        first, last = ends[len(ends) - 1], starts[0]
+        # The connector of the opposite direction crosses the same gap of a shared bound
+        # (the divider): it gets the same line string, inverted, as lanes of a section do.
+        opposite = self.bridges.get((last.id, first.id))
+        if opposite is not None:
+            return opposite.invert()
+        a, b = _coords(ends), _coords(starts)
+        ta, tb = _direction(a, at_start=False), _direction(b, at_start=True)
+        inner = hermite_bridge(a[-1], ta, b[0], tb, BRIDGE_STEP_M)
+        self.line_strings += 1
+        line = self.core.LineString3d(
+            self.core.getId(), [first, *self.points(inner), last], self.attrs({"type": "virtual"})
+        )
+        self.bridges[(first.id, last.id)] = line
+        return line
+
+    def connector(
+        self, before: Any, lane: LaneCenterline, after: Any, nxt: LaneCenterline, turn: float
+    ) -> Any:
+        """The connector lanelet from lanelet ``before`` (of ``lane``) to ``after``."""
+        left = self.bridge(before.leftBound, after.leftBound)
+        right = self.bridge(before.rightBound, after.rightBound)
+        straight = math.radians(self.settings.straight_max_turn_deg)
+        direction = "straight" if abs(turn) <= straight else ("left" if turn > 0 else "right")
+        tags = {
+            "type": "lanelet",
+            "subtype": "road",
+            "location": self.settings.location,
+            "one_way": "yes",
+            "participant:vehicle": "yes",
+            "turn_direction": direction,
+            "adcloud:id": f"{lane.id}>{nxt.id}",
+            "adcloud:source": "connector",
+        }
+        ll = self.core.Lanelet(self.core.getId(), left, right, self.attrs(tags))
+        pa, pb = lane.points[-1], nxt.points[0]
+        ta = _direction(lane.points, at_start=False)
+        tb = _direction(nxt.points, at_start=True)
+        centre = np.vstack([pa, hermite_bridge(pa, ta, pb, tb, BRIDGE_STEP_M), pb])
+        ll.centerline = self.line(centre, {"type": "centerline"})
+        return ll
 
     def marking_tags(self, marking_id: str) -> dict[str, str]:
         m = self.markings.get(marking_id)
@@ -253,6 +335,77 @@ class _Builder:
         return regelem, regulated
 
 
+#: Vertex spacing of the bridged bounds and centre line of a connector (m).
+BRIDGE_STEP_M = 1.0
+
+
+def _coords(line: Any) -> F64:
+    return np.array([[p.x, p.y, p.z] for p in line], dtype=np.float64)
+
+
+def _direction(points: F64, at_start: bool, span: float = 3.0) -> F64:
+    """Unit horizontal driving direction at the start or the end of a polyline: the slope at
+    the end of a quadratic fitted (by arc length) to its last ``span`` metres. A secant over
+    the same metres would lag on curves, and one noisy vertex would tilt a short one."""
+    xy = points[:, :2] if at_start else points[::-1, :2]
+    s = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(xy, axis=0), axis=1))])
+    near = s <= span
+    if int(near.sum()) >= 3 and s[near][-1] > 0:
+        v = np.array([np.polyfit(s[near], xy[near, k], 2)[1] for k in (0, 1)])
+    else:
+        v = xy[min(1, len(xy) - 1)] - xy[0]
+    if not at_start:
+        v = -v
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 else np.array([1.0, 0.0])
+
+
+def _signed_angle(u: F64, v: F64) -> float:
+    return float(math.atan2(u[0] * v[1] - u[1] * v[0], u[0] * v[0] + u[1] * v[1]))
+
+
+def _join(pa: F64, ta: F64, pb: F64, tb: F64, settings: LaneletSettings) -> float | None:
+    """The heading change (rad, left positive) of driving from a lane's end (``pa``,
+    direction ``ta``) into another's start (``pb``, ``tb``); None when that is not a
+    plausible connection (see the module docstring)."""
+    chord = pb[:2] - pa[:2]
+    gap = float(np.linalg.norm(chord))
+    turn = _signed_angle(ta, tb)
+    if gap > settings.connect_gap_m or abs(turn) > math.radians(settings.connect_max_turn_deg):
+        return None
+    if gap < 1e-3:
+        return turn
+    c = chord / gap
+    into, out_of = _signed_angle(ta, c), _signed_angle(c, tb)
+    if abs(into) >= math.pi / 2 or abs(out_of) >= math.pi / 2:
+        return None  # the next lane starts behind, or is entered backwards
+    # On a circular arc the chord bisects the turn; the mismatch is the lateral offset of
+    # the next lane from the arc (3.5 m for the lane beside it).
+    if gap * abs(math.sin((into - out_of) / 2)) > settings.connect_max_offset_m:
+        return None
+    return turn
+
+
+def _connect(builder: _Builder, lmap: Any) -> int:
+    """Add a connector lanelet for every plausible lane end -> lane start join."""
+    lanes = builder.lanelets
+    if not lanes or builder.settings.connect_gap_m <= 0:
+        return 0
+    starts = np.array([lane.points[0, :2] for _, lane in lanes])
+    tree = cKDTree(starts)
+    made = 0
+    for ll, lane in lanes:
+        pa, ta = lane.points[-1], _direction(lane.points, at_start=False)
+        for j in sorted(tree.query_ball_point(pa[:2], builder.settings.connect_gap_m)):
+            after, nxt = lanes[j]
+            tb = _direction(nxt.points, at_start=True)
+            turn = _join(pa, ta, nxt.points[0], tb, builder.settings)
+            if turn is not None:
+                lmap.add(builder.connector(ll, lane, after, nxt, turn))
+                made += 1
+    return made
+
+
 def write_lanelet2(
     path: str | os.PathLike[str],
     semantic_map: SemanticMap,
@@ -274,6 +427,7 @@ def write_lanelet2(
     for marking in semantic_map.markings:
         if marking.id not in builder.used_markings:
             lmap.add(builder.line(marking.points, builder.marking_tags(marking.id)))
+    connectors = _connect(builder, lmap)
     for ref in semantic_map.reference_lines:
         tags = {"type": "reference_line", "adcloud:id": ref.id, "adcloud:source": ref.source}
         lmap.add(builder.line(ref.points, tags))
@@ -298,11 +452,14 @@ def write_lanelet2(
         line_strings=builder.line_strings,
         regulatory_elements=regelems,
         attached_signs=attached,
+        connectors=connectors,
     )
     log.info(
-        "lanelet2: wrote %s (%d lanelets, %d line strings, %d signs, %d attached to lanes)",
+        "lanelet2: wrote %s (%d lanelets and %d connectors, %d line strings, %d signs, "
+        "%d attached to lanes)",
         target,
         summary.lanelets,
+        summary.connectors,
         summary.line_strings,
         summary.regulatory_elements,
         summary.attached_signs,
@@ -322,6 +479,17 @@ def load_lanelet2(path: str | os.PathLike[str], origin: Origin) -> Any:
         return ll2.io.load(str(target), _projector(ll2, (lat, lon, alt)))
     except RuntimeError as err:
         raise MapFormatError(f"{target}: lanelet2 could not read the map: {err}") from err
+
+
+def routing_graph(lanelet_map: Any) -> Any:
+    """lanelet2's ``RoutingGraph`` of a loaded map for vehicles (lanelet2's German traffic
+    rules, its built-in set): ``following``, ``getRoute`` and ``shortestPath`` as a
+    driving stack's planner sees the map."""
+    ll2 = _lanelet2()
+    rules = ll2.traffic_rules.create(
+        ll2.traffic_rules.Locations.Germany, ll2.traffic_rules.Participants.Vehicle
+    )
+    return ll2.routing.RoutingGraph(lanelet_map, rules)
 
 
 def write_map_projector_info(path: str | os.PathLike[str], origin: Origin) -> Path:

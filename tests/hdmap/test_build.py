@@ -16,7 +16,8 @@ from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
 from adcloud.hdmap.errors import DriveDataError
 from adcloud.hdmap.exchange import load_items
 from adcloud.hdmap.geotiff import read_grid_tile
-from adcloud.hdmap.lanelet import load_lanelet2
+from adcloud.hdmap.lanelet import load_lanelet2, routing_graph
+from adcloud.hdmap.semantic import read_geojson
 from adcloud.hdmap.trajectory import Trajectory
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 
@@ -81,6 +82,17 @@ def test_loop_drive_meets_the_accuracy_targets(
     assert result.metric("ate_rmse").value < 0.05  # type: ignore[operator]
     lanelets = load_lanelet2(root / "lanelet2_map.osm", version_origin(root))
     assert len(lanelets.laneletLayer) >= 2
+    # the loop can be driven round on the map: each lane leads, through the connectors
+    # across the intersections, to every other lane of its direction and back
+    graph = routing_graph(lanelets)
+    direction = {c.id: c.direction for c in read_geojson(root / "semantic.geojson").centerlines}
+    lanes = [ll for ll in lanelets.laneletLayer if ll.attributes["adcloud:id"] in direction]
+    assert len(lanes) == len(direction) and summary.counts["lanelet_connectors"] >= 2
+    for a in lanes:
+        for b in lanes:
+            ida, idb = a.attributes["adcloud:id"], b.attributes["adcloud:id"]
+            if ida != idb and direction[ida] == direction[idb]:
+                assert graph.getRoute(a, b) is not None and graph.getRoute(b, a) is not None
 
     # a second run with the same bag changes nothing at all, from Python or the CLI
     before = _tree(tmp_path / "map")

@@ -26,6 +26,7 @@ from adcloud.hdmap.labels import (
 from adcloud.hdmap.lanelet import (
     LaneletSettings,
     load_lanelet2,
+    routing_graph,
     write_lanelet2,
     write_map_projector_info,
 )
@@ -299,3 +300,96 @@ def test_lanelet_errors(road: tuple[np.ndarray, Trajectory, SemanticMap], tmp_pa
         load_lanelet2(tmp_path / "missing.osm", ORIGIN)
     with pytest.raises(HdmapError, match="attach_radius_m"):
         LaneletSettings(attach_radius_m=0.0)
+    with pytest.raises(HdmapError, match="connect_gap_m"):
+        LaneletSettings(connect_gap_m=-1.0)
+    with pytest.raises(HdmapError, match="connect_max_turn_deg"):
+        LaneletSettings(connect_max_turn_deg=180.0)
+    with pytest.raises(HdmapError, match="connect_max_offset_m"):
+        LaneletSettings(connect_max_offset_m=float("nan"))
+
+
+def _ids(lanelets: object) -> list[str]:
+    return sorted(ll.attributes["adcloud:id"] for ll in lanelets)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def gapped_road(tmp_path: Path) -> tuple[np.ndarray, SemanticMap, Path]:
+    """The road with no paint on 22 m of its curve (an intersection the drive crossed):
+    two sections of two lanes each, written to ``lanelet2_map.osm``."""
+    centre = _road_centre()
+    s = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(centre[:, :2], axis=0), axis=1))])
+    before, after = s < 42.0, s > 64.0
+    markings = [
+        LaneMarking(_offset(centre[part], d), kind, id=f"{name}-{tag}")
+        for part, tag in ((before, "a"), (after, "b"))
+        for d, kind, name in (
+            (-3.5, "solid", "right"),
+            (0.0, "dashed", "div"),
+            (3.5, "solid", "left"),
+        )
+    ]
+    trajectory = _trajectory(_offset(centre, -1.75))
+    lanes = lane_centerlines(markings, trajectory)
+    smap = SemanticMap(markings=tuple(markings), centerlines=tuple(lanes), origin=ORIGIN)
+    path = tmp_path / "lanelet2_map.osm"
+    summary = write_lanelet2(path, smap)
+    assert summary.lanelets == 4 and summary.connectors == 2
+    return centre, smap, path
+
+
+def test_connectors_make_the_lanes_routable(
+    gapped_road: tuple[np.ndarray, SemanticMap, Path],
+) -> None:
+    """lanelet2's own routing graph finds the way across the unpainted gap in both
+    directions, and only there: no lane joins the lane beside it or turns back."""
+    centre, smap, path = gapped_road
+    lmap = load_lanelet2(path, ORIGIN)
+    graph = routing_graph(lmap)
+    assert graph.checkValidity() == []  # type: ignore[attr-defined]
+    by_id = {ll.attributes["adcloud:id"]: ll for ll in lmap.laneletLayer}
+    lanes = {(lane.section, lane.direction): lane.id for lane in smap.centerlines}
+    along0, along1 = lanes[(0, "along")], lanes[(1, "along")]
+    against0, against1 = lanes[(0, "against")], lanes[(1, "against")]
+    for first, last, turn in ((along0, along1, "left"), (against1, against0, "right")):
+        connector = by_id[f"{first}>{last}"]
+        assert _ids(graph.following(by_id[first])) == [f"{first}>{last}"]  # type: ignore[attr-defined]
+        assert _ids(graph.following(connector)) == [last]  # type: ignore[attr-defined]
+        route = graph.getRoute(by_id[first], by_id[last])  # type: ignore[attr-defined]
+        assert route is not None
+        assert _ids(route.shortestPath()) == sorted([first, f"{first}>{last}", last])
+        assert connector.attributes["turn_direction"] == turn
+        assert connector.attributes["adcloud:source"] == "connector"
+        assert connector.leftBound.attributes["type"] == "virtual"
+        # the connector starts and ends on the lanes' own boundary points
+        assert (
+            connector.leftBound[0].id == by_id[first].leftBound[len(by_id[first].leftBound) - 1].id
+        )
+        assert (
+            connector.rightBound[len(connector.rightBound) - 1].id == by_id[last].rightBound[0].id
+        )
+    # the gap lies on the 25 m curve: the bridged centre line follows the lane's arc
+    truth = resample_polyline(_offset(centre, -1.75), 0.01)
+    bridged = by_id[f"{along0}>{along1}"].centerline
+    d, _ = cKDTree(truth[:, :2]).query(np.array([[p.x, p.y] for p in bridged]))
+    assert len(bridged) > 15 and d.max() < 0.05
+    # both directions cross the gap on one divider line string, as the lanes of a section
+    forward = by_id[f"{along0}>{along1}"].leftBound
+    backward = by_id[f"{against1}>{against0}"].leftBound
+    assert forward.id == backward.id and backward.inverted() and not forward.inverted()
+    # nothing else is joined: the end of each road leads nowhere
+    assert list(graph.following(by_id[along1])) == []  # type: ignore[attr-defined]
+    assert list(graph.following(by_id[against0])) == []  # type: ignore[attr-defined]
+
+
+def test_connectors_respect_their_settings(
+    gapped_road: tuple[np.ndarray, SemanticMap, Path], tmp_path: Path
+) -> None:
+    _, smap, _ = gapped_road
+    path = tmp_path / "other.osm"
+    assert write_lanelet2(path, smap, settings=LaneletSettings(connect_gap_m=0.0)).connectors == 0
+    # the gap is 22 m along the lane: a shorter reach joins nothing
+    assert write_lanelet2(path, smap, settings=LaneletSettings(connect_gap_m=15.0)).connectors == 0
+    # the curve turns the lanes ~50 degrees across the gap
+    turn = LaneletSettings(connect_max_turn_deg=30.0)
+    assert write_lanelet2(path, smap, settings=turn).connectors == 0
+    assert len(load_lanelet2(path, ORIGIN).laneletLayer) == 4
