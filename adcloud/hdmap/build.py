@@ -4,7 +4,8 @@
 drives known by content hash are skipped; nothing new means nothing is written), runs the
 pipeline of :mod:`adcloud.hdmap.job` over the new drives only, merges their grid and
 point-cloud tiles by key into the previous version's, extracts the semantic layers from the
-merged grid, and commits the new version atomically.
+merged grid, and commits the new version atomically. The new drives' poses are tied to the
+map by loop closures against the keyframes earlier builds kept (their poses do not move).
 
 A version directory holds::
 
@@ -18,7 +19,8 @@ A version directory holds::
     labels/imported.json                          human/external labels kept across rebuilds
     report/summary.html                           a page to look at
     settings.json, manifest.json                  effective settings; drives by content hash
-    state/                                        tile statistics the next build merges into
+    state/                                        tile statistics the next build merges into,
+                                                  keyframes its new drives are tied to
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from adcloud.hdmap.labels import (
     reference_lines,
 )
 from adcloud.hdmap.lanelet import write_lanelet2, write_map_projector_info
+from adcloud.hdmap.loops import KeyframeArchive
 from adcloud.hdmap.mapdir import BuildPlan, BuildResult, MapDir, MapDirSettings, Staging, find_bags
 from adcloud.hdmap.report import write_report
 from adcloud.hdmap.semantic import SemanticMap, import_labels, merge_labels, write_geojson
@@ -64,6 +67,8 @@ Progress = Callable[[str], None]
 IMPORTED_LABELS = "labels/imported.json"
 _STATE_ORIGIN = "state/origin.json"
 _STATE_SIGNS = "state/sign_points.npz"
+#: The drives' keyframes (poses and clouds), which tie the next build's new drives to the map.
+STATE_KEYFRAMES = "state/keyframes"
 
 
 @dataclass(frozen=True)
@@ -235,6 +240,9 @@ def build_map(
         out = staging.path
         parent_root, info = _parent_state(staging)
         origin = tuple(info["origin"]) if "origin" in info else settings.origin
+        archive = None
+        if parent_root is not None and (parent_root / STATE_KEYFRAMES).is_dir():
+            archive = KeyframeArchive(parent_root / STATE_KEYFRAMES)
         previous_tiles = _previous_items(parent_root, STATE_TILES)
         previous_cloud = _previous_items(parent_root, STATE_CLOUD)
         previous_traj: dict[str, Trajectory] = {}
@@ -258,10 +266,12 @@ def build_map(
             previous_tiles=previous_tiles,
             previous_cloud=previous_cloud,
             corridor_trajectories=previous_traj,
+            previous_keyframes=archive,
             stages=stages,
             progress=say,
         )
         shutil.rmtree(out / ".exchange", ignore_errors=True)
+        KeyframeArchive.write(out / STATE_KEYFRAMES, result.keyframes, carry=archive)
         trajectories = {**previous_traj, **result.trajectories}
         if parent_root is not None and (parent_root / _STATE_SIGNS).is_file():
             old_pts, old_int = load_items(parent_root / _STATE_SIGNS)

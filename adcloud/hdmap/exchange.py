@@ -19,6 +19,7 @@ import io
 import json
 import os
 import uuid
+import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,7 @@ def load_items(path: str | os.PathLike[str]) -> list[Any]:
             if header.get("format") != _FORMAT:
                 raise MapFormatError(f"{path}: not an exchange file ({header.get('format')!r})")
             arrays = {k: z[k] for k in z.files if k != "header"}
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
         raise MapFormatError(f"{path}: cannot read exchange file: {err}") from err
     return [_decode(item, arrays) for item in header["items"]]
 

@@ -55,7 +55,7 @@ from adcloud.hdmap.grid import (
     scan_partials,
     transient_patches,
 )
-from adcloud.hdmap.loops import LoopSettings, find_loop_closures
+from adcloud.hdmap.loops import Keyframe, KeyframeArchive, LoopSettings, find_loop_closures
 from adcloud.hdmap.model import Extrinsics, Scan
 from adcloud.hdmap.pcmap import (
     CloudPartial,
@@ -136,6 +136,7 @@ class PipelineResult:
     loop_closures: int
     timings: dict[str, float]
     origin: Origin
+    keyframes: list[Keyframe] = field(default_factory=list)
 
 
 # -- stage 0: ETL ---------------------------------------------------------------------------
@@ -216,7 +217,8 @@ def _poses(
     stages: StageSettings,
     device: str,
     progress: Progress,
-) -> tuple[dict[str, Trajectory], int]:
+    archive: KeyframeArchive | None = None,
+) -> tuple[dict[str, Trajectory], int, list[Keyframe]]:
     sc = scans.context
     stamps: dict[str, list[tuple[int, str]]] = {}
     for owner, stamp, frame in scans.map(lambda s: (s.drive, s.stamp, s.frame)).collect():
@@ -257,14 +259,22 @@ def _poses(
     gps = {name: d.gps for name, d in drives.items()}
     trajectories = join_segments(solutions, gps, (), stages.poses, loop_settings=stages.loops)
     closures = []
+    keyframes = solution_keyframes(solutions, trajectories)
     if stages.poses.loop_closure:
-        keyframes = solution_keyframes(solutions, trajectories)
-        closures = find_loop_closures(keyframes, stages.loops, device=device or None)
+        fixed: list[Keyframe] = []
+        if archive is not None:
+            # the map's keyframes near the new drives, within reach of a loop candidate
+            xy = np.array([k.pose[:2, 3] for k in keyframes]).reshape(-1, 2)
+            fixed = archive.near(xy, stages.loops.search_radius_m, exclude=set(drives))
+            if fixed:
+                progress(f"poses: {len(fixed)} keyframes of the map near the new drive(s)")
+        closures = find_loop_closures(keyframes, stages.loops, device=device or None, fixed=fixed)
         if closures:
             trajectories = join_segments(
-                solutions, gps, closures, stages.poses, loop_settings=stages.loops
+                solutions, gps, closures, stages.poses, loop_settings=stages.loops, fixed=fixed
             )
-    return trajectories, len(closures)
+            keyframes = solution_keyframes(solutions, trajectories)
+    return trajectories, len(closures), keyframes
 
 
 def write_tile_outputs(tile: GridTile, out: Path, origin: Origin) -> None:
@@ -428,6 +438,7 @@ def run_pipeline(
     previous_tiles: Iterable[tuple[tuple[int, int], TilePartial]] = (),
     previous_cloud: Iterable[tuple[tuple[int, int], CloudPartial]] = (),
     corridor_trajectories: dict[str, Trajectory] | None = None,
+    previous_keyframes: KeyframeArchive | None = None,
     stages: StageSettings | None = None,
     progress: Progress | None = None,
 ) -> PipelineResult:
@@ -435,7 +446,9 @@ def run_pipeline(
     products on the driver (see the module docstring), writing grid and point-cloud tiles
     under ``out_dir``. ``previous_tiles`` and
     ``previous_cloud`` (an incremental build's earlier tile statistics) merge by key;
-    ``corridor_trajectories`` (earlier drives) widen the roads the label stage looks at."""
+    ``corridor_trajectories`` (earlier drives) widen the roads the label stage looks at;
+    ``previous_keyframes`` (the map's keyframe archive) ties the new drives to the map by
+    loop closures."""
     say = progress or (lambda text: log.info("%s", text))
     stages = stages or StageSettings.from_settings(settings)
     exchange = Exchange(settings.mode, exchange_dir)
@@ -449,7 +462,9 @@ def run_pipeline(
         say(f"etl: {len(drives)} drive(s) decoded")
 
         tick = time.perf_counter()
-        trajectories, loops = _poses(scans, drives, stages, settings.device, say)
+        trajectories, loops, keyframes = _poses(
+            scans, drives, stages, settings.device, say, previous_keyframes
+        )
         timings["poses"] = time.perf_counter() - tick
         say(f"poses: {len(trajectories)} trajectories, {loops} loop closure(s)")
 
@@ -529,6 +544,7 @@ def run_pipeline(
             sign_points=sign_xyz,
             sign_intensity=sign_int.astype(np.float32),
             loop_closures=loops,
+            keyframes=keyframes,
             timings=timings,
             origin=next(iter(drives.values())).origin,
         )

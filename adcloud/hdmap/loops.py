@@ -12,7 +12,10 @@ pose graph of :func:`adcloud.hdmap.poses.join_segments` as relative-pose constra
 a robust noise model, so one wrong closure that slips through cannot tear the map.
 
 Keys are ``(drive, stamp)``: keyframes of several drives are searched together, which
-ties drives of the same area into one globally consistent map.
+ties drives of the same area into one globally consistent map. An incremental build ties
+its new drives to the map built before in the same way: the earlier builds' keyframes are
+kept in a :class:`KeyframeArchive` and take part as *fixed* keyframes (their poses are the
+map's and do not move; only closures that involve a new keyframe are looked for).
 
 Frames: a :class:`Keyframe` cloud is in ``base_link`` at the keyframe's stamp (motion
 de-skewed), ``pose`` maps ``base_link`` into ``map``; ``LoopClosure.relative`` maps the
@@ -21,8 +24,11 @@ second keyframe's ``base_link`` into the first's.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping, Sequence
+import os
+import shutil
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,12 +38,14 @@ from numpy.typing import NDArray
 from scipy.spatial import cKDTree
 
 from adcloud.config import load_settings
-from adcloud.hdmap.errors import HdmapError
+from adcloud.hdmap.errors import HdmapError, MapFormatError
+from adcloud.hdmap.exchange import dump_items, load_items
 from adcloud.hetero import HeteroError, align
 from adcloud.hetero.devices import ComputeDevice, as_device
 
 __all__ = [
     "Keyframe",
+    "KeyframeArchive",
     "LoopClosure",
     "LoopSettings",
     "find_loop_closures",
@@ -298,23 +306,30 @@ def find_loop_closures(
     settings: LoopSettings | None = None,
     *,
     device: ComputeDevice | str | None = None,
+    fixed: Sequence[Keyframe] = (),
 ) -> list[LoopClosure]:
-    """Verified loop closures among ``keyframes`` (one drive or several of the same area).
+    """Verified loop closures among ``keyframes`` (one drive or several of the same area),
+    and between them and the ``fixed`` keyframes of drives mapped before (those of a drive
+    also in ``keyframes`` are ignored).
 
     Candidates come from :func:`loop_candidates`; each is checked by :func:`verify_loop`
     on the merged sweeps around both keyframes (:func:`local_keyframe`). The keyframes'
     poses must already be in one ``map`` frame (GPS-anchored) and good to a few metres.
     """
     cfg = settings or LoopSettings()
-    pairs = loop_candidates(keyframes, cfg)
+    moving = {k.drive for k in keyframes}
+    anchors = [k for k in fixed if k.drive not in moving]
+    everything = [*keyframes, *anchors]
+    # pairs of two fixed keyframes were looked at when their map was built
+    pairs = [(i, j) for i, j in loop_candidates(everything, cfg) if min(i, j) < len(keyframes)]
     dev = as_device(device) if pairs else None
     closures = [
         c
         for i, j in pairs
         if (
             c := verify_loop(
-                local_keyframe(keyframes, i, cfg.map_keyframes),
-                local_keyframe(keyframes, j, cfg.map_keyframes),
+                local_keyframe(everything, i, cfg.map_keyframes),
+                local_keyframe(everything, j, cfg.map_keyframes),
                 cfg,
                 device=dev,
             )
@@ -322,9 +337,82 @@ def find_loop_closures(
         is not None
     ]
     log.info(
-        "loop closures: %d of %d candidates accepted among %d keyframes",
+        "loop closures: %d of %d candidates accepted among %d keyframes (%d fixed)",
         len(closures),
         len(pairs),
-        len(keyframes),
+        len(everything),
+        len(anchors),
     )
     return closures
+
+
+class KeyframeArchive:
+    """The keyframes of a map's drives, kept in its version for the next incremental build:
+    ``<drive>.npz`` per drive (:func:`~adcloud.hdmap.exchange.dump_items`) and
+    ``index.json`` with each drive's keyframe bounds in ``map`` (so a build loads only
+    the drives near its new ones)."""
+
+    INDEX = "index.json"
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        index = self.folder / self.INDEX
+        self.bounds: dict[str, tuple[float, float, float, float]] = {}
+        if index.is_file():
+            try:
+                raw = json.loads(index.read_text())
+                for drive, (x0, y0, x1, y1) in raw["drives"].items():
+                    self.bounds[str(drive)] = (float(x0), float(y0), float(x1), float(y1))
+            except (ValueError, KeyError, TypeError) as err:
+                raise MapFormatError(f"{index}: not a keyframe index ({err})") from err
+
+    def near(self, xy: F64, radius_m: float, exclude: Collection[str] = ()) -> list[Keyframe]:
+        """The archived keyframes of every drive (not in ``exclude``) whose bounds come
+        within ``radius_m`` of one of the positions ``xy`` (N, 2)."""
+        xy = np.asarray(xy, np.float64).reshape(-1, 2)
+        out: list[Keyframe] = []
+        for drive, (x0, y0, x1, y1) in sorted(self.bounds.items()):
+            if drive in exclude or not len(xy):
+                continue
+            dx = np.maximum(np.maximum(x0 - xy[:, 0], xy[:, 0] - x1), 0.0)
+            dy = np.maximum(np.maximum(y0 - xy[:, 1], xy[:, 1] - y1), 0.0)
+            if float(np.min(np.hypot(dx, dy))) <= radius_m:
+                out.extend(self.load(drive))
+        return out
+
+    def load(self, drive: str) -> list[Keyframe]:
+        path = self.folder / f"{drive}.npz"
+        items = load_items(path)
+        if not all(isinstance(k, Keyframe) and k.drive == drive for k in items):
+            raise MapFormatError(f"{path}: holds something other than keyframes of {drive!r}")
+        return items
+
+    @classmethod
+    def write(
+        cls,
+        folder: str | os.PathLike[str],
+        keyframes: Sequence[Keyframe],
+        carry: KeyframeArchive | None = None,
+    ) -> KeyframeArchive:
+        """Write ``keyframes`` (grouped by drive) under ``folder``, with the drives of
+        ``carry`` (an earlier version's archive) copied along; returns the new archive."""
+        root = Path(folder)
+        root.mkdir(parents=True, exist_ok=True)
+        by_drive: dict[str, list[Keyframe]] = {}
+        for k in keyframes:
+            by_drive.setdefault(k.drive, []).append(k)
+        bounds: dict[str, list[float]] = {}
+        if carry is not None:
+            for drive, b in carry.bounds.items():
+                if drive not in by_drive:
+                    shutil.copy2(carry.folder / f"{drive}.npz", root / f"{drive}.npz")
+                    bounds[drive] = list(b)
+        for drive, frames in sorted(by_drive.items()):
+            frames.sort(key=lambda k: k.stamp)
+            dump_items(frames, root / f"{drive}.npz")
+            xy = np.array([k.pose[:2, 3] for k in frames])
+            bounds[drive] = [*map(float, xy.min(axis=0)), *map(float, xy.max(axis=0))]
+        tmp = root / f".{cls.INDEX}.tmp"
+        tmp.write_text(json.dumps({"drives": bounds}, indent=1, sort_keys=True))
+        tmp.replace(root / cls.INDEX)
+        return cls(root)

@@ -1081,6 +1081,7 @@ def join_segments(
     settings: PoseSettings | None = None,
     *,
     loop_settings: LoopSettings | None = None,
+    fixed: Sequence[Keyframe] = (),
 ) -> dict[str, Trajectory]:
     """The globally consistent trajectory of every drive in ``solutions`` (by drive name).
 
@@ -1091,6 +1092,11 @@ def join_segments(
     rejected) on their nearest keyframe with the robust noise model, and the
     ``loop_closures`` with a Cauchy kernel. Each drive's dense trajectory is its segments'
     ``dense`` motion corrected onto the optimised keyframes.
+
+    ``fixed``: keyframes of drives already in the map (an incremental build's earlier
+    versions); those that loop closures name join the graph held at their poses, so the new
+    drives are pulled onto the map instead of the map moving. Only drives of ``solutions``
+    get a trajectory back.
     """
     cfg = settings or PoseSettings()
     loops_cfg = loop_settings or LoopSettings()
@@ -1153,6 +1159,15 @@ def join_segments(
         _between_noise(loops_cfg.sigma_rotation_rad, loops_cfg.sigma_translation_m),
     )
     ties: dict[str, set[str]] = {drive: set() for drive in groups}
+    anchors = {k.key: k for k in fixed if k.drive not in groups}
+    named = {key for loop in loop_closures for key in (loop.a, loop.b) if key in anchors}
+    held_noise = _between_noise(1e-6, 1e-6)
+    for key in sorted(named):
+        n = node_of.setdefault(key, len(node_of))
+        initial[n] = anchors[key].pose
+        graph.add(gtsam.PriorFactorPose3(_key(n), _pose(anchors[key].pose), held_noise))
+        ties.setdefault(key[0], set())
+        gps_factors.setdefault(key[0], 1)  # the map holds it, as GPS would
     for loop in loop_closures:
         if loop.a not in node_of or loop.b not in node_of:
             log.warning(
@@ -1167,6 +1182,8 @@ def join_segments(
         ties[loop.a[0]].add(loop.b[0])
         ties[loop.b[0]].add(loop.a[0])
     for drive, held in _gauge(gps_factors, ties).items():
+        if drive not in groups:
+            continue
         # A drive without GPS and without closures to one that has it would float: its
         # first keyframe is held where its segments put it.
         first = int(groups[drive].nodes[0][0])
@@ -1182,10 +1199,11 @@ def join_segments(
     for drive, group in groups.items():
         out[drive] = _dense_of_drive(group, result)
     log.info(
-        "join: %d keyframes, %d drives, %d GPS fixes, %d loop closures",
+        "join: %d keyframes (%d of the map, fixed), %d drives, %d GPS fixes, %d loop closures",
         len(node_of),
+        len(named),
         len(groups),
-        sum(gps_factors.values()),
+        sum(gps_factors[d] for d in groups),
         len(loop_closures),
     )
     return out

@@ -24,16 +24,20 @@ from adcloud.synth import DriveConfig, DriveResult, generate_drive
 pytestmark = pytest.mark.spark
 
 SHORT = DriveConfig(seconds=20, seed=5, lidar_beams=16, lidar_columns=512, camera=False)
+GPS_SHIFT_M = 1.5
 
 
 @pytest.fixture(scope="module")
 def short_drives(tmp_path_factory: pytest.TempPathFactory) -> tuple[DriveResult, DriveResult]:
-    """Two drives of the same world: 20 s, and 30 s from the same start (overlapping)."""
+    """Two drives of the same world: 20 s, and 30 s from the same start (overlapping) whose
+    GPS reads 1.5 m north of the first's all along (a receiver biased on another day)."""
     root = tmp_path_factory.mktemp("short")
     (root / "a").mkdir()
     (root / "b").mkdir()
     first = generate_drive(SHORT, root / "a" / "first.bag")
-    longer = DriveConfig(**{**SHORT.__dict__, "seconds": 30.0})
+    lat, lon, alt = SHORT.gps_origin
+    biased = (lat + GPS_SHIFT_M / 111_000, lon, alt)
+    longer = DriveConfig(**{**SHORT.__dict__, "seconds": 30.0, "gps_origin": biased})
     second = generate_drive(longer, root / "b" / "second.bag")
     return first, second
 
@@ -138,6 +142,16 @@ def test_new_drive_is_merged_into_the_previous_version(
     old = Trajectory.read_tum(v1.path / "trajectory" / "first.tum")
     new = Trajectory.read_tum(version.path / "trajectory" / "first.tum")
     np.testing.assert_array_equal(old.matrices, new.matrices)
+    # the new drive is tied to the map by loop closures against the first drive's kept
+    # keyframes: where both drove the same path, it lies on the first drive's poses, not
+    # 1.5 m north where its GPS alone would put it
+    assert v2.counts["loop_closures"] >= 3
+    second_traj = Trajectory.read_tum(version.path / "trajectory" / "second.tum")
+    t = old.t[(old.t >= second_traj.t[0]) & (old.t <= second_traj.t[-1])]
+    offset = np.linalg.norm(second_traj.at(t)[:, :3, 3] - old.at(t)[:, :3, 3], axis=1)
+    assert len(t) > 100 and float(np.median(offset)) < 0.05 and float(offset.max()) < 0.25
+    index = json.loads((version.path / "state" / "keyframes" / "index.json").read_text())
+    assert sorted(index["drives"]) == ["first", "second"]
     # the merged tile statistics hold both drives' observations (the finished layers may
     # drop a cell once more data shows it is not ground, so compare the statistics)
     grew = 0

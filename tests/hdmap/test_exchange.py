@@ -44,6 +44,12 @@ def test_foreign_classes_and_garbage_are_refused(tmp_path: Path) -> None:
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(MapFormatError, match=r"junk\.npz"):
         load_items(tmp_path / "junk.npz")
+    # a real exchange file cut short (a copy interrupted): the zip directory is gone
+    dump_items([np.arange(1000)], tmp_path / "cut.npz")
+    data = (tmp_path / "cut.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(MapFormatError, match=r"cut\.npz: cannot read"):
+        load_items(tmp_path / "cut.npz")
 
 
 @pytest.mark.spark

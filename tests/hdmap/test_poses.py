@@ -14,6 +14,7 @@ import itertools
 import json
 import pickle
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,9 +22,10 @@ from scipy.spatial.transform import Rotation
 
 from adcloud.hdmap.baseline import kiss_icp_trajectory
 from adcloud.hdmap.drive import DriveData, read_drive
-from adcloud.hdmap.errors import DriveDataError, HdmapError
+from adcloud.hdmap.errors import DriveDataError, HdmapError, MapFormatError
 from adcloud.hdmap.loops import (
     Keyframe,
+    KeyframeArchive,
     LoopClosure,
     LoopSettings,
     find_loop_closures,
@@ -483,13 +485,77 @@ def test_loop_closures_tie_two_drives_of_the_same_area(drive: DriveData, truth: 
     assert any(c.a[0] != c.b[0] for c in closures)
     together = join_segments(solutions, gps, closures, settings)
 
-    def both(trajectories: dict[str, Trajectory]) -> float:
-        t = np.concatenate([trajectories["first"].t, trajectories["second"].t])
-        m = np.concatenate([trajectories["first"].matrices, trajectories["second"].matrices])
-        return absolute_trajectory_error(Trajectory(t, m), truth).rmse
+    assert _ate_of_all(together, truth) < 0.5 * _ate_of_all(apart, truth)
+    assert _ate_of_all(together, truth) < 0.1
 
-    assert both(together) < 0.5 * both(apart)
-    assert both(together) < 0.1
+
+def _ate_of_all(trajectories: dict[str, Trajectory], truth: Trajectory) -> float:
+    """One ATE over all drives: small only when they agree with each other."""
+    t = np.concatenate([traj.t for traj in trajectories.values()])
+    m = np.concatenate([traj.matrices for traj in trajectories.values()])
+    return absolute_trajectory_error(Trajectory(t, m), truth).rmse
+
+
+def _solve_drive(part: DriveData, settings: PoseSettings) -> list[SegmentSolution]:
+    moved = propagate(part.imu, part.odom, part.extrinsics, settings)
+    return [solve_segment(s, settings) for s in split_segments(part, moved, settings)]
+
+
+def test_a_new_drive_is_tied_to_the_fixed_keyframes_of_the_map(
+    drive: DriveData, truth: Trajectory, tmp_path: Path
+) -> None:
+    """An incremental build: the first drive is the map (its keyframes archived); the
+    second, whose GPS reads 1.5 m north all along, is pulled onto it by closures to those
+    keyframes, which do not move."""
+    settings = PoseSettings(backward_matching=False)
+    first = _cut(drive, "first", 0.0, 22.0)
+    cut = _cut(drive, "second", 35.0, 60.0)
+    gps = dataclasses.replace(cut.gps, enu=cut.gps.enu + np.array([0.0, 1.5, 0.0]))
+    second = dataclasses.replace(cut, gps=gps)
+    map_solutions = _solve_drive(first, settings)
+    map_traj = join_segments(map_solutions, {"first": first.gps}, (), settings)
+    archive = KeyframeArchive.write(
+        tmp_path / "keyframes", solution_keyframes(map_solutions, map_traj)
+    )
+
+    solutions = _solve_drive(second, settings)
+    alone = join_segments(solutions, {"second": gps}, (), settings)
+    keyframes = solution_keyframes(solutions, alone)
+    xy = np.array([k.pose[:2, 3] for k in keyframes])
+    fixed = KeyframeArchive(tmp_path / "keyframes").near(xy, LoopSettings().search_radius_m)
+    assert {k.drive for k in fixed} == {"first"} and len(fixed) == len(archive.load("first"))
+    closures = find_loop_closures(keyframes, fixed=fixed)
+    assert closures and all("second" in (c.a[0], c.b[0]) for c in closures)
+    assert any("first" in (c.a[0], c.b[0]) for c in closures)
+    tied = join_segments(solutions, {"second": gps}, closures, settings, fixed=fixed)
+    assert set(tied) == {"second"}  # the map's drive is not re-solved
+    apart_err = _ate_of_all({**map_traj, **alone}, truth)
+    tied_err = _ate_of_all({**map_traj, **tied}, truth)
+    assert apart_err > 0.5 and tied_err < 0.1, (apart_err, tied_err)
+
+
+def test_keyframe_archive_loads_only_nearby_drives_and_names_bad_files(tmp_path: Path) -> None:
+    here = [
+        dataclasses.replace(_keyframe("near", i, i, i), cloud=np.full((4, 3), i, np.float32))
+        for i in range(3)
+    ]
+    there = [_keyframe("far", i, 500.0 + i, i) for i in range(3)]
+    one = KeyframeArchive.write(tmp_path / "v1", here)
+    two = KeyframeArchive.write(tmp_path / "v2", there, carry=one)
+    assert sorted(two.bounds) == ["far", "near"]
+    assert two.bounds["far"] == (500.0, 0.0, 502.0, 0.0)
+    got = two.near(np.array([[1.0, 5.0]]), radius_m=8.0)
+    assert [k.key for k in got] == [k.key for k in here]
+    np.testing.assert_array_equal(got[1].cloud, here[1].cloud)
+    assert two.near(np.array([[1.0, 5.0]]), radius_m=8.0, exclude={"near"}) == []
+    assert two.near(np.array([[250.0, 0.0]]), radius_m=8.0) == []
+    assert KeyframeArchive(tmp_path / "missing").near(np.zeros((1, 2)), 8.0) == []
+    (tmp_path / "v2" / "index.json").write_text('{"drives": {"far": [1, 2]}}')
+    with pytest.raises(MapFormatError, match=r"v2/index.json: not a keyframe index"):
+        KeyframeArchive(tmp_path / "v2")
+    (tmp_path / "v1" / "near.npz").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(MapFormatError, match=r"v1/near.npz"):
+        one.load("near")
 
 
 # -- baseline ----------------------------------------------------------------------------------
