@@ -28,6 +28,7 @@ from adcloud.spark import (
     StandaloneCluster,
     find_java,
     get_session,
+    spark_conf,
     spark_home,
 )
 
@@ -121,6 +122,39 @@ def test_get_session_rejects_a_non_spark_key() -> None:
 
 
 # -- java --------------------------------------------------------------------------------------
+
+
+def test_spark_conf_quiets_the_driver_unless_told_otherwise() -> None:
+    settings = SparkSettings()
+    opts = spark_conf(settings)["spark.driver.extraJavaOptions"]
+    prop = Path(opts.removeprefix("-Dlog4j2.configurationFile="))
+    assert prop.is_file() and "rootLogger.level = warn" in prop.read_text()
+    own = spark_conf(settings, {"spark.driver.extraJavaOptions": "-Xss4m"})
+    assert own["spark.driver.extraJavaOptions"] == "-Xss4m"
+
+
+def test_a_fresh_local_session_starts_without_chatter() -> None:
+    """A newcomer's first job: Spark's start-up notices (default log4j profile, host name
+    resolving to loopback, no native Hadoop) do not reach the terminal; the job runs."""
+    code = (
+        "from adcloud.spark import get_session\n"
+        "print(get_session().sparkContext.parallelize(range(100), 2).sum())\n"
+    )
+    unset = ("SPARK_LOCAL_IP", "ADCLOUD_SPARK_CONF")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["ADCLOUD_SPARK_MASTER"] = "local[1]"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "4950"
+    for chatter in ("default log4j profile", "loopback address", "NativeCodeLoader"):
+        assert chatter not in done.stderr, done.stderr
 
 
 def test_find_java_reports_java_17_or_newer() -> None:
