@@ -46,6 +46,7 @@ application gets a short warm-up run first (Python workers start, torch loads).
     .venv/bin/python benchmarks/bench_train.py --quick    # a smoke run (few steps, 1 round)
     .venv/bin/python benchmarks/bench_train.py --skip-cluster --skip-torchrun
     .venv/bin/python benchmarks/bench_train.py --full     # also the full preset's mIoU
+    .venv/bin/python benchmarks/bench_train.py --quality-only --full --quality-threads 2
 """
 
 from __future__ import annotations
@@ -607,8 +608,11 @@ def bench_cluster(work: Work, plan: Plan) -> float:
 # -- 5: quality -------------------------------------------------------------------------------
 
 
-def bench_miou(spark: SparkSession, work: Work, plan: Plan, preset: str) -> float:
-    """Held-out mIoU of ``preset`` after ``plan.miou_steps`` single-process steps of 2 sweeps."""
+def bench_miou(
+    spark: SparkSession, work: Work, plan: Plan, preset: str, threads: int = 1
+) -> float:
+    """Held-out mIoU of ``preset`` after ``plan.miou_steps`` single-process steps of 2 sweeps
+    on ``threads`` torch threads."""
     config = work.base_config(
         plan,
         task_options={"preset": preset},
@@ -617,13 +621,15 @@ def bench_miou(spark: SparkSession, work: Work, plan: Plan, preset: str) -> floa
         steps=plan.miou_steps,
         batch_size=2,
         heldout_bags=(work.heldout_bag,),
+        threads=threads,
     )
     seconds, result = timed_job(spark, config)
     miou = result.metrics["miou"]
     print(
         f"5. lidar_seg {preset}: held-out mIoU {miou:.3f} (accuracy "
         f"{result.metrics['accuracy']:.3f}) after {result.steps} steps of 2 sweeps (AdamW, lr "
-        f"{config.lr:g}, 1 thread): training {result.seconds:.1f} s, job {seconds:.1f} s "
+        f"{config.lr:g}, {threads} thread(s)): training {result.seconds:.1f} s, job "
+        f"{seconds:.1f} s "
         f"(target >= {TARGETS['miou']}: {verdict(miou, TARGETS['miou'])}); "
         f"load average {_load()}",
         flush=True,
@@ -656,6 +662,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-cluster", action="store_true", help="skip the 1 vs 2 executors")
     parser.add_argument("--skip-torchrun", action="store_true", help="skip the torchrun baseline")
     parser.add_argument("--full", action="store_true", help="also the full preset's mIoU")
+    parser.add_argument(
+        "--quality-only", action="store_true", help="only section 5, the held-out mIoU"
+    )
+    parser.add_argument(
+        "--quality-threads", type=int, default=1, help="torch threads of the mIoU runs (1)"
+    )
     parser.add_argument("--rounds", type=int, help="memory/files/torchrun rounds (3)")
     parser.add_argument("--steps", type=int, help="training steps per timed run (40)")
     args = parser.parse_args(argv)
@@ -673,9 +685,20 @@ def main(argv: list[str] | None = None) -> int:
         goal = f"  (target >= {target:g}: {verdict(value, target)})" if target else ""
         summary.append(f"{name:<44} {figure}{goal}")
 
+    def quality(spark: SparkSession, work: Work, plan: Plan) -> None:
+        print("\n== 5. held-out quality ==", flush=True)
+        for preset in ("small", "full") if args.full else ("small",):
+            miou = bench_miou(spark, work, plan, preset, args.quality_threads)
+            target = TARGETS["miou"] if preset == "small" else None
+            note(f"5. lidar_seg {preset} held-out mIoU", f"{miou:.3f}", miou, target)
+
     try:
         work = make_work(root, shm)
         spark = local_session("bench-train")
+        if args.quality_only:
+            quality(spark, work, plan)
+            spark.stop()
+            return 0
         rounds = bench_etl_and_torchrun(spark, work, plan, not args.skip_torchrun)
         print()
         etl = report_etl(rounds)
@@ -693,11 +716,7 @@ def main(argv: list[str] | None = None) -> int:
                 TARGETS["ps"],
             )
         bench_ps_job(spark, work, plan)
-        print("\n== 5. held-out quality ==", flush=True)
-        for preset in ("small", "full") if args.full else ("small",):
-            miou = bench_miou(spark, work, plan, preset)
-            target = TARGETS["miou"] if preset == "small" else None
-            note(f"5. lidar_seg {preset} held-out mIoU", f"{miou:.3f}", miou, target)
+        quality(spark, work, plan)
         spark.stop()
         if not args.skip_cluster:
             scale = bench_cluster(work, plan)
