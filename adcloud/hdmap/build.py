@@ -187,6 +187,8 @@ def _write_version(
         grid=layers,
         lane_markings=[m.points for m in semantic.markings],
         signs=np.array([s.position for s in semantic.signs]).reshape(-1, 3),
+        lanes=[c.points for c in semantic.centerlines],
+        connectors=lanelets.connector_lines,
         inputs={name: d.uri for name, d in result.drives.items()},
         title="HD map build",
     )

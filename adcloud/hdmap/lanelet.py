@@ -116,6 +116,8 @@ class LaneletSummary:
     regulatory_elements: int
     attached_signs: int
     connectors: int = 0
+    #: The connectors' centre lines (map frame, (n, 3) each), e.g. to draw them.
+    connector_lines: tuple[F64, ...] = ()
 
 
 def _lanelet2() -> Any:
@@ -162,6 +164,7 @@ class _Builder:
         self.used_markings: set[str] = set()
         self.shared: dict[tuple[int, str], Any] = {}
         self.bridges: dict[tuple[int, int], Any] = {}
+        self.connector_lines: list[F64] = []
         self.lanelets: list[tuple[Any, LaneCenterline]] = []
         self.line_strings = 0
 
@@ -226,6 +229,7 @@ class _Builder:
         tb = _direction(nxt.points, at_start=True)
         centre = np.vstack([pa, hermite_bridge(pa, ta, pb, tb, BRIDGE_STEP_M), pb])
         ll.centerline = self.line(centre, {"type": "centerline"})
+        self.connector_lines.append(centre)
         return ll
 
     def marking_tags(self, marking_id: str) -> dict[str, str]:
@@ -453,6 +457,7 @@ def write_lanelet2(
         regulatory_elements=regelems,
         attached_signs=attached,
         connectors=connectors,
+        connector_lines=tuple(builder.connector_lines),
     )
     log.info(
         "lanelet2: wrote %s (%d lanelets and %d connectors, %d line strings, %d signs, "

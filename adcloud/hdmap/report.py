@@ -24,6 +24,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,46 +124,57 @@ def _limits(values: F64, lo: float = 2, hi: float = 98) -> tuple[float, float]:
     return (float(a), float(b)) if b > a else (float(a) - 0.5, float(a) + 0.5)
 
 
-def _draw_overlays(
-    ax: Axes,
-    trajectories: Mapping[str, Trajectory],
-    lane_markings: Sequence[F64],
-    signs: F64,
-    *,
-    legend: bool,
-) -> None:
-    for k, poly in enumerate(lane_markings):
+@dataclass(frozen=True)
+class _Overlays:
+    """What is drawn over the map preview (all in the map frame)."""
+
+    trajectories: Mapping[str, Trajectory]
+    lane_markings: Sequence[F64]
+    signs: F64
+    lanes: Sequence[F64] = ()
+    connectors: Sequence[F64] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.trajectories or len(self.lane_markings) or len(self.signs))
+
+
+def _draw_overlays(ax: Axes, layers: _Overlays, *, legend: bool) -> None:
+    for k, poly in enumerate(layers.lane_markings):
         p = np.asarray(poly)
         ax.plot(
             p[:, 0], p[:, 1], color="#ffb000", lw=1.0, label="lane markings" if k == 0 else None
         )
+    for lines, style, label in (
+        (layers.lanes, "-", "lanes (lanelet2)"),
+        (layers.connectors, ":", "lane connectors"),
+    ):
+        for k, poly in enumerate(lines):
+            p = np.asarray(poly)
+            ax.plot(
+                p[:, 0], p[:, 1], style, color="#2e9d4a", lw=0.8, label=label if k == 0 else None
+            )
     colours = mpl.colormaps["tab10"]
-    for k, (name, traj) in enumerate(sorted(trajectories.items())):
+    for k, (name, traj) in enumerate(sorted(layers.trajectories.items())):
         xyz = traj.xyz
         ax.plot(xyz[:, 0], xyz[:, 1], color=colours(k % 10), lw=1.4, label=f"trajectory {name}")
         ax.plot(xyz[:1, 0], xyz[:1, 1], "o", color=colours(k % 10), ms=4)
+    signs = layers.signs
     if len(signs):
         ax.plot(signs[:, 0], signs[:, 1], "^", color="#d00000", mec="white", ms=8, label="signs")
     ax.set_xlabel("x east (m, map frame)")
     ax.set_ylabel("y north (m, map frame)")
     ax.set_aspect("equal")
-    if legend and (trajectories or len(lane_markings) or len(signs)):
+    if legend and layers:
         ax.legend(loc="upper right", fontsize=8, framealpha=0.85)
 
 
-def _preview(
-    path: Path,
-    tiles: Sequence[GridLayers],
-    trajectories: Mapping[str, Trajectory],
-    lane_markings: Sequence[F64],
-    signs: F64,
-) -> None:
+def _preview(path: Path, tiles: Sequence[GridLayers], layers: _Overlays) -> None:
     if not tiles:
         fig = Figure(figsize=(8, 7))
         ax = fig.add_subplot(1, 1, 1)
         ax.set_facecolor("#f7f7f7")
         ax.grid(True, color="#ddd", lw=0.5)
-        _draw_overlays(ax, trajectories, lane_markings, signs, legend=True)
+        _draw_overlays(ax, layers, legend=True)
         ax.set_title("trajectories and labels (no grid)")
     else:
         factor = _draw_factor(tiles)
@@ -190,7 +202,7 @@ def _preview(
                 interpolation="nearest",
             )
             fig.colorbar(image, ax=ax, shrink=0.8, label=name)
-            _draw_overlays(ax, trajectories, lane_markings, signs, legend=k == 0)
+            _draw_overlays(ax, layers, legend=k == 0)
             ax.set_xlim(grid.extent[0], grid.extent[1])
             ax.set_ylim(grid.extent[2], grid.extent[3])
             ax.set_title(f"{name} ({tiles[0].resolution * 100:g} cm cells, drawn 1:{factor})")
@@ -323,6 +335,8 @@ def write_report(
     grid: GridLayers | Sequence[GridLayers] | Any = None,
     lane_markings: Sequence[F64] = (),
     signs: F64 | None = None,
+    lanes: Sequence[F64] = (),
+    connectors: Sequence[F64] = (),
     eval_result: EvalResult | None = None,
     inputs: Mapping[str, str] | None = None,
     notes: Sequence[str] = (),
@@ -334,9 +348,10 @@ def write_report(
     object with ``elevation``, ``origin``, ``resolution`` and optionally ``reflectance`` in
     the :class:`~adcloud.hdmap.evaluate.GridLayers` convention; drawn block-averaged to at
     most 1600 pixels a side), ``lane_markings`` polylines and
-    ``signs`` (n, 2|3) are all in the map frame (m).  ``eval_result`` adds the accuracy
-    table and the error plots; ``inputs`` are rows for the inputs table (map URI, version,
-    drives...); ``notes`` are listed at the end."""
+    ``signs`` (n, 2|3), ``lanes`` (the lanes' centre lines) and ``connectors`` (the
+    lanelet2 connectors' centre lines) are all in the map frame (m).  ``eval_result`` adds
+    the accuracy table and the error plots; ``inputs`` are rows for the inputs table (map
+    URI, version, drives...); ``notes`` are listed at the end."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if isinstance(trajectories, Trajectory):
@@ -351,8 +366,14 @@ def write_report(
             f"report for {out}: nothing to draw (no grid, trajectory, marking or sign); "
             "pass at least one"
         )
-    _preview(out / PREVIEW_NAME, tiles, trajs, lane_markings, sign_arr)
-    images = [(PREVIEW_NAME, "map preview: mosaic with trajectories, lane markings and signs")]
+    layers = _Overlays(trajs, lane_markings, sign_arr, lanes, connectors)
+    _preview(out / PREVIEW_NAME, tiles, layers)
+    what = (
+        "trajectories, lane markings, lanes and signs"
+        if lanes
+        else "trajectories, lane markings and signs"
+    )
+    images = [(PREVIEW_NAME, f"map preview: mosaic with {what}")]
     if eval_result is not None:
         _ate_plot(out / ATE_NAME, eval_result)
         images.append((ATE_NAME, "trajectory error over time"))

@@ -334,6 +334,12 @@ def gapped_road(tmp_path: Path) -> tuple[np.ndarray, SemanticMap, Path]:
     path = tmp_path / "lanelet2_map.osm"
     summary = write_lanelet2(path, smap)
     assert summary.lanelets == 4 and summary.connectors == 2
+    # the connectors' centre lines run from a lane's end to the next lane's start
+    ends = {lane.points[-1, :2].tobytes() for lane in lanes}
+    starts = {lane.points[0, :2].tobytes() for lane in lanes}
+    assert len(summary.connector_lines) == 2
+    for line in summary.connector_lines:
+        assert line[0, :2].tobytes() in ends and line[-1, :2].tobytes() in starts
     return centre, smap, path
 
 

@@ -172,6 +172,20 @@ def test_report_without_grid_or_truth(tmp_path: Path) -> None:
     assert "Accuracy" not in page.read_text()
 
 
+def test_report_draws_lanes_and_connectors(tmp_path: Path) -> None:
+    lane = np.column_stack([np.linspace(0, 40, 50), np.zeros(50), np.zeros(50)])
+    bridge = np.column_stack([np.linspace(40, 55, 20), np.linspace(0, 5, 20), np.zeros(20)])
+    plain = write_report(tmp_path / "a", trajectories=circle_trajectory())
+    page = write_report(
+        tmp_path / "b", trajectories=circle_trajectory(), lanes=[lane], connectors=[bridge]
+    )
+    assert "lanes and signs" in page.read_text() and "lanes" not in plain.read_text()
+    green = count_colour(check_png(tmp_path / "b" / "map_preview.png"), "#2e9d4a")
+    assert (
+        green > 100 and count_colour(check_png(tmp_path / "a" / "map_preview.png"), "#2e9d4a") == 0
+    )
+
+
 def test_report_rejects_empty_and_bad_input(tmp_path: Path) -> None:
     with pytest.raises(HdmapError, match="nothing to draw"):
         write_report(tmp_path)
