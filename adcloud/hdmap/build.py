@@ -137,13 +137,13 @@ def _semantic(
     markings: list[Any] = []
     centers: list[Any] = []
     refs: list[Any] = []
-    for traj in trajectories.values():
-        if layers is None:
-            break
-        found = extract_lane_markings(layers, traj)
-        markings += found
-        centers += lane_centerlines(found, traj)
-        refs += reference_lines(found, traj)
+    if layers is not None and trajectories:
+        # All drives at once, in the order they joined the map: a road that several drives
+        # covered gets its markings and lanes once, from the first of them.
+        driven = list(trajectories.values())
+        markings = extract_lane_markings(layers, driven)
+        centers = lane_centerlines(markings, driven)
+        refs = reference_lines(markings, driven)
     signs = detect_signs(result.sign_points, result.sign_intensity, layers)
     auto = SemanticMap(
         markings=tuple(markings),

@@ -343,12 +343,15 @@ class ReferenceLine:
 
 @dataclass(frozen=True)
 class _Path:
-    """The trajectory resampled by arclength: ``xyz`` (n, 3), unit ``tangent`` (n, 2),
-    ``first`` (n,) False where the station revisits an earlier stretch."""
+    """The driven path resampled by arclength: ``xyz`` (n, 3), unit ``tangent`` (n, 2),
+    ``first`` (n,) False where the station revisits a stretch driven before (earlier in the
+    same drive, or by an earlier drive), ``piece`` (n,) the drive each station belongs to
+    (stations of one drive are consecutive)."""
 
     xyz: F64
     tangent: F64
     first: NDArray[np.bool_]
+    piece: NDArray[np.int64]
 
 
 def resample_polyline(points: F64, spacing: float) -> F64:
@@ -377,24 +380,46 @@ def _tangents(xy: F64, half_window: int) -> F64:
     return out
 
 
-def _driven_path(trajectory: Trajectory, spacing: float) -> _Path:
-    if len(trajectory) < 2:
-        raise HdmapError(
-            f"labels: the trajectory has {len(trajectory)} pose(s); lanes need a driven path "
-            "(at least two poses)"
-        )
-    xyz = resample_polyline(trajectory.xyz, spacing)
-    if len(xyz) < 2:
-        raise HdmapError("labels: the trajectory does not move; lanes need a driven path")
-    tangent = _tangents(xyz[:, :2], max(1, round(2.0 / spacing)))
-    # A station revisits the road when an earlier station (at least `gap` m of driving
-    # before) lies within `near` m: after a loop closure the same lanes would come twice.
+Driven = Trajectory | Sequence[Trajectory]
+
+
+def _driven_path(driven: Driven, spacing: float, cover_m: float = 4.5) -> _Path:
+    """The path of one drive or of several drives one after another (each resampled and
+    differentiated on its own): a map of many drives of the same roads gets each road's
+    markings and lanes once, from the first drive that covered it. A station is covered by
+    an earlier drive that passed within ``cover_m`` (that drive's station saw the same
+    cross-section of the road, the opposite lanes included)."""
+    trajectories = [driven] if isinstance(driven, Trajectory) else list(driven)
+    if not trajectories:
+        raise HdmapError("labels: no trajectory; lanes need a driven path")
+    parts, tangents = [], []
+    for trajectory in trajectories:
+        if len(trajectory) < 2:
+            raise HdmapError(
+                f"labels: a trajectory has {len(trajectory)} pose(s); lanes need a driven path "
+                "(at least two poses)"
+            )
+        xyz = resample_polyline(trajectory.xyz, spacing)
+        if len(xyz) < 2:
+            raise HdmapError("labels: a trajectory does not move; lanes need a driven path")
+        parts.append(xyz)
+        tangents.append(_tangents(xyz[:, :2], max(1, round(2.0 / spacing))))
+    xyz = np.concatenate(parts)
+    piece = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+    # A station revisits the road when, within `near` m, a station came at least `gap` m of
+    # driving earlier in the same drive (after a loop closure the same lanes would come
+    # twice), or when an earlier drive passed within `cover_m`.
     near, gap = 2.0, 20.0
     lag = round(gap / spacing)
-    balls = cKDTree(xyz[:, :2]).query_ball_point(xyz[:, :2], near)
+    tree = cKDTree(xyz[:, :2])
+    balls = tree.query_ball_point(xyz[:, :2], near)
     earliest = np.fromiter((min(b) for b in balls), dtype=np.int64, count=len(xyz))
     first = earliest > np.arange(len(xyz)) - lag
-    return _Path(xyz=xyz, tangent=tangent, first=first)
+    if len(parts) > 1:
+        wide = tree.query_ball_point(xyz[:, :2], max(cover_m, near))
+        before = np.fromiter((piece[min(b)] for b in wide), dtype=np.int64, count=len(xyz))
+        first &= before == piece
+    return _Path(xyz=xyz, tangent=np.concatenate(tangents), first=first, piece=piece)
 
 
 # -- paint cells ----------------------------------------------------------------------------
@@ -792,9 +817,10 @@ def _orient(points: F64, path: _Path, tree: cKDTree) -> F64:
 
 
 def extract_lane_markings(
-    layers: GridLayers, trajectory: Trajectory, settings: LabelSettings | None = None
+    layers: GridLayers, trajectory: Driven, settings: LabelSettings | None = None
 ) -> list[LaneMarking]:
-    """Lane markings found in ``layers`` near ``trajectory`` (see the module docstring).
+    """Lane markings found in ``layers`` near ``trajectory`` (see the module docstring; a
+    sequence of trajectories: the drives of a map, each road's markings once).
 
     Polylines are map-frame metres with vertices about ``vertex_spacing_m`` apart (z from
     the elevation layer), oriented along the driving direction; ids are ``marking-<n>``.
@@ -941,9 +967,9 @@ def _station_lanes(row: list[_Crossing], settings: LabelSettings) -> _StationLan
 
 
 def _analyse(
-    markings: Sequence[LaneMarking], trajectory: Trajectory, settings: LabelSettings
+    markings: Sequence[LaneMarking], trajectory: Driven, settings: LabelSettings
 ) -> tuple[_Path, list[list[_Crossing]], list[_StationLanes]]:
-    path = _driven_path(trajectory, settings.station_spacing_m)
+    path = _driven_path(trajectory, settings.station_spacing_m, settings.max_lateral_m / 2)
     rows = _crossings(markings, path, settings)
     lanes = [_station_lanes(r, settings) for r in rows]
     return path, rows, lanes
@@ -951,10 +977,11 @@ def _analyse(
 
 def lane_centerlines(
     markings: Sequence[LaneMarking],
-    trajectory: Trajectory,
+    trajectory: Driven,
     settings: LabelSettings | None = None,
 ) -> list[LaneCenterline]:
-    """Lanes between adjacent markings along ``trajectory`` (see the module docstring).
+    """Lanes between adjacent markings along ``trajectory`` (see the module docstring; a
+    sequence of trajectories: the drives of a map, each road's lanes once).
 
     Each lane of each section becomes one :class:`LaneCenterline` with its two boundaries,
     in its driving direction (``against`` lanes run opposite to the drive). Ids are
@@ -980,7 +1007,7 @@ def lane_centerlines(
             i += 1
             continue
         j = i
-        while j + 1 < len(keys) and keys[j + 1] == key:
+        while j + 1 < len(keys) and keys[j + 1] == key and path.piece[j + 1] == path.piece[j]:
             j += 1
         if j > i:
             out.extend(_section_lanes(rows, lanes, range(i, j + 1), section, markings, settings))
@@ -1041,7 +1068,7 @@ def _section_lanes(
 
 def reference_lines(
     markings: Sequence[LaneMarking],
-    trajectory: Trajectory,
+    trajectory: Driven,
     settings: LabelSettings | None = None,
 ) -> list[ReferenceLine]:
     """The road reference line(s) along ``trajectory``: the marking dividing the two
@@ -1061,8 +1088,12 @@ def reference_lines(
     if not len(known):
         return out
     max_gap = max(1, round(settings.max_reference_gap_m / settings.station_spacing_m))
-    # split where the gap is too long or the path revisits (not first)
-    breaks = np.flatnonzero((np.diff(known) > max_gap) | ~_all_first_between(path.first, known))
+    # split where the gap is too long, the path revisits (not first) or another drive starts
+    breaks = np.flatnonzero(
+        (np.diff(known) > max_gap)
+        | ~_all_first_between(path.first, known)
+        | (np.diff(path.piece[known]) != 0)
+    )
     groups = np.split(known, breaks + 1)
     normal = np.column_stack([-path.tangent[:, 1], path.tangent[:, 0]])
     for group in groups:

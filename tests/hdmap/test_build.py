@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 from pyspark.sql import SparkSession
+from scipy.spatial import cKDTree
 
 from adcloud.cli import main
 from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
@@ -152,6 +153,21 @@ def test_new_drive_is_merged_into_the_previous_version(
     assert len(t) > 100 and float(np.median(offset)) < 0.05 and float(offset.max()) < 0.25
     index = json.loads((version.path / "state" / "keyframes" / "index.json").read_text())
     assert sorted(index["drives"]) == ["first", "second"]
+    # where both drives went, the map holds each marking and each lane once
+    semantic = read_geojson(version.path / "semantic.geojson")
+    for lines in (
+        [m.points for m in semantic.markings],
+        [c.points for c in semantic.centerlines if c.direction == "along"],
+        [c.points for c in semantic.centerlines if c.direction == "against"],
+    ):
+        for k, line in enumerate(lines):
+            others = [o for j, o in enumerate(lines) if j != k]
+            if not others:
+                continue
+            d, _ = cKDTree(np.concatenate(others)[:, :2]).query(line[:, :2])
+            assert float(np.mean(d < 0.5)) < 0.2, "a line is drawn twice"
+    ids = [m.id for m in semantic.markings] + [c.id for c in semantic.centerlines]
+    assert len(ids) == len(set(ids))
     # the merged tile statistics hold both drives' observations (the finished layers may
     # drop a cell once more data shows it is not ground, so compare the statistics)
     grew = 0

@@ -178,6 +178,32 @@ def test_a_revisited_road_gives_its_lanes_once() -> None:
     assert sum(r.length_m for r in refs) < 1.02 * 2 * math.pi * 40
 
 
+def test_drives_of_the_same_road_give_its_lanes_once(
+    road: tuple[np.ndarray, Trajectory, SemanticMap],
+) -> None:
+    """A map of several drives: the road driven again the other way, and part of it once
+    more, adds no lane and no reference line; each drive alone would give them all again."""
+    centre, trajectory, smap = road
+    back = _trajectory(_offset(centre, 1.75)[::-1])
+    part = _trajectory(_offset(centre, -1.75)[200:])
+    alone = lane_centerlines(smap.markings, trajectory)
+    together = lane_centerlines(smap.markings, [trajectory, back, part])
+    assert len(lane_centerlines(smap.markings, back)) == len(alone) == len(together) == 2
+    for a, b in zip(alone, together, strict=True):
+        assert a.direction == b.direction and a.id == b.id
+        np.testing.assert_array_equal(a.points, b.points)
+    assert len(reference_lines(smap.markings, [trajectory, back, part])) == 1
+    # a drive on a road of its own keeps its own lanes, never joined to the first road's
+    other = _trajectory(_offset(centre, -1.75) + np.array([0.0, 300.0, 0.0]))
+    moved = [
+        LaneMarking(m.points + np.array([0.0, 300.0, 0.0]), m.type, id=f"{m.id}-far")
+        for m in smap.markings
+    ]
+    both = lane_centerlines([*smap.markings, *moved], [trajectory, other])
+    assert len(both) == 4 and len({lane.section for lane in both}) == 2
+    assert all(np.ptp(lane.points[:, 1]) < 60 for lane in both)  # no section spans both roads
+
+
 def test_lanelet2_round_trip(
     road: tuple[np.ndarray, Trajectory, SemanticMap], tmp_path: Path
 ) -> None:
