@@ -20,7 +20,7 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import IO
 
 from adcloud.binpipe.codec import (
@@ -126,6 +126,7 @@ def pipe_blocks(
     cwd: str | None = None,
     timeout: float | None = None,
     max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+    on_start: Callable[[int], None] | None = None,
 ) -> Iterator[bytearray]:
     """Send ``blocks`` through ``command`` and yield the blocks it writes back.
 
@@ -133,6 +134,8 @@ def pipe_blocks(
     in ``RDD.pipe``).  ``env`` adds to the inherited environment.  ``timeout`` bounds
     the whole run in seconds; on expiry the process is killed.  The yielded blocks
     are fresh buffers the caller owns.  Closing the generator early kills the process.
+    ``on_start`` is called with the process id once the command runs, before the first
+    block is sent.
     """
     args = _args(command)
     shown = shlex.join(args)
@@ -159,6 +162,8 @@ def pipe_blocks(
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     for stream in (proc.stdin, proc.stdout):
         _grow_pipe(stream.fileno())
+    if on_start is not None:
+        on_start(proc.pid)
     feeder = _Feeder(blocks, proc.stdin)
     stderr = _TailReader(proc.stderr)
     feeder.start()

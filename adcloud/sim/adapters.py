@@ -17,10 +17,14 @@ Adapters are listed in a registry (:data:`ADAPTERS`, :func:`register_adapter`,
 
 Timing: ``rate=0`` replays as fast as possible, ``rate=r`` paces messages to recorded
 time divided by ``r`` (1.0 = real time).  In synchronous mode (the default) the feeder
-waits, after each message of a trigger topic, until the node has written an output or
-``quiet_s`` passed without one, so outputs do not depend on machine speed; the first
-trigger message waits up to ``startup_timeout_s`` instead, for the node's start-up (a
-node that writes a META block when it is ready ends that wait early).
+waits, after each message of a trigger topic, until the node has written an output or has
+been *idle* for ``quiet_s`` (the first trigger message: ``startup_timeout_s``, for the
+node's start-up; a node that writes a META block when it is ready ends that wait early).
+Idle means the node's processes used less than a tenth of a core over the period (read
+from ``/proc``): a node still computing an answer -- on a slow or loaded machine -- is
+waited for, up to ``timeout_s``, so outputs do not depend on machine speed; a node that
+answers nothing to some input costs one quiet period.  The ROS bridge waits the same way
+on the node's process group.
 
 Latency of an output = wall time it came back minus wall time the input with the same
 timestamp (or, failing that, the latest earlier one) was written into the pipe.  Pipe
@@ -31,6 +35,7 @@ stamps outputs with the simulated clock, which in synchronous mode is the input'
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shlex
@@ -187,15 +192,46 @@ class _Feed:
         self.triggers = set(timing.trigger_topics)
         self.cond = threading.Condition()
         self.outputs_seen = 0
+        self.blocks_seen = 0
         self.sent: list[tuple[int, float]] = []
         self.stopped = False
         self.ready_signal = ready_signal
         #: Whether the node is past its start-up (ready signal seen or first trigger sent).
         self.warm = False
+        #: CPU seconds the node has used so far (set once it runs; None: not watched).
+        self.cpu: Callable[[], float] | None = None
+
+    def _await_output(self, seen: int, patience: float) -> None:
+        """Wait until an output arrives after ``seen`` outputs, or the node has been idle
+        for ``patience`` s (see the module docstring), or ``timeout_s`` passed."""
+        give_up = time.monotonic() + self.timing.timeout_s
+        while True:
+            used = self.cpu() if self.cpu is not None else 0.0
+            deadline = time.monotonic() + patience
+            with self.cond:
+                while self.outputs_seen == seen and not self.stopped:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.cond.wait(left)
+                if self.outputs_seen != seen or self.stopped:
+                    return
+            busy = self.cpu is not None and self.cpu() - used >= _BUSY_SHARE * patience
+            if not busy or time.monotonic() >= give_up:
+                return
 
     def output_arrived(self, n: int) -> None:
+        """A DATA block of ``n`` output messages came back (an answer)."""
         with self.cond:
             self.outputs_seen += n
+            self.blocks_seen += 1
+            self.cond.notify_all()
+
+    def meta_arrived(self) -> None:
+        """A META block came back: the node is ready or describes its outputs; not an
+        answer (counting it would let the feeder run one message ahead of the node)."""
+        with self.cond:
+            self.blocks_seen += 1
             self.cond.notify_all()
 
     def stop(self) -> None:
@@ -210,7 +246,7 @@ class _Feed:
             # ready (the ROS bridge: when the node subscribed); time starts then.
             deadline = time.monotonic() + self.timing.startup_timeout_s
             with self.cond:
-                while self.outputs_seen == 0 and not self.stopped:
+                while self.blocks_seen == 0 and not self.stopped:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -233,16 +269,34 @@ class _Feed:
             yield block
             if self.wait and (not self.triggers or msg.topic in self.triggers):
                 # The first trigger waits through the node's start-up; later ones for
-                # one quiet period.
+                # one quiet period of an idle node.
                 patience = self.timing.quiet_s if self.warm else self.timing.startup_timeout_s
                 self.warm = True
-                deadline = time.monotonic() + patience
-                with self.cond:
-                    while self.outputs_seen == seen and not self.stopped:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            break
-                        self.cond.wait(left)
+                self._await_output(seen, patience)
+
+
+#: A node using at least this share of one core during a quiet period is still busy.
+_BUSY_SHARE = 0.1
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, *, group: bool = False) -> float:
+    """CPU time (user + system, s) used so far by process ``pid`` and its waited-for
+    children, or with ``group`` by every live process of process group ``pid``; from
+    ``/proc`` (0.0 where it cannot be read: the process is gone)."""
+    total = 0
+    proc = Path("/proc")
+    paths = [d for d in proc.iterdir() if d.name.isdigit()] if group else [proc / str(pid)]
+    for path in paths:
+        try:
+            fields = (path / "stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if group and int(fields[2]) != pid:
+            continue
+        # utime, stime, cutime, cstime (fields 14-17 of proc(5), after the command name)
+        total += sum(int(v) for v in fields[11:15])
+    return total * _TICK_S
 
 
 def _as_output(rec: tuple[object, ...]) -> Message:
@@ -275,8 +329,12 @@ def drive_pipe(
     cwd: str | None = None,
     wait_for_outputs: bool = True,
     ready_signal: bool = False,
+    watch_group: int | None = None,
 ) -> NodeRun:
     """Run ``command`` as a pipe node on ``inputs``; the core of both adapters.
+
+    Synchronous waits watch the CPU use of ``command``'s process, or of process group
+    ``watch_group`` when given (the ROS node behind the bridge).
 
     Outputs on topics outside ``output_topics`` (when it is not empty) are dropped.
     With ``ready_signal`` the first data message waits until the command has written a
@@ -288,7 +346,21 @@ def drive_pipe(
     run = NodeRun()
     wanted = set(output_topics)
     started = time.monotonic()
-    outputs = pipe_blocks(feed.blocks(), list(command), env=env, cwd=cwd, timeout=timing.timeout_s)
+    if watch_group is not None:
+        feed.cpu = functools.partial(cpu_seconds, watch_group, group=True)
+
+    def watch(pid: int) -> None:
+        if feed.cpu is None:
+            feed.cpu = functools.partial(cpu_seconds, pid)
+
+    outputs = pipe_blocks(
+        feed.blocks(),
+        list(command),
+        env=env,
+        cwd=cwd,
+        timeout=timing.timeout_s,
+        on_start=watch,
+    )
     try:
         for raw in outputs:
             block = Block.parse(memoryview(raw))
@@ -298,7 +370,7 @@ def drive_pipe(
                     info = _output_meta(rec)
                     if info is not None and (not wanted or info.topic in wanted):
                         run.output_connections.append(info)
-                feed.output_arrived(1)
+                feed.meta_arrived()
                 continue
             count = 0
             for rec in block:
@@ -523,7 +595,8 @@ class Ros1Adapter:
                 str(self.output_wait_s),
             ]
             if timing.sync:
-                bridge.append("--sync")
+                bridge += ["--sync", "--node-pgid", str(node_proc.pid)]
+                bridge += ["--max-wait", str(timing.timeout_s)]
             run = drive_pipe(
                 bridge,
                 inputs,
@@ -532,6 +605,7 @@ class Ros1Adapter:
                 timing,
                 env=env,
                 ready_signal=True,
+                watch_group=node_proc.pid,
             )
             code = node_proc.poll()
             if code is not None and code != 0:

@@ -76,7 +76,13 @@ def add_parser(subparsers: Any) -> None:
         "--rate", type=float, default=0.0, help="0: as fast as possible; r: r x real time"
     )
     p.add_argument("--no-sync", action="store_true", help="do not wait for outputs per input")
-    p.add_argument("--quiet", type=float, default=0.25, help="synchronous quiet period, s")
+    p.add_argument(
+        "--quiet",
+        type=float,
+        default=0.25,
+        help="synchronous mode: after each input, wait for the node's answer until the node "
+        "has been idle this long (s; a node still computing is waited for, up to --timeout)",
+    )
     p.add_argument("--triggers", default=(), type=_topics, help="topics that wait for outputs")
     p.add_argument("--timeout", type=float, default=300.0, help="per-scenario time limit, s")
     p.add_argument("--startup-timeout", type=float, default=20.0, help="node start-up limit, s")

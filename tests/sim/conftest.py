@@ -61,6 +61,17 @@ _NODES = {
             return None
         run_node(fn)
     """,
+    # Answers every message, after 0.2 s of CPU work each (a heavy detector).
+    "slow.py": """
+        import time
+        from adcloud.binpipe.node import run_node
+        def fn(msg):
+            until = time.process_time() + 0.2
+            while time.process_time() < until:
+                pass
+            return ("/obstacles", msg.timestamp, "std_msgs/msg/String", b"\\0\\0\\0\\0")
+        run_node(fn)
+    """,
     # A valid stream whose records are not messages.
     "not_messages.py": """
         from adcloud.binpipe.node import run_node

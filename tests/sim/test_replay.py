@@ -149,6 +149,21 @@ def test_same_results_at_real_time_and_as_fast_as_possible(drive: DriveResult) -
     assert fast.wall_s < paced.wall_s
 
 
+def test_a_node_slower_than_the_quiet_period_is_waited_for(
+    drive: DriveResult, bad_nodes: dict[str, str]
+) -> None:
+    """Synchronous mode sends the next cloud only once the node answered the last one: a
+    node that computes 0.2 s per cloud (ten times the quiet period) is neither flooded nor
+    kept a message behind, so an output's latency is one cloud's work, not two or more."""
+    job = replace(_job(drive.bag, bad_nodes["slow"], quiet_s=0.02), evaluators=()).validate()
+    result = _run(job)
+    assert result.passed, result.reason
+    assert result.output_counts == {"/obstacles": 29}
+    per_message_ms = (result.wall_s * 1000 - result.startup_ms) / result.input_count
+    assert per_message_ms > 150  # the node's work paces the replay
+    assert result.latency_p50_ms < 1.5 * per_message_ms, (result.latency_p50_ms, per_message_ms)
+
+
 def test_windows_evaluate_only_their_range(drive: DriveResult) -> None:
     job = replace(_job(drive.bag), cut=ScenarioCut(CutMode.WINDOW, 1.5, 0.5))
     first, second = plan_scenarios(list(job.bags), job.cut)

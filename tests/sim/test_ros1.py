@@ -107,6 +107,20 @@ def test_same_results_at_real_time_and_as_fast_as_possible(drive: DriveResult) -
         assert fast.metrics[key] == paced.metrics[key]
 
 
+def test_a_node_slower_than_the_quiet_period_is_waited_for(drive: DriveResult) -> None:
+    """Synchronous mode waits for a node that is still computing (0.3 s of CPU per cloud,
+    six times the quiet period): every output keeps the time of the cloud it answers, at
+    both replay rates, as on a fast machine."""
+    slow = f"{ROS_NODE} _busy_s:=0.3"
+    fast = _run(_job(drive.bag, ROS_NODE, ("/obstacles",), *DETECT, rate=0.0))
+    for rate in (0.0, 1.0):
+        result = _run(_job(drive.bag, slow, ("/obstacles",), *DETECT, rate=rate, quiet_s=0.05))
+        assert result.passed, (result.reason, result.stderr_tail)
+        assert result.output_counts == {"/obstacles": 29}
+        for key in ("detections.precision", "detections.recall"):
+            assert result.metrics[key] == fast.metrics[key] == 1.0
+
+
 @pytest.mark.skipif(not Path(RELAY).exists(), reason="topic_tools is not installed")
 def test_relay_node_nobody_here_wrote(drive: DriveResult) -> None:
     job = _job(

@@ -14,12 +14,15 @@ serialization itself.  Run it under the ``ros1`` adapter::
         --node "/usr/bin/python3 adcloud/sim/examples/obstacle_ros_node.py" \\
         --inputs /lidar/points --outputs /obstacles
 
-``_crash_after:=N`` makes it exit with status 3 after N clouds (used by the tests).
+``_crash_after:=N`` makes it exit with status 3 after N clouds, ``_busy_s:=S`` makes it
+compute for S seconds of CPU time more per cloud, as a heavy detector on a slow machine
+would (both used by the tests).
 """
 
 import math
 import struct
 import sys
+import time
 
 POSE_ARRAY_MD5 = "916c28c5764443f268b296bb671b9d97"
 POSE_ARRAY_DEF = (
@@ -130,12 +133,16 @@ def main():
     out_topic = rospy.get_param("~output", "/obstacles")
     max_range = float(rospy.get_param("~max_range", 40.0))
     crash_after = int(rospy.get_param("~crash_after", 0))
+    busy_s = float(rospy.get_param("~busy_s", 0.0))
     pub = rospy.Publisher(out_topic, PoseArrayRaw, queue_size=100)
     state = {"n": 0}
 
     def on_cloud(msg):
         sec, nsec, frame, points = parse_cloud(msg._buff)
         centroids = cluster(points, max_range_m=max_range)
+        spent = time.process_time() + busy_s
+        while time.process_time() < spent:
+            pass
         pub.publish(PoseArrayRaw(pose_array(state["n"], sec, nsec, frame, centroids)))
         state["n"] += 1
         if crash_after and state["n"] >= crash_after:
