@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import struct
 import sys
 import threading
@@ -171,35 +170,55 @@ _BUSY_SHARE = 0.1
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
-def _group_cpu_s(pgid):
-    """CPU seconds (user + system) used so far by the live processes of group ``pgid``.
-
-    The same reading as ``adcloud.sim.adapters`` takes; repeated here because this script
-    runs under the system Python and imports nothing from adcloud."""
-    total = 0
-    for path in pathlib.Path("/proc").iterdir():
-        if not path.name.isdigit():
-            continue
-        try:
-            fields = (path / "stat").read_bytes().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total * _TICK_S
+def _stat(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # noqa: PTH123 - hot path, plain open
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
-def _await(cond, state, seen, quiet, pgid, limit):
-    """Wait until an output arrives after ``seen``, or the node has been idle (below
-    ``_BUSY_SHARE`` of a core, when its group is known) for ``quiet`` s, or ``limit`` s."""
+class _GroupCpu:
+    """CPU seconds used by the live processes of process group ``pgid``; members are
+    looked up again on ``refresh`` (scanning /proc costs milliseconds).  Kept apart from
+    ``adcloud.sim.adapters.CpuWatch`` because this script imports nothing from adcloud."""
+
+    def __init__(self, pgid):
+        self.pgid = pgid
+        self.members = []
+        self.refresh()
+
+    def refresh(self):
+        found = []
+        for name in os.listdir("/proc"):  # noqa: PTH208
+            fields = _stat(name) if name.isdigit() else None
+            if fields is not None and int(fields[2]) == self.pgid:
+                found.append(name)
+        self.members = found
+
+    def seconds(self):
+        total = 0
+        for name in self.members:
+            fields = _stat(name)
+            if fields is not None:
+                total += sum(int(v) for v in fields[11:15])
+        return total * _TICK_S
+
+
+def _await(cond, state, seen, quiet, node, limit):
+    """Wait until an output arrives after ``seen``, or the node (a ``_GroupCpu``, or None:
+    not watched) has been idle -- below ``_BUSY_SHARE`` of a core -- for ``quiet`` s, or
+    ``limit`` s passed."""
     give_up = time.monotonic() + limit
     while True:
-        used = _group_cpu_s(pgid) if pgid else 0.0
+        used = node.seconds() if node else 0.0
         with cond:
             if cond.wait_for(lambda: state["outputs"] != seen, quiet):
                 return
-        busy = pgid and _group_cpu_s(pgid) - used >= _BUSY_SHARE * quiet
-        if not busy or time.monotonic() >= give_up:
+        if node is None or time.monotonic() >= give_up:
+            return
+        node.refresh()
+        if node.seconds() - used < _BUSY_SHARE * quiet:
             return
 
 
@@ -256,6 +275,7 @@ def main():
             cond.notify_all()
 
     subs = [rospy.Subscriber(t, rospy.AnyMsg, on_output, callback_args=t) for t in split]
+    node = _GroupCpu(args.node_pgid) if args.node_pgid else None
     triggers = {t for t in args.triggers.split(",") if t}
     pubs = {}
     started = False
@@ -290,12 +310,12 @@ def main():
             pub, cls = pubs[topic]
             pub.publish(cls(data))
             if args.sync and (not triggers or topic in triggers):
-                _await(cond, state, seen, args.quiet, args.node_pgid, args.max_wait)
+                _await(cond, state, seen, args.quiet, node, args.max_wait)
     # The last outputs: wait until the node has been quiet for one quiet period.
     while True:
         with cond:
             seen = state["outputs"]
-        _await(cond, state, seen, max(args.quiet, 0.05), args.node_pgid, args.max_wait)
+        _await(cond, state, seen, max(args.quiet, 0.05), node, args.max_wait)
         with cond:
             if state["outputs"] == seen:
                 break

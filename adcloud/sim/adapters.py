@@ -35,7 +35,6 @@ stamps outputs with the simulated clock, which in synchronous mode is the input'
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import shlex
@@ -198,15 +197,15 @@ class _Feed:
         self.ready_signal = ready_signal
         #: Whether the node is past its start-up (ready signal seen or first trigger sent).
         self.warm = False
-        #: CPU seconds the node has used so far (set once it runs; None: not watched).
-        self.cpu: Callable[[], float] | None = None
+        #: The node's CPU use (set once it runs; None: not watched).
+        self.cpu: CpuWatch | None = None
 
     def _await_output(self, seen: int, patience: float) -> None:
         """Wait until an output arrives after ``seen`` outputs, or the node has been idle
         for ``patience`` s (see the module docstring), or ``timeout_s`` passed."""
         give_up = time.monotonic() + self.timing.timeout_s
         while True:
-            used = self.cpu() if self.cpu is not None else 0.0
+            used = self.cpu.seconds() if self.cpu is not None else 0.0
             deadline = time.monotonic() + patience
             with self.cond:
                 while self.outputs_seen == seen and not self.stopped:
@@ -216,9 +215,11 @@ class _Feed:
                     self.cond.wait(left)
                 if self.outputs_seen != seen or self.stopped:
                     return
-            busy = self.cpu is not None and self.cpu() - used >= _BUSY_SHARE * patience
-            if not busy or time.monotonic() >= give_up:
+            if self.cpu is None or time.monotonic() >= give_up:
                 return
+            self.cpu.refresh()
+            if self.cpu.seconds() - used < _BUSY_SHARE * patience:
+                return  # idle for a whole period: the node has nothing to say
 
     def output_arrived(self, n: int) -> None:
         """A DATA block of ``n`` output messages came back (an answer)."""
@@ -280,23 +281,47 @@ _BUSY_SHARE = 0.1
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int, *, group: bool = False) -> float:
+class CpuWatch:
     """CPU time (user + system, s) used so far by process ``pid`` and its waited-for
-    children, or with ``group`` by every live process of process group ``pid``; from
-    ``/proc`` (0.0 where it cannot be read: the process is gone)."""
-    total = 0
-    proc = Path("/proc")
-    paths = [d for d in proc.iterdir() if d.name.isdigit()] if group else [proc / str(pid)]
-    for path in paths:
-        try:
-            fields = (path / "stat").read_bytes().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if group and int(fields[2]) != pid:
-            continue
-        # utime, stime, cutime, cstime (fields 14-17 of proc(5), after the command name)
-        total += sum(int(v) for v in fields[11:15])
-    return total * _TICK_S
+    children, or with ``group`` by the live processes of process group ``pid`` (a ROS node
+    and what it started), read from ``/proc``.
+
+    A group's members are looked up once and again on :meth:`refresh`: reading a few stat
+    files per input costs microseconds, scanning all of ``/proc`` milliseconds."""
+
+    def __init__(self, pid: int, *, group: bool = False) -> None:
+        self.pid = pid
+        self.group = group
+        self.members = [pid]
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Look the group's members up again (new children, exited ones)."""
+        if not self.group:
+            return
+        members = []
+        for path in Path("/proc").iterdir():
+            fields = _stat_fields(path) if path.name.isdigit() else None
+            if fields is not None and int(fields[2]) == self.pid:
+                members.append(int(path.name))
+        self.members = members
+
+    def seconds(self) -> float:
+        total = 0
+        for pid in self.members:
+            fields = _stat_fields(Path(f"/proc/{pid}"))
+            if fields is not None:
+                # utime, stime, cutime, cstime (fields 14-17 of proc(5))
+                total += sum(int(v) for v in fields[11:15])
+        return total * _TICK_S
+
+
+def _stat_fields(path: Path) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name; None if it is gone."""
+    try:
+        return (path / "stat").read_bytes().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def _as_output(rec: tuple[object, ...]) -> Message:
@@ -347,11 +372,11 @@ def drive_pipe(
     wanted = set(output_topics)
     started = time.monotonic()
     if watch_group is not None:
-        feed.cpu = functools.partial(cpu_seconds, watch_group, group=True)
+        feed.cpu = CpuWatch(watch_group, group=True)
 
     def watch(pid: int) -> None:
         if feed.cpu is None:
-            feed.cpu = functools.partial(cpu_seconds, pid)
+            feed.cpu = CpuWatch(pid)
 
     outputs = pipe_blocks(
         feed.blocks(),
