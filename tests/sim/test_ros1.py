@@ -108,13 +108,13 @@ def test_same_results_at_real_time_and_as_fast_as_possible(drive: DriveResult) -
 
 
 def test_a_node_slower_than_the_quiet_period_is_waited_for(drive: DriveResult) -> None:
-    """Synchronous mode waits for a node that is still computing (0.3 s of CPU per cloud,
-    six times the quiet period): every output keeps the time of the cloud it answers, at
+    """Synchronous mode waits for a node that is still computing (0.15 s of CPU per cloud,
+    five times the quiet period): every output keeps the time of the cloud it answers, at
     both replay rates, as on a fast machine."""
-    slow = f"{ROS_NODE} _busy_s:=0.3"
+    slow = f"{ROS_NODE} _busy_s:=0.15"
     fast = _run(_job(drive.bag, ROS_NODE, ("/obstacles",), *DETECT, rate=0.0))
     for rate in (0.0, 1.0):
-        result = _run(_job(drive.bag, slow, ("/obstacles",), *DETECT, rate=rate, quiet_s=0.05))
+        result = _run(_job(drive.bag, slow, ("/obstacles",), *DETECT, rate=rate, quiet_s=0.03))
         assert result.passed, (result.reason, result.stderr_tail)
         assert result.output_counts == {"/obstacles": 29}
         for key in ("detections.precision", "detections.recall"):
