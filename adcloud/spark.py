@@ -206,6 +206,8 @@ def spark_conf(
     merged.update({key: _conf_value(value) for key, value in (conf or {}).items()})
     # Quiet start-up (see the properties file); a user's own driver JVM options win.
     merged.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_LOG4J2}")
+    # PySpark's daemon without a traceback whenever an idle worker is closed (see the module).
+    merged.setdefault("spark.python.daemon.module", "adcloud._pyspark_daemon")
     return merged
 
 

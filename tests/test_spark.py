@@ -133,6 +133,32 @@ def test_spark_conf_quiets_the_driver_unless_told_otherwise() -> None:
     assert own["spark.driver.extraJavaOptions"] == "-Xss4m"
 
 
+def test_the_worker_daemon_ends_quietly_when_spark_closed_the_socket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pyspark.daemon  # noqa: PLC0415
+
+    from adcloud import _pyspark_daemon  # noqa: PLC0415
+
+    assert spark_conf(SparkSettings())["spark.python.daemon.module"] == "adcloud._pyspark_daemon"
+    assert pyspark.daemon.worker is _pyspark_daemon.worker  # what the daemon's manager calls
+
+    def closed(sock: object, authenticated: bool) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(_pyspark_daemon, "_worker", closed)
+    assert _pyspark_daemon.worker(None, True) == 1  # the worker ends, no traceback
+    monkeypatch.setattr(_pyspark_daemon, "_worker", lambda sock, authenticated: 0)
+    assert _pyspark_daemon.worker(None, True) == 0  # reused as before
+
+    def broken(sock: object, authenticated: bool) -> int:
+        raise ValueError("a real bug")
+
+    monkeypatch.setattr(_pyspark_daemon, "_worker", broken)
+    with pytest.raises(ValueError, match="a real bug"):
+        _pyspark_daemon.worker(None, True)
+
+
 def test_a_fresh_local_session_starts_without_chatter() -> None:
     """A newcomer's first job: Spark's start-up notices (default log4j profile, host name
     resolving to loopback, no native Hadoop) do not reach the terminal; the job runs."""
@@ -153,7 +179,7 @@ def test_a_fresh_local_session_starts_without_chatter() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "4950"
-    for chatter in ("default log4j profile", "loopback address", "NativeCodeLoader"):
+    for chatter in ("default log4j profile", "loopback address", "NativeCodeLoader", "Traceback"):
         assert chatter not in done.stderr, done.stderr
 
 
