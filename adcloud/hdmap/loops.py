@@ -346,6 +346,15 @@ def find_loop_closures(
     return closures
 
 
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link where both lie on one file system (archive files are never rewritten in
+    place: a new version writes new files), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 class KeyframeArchive:
     """The keyframes of a map's drives, kept in its version for the next incremental build:
     ``<drive>.npz`` per drive (:func:`~adcloud.hdmap.exchange.dump_items`) and
@@ -405,7 +414,7 @@ class KeyframeArchive:
         if carry is not None:
             for drive, b in carry.bounds.items():
                 if drive not in by_drive:
-                    shutil.copy2(carry.folder / f"{drive}.npz", root / f"{drive}.npz")
+                    _link_or_copy(carry.folder / f"{drive}.npz", root / f"{drive}.npz")
                     bounds[drive] = list(b)
         for drive, frames in sorted(by_drive.items()):
             frames.sort(key=lambda k: k.stamp)
