@@ -27,7 +27,8 @@ examples:
 
 Re-running with the same bags changes nothing (drives are known by content hash); new bags
 are processed alone and merged into the map's tiles; a killed build leaves the previous
-version current. Settings: --config YAML (section hdmap) or ADCLOUD_HDMAP_<FIELD>.
+version current. Settings: --config YAML (sections hdmap, hdmap_poses, hdmap_loops) or
+ADCLOUD_HDMAP_<FIELD>, ADCLOUD_HDMAP_POSES_<FIELD>, ADCLOUD_HDMAP_LOOPS_<FIELD>.
 """
 
 _EPILOG_EVAL = """\
@@ -58,8 +59,10 @@ def _session(args: argparse.Namespace) -> Any:
 
 def _cmd_build(args: argparse.Namespace, console: Console) -> int:
     from adcloud.hdmap.build import build_map, plan_build  # noqa: PLC0415
+    from adcloud.hdmap.job import StageSettings  # noqa: PLC0415
 
     settings = _settings(args)
+    stages = StageSettings.load(settings, file=args.config)
     plan = plan_build(args.bags, args.map)
     if plan.up_to_date and plan.parent is not None:
         console.print(
@@ -75,6 +78,7 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
             args.map,
             settings,
             labels=args.labels,
+            stages=stages,
             progress=status.update,
         )
     result = summary.result

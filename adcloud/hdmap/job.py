@@ -28,7 +28,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,22 @@ class StageSettings:
     loops: LoopSettings = field(default_factory=LoopSettings)
     grid: GridSettings = field(default_factory=GridSettings)
     cloud: PointCloudMapSettings = field(default_factory=PointCloudMapSettings)
+
+    @classmethod
+    def load(
+        cls,
+        settings: HdmapSettings,
+        *,
+        file: str | Path | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> StageSettings:
+        """:meth:`from_settings`, with the pose and loop-closure settings read from the
+        ``hdmap_poses``/``hdmap_loops`` sections of ``file`` and ``ADCLOUD_HDMAP_POSES_*``/
+        ``ADCLOUD_HDMAP_LOOPS_*`` (``settings.segment_s`` still sets the segment length)."""
+        base = cls.from_settings(settings)
+        poses = PoseSettings.load(file=file, environ=environ, segment_seconds=settings.segment_s)
+        loops = LoopSettings.load(file=file, environ=environ)
+        return dataclasses.replace(base, poses=poses, loops=loops)
 
     @classmethod
     def from_settings(cls, settings: HdmapSettings) -> StageSettings:

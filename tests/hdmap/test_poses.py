@@ -21,8 +21,10 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from adcloud.hdmap.baseline import kiss_icp_trajectory
+from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import DriveData, read_drive
 from adcloud.hdmap.errors import DriveDataError, HdmapError, MapFormatError
+from adcloud.hdmap.job import StageSettings
 from adcloud.hdmap.loops import (
     Keyframe,
     KeyframeArchive,
@@ -137,6 +139,58 @@ def test_settings_reject_nonsense_and_load_from_the_environment() -> None:
     )
     assert loaded.voxel_m == 0.3 and loaded.gps_robust == "huber"
     assert LoopSettings.load(environ={"ADCLOUD_HDMAP_LOOPS_STRIDE": "5"}).stride == 5
+
+
+def test_a_build_reads_the_pose_and_loop_sections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``adcloud hdmap build`` hands the pose and loop-closure settings of the config file
+    and the environment to the build; ``hdmap.segment_s`` sets the segment length."""
+    config = tmp_path / "build.yaml"
+    config.write_text("hdmap:\n  segment_s: 15\nhdmap_poses:\n  voxel_m: 0.3\n")
+    env = {"ADCLOUD_HDMAP_LOOPS_STRIDE": "5", "ADCLOUD_HDMAP_POSES_SEGMENT_SECONDS": "30"}
+    stages = StageSettings.load(HdmapSettings(segment_s=15), file=config, environ=env)
+    assert stages.poses.voxel_m == 0.3 and stages.poses.segment_seconds == 15
+    assert stages.loops.stride == 5
+    assert (
+        StageSettings.load(HdmapSettings()).grid
+        == StageSettings.from_settings(HdmapSettings()).grid
+    )
+
+    import adcloud.hdmap.build as build  # noqa: PLC0415
+    import adcloud.hdmap.command as command  # noqa: PLC0415
+    from adcloud.cli import main  # noqa: PLC0415
+
+    seen: dict[str, object] = {}
+
+    class StopError(Exception):
+        pass
+
+    def fake_build(spark: object, bags: object, map_uri: object, settings: object, **kw: object):  # type: ignore[no-untyped-def]
+        seen.update(kw, settings=settings)
+        raise StopError
+
+    plan = type("Plan", (), {"up_to_date": False, "parent": None})()
+    monkeypatch.setattr(build, "plan_build", lambda bags, uri: plan)
+    monkeypatch.setattr(build, "build_map", fake_build)
+    monkeypatch.setattr(command, "_session", lambda args: None)
+    monkeypatch.setenv("ADCLOUD_HDMAP_LOOPS_STRIDE", "7")
+    with pytest.raises(StopError):
+        main(
+            [
+                "hdmap",
+                "build",
+                "--bags",
+                "x.bag",
+                "--map",
+                str(tmp_path / "m"),
+                "--config",
+                str(config),
+            ]
+        )
+    assert seen["stages"].loops.stride == 7  # type: ignore[attr-defined]
+    assert seen["stages"].poses.voxel_m == 0.3  # type: ignore[attr-defined]
+    assert seen["settings"].segment_s == 15  # type: ignore[attr-defined]
 
 
 # -- propagation -------------------------------------------------------------------------------
