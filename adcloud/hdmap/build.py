@@ -132,6 +132,7 @@ def _semantic(
     result: PipelineResult,
     trajectories: dict[str, Trajectory],
     imported: SemanticMap | None,
+    stages: StageSettings,
 ) -> SemanticMap:
     layers = mosaic_layers(result.tiles)
     markings: list[Any] = []
@@ -141,10 +142,10 @@ def _semantic(
         # All drives at once, in the order they joined the map: a road that several drives
         # covered gets its markings and lanes once, from the first of them.
         driven = list(trajectories.values())
-        markings = extract_lane_markings(layers, driven)
-        centers = lane_centerlines(markings, driven)
-        refs = reference_lines(markings, driven)
-    signs = detect_signs(result.sign_points, result.sign_intensity, layers)
+        markings = extract_lane_markings(layers, driven, stages.labels)
+        centers = lane_centerlines(markings, driven, stages.labels)
+        refs = reference_lines(markings, driven, stages.labels)
+    signs = detect_signs(result.sign_points, result.sign_intensity, layers, stages.signs)
     auto = SemanticMap(
         markings=tuple(markings),
         centerlines=tuple(centers),
@@ -161,6 +162,7 @@ def _write_version(
     trajectories: dict[str, Trajectory],
     semantic: SemanticMap,
     settings: HdmapSettings,
+    stages: StageSettings,
 ) -> dict[str, int]:
     (out / "trajectory").mkdir(parents=True, exist_ok=True)
     for name, traj in trajectories.items():
@@ -168,7 +170,7 @@ def _write_version(
             traj.write_tum(out / "trajectory" / f"{name}.tum")
             traj.write_kitti(out / "trajectory" / f"{name}.kitti.txt")
     write_geojson(out / "semantic.geojson", semantic)
-    lanelets = write_lanelet2(out / "lanelet2_map.osm", semantic, result.origin)
+    lanelets = write_lanelet2(out / "lanelet2_map.osm", semantic, result.origin, stages.lanelet)
     write_map_projector_info(out / "map_projector_info.yaml", result.origin)
     if result.tiles:
         write_mosaic(result.tiles, out / "grid_elevation.png", "elevation_mean")
@@ -232,6 +234,7 @@ def build_map(
     in every later version. Returns what was done; nothing is written when every drive is
     already in the map."""
     settings = settings or HdmapSettings()
+    stages = stages or StageSettings.from_settings(settings)
     say = progress or (lambda text: log.info("%s", text))
     uris = bag_uris(bags)
     mapdir = MapDir(map_uri, MapDirSettings(keep_versions=settings.keep_versions))
@@ -289,11 +292,11 @@ def build_map(
             fresh = import_labels(labels, default_source="external")
             imported = merge_labels(imported, fresh) if imported is not None else fresh
         tick = time.perf_counter()
-        semantic = _semantic(result, trajectories, imported)
+        semantic = _semantic(result, trajectories, imported, stages)
         if imported is not None:
             (out / "labels").mkdir(exist_ok=True)
             write_geojson(out / IMPORTED_LABELS, imported)
-        counts.update(_write_version(out, result, trajectories, semantic, settings))
+        counts.update(_write_version(out, result, trajectories, semantic, settings, stages))
         timings.update(result.timings)
         timings["labels+outputs"] = time.perf_counter() - tick
         counts["drives_new"] = len(new)

@@ -27,8 +27,9 @@ examples:
 
 Re-running with the same bags changes nothing (drives are known by content hash); new bags
 are processed alone and merged into the map's tiles; a killed build leaves the previous
-version current. Settings: --config YAML (sections hdmap, hdmap_poses, hdmap_loops) or
-ADCLOUD_HDMAP_<FIELD>, ADCLOUD_HDMAP_POSES_<FIELD>, ADCLOUD_HDMAP_LOOPS_<FIELD>.
+version current. Settings: --config YAML (section hdmap, and one per stage: hdmap_poses,
+hdmap_loops, hdmap_grid, hdmap_cloud, hdmap_labels, hdmap_signs, hdmap_lanelet) or
+ADCLOUD_HDMAP_<FIELD> and ADCLOUD_HDMAP_<STAGE>_<FIELD>.
 """
 
 _EPILOG_EVAL = """\

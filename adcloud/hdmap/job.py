@@ -40,6 +40,7 @@ from pyspark.broadcast import Broadcast
 from pyspark.sql import SparkSession
 
 from adcloud.binpipe import BinPipeRDD, decoded_messages
+from adcloud.config import load_settings
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import DriveAccumulator, DriveData, DriveTopics, drive_name
 from adcloud.hdmap.errors import DriveDataError, HdmapError
@@ -55,6 +56,8 @@ from adcloud.hdmap.grid import (
     scan_partials,
     transient_patches,
 )
+from adcloud.hdmap.labels import LabelSettings
+from adcloud.hdmap.lanelet import LaneletSettings
 from adcloud.hdmap.loops import Keyframe, KeyframeArchive, LoopSettings, find_loop_closures
 from adcloud.hdmap.model import Extrinsics, Scan
 from adcloud.hdmap.pcmap import (
@@ -79,6 +82,7 @@ from adcloud.hdmap.poses import (
     solve_segment,
     split_segments,
 )
+from adcloud.hdmap.signs import SignSettings
 from adcloud.hdmap.trajectory import Trajectory
 
 __all__ = [
@@ -103,6 +107,11 @@ Origin = tuple[float, float, float]
 Progress = Callable[[str], None]
 
 
+#: The settings section of each stage, in a config file (``hdmap_<stage>``) and the
+#: environment (``ADCLOUD_HDMAP_<STAGE>_<FIELD>``).
+STAGE_SECTIONS = ("poses", "loops", "grid", "cloud", "labels", "signs", "lanelet")
+
+
 @dataclass(frozen=True)
 class StageSettings:
     """The stages' own settings (defaults derived from :class:`HdmapSettings`)."""
@@ -111,6 +120,9 @@ class StageSettings:
     loops: LoopSettings = field(default_factory=LoopSettings)
     grid: GridSettings = field(default_factory=GridSettings)
     cloud: PointCloudMapSettings = field(default_factory=PointCloudMapSettings)
+    labels: LabelSettings = field(default_factory=LabelSettings)
+    signs: SignSettings = field(default_factory=SignSettings)
+    lanelet: LaneletSettings = field(default_factory=LaneletSettings)
 
     @classmethod
     def load(
@@ -120,13 +132,20 @@ class StageSettings:
         file: str | Path | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> StageSettings:
-        """:meth:`from_settings`, with the pose and loop-closure settings read from the
-        ``hdmap_poses``/``hdmap_loops`` sections of ``file`` and ``ADCLOUD_HDMAP_POSES_*``/
-        ``ADCLOUD_HDMAP_LOOPS_*`` (``settings.segment_s`` still sets the segment length)."""
+        """:meth:`from_settings`, then each stage's section of ``file`` (``hdmap_poses``,
+        ``hdmap_loops``, ``hdmap_grid``, ``hdmap_cloud``, ``hdmap_labels``, ``hdmap_signs``,
+        ``hdmap_lanelet``), then ``ADCLOUD_HDMAP_<STAGE>_<FIELD>``. ``settings`` keeps the
+        last word on what it names (segment length, grid resolution and tile size)."""
         base = cls.from_settings(settings)
-        poses = PoseSettings.load(file=file, environ=environ, segment_seconds=settings.segment_s)
-        loops = LoopSettings.load(file=file, environ=environ)
-        return dataclasses.replace(base, poses=poses, loops=loops)
+        fixed = {"poses": ("segment_seconds",), "grid": ("resolution", "tile_cells")}
+        stages = {}
+        for name in STAGE_SECTIONS:
+            current = getattr(base, name)
+            keep = {k: getattr(current, k) for k in fixed.get(name, ())}
+            stages[name] = load_settings(
+                type(current), f"hdmap_{name}", file=file, environ=environ, **keep
+            )
+        return cls(**stages)
 
     @classmethod
     def from_settings(cls, settings: HdmapSettings) -> StageSettings:

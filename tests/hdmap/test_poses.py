@@ -141,17 +141,27 @@ def test_settings_reject_nonsense_and_load_from_the_environment() -> None:
     assert LoopSettings.load(environ={"ADCLOUD_HDMAP_LOOPS_STRIDE": "5"}).stride == 5
 
 
-def test_a_build_reads_the_pose_and_loop_sections(
+def test_a_build_reads_every_stage_section(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``adcloud hdmap build`` hands the pose and loop-closure settings of the config file
-    and the environment to the build; ``hdmap.segment_s`` sets the segment length."""
+    """``adcloud hdmap build`` hands every stage's settings of the config file and the
+    environment to the build; what ``hdmap`` names (segment length, grid resolution) wins."""
     config = tmp_path / "build.yaml"
-    config.write_text("hdmap:\n  segment_s: 15\nhdmap_poses:\n  voxel_m: 0.3\n")
-    env = {"ADCLOUD_HDMAP_LOOPS_STRIDE": "5", "ADCLOUD_HDMAP_POSES_SEGMENT_SECONDS": "30"}
+    config.write_text(
+        "hdmap:\n  segment_s: 15\nhdmap_poses:\n  voxel_m: 0.3\n"
+        "hdmap_grid:\n  resolution: 0.5\nhdmap_labels:\n  max_lateral_m: 7.5\n"
+    )
+    env = {
+        "ADCLOUD_HDMAP_LOOPS_STRIDE": "5",
+        "ADCLOUD_HDMAP_POSES_SEGMENT_SECONDS": "30",
+        "ADCLOUD_HDMAP_LANELET_CONNECT_GAP_M": "0",
+        "ADCLOUD_HDMAP_SIGNS_MIN_POINTS": "9",
+    }
     stages = StageSettings.load(HdmapSettings(segment_s=15), file=config, environ=env)
     assert stages.poses.voxel_m == 0.3 and stages.poses.segment_seconds == 15
-    assert stages.loops.stride == 5
+    assert stages.loops.stride == 5 and stages.lanelet.connect_gap_m == 0
+    assert stages.labels.max_lateral_m == 7.5 and stages.signs.min_points == 9
+    assert stages.grid.resolution == 0.05  # hdmap.resolution names it
     assert (
         StageSettings.load(HdmapSettings()).grid
         == StageSettings.from_settings(HdmapSettings()).grid
