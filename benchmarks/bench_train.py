@@ -608,9 +608,7 @@ def bench_cluster(work: Work, plan: Plan) -> float:
 # -- 5: quality -------------------------------------------------------------------------------
 
 
-def bench_miou(
-    spark: SparkSession, work: Work, plan: Plan, preset: str, threads: int = 1
-) -> float:
+def bench_miou(spark: SparkSession, work: Work, plan: Plan, preset: str, threads: int = 1) -> float:
     """Held-out mIoU of ``preset`` after ``plan.miou_steps`` single-process steps of 2 sweeps
     on ``threads`` torch threads."""
     config = work.base_config(

@@ -141,9 +141,7 @@ def test_settings_reject_nonsense_and_load_from_the_environment() -> None:
     assert LoopSettings.load(environ={"ADCLOUD_HDMAP_LOOPS_STRIDE": "5"}).stride == 5
 
 
-def test_a_build_reads_every_stage_section(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_build_reads_every_stage_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``adcloud hdmap build`` hands every stage's settings of the config file and the
     environment to the build; what ``hdmap`` names (segment length, grid resolution) wins."""
     config = tmp_path / "build.yaml"
