@@ -657,8 +657,7 @@ def hermite_bridge(pa: F64, ta: F64, pb: F64, tb: F64, step: float) -> F64:
     k = int(gap // step)
     if k < 1:
         return np.zeros((0, 3))
-    turn = math.atan2(ta[0] * tb[1] - ta[1] * tb[0], ta[0] * tb[0] + ta[1] * tb[1])
-    scale = gap / math.cos(turn / 4) ** 2
+    scale = gap / math.cos(_signed_angle(ta, tb) / 4) ** 2
     s = np.arange(1, k + 1) / (k + 1)
     h00 = 2 * s**3 - 3 * s**2 + 1
     h10 = s**3 - 2 * s**2 + s

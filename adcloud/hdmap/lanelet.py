@@ -168,6 +168,19 @@ class _Builder:
         self.lanelets: list[tuple[Any, LaneCenterline]] = []
         self.line_strings = 0
 
+    def road_tags(self, element_id: str, source: str, **extra: str) -> dict[str, str]:
+        """The tags of a one-way road lanelet for vehicles (``extra``: e.g. its turn)."""
+        return {
+            "type": "lanelet",
+            "subtype": "road",
+            "location": self.settings.location,
+            "one_way": "yes",
+            "participant:vehicle": "yes",
+            **extra,
+            "adcloud:id": element_id,
+            "adcloud:source": source,
+        }
+
     def attrs(self, values: dict[str, str]) -> Any:
         return self.core.AttributeMap(values)
 
@@ -213,16 +226,7 @@ class _Builder:
         right = self.bridge(before.rightBound, after.rightBound)
         straight = math.radians(self.settings.straight_max_turn_deg)
         direction = "straight" if abs(turn) <= straight else ("left" if turn > 0 else "right")
-        tags = {
-            "type": "lanelet",
-            "subtype": "road",
-            "location": self.settings.location,
-            "one_way": "yes",
-            "participant:vehicle": "yes",
-            "turn_direction": direction,
-            "adcloud:id": f"{lane.id}>{nxt.id}",
-            "adcloud:source": "connector",
-        }
+        tags = self.road_tags(f"{lane.id}>{nxt.id}", "connector", turn_direction=direction)
         ll = self.core.Lanelet(self.core.getId(), left, right, self.attrs(tags))
         pa, pb = lane.points[-1], nxt.points[0]
         ta = _direction(lane.points, at_start=False)
@@ -276,15 +280,7 @@ class _Builder:
             left, right = self.bound(lane, True), self.bound(lane, False)
         else:
             left, right = self.virtual_bounds(lane)
-        tags = {
-            "type": "lanelet",
-            "subtype": "road",
-            "location": self.settings.location,
-            "one_way": "yes",
-            "participant:vehicle": "yes",
-            "adcloud:id": lane.id,
-            "adcloud:source": lane.source,
-        }
+        tags = self.road_tags(lane.id, lane.source)
         ll = self.core.Lanelet(self.core.getId(), left, right, self.attrs(tags))
         ll.centerline = self.line(lane.points, {"type": "centerline"})
         self.lanelets.append((ll, lane))
