@@ -147,6 +147,13 @@ class Exchange:
         context = rdd.context
         return context.parallelize(paths, max(1, len(paths))).flatMap(load_items)
 
+    def drop(self, rdd: RDD[Any]) -> None:
+        """Free what memory mode cached for ``rdd`` once no later stage reads it: on a small
+        executor the next stage's shuffle needs that heap (files mode keeps its files)."""
+        if rdd in self.cached:
+            self.cached.remove(rdd)
+            rdd.unpersist()
+
     def release(self) -> None:
         """Drop what memory mode cached."""
         for rdd in self.cached:

@@ -511,6 +511,7 @@ def run_pipeline(
         aligned = exchange.hand_over(
             scans.flatMap(lambda s: _align(s, traj_b.value, mounts_b.value, device)), "aligned"
         )
+        exchange.drop(decoded)  # every later stage reads the aligned scans
         timings["align"] = time.perf_counter() - tick
 
         tick = time.perf_counter()
@@ -528,6 +529,7 @@ def run_pipeline(
         map_origin = next(iter(drives.values())).origin
         sink = functools.partial(_tile_sink, out=str(out_dir), grid=grid, origin=map_origin)
         written = dict(merged.map(sink).collect())
+        exchange.drop(merged)
         keys = sorted(written)
         # The label stage reads the tiles along the roads back from the GeoTIFFs just
         # written: shipping dense layers through the driver's JVM would cost more memory.

@@ -65,3 +65,26 @@ def test_both_modes_hand_over_the_same_items(
     files = sorted((tmp_path / "x" / "scans").glob("*.npz")) if mode == "files" else []
     assert len(files) == (3 if mode == "files" else 0)
     exchange.release()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["memory", "files"])
+def test_a_stage_no_later_stage_reads_is_dropped_and_the_rest_stays(
+    spark: SparkSession, tmp_path: Path, mode: str
+) -> None:
+    """``drop`` frees a memory-mode stage once the next one is materialised (the heap a
+    small executor needs for the following shuffle); the next stage stays cached, and in
+    files mode both stages' files stay where they are."""
+    exchange = Exchange(mode, tmp_path / "x")
+    first = exchange.hand_over(spark.sparkContext.parallelize(range(6), 3).map(_scan), "scans")
+    second = exchange.hand_over(first.map(lambda s: s.stamp * 2), "stamps")
+    exchange.drop(first)
+    assert sorted(second.collect()) == [0, 2, 4, 6, 8, 10]
+    if mode == "memory":
+        assert not first.is_cached and second.is_cached
+        assert exchange.cached == [second]
+    else:
+        assert len(list((tmp_path / "x" / "scans").glob("*.npz"))) == 3
+        assert len(list((tmp_path / "x" / "stamps").glob("*.npz"))) == 3
+    exchange.release()
+    assert not second.is_cached
