@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import logging
 import struct
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,6 +33,7 @@ from mcap.records import Channel, ChunkIndex, Footer, Schema, Statistics
 from mcap.stream_reader import StreamReader
 from rosbags.typesys.msg import normalize_msgtype
 
+from adcloud._crc import crc32
 from adcloud.binpipe.bags_io import RangeReader, file_size, join_member, open_fs, read_range
 from adcloud.binpipe.bags_model import (
     BagFormat,
@@ -224,7 +224,7 @@ def _decompress(compression: str, data: memoryview, size: int, crc: int) -> byte
         raise ValueError(f"{compression or 'none'} decompression failed: {err}") from err
     if len(out) != size:
         raise ValueError(f"chunk holds {len(out)} bytes uncompressed, its header says {size}")
-    if crc and zlib.crc32(out) != crc:
+    if crc and crc32(out) != crc:
         raise ValueError("chunk CRC mismatch")
     return out
 

@@ -20,7 +20,6 @@ Format history:
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from enum import IntEnum, IntFlag
 from typing import IO, BinaryIO, ClassVar, NamedTuple, TypeAlias
@@ -28,6 +27,7 @@ from typing import IO, BinaryIO, ClassVar, NamedTuple, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from adcloud._crc import crc32
 from adcloud.binpipe.errors import BinpipeError
 
 __all__ = [
@@ -180,7 +180,7 @@ def _pad8(n: int) -> int:
 def stream_header(version: int = FORMAT_VERSION) -> bytes:
     """The 16 bytes that open every stream."""
     head = _STREAM_HEADER.pack(STREAM_MAGIC, version, 0, 0)[:12]
-    return head + struct.pack("<I", zlib.crc32(head))
+    return head + struct.pack("<I", crc32(head))
 
 
 def _check_stream_header(data: bytes | memoryview, offset: int = 0) -> None:
@@ -194,7 +194,7 @@ def _check_stream_header(data: bytes | memoryview, offset: int = 0) -> None:
             f"not a BinPipe stream at offset {offset}: magic {bytes(magic)!r}, "
             f"expected {STREAM_MAGIC!r} (is the producer writing text or a different format?)"
         )
-    if zlib.crc32(data[:12]) != crc:
+    if crc32(data[:12]) != crc:
         raise BinpipeError(f"corrupt stream header at offset {offset}: CRC mismatch")
     if version != FORMAT_VERSION:
         raise BinpipeError(
@@ -397,7 +397,7 @@ class _BlockBuilder:
         if checksum:
             flags |= BlockFlag.PAYLOAD_CRC
             for part in self.parts:
-                payload_crc = zlib.crc32(part, payload_crc)
+                payload_crc = crc32(part, payload_crc)
         head = _BLOCK_HEADER.pack(
             BLOCK_MAGIC,
             kind,
@@ -405,12 +405,12 @@ class _BlockBuilder:
             n_records,
             n_fields,
             self.payload_len,
-            zlib.crc32(tables),
+            crc32(tables),
             payload_crc,
             0,
             0,
         )[:36]
-        head += struct.pack("<I", zlib.crc32(head))
+        head += struct.pack("<I", crc32(head))
         tail = bytes(_pad8(self.payload_len) - self.payload_len)
         return [head, tables, *self.parts, tail]
 
@@ -606,7 +606,7 @@ class Block:
                 f"corrupt stream at offset {offset}: block magic {bytes(magic)!r}, "
                 f"expected {BLOCK_MAGIC!r}"
             )
-        if zlib.crc32(memoryview(data)[:36]) != hcrc:
+        if crc32(memoryview(data)[:36]) != hcrc:
             raise BinpipeError(f"corrupt block header at offset {offset}: CRC mismatch")
         if kind not in BlockKind._value2member_map_:
             raise BinpipeError(f"corrupt block at offset {offset}: unknown kind {kind}")
@@ -643,7 +643,7 @@ class Block:
         nrec, nfld, plen = header.n_records, header.n_fields, header.payload_len
         t0 = BLOCK_HEADER_SIZE
         tables = raw[t0 : t0 + header.tables_size]
-        if zlib.crc32(tables) != header.tables_crc:
+        if crc32(tables) != header.tables_crc:
             raise BinpipeError(f"corrupt block tables at offset {offset + t0}: CRC mismatch")
         field_ends = np.frombuffer(tables, dtype="<u8", count=nfld)
         r0 = 8 * nfld
@@ -654,7 +654,7 @@ class Block:
         payload = raw[p0 : p0 + plen]
         _validate_tables(header, field_ends, record_ends, field_types, offset)
         checked = verify_payload and header.flags & BlockFlag.PAYLOAD_CRC
-        if checked and zlib.crc32(payload) != header.payload_crc:
+        if checked and crc32(payload) != header.payload_crc:
             raise BinpipeError(f"corrupt block payload at offset {offset + p0}: CRC mismatch")
         # Padding is outside the payload CRC; requiring zeros catches flips there too.
         if any(tables[r0 + 4 * nrec : y0]) or any(tables[y0 + nfld :]) or any(raw[p0 + plen :]):
@@ -1075,6 +1075,6 @@ def seal_block(raw: bytes | bytearray | memoryview) -> bytes:
         return bytes(view)
     head = bytearray(view[:BLOCK_HEADER_SIZE])
     struct.pack_into("<H", head, 6, block.header.flags | BlockFlag.PAYLOAD_CRC)
-    struct.pack_into("<I", head, 28, zlib.crc32(block.payload))
-    struct.pack_into("<I", head, 36, zlib.crc32(head[:36]))
+    struct.pack_into("<I", head, 28, crc32(block.payload))
+    struct.pack_into("<I", head, 36, crc32(head[:36]))
     return bytes(head) + bytes(view[BLOCK_HEADER_SIZE:])

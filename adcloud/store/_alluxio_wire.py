@@ -25,9 +25,9 @@ the server also accepts the 1.x layout that ``alluxio`` 0.1.x sends (top-level `
 from __future__ import annotations
 
 import json
-import zlib
 from typing import Any
 
+from adcloud._crc import crc32
 from adcloud.store.base import FileStatus, PersistenceState, TtlAction, WriteType
 
 __all__ = [
@@ -51,7 +51,7 @@ def error_body(status: str, message: str) -> bytes:
 
 def file_info(status: FileStatus, *, host: str, port: int) -> dict[str, Any]:
     """A ``FileInfo``/``URIStatus`` JSON object for ``status`` (one block per cached file)."""
-    file_id = zlib.crc32(status.path.encode("utf-8"))
+    file_id = crc32(status.path.encode("utf-8"))
     mtime_ms = int(status.mtime * 1000)
     blocks: list[dict[str, Any]] = []
     if not status.is_dir and status.tier is not None:

@@ -13,11 +13,11 @@ import errno
 import io
 import logging
 import os
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
+from adcloud._crc import crc32
 from adcloud.store.errors import StoreCorruptionError, StoreError, StoreFullError
 from adcloud.store.settings import TIER_NAMES
 
@@ -118,7 +118,7 @@ class StagingFile:
 
     def write(self, view: memoryview) -> None:
         """Append ``view``; a full filesystem moves the file down a tier (or raises)."""
-        self.crc = zlib.crc32(view, self.crc)
+        self.crc = crc32(view, self.crc)
         off = 0
         while off < len(view):
             try:
@@ -218,7 +218,7 @@ class VerifyingReader(io.RawIOBase):
         got_n = self._raw.readinto(buffer)  # type: ignore[attr-defined]
         n = 0 if got_n is None else int(got_n)
         if n and self._expect is not None:
-            self._crc = zlib.crc32(memoryview(buffer)[:n], self._crc)
+            self._crc = crc32(memoryview(buffer)[:n], self._crc)
         elif not n and not self._checked and len(memoryview(buffer)) > 0:
             self._checked = True
             got = crc_text(self._crc) if self._expect is not None else None
@@ -251,7 +251,7 @@ def write_new(dst: Path, chunks: Iterable[bytes]) -> int:
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         for chunk in chunks:
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
             view = memoryview(chunk)
             while view:
                 view = view[os.write(fd, view[:CHUNK]) :]

@@ -17,13 +17,13 @@ import contextlib
 import errno
 import os
 import uuid
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 import fsspec
 
+from adcloud._crc import crc32
 from adcloud.store._streams import WriteStream
 from adcloud.store.errors import (
     InvalidPathError,
@@ -77,7 +77,7 @@ class UfsStaging:
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append ``data`` (CRC-32 and size are tracked)."""
         view = memoryview(data).cast("B")
-        self.crc = zlib.crc32(view, self.crc)
+        self.crc = crc32(view, self.crc)
         try:
             written = 0
             while written < len(view):

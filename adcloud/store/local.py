@@ -52,10 +52,10 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Literal, NamedTuple, cast
 
+from adcloud._crc import crc32
 from adcloud.config import settings_dict
 from adcloud.store._catalog import Catalog, FileRow, descendant_range
 from adcloud.store._locks import LockFile
@@ -569,12 +569,12 @@ class LocalStore(BaseStore):
 
     def _verify(self, row: FileRow, data: bytes, where: str) -> None:
         if len(data) != row.size or (
-            self._verifies(where) and crc_text(zlib.crc32(data)) != row.checksum
+            self._verifies(where) and crc_text(crc32(data)) != row.checksum
         ):
             raise StoreCorruptionError(
                 f"{self._rel(row.path)}: the copy in "
                 f"{'the under-store' if where == 'UFS' else 'tier ' + where} ({len(data)} bytes, "
-                f"{crc_text(zlib.crc32(data))}) does not match the catalog ({row.size} bytes, "
+                f"{crc_text(crc32(data))}) does not match the catalog ({row.size} bytes, "
                 f"{row.checksum})"
             )
 
@@ -994,7 +994,7 @@ class LocalStore(BaseStore):
                 log.warning("cannot promote %s: %s", row.path, err)
                 return
             old_tier = cur.tier
-            if self._install(cur, tmp, zlib.crc32(data), top) and old_tier is not None:
+            if self._install(cur, tmp, crc32(data), top) and old_tier is not None:
                 old = self._by_level.get(old_tier)
                 if old is not None:
                     with contextlib.suppress(OSError):
@@ -1414,7 +1414,7 @@ def _range(key: str) -> tuple[str, str]:
 
 
 def _stripe(key: str) -> int:
-    return zlib.crc32(key.encode("utf-8")) % _UFS_STRIPES
+    return crc32(key.encode("utf-8")) % _UFS_STRIPES
 
 
 class _DurableDeleteNeededError(Exception):

@@ -47,7 +47,6 @@ import os
 import socket
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -55,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from adcloud._crc import crc32
 from adcloud.store import Store, StoreError, StoreNotFoundError, WriteType
 from adcloud.train.errors import StaleParametersError, TrainError
 from adcloud.train.tensors import TensorFormatError, decode_tensors, encode_tensors
@@ -358,7 +358,7 @@ class ParameterStoreSync:
             "version": version,
             "key": key,
             "size": len(data),
-            "crc32": zlib.crc32(data),
+            "crc32": crc32(data),
         }
         self.store.put(self.latest_key, json.dumps(pointer).encode(), write_type="MUST_CACHE")
         self._sent += len(data)

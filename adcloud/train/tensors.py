@@ -37,7 +37,6 @@ import json
 import math
 import struct
 import sys
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from adcloud._crc import crc32
 from adcloud.train.errors import TrainError
 
 __all__ = [
@@ -163,7 +163,7 @@ def encode_tensors(
                 "shape": list(tensor.shape),
                 "offset": cursor,
                 "nbytes": len(raw),
-                "crc32": zlib.crc32(raw),
+                "crc32": crc32(raw),
             }
         )
         chunks.append(raw)
@@ -190,7 +190,7 @@ def encode_tensors(
         if needed == data_offset:
             break
         data_offset = needed
-    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(text), zlib.crc32(text), 0)
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(text), crc32(text), 0)
     padding = b"\x00" * (data_offset - _PREFIX.size - len(text))
     return b"".join([prefix, text, padding, *chunks])
 
@@ -226,7 +226,7 @@ def _header(data: memoryview, source: str) -> dict[str, Any]:
             offset=len(data),
         )
     text = bytes(data[_PREFIX.size : end])
-    if zlib.crc32(text) != crc:
+    if crc32(text) != crc:
         raise TensorFormatError(
             f"{source}: header checksum mismatch (header at offset {_PREFIX.size}, "
             f"{length} bytes): the file is corrupt",
@@ -306,7 +306,7 @@ def decode_tensors(data: bytes | bytearray | memoryview, *, source: str = "<byte
                 offset=start,
             )
         raw = view[start : start + nbytes]
-        if zlib.crc32(raw) != int(entry["crc32"]):
+        if crc32(raw) != int(entry["crc32"]):
             raise TensorFormatError(
                 f"{source}: tensor {name!r} is corrupt (checksum mismatch in bytes "
                 f"{start}..{start + nbytes})",
