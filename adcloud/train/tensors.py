@@ -121,13 +121,14 @@ def _as_tensor(name: str, value: Any) -> torch.Tensor:
     raise TrainError(f"tensor {name!r}: expected a torch.Tensor or numpy array, got {type(value)}")
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes, without a copy where it is contiguous (the final join copies)."""
     flat = tensor.contiguous().reshape(-1)
     if flat.numel() == 0:
-        return b""
+        return memoryview(b"")
     if flat.dtype is torch.bool:
         flat = flat.to(torch.uint8)
-    return flat.view(torch.uint8).numpy().tobytes()
+    return flat.view(torch.uint8).numpy().data
 
 
 def encode_tensors(
@@ -140,7 +141,7 @@ def encode_tensors(
     raise :class:`TrainError` naming the tensor.
     """
     entries: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
+    chunks: list[bytes | memoryview] = []
     cursor = 0
     for name, value in tensors.items():
         if not isinstance(name, str) or not name:
