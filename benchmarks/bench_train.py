@@ -47,6 +47,7 @@ application gets a short warm-up run first (Python workers start, torch loads).
     .venv/bin/python benchmarks/bench_train.py --skip-cluster --skip-torchrun
     .venv/bin/python benchmarks/bench_train.py --full     # also the full preset's mIoU
     .venv/bin/python benchmarks/bench_train.py --quality-only --full --quality-threads 2
+    .venv/bin/python benchmarks/bench_train.py --ps-only  # the parameter exchange alone
 """
 
 from __future__ import annotations
@@ -666,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quality-threads", type=int, default=1, help="torch threads of the mIoU runs (1)"
     )
+    parser.add_argument(
+        "--ps-only", action="store_true", help="only section 2, the parameter exchange"
+    )
     parser.add_argument("--rounds", type=int, help="memory/files/torchrun rounds (3)")
     parser.add_argument("--steps", type=int, help="training steps per timed run (40)")
     args = parser.parse_args(argv)
@@ -690,8 +694,21 @@ def main(argv: list[str] | None = None) -> int:
             target = TARGETS["miou"] if preset == "small" else None
             note(f"5. lidar_seg {preset} held-out mIoU", f"{miou:.3f}", miou, target)
 
+    def exchange(work: Work) -> None:
+        for preset, ratio in bench_ps(work, plan).items():
+            note(
+                f"2. ps exchange, MEM tier vs file ({preset})",
+                f"{ratio:.1f}x",
+                ratio,
+                TARGETS["ps"],
+            )
+
     try:
         work = make_work(root, shm)
+        if args.ps_only:
+            exchange(work)
+            print("\n== summary ==\n" + "\n".join(summary))
+            return 0
         spark = local_session("bench-train")
         if args.quality_only:
             quality(spark, work, plan)
@@ -706,13 +723,7 @@ def main(argv: list[str] | None = None) -> int:
             note(
                 "3. Spark allreduce vs torchrun (samples/s)", f"{tr:.2f}x", tr, TARGETS["torchrun"]
             )
-        for preset, ratio in bench_ps(work, plan).items():
-            note(
-                f"2. ps exchange, MEM tier vs file ({preset})",
-                f"{ratio:.1f}x",
-                ratio,
-                TARGETS["ps"],
-            )
+        exchange(work)
         bench_ps_job(spark, work, plan)
         quality(spark, work, plan)
         spark.stop()
