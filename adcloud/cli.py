@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -267,6 +268,19 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _driver_defaults(confs: Sequence[str]) -> list[str]:
+    """``KEY=VALUE`` settings for the driver JVM that spark-submit starts before the job can
+    apply any: adcloud's driver memory (``ADCLOUD_SPARK_DRIVER_MEMORY``) and JVM options
+    (a quiet log4j2 profile, G1 regions for Spark's cache), unless ``confs`` sets them."""
+    from adcloud.spark import SparkSettings, spark_conf  # noqa: PLC0415
+
+    given = dict(c.split("=", 1) for c in confs if "=" in c)
+    settings = SparkSettings.load()
+    merged = spark_conf(settings, given)
+    keys = ("spark.driver.memory", "spark.driver.extraJavaOptions")
+    return [f"{key}={merged[key]}" for key in keys if key not in given]
+
+
 def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     from adcloud.spark import spark_home  # noqa: PLC0415
 
@@ -302,14 +316,16 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
         cmd = [str(submit), *options]
     else:
         cmd = [str(submit), "--master", args.master]
-        for conf in confs:
+        for conf in [*confs, *_driver_defaults(confs)]:
             cmd += ["--conf", conf]
     cmd += [str(Path(__file__).resolve()), *job]
     env = dict(os.environ)
+    if args.master.startswith(("local", "spark://127.0.0.1:", "spark://localhost:")):
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # as local sessions: no host-name warning
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if args.dry_run:
-        console.print(" ".join(cmd), soft_wrap=True)
+        console.print(shlex.join(cmd), soft_wrap=True, markup=False, highlight=False)
         return 0
     if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
         console.print("Java 17 is needed by spark-submit: apt-get install openjdk-17-jre-headless")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -120,6 +121,38 @@ def test_submit_dry_run_builds_spark_submit_line(capsys: pytest.CaptureFixture[s
     assert "bin/spark-submit --master spark://127.0.0.1:7077" in line
     assert "--conf spark.executor.memory=2g" in line
     assert line.rstrip().endswith("adcloud/cli.py ingest a.bag --out o")
+    # the driver JVM spark-submit starts gets adcloud's memory and JVM options, quoted so the
+    # printed line can be pasted into a shell
+    args = shlex.split(line)
+    confs = [args[i + 1] for i, a in enumerate(args) if a == "--conf"]
+    assert "spark.driver.memory=2g" in confs
+    java = next(c for c in confs if c.startswith("spark.driver.extraJavaOptions="))
+    assert "-Dlog4j2.configurationFile=" in java and "-XX:G1HeapRegionSize=4m" in java
+
+
+def test_submit_keeps_the_users_own_driver_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "submit",
+            "--dry-run",
+            "--master",
+            "spark://127.0.0.1:7077",
+            "--conf",
+            "spark.driver.memory=9g",
+            "--conf",
+            "spark.driver.extraJavaOptions=-Xss4m",
+            "--",
+            "ingest",
+            "a.bag",
+        ]
+    )
+    assert code == 0
+    args = shlex.split(capsys.readouterr().out.replace("\n", ""))
+    confs = [args[i + 1] for i, a in enumerate(args) if a == "--conf"]
+    assert [c for c in confs if c.startswith("spark.driver.")] == [
+        "spark.driver.memory=9g",
+        "spark.driver.extraJavaOptions=-Xss4m",
+    ]
 
 
 def test_submit_runs_the_job_through_spark_submit(shared_data: Path, tmp_path: Path) -> None:
@@ -145,6 +178,8 @@ def test_submit_runs_the_job_through_spark_submit(shared_data: Path, tmp_path: P
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "ingested 15 messages" in result.stdout
+    for chatter in ("default log4j profile", "loopback address", "INFO SparkContext"):
+        assert chatter not in result.stderr, result.stderr[-2000:]
     assert json.loads((out / "manifest.json").read_text())["records"] == 15
 
 
