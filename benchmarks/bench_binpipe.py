@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
 import statistics
 import tempfile
 import threading
@@ -38,9 +39,15 @@ from adcloud.spark import SparkSettings, StandaloneCluster, get_session, wait_fo
 RECORD = 256 * 1024
 
 
-def timed(fn: Callable[[], object], repeat: int = 3) -> float:
-    """Median seconds of ``repeat`` runs after one warm-up run."""
-    fn()
+#: Timed and warm-up reads per configuration: a fresh executor JVM compiles its hot paths
+#: during the first few jobs (its CPU share falls from ~0.6 to ~0.25 of a core by the fifth).
+REPEAT_READ, WARMUP_READ = 3, 3
+
+
+def timed(fn: Callable[[], object], repeat: int = 3, warmup: int = 1) -> float:
+    """Median seconds of ``repeat`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -201,6 +208,7 @@ def bench_partitioned_read(mb: int, workdir: Path) -> dict[str, float]:
     )
     t_ros = timed(lambda: rosbags_read(bag), repeat=2)
     results = {"rosbags": bag.stat().st_size / t_ros / 1e6}
+    shares: dict[int, CpuShare] = {}
     for workers in (1, 2):
         with StandaloneCluster(
             workers=workers, cores=1, memory="1g", log_dir=workdir / f"cluster-{workers}"
@@ -215,16 +223,83 @@ def bench_partitioned_read(mb: int, workdir: Path) -> dict[str, float]:
             def read(spark: Any = spark) -> None:
                 assert BinPipeRDD.from_bags(spark, str(bag)).count() == expected
 
-            results[f"{workers}x"] = bag.stat().st_size / timed(read, repeat=2) / 1e6
+            with CpuShare() as share:
+                seconds = timed(read, repeat=REPEAT_READ, warmup=WARMUP_READ)
+            results[f"{workers}x"] = bag.stat().st_size / seconds / 1e6
+            shares[workers] = share
             spark.stop()
     print(
         f"  rosbags, one process            {results['rosbags']:7.0f} MB/s\n"
         f"  BinPipeRDD, 1 executor          {results['1x']:7.0f} MB/s\n"
         f"  BinPipeRDD, 2 executors         {results['2x']:7.0f} MB/s   "
         f"{results['2x'] / results['1x']:.2f}x one executor (target >= 1.7), "
-        f"{results['2x'] / 2 / results['rosbags']:.2f} per core vs rosbags (target >= 0.9)"
+        f"{results['2x'] / 2 / results['rosbags']:.2f} per core vs rosbags (target >= 0.9)\n"
+        f"  1 executor:  {shares[1]}\n"
+        f"  2 executors: {shares[2]}"
     )
     return results
+
+
+#: Which Spark process a command line belongs to (the first match wins: the driver JVM's
+#: command line names the Python daemon module in its --conf too).
+_PROCESS_KINDS = (
+    ("executor JVMs", (b"CoarseGrainedExecutorBackend",)),
+    ("driver JVM", (b"SparkSubmit",)),
+    ("master/worker daemons", (b"deploy.master.Master", b"deploy.worker.Worker")),
+    ("Python workers", (b"_pyspark_daemon", b"pyspark.daemon", b"pyspark.worker")),
+)
+
+
+def _spark_processes() -> Iterator[tuple[str, str]]:
+    """``(kind, pid)`` of this machine's Spark processes (see :data:`_PROCESS_KINDS`)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        kind = next((k for k, marks in _PROCESS_KINDS if any(m in cmd for m in marks)), None)
+        if kind is not None:
+            yield kind, proc.name
+
+
+def _cpu_seconds() -> tuple[dict[str, float], float]:
+    """CPU seconds used so far by each process (by kind and pid), and by the whole machine
+    (busy time of all cores, from /proc/stat)."""
+    tick = 100.0  # USER_HZ
+    per: dict[str, float] = {}
+    for kind, pid in _spark_processes():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        per[f"{kind}/{pid}"] = (int(fields[11]) + int(fields[12])) / tick
+    cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return per, (sum(cpu) - cpu[3] - cpu[4]) / tick
+
+
+class CpuShare:
+    """Cores each kind of Spark process kept busy while the block ran, and the machine."""
+
+    def __enter__(self) -> CpuShare:
+        self._start = time.perf_counter()
+        self._before, self._machine = _cpu_seconds()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        wall = time.perf_counter() - self._start
+        after, machine = _cpu_seconds()
+        cores: dict[str, float] = {}
+        for key, used in after.items():
+            kind = key.split("/", 1)[0]
+            cores[kind] = cores.get(kind, 0.0) + (used - self._before.get(key, 0.0)) / wall
+        self.cores = cores
+        self.machine = (machine - self._machine) / wall
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{kind} {self.cores.get(kind, 0.0):.2f}" for kind, _ in _PROCESS_KINDS)
+        return f"cores busy: machine {self.machine:.2f} of {os.cpu_count()} ({parts})"
 
 
 class _PeakRss:
@@ -239,14 +314,10 @@ class _PeakRss:
     def _run(self) -> None:
         while not self._stop.is_set():
             total = 0
-            for proc in Path("/proc").iterdir():
-                pid = proc.name
-                if not pid.isdigit():
+            for kind, pid in _spark_processes():
+                if kind != "Python workers":
                     continue
                 try:
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    if b"pyspark.daemon" not in cmd and b"pyspark.worker" not in cmd:
-                        continue
                     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                         if line.startswith("VmRSS:"):
                             rss = int(line.split()[1]) * 1024
