@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import os
 import statistics
 import tempfile
 import threading
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _cpu import CpuShare, processes
 from rosbags.rosbag1 import Reader as Ros1Reader
 from rosbags.rosbag1 import Writer as Ros1Writer
 from rosbags.typesys import Stores, get_typestore
@@ -240,68 +240,6 @@ def bench_partitioned_read(mb: int, workdir: Path) -> dict[str, float]:
     return results
 
 
-#: Which Spark process a command line belongs to (the first match wins: the driver JVM's
-#: command line names the Python daemon module in its --conf too).
-_PROCESS_KINDS = (
-    ("executor JVMs", (b"CoarseGrainedExecutorBackend",)),
-    ("driver JVM", (b"SparkSubmit",)),
-    ("master/worker daemons", (b"deploy.master.Master", b"deploy.worker.Worker")),
-    ("Python workers", (b"_pyspark_daemon", b"pyspark.daemon", b"pyspark.worker")),
-)
-
-
-def _spark_processes() -> Iterator[tuple[str, str]]:
-    """``(kind, pid)`` of this machine's Spark processes (see :data:`_PROCESS_KINDS`)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        kind = next((k for k, marks in _PROCESS_KINDS if any(m in cmd for m in marks)), None)
-        if kind is not None:
-            yield kind, proc.name
-
-
-def _cpu_seconds() -> tuple[dict[str, float], float]:
-    """CPU seconds used so far by each process (by kind and pid), and by the whole machine
-    (busy time of all cores, from /proc/stat)."""
-    tick = 100.0  # USER_HZ
-    per: dict[str, float] = {}
-    for kind, pid in _spark_processes():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        per[f"{kind}/{pid}"] = (int(fields[11]) + int(fields[12])) / tick
-    cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return per, (sum(cpu) - cpu[3] - cpu[4]) / tick
-
-
-class CpuShare:
-    """Cores each kind of Spark process kept busy while the block ran, and the machine."""
-
-    def __enter__(self) -> CpuShare:
-        self._start = time.perf_counter()
-        self._before, self._machine = _cpu_seconds()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        wall = time.perf_counter() - self._start
-        after, machine = _cpu_seconds()
-        cores: dict[str, float] = {}
-        for key, used in after.items():
-            kind = key.split("/", 1)[0]
-            cores[kind] = cores.get(kind, 0.0) + (used - self._before.get(key, 0.0)) / wall
-        self.cores = cores
-        self.machine = (machine - self._machine) / wall
-
-    def __str__(self) -> str:
-        parts = ", ".join(f"{kind} {self.cores.get(kind, 0.0):.2f}" for kind, _ in _PROCESS_KINDS)
-        return f"cores busy: machine {self.machine:.2f} of {os.cpu_count()} ({parts})"
-
-
 class _PeakRss:
     """Samples the summed RSS of Spark's Python workers (pyspark.daemon / worker)."""
 
@@ -314,7 +252,7 @@ class _PeakRss:
     def _run(self) -> None:
         while not self._stop.is_set():
             total = 0
-            for kind, pid in _spark_processes():
+            for kind, pid in processes():
                 if kind != "Python workers":
                     continue
                 try:

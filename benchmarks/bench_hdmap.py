@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _cpu import CpuShare
 
 from adcloud.hdmap import HdmapSettings, build_map, evaluate_map, read_drive
 from adcloud.hdmap.baseline import kiss_icp_trajectory
@@ -187,10 +188,14 @@ def bench_cluster(bag: Path, work: Path, rounds: int) -> None:
             for r in range(rounds):
                 target = work / f"cluster-{executors}-{r}"
                 started = time.perf_counter()
-                build_map(spark, str(bag), str(target))
+                with CpuShare() as share:
+                    build_map(spark, str(bag), str(target))
                 runs.append(time.perf_counter() - started)
                 shutil.rmtree(target, ignore_errors=True)
-                print(f"{executors} executor(s): {runs[-1]:.1f} s (load {_load()})", flush=True)
+                print(
+                    f"{executors} executor(s): {runs[-1]:.1f} s (load {_load()}); {share}",
+                    flush=True,
+                )
             best[executors] = min(runs)
             lost[executors] = lost_executors(spark)
             if lost[executors]:

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _cpu import CpuShare
+
 ROOT = Path(__file__).resolve().parents[1]
 ROS_NODE = ROOT / "adcloud/sim/examples/obstacle_ros_node.py"
 RELAY = "/usr/lib/topic_tools/relay"
@@ -231,6 +233,7 @@ def scaling(bag: str, windows: float, repeat: int = 3) -> None:
     paced = replace(job, timing=replace(job.timing, rate=1.0))
     walls: dict[tuple[str, int], float] = {}
     spread: dict[tuple[str, int], list[float]] = {}
+    shares: dict[tuple[str, int], CpuShare] = {}
     for n in (1, 2):
         with (
             tempfile.TemporaryDirectory() as logs,
@@ -246,13 +249,15 @@ def scaling(bag: str, windows: float, repeat: int = 3) -> None:
                 run_replay(spark, job)  # warm-up: Python workers, imports
                 for name, variant in (("fast", job), ("paced", paced)):
                     runs = []
-                    for _ in range(repeat):
-                        t0 = time.perf_counter()
-                        res = run_replay(spark, variant)
-                        runs.append(time.perf_counter() - t0)
-                        assert res.passed, [r.reason for r in res.failed]
+                    with CpuShare() as share:
+                        for _ in range(repeat):
+                            t0 = time.perf_counter()
+                            res = run_replay(spark, variant)
+                            runs.append(time.perf_counter() - t0)
+                            assert res.passed, [r.reason for r in res.failed]
                     walls[name, n] = statistics.median(runs)
                     spread[name, n] = runs
+                    shares[name, n] = share
                 count = len(res.results)
             finally:
                 spark.stop()
@@ -264,7 +269,8 @@ def scaling(bag: str, windows: float, repeat: int = 3) -> None:
         runs = " / ".join(", ".join(f"{t:.2f}" for t in spread[name, n]) + " s" for n in (1, 2))
         print(
             f"[4] {count} scenarios {what}, median of {repeat}: 1 executor {one:.2f} s, "
-            f"2 executors {two:.2f} s -> {one / two:.2f}x (target >= 1.8x)  [runs: {runs}]"
+            f"2 executors {two:.2f} s -> {one / two:.2f}x (target >= 1.8x)  [runs: {runs}]\n"
+            f"    1 executor:  {shares[name, 1]}\n    2 executors: {shares[name, 2]}"
         )
 
 
