@@ -46,15 +46,20 @@ def processes(kinds: Kinds = SPARK_KINDS) -> Iterator[tuple[str, str]]:
 EXITED = "their exited children"
 
 
+#: The benchmark's own process: the Spark driver's Python side (the job's driver-side work).
+DRIVER = "driver Python"
+
+
 def _cpu_seconds(kinds: Kinds) -> tuple[dict[str, float], float]:
     per: dict[str, float] = {}
-    for kind, pid in processes(kinds):
+    for kind, pid in [(DRIVER, str(os.getpid())), *processes(kinds)]:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         per[f"{kind}/{pid}"] = (int(fields[11]) + int(fields[12])) / _TICK
-        per[f"{EXITED}/{pid}"] = (int(fields[13]) + int(fields[14])) / _TICK
+        if kind != DRIVER:  # the benchmark's own children (drive generation) are not Spark's
+            per[f"{EXITED}/{pid}"] = (int(fields[13]) + int(fields[14])) / _TICK
     cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return per, (sum(cpu) - cpu[3] - cpu[4]) / _TICK
 
@@ -84,6 +89,6 @@ class CpuShare:
         self.machine = (busy - self._busy) / wall
 
     def __str__(self) -> str:
-        names = [kind for kind, _ in self.kinds] + [EXITED]
+        names = [DRIVER, *(kind for kind, _ in self.kinds), EXITED]
         parts = ", ".join(f"{kind} {self.cores.get(kind, 0.0):.2f}" for kind in names)
         return f"cores busy: machine {self.machine:.2f} of {os.cpu_count()} ({parts})"
