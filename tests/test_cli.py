@@ -100,55 +100,30 @@ def test_ingest_of_a_corrupt_bag_names_the_file(
     assert not (out / "_SUCCESS").exists()
 
 
-def test_submit_dry_run_builds_spark_submit_line(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(
-        [
-            "submit",
-            "--dry-run",
-            "--master",
-            "spark://127.0.0.1:7077",
-            "--conf",
-            "spark.executor.memory=2g",
-            "--",
-            "ingest",
-            "a.bag",
-            "--out",
-            "o",
-        ]
-    )
-    assert code == 0
+def _dry_run(capsys: pytest.CaptureFixture[str], *confs: str) -> tuple[str, list[str]]:
+    """The line ``adcloud submit --dry-run`` prints for an ingest job, and its ``--conf``s."""
+    argv = ["submit", "--dry-run", "--master", "spark://127.0.0.1:7077"]
+    for conf in confs:
+        argv += ["--conf", conf]
+    assert main([*argv, "--", "ingest", "a.bag", "--out", "o"]) == 0
     line = capsys.readouterr().out.replace("\n", "")
+    args = shlex.split(line)  # quoted, so the printed line can be pasted into a shell
+    return line, [args[i + 1] for i, a in enumerate(args) if a == "--conf"]
+
+
+def test_submit_dry_run_builds_spark_submit_line(capsys: pytest.CaptureFixture[str]) -> None:
+    line, confs = _dry_run(capsys, "spark.executor.memory=2g")
     assert "bin/spark-submit --master spark://127.0.0.1:7077" in line
     assert "--conf spark.executor.memory=2g" in line
     assert line.rstrip().endswith("adcloud/cli.py ingest a.bag --out o")
-    # the driver JVM spark-submit starts gets adcloud's memory and JVM options, quoted so the
-    # printed line can be pasted into a shell
-    args = shlex.split(line)
-    confs = [args[i + 1] for i, a in enumerate(args) if a == "--conf"]
+    # the driver JVM spark-submit starts gets adcloud's memory and JVM options
     assert "spark.driver.memory=2g" in confs
     java = next(c for c in confs if c.startswith("spark.driver.extraJavaOptions="))
     assert "-Dlog4j2.configurationFile=" in java and "-XX:G1HeapRegionSize=4m" in java
 
 
 def test_submit_keeps_the_users_own_driver_settings(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(
-        [
-            "submit",
-            "--dry-run",
-            "--master",
-            "spark://127.0.0.1:7077",
-            "--conf",
-            "spark.driver.memory=9g",
-            "--conf",
-            "spark.driver.extraJavaOptions=-Xss4m",
-            "--",
-            "ingest",
-            "a.bag",
-        ]
-    )
-    assert code == 0
-    args = shlex.split(capsys.readouterr().out.replace("\n", ""))
-    confs = [args[i + 1] for i, a in enumerate(args) if a == "--conf"]
+    _, confs = _dry_run(capsys, "spark.driver.memory=9g", "spark.driver.extraJavaOptions=-Xss4m")
     assert [c for c in confs if c.startswith("spark.driver.")] == [
         "spark.driver.memory=9g",
         "spark.driver.extraJavaOptions=-Xss4m",
