@@ -410,9 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument(
         "--partition-mb",
         type=float,
-        default=64,
-        help="target partition size in MB when --partitions-per-bag is not given "
-        "(default 64; 0: one partition per chunk)",
+        default=128,
+        help="target partition size in MiB when --partitions-per-bag is not given "
+        "(default 128, as Spark's file splits; 0: one partition per chunk)",
     )
     ingest.add_argument(
         "--time-source",

@@ -55,9 +55,12 @@ __all__ = ["BinPipeRDD", "expand_uris"]
 log = logging.getLogger(__name__)
 
 _PART_SUFFIX = ".binpipe"
-#: Default target size of a bag partition: big enough that reading dominates a
-#: task's fixed cost, small enough to spread a bag over many executors.
-DEFAULT_PARTITION_BYTES = 64 << 20
+#: Default target size of a bag partition: big enough that reading dominates a task's
+#: fixed cost, small enough to spread a bag over many executors (and never fewer partitions
+#: than cores).  Spark's own file splits are 128 MiB too; measured on a one-core executor
+#: reading a 1.26 GB page-cached bag: 64 MiB 1.2 GB/s, 128 MiB 1.5 GB/s, 256 MiB 1.8 GB/s
+#: (one process reads 1.85 GB/s at any size: the rest is ~20 ms of Spark per task).
+DEFAULT_PARTITION_BYTES = 128 << 20
 
 
 def expand_uris(

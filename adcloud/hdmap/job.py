@@ -177,6 +177,12 @@ class PipelineResult:
 # -- stage 0: ETL ---------------------------------------------------------------------------
 
 
+#: Bag bytes per ETL partition.  Every later stage keeps these partitions and caches them
+#: (decoded, then aligned sweeps: ~1.1x the bag bytes), and Spark re-reads a spilled block
+#: into one buffer: half BinPipe's default keeps those blocks small for 1 GiB executors.
+_PARTITION_BYTES = 64 << 20
+
+
 def _etl_partition(
     blocks: Iterable[bytes | bytearray], *, drive: str, uri: str, topics: DriveTopics
 ) -> Iterator[tuple[str, Any]]:
@@ -202,7 +208,9 @@ def _etl(
         if name in names:
             raise HdmapError(f"two drives are named {name!r}; give every bag a distinct name")
         names.add(name)
-        pipe = BinPipeRDD.from_bags(spark, uri, topics=list(topics.all))
+        pipe = BinPipeRDD.from_bags(
+            spark, uri, topics=list(topics.all), partition_bytes=_PARTITION_BYTES
+        )
         part = functools.partial(_etl_partition, drive=name, uri=uri, topics=topics)
         rdds.append(pipe.rdd.mapPartitions(part))
     union = spark.sparkContext.union(rdds) if len(rdds) > 1 else rdds[0]

@@ -99,7 +99,8 @@ class TrainConfig:
     #: exchange directory (a ``file://`` URL or path; empty: a temporary directory).
     etl: str = "memory"
     etl_dir: str = ""
-    #: How finely Spark splits each bag (None: about 64 MiB per partition).
+    #: How finely Spark splits each bag (None: about 128 MiB per partition, at least one
+    #: per core).
     partitions_per_bag: int | None = None
     #: Log every this many steps; show a progress bar in single-process interactive runs.
     log_every: int = 10
