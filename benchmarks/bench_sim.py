@@ -17,9 +17,11 @@ no camera):
 4. a multi-scenario job (windows of the drive through the pipe detector) on a standalone
    cluster with 2 one-core executors vs 1 (target >= 1.8x), as fast as possible (CPU
    bound: on a 2-core machine the driver and JVMs compete for the same cores) and paced
-   at recorded time; the median of ``--repeat`` runs per configuration, every run printed.
+   at recorded time; the median of ``--repeat`` runs per configuration after ``--warmup``
+   untimed runs (a fresh executor JVM compiles its hot paths during its first jobs, as a
+   long replay application's would once), every run printed.
 
-    .venv/bin/python benchmarks/bench_sim.py [--seconds 10] [--skip-cluster]
+    .venv/bin/python benchmarks/bench_sim.py [--seconds 10] [--skip-cluster | --scaling-only]
 """
 
 from __future__ import annotations
@@ -214,7 +216,7 @@ def throughput(bag: str) -> None:
         )
 
 
-def scaling(bag: str, windows: float, repeat: int = 3) -> None:
+def scaling(bag: str, windows: float, repeat: int = 5, warmup: int = 3) -> None:
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
     from adcloud.sim import CutMode, ScenarioCut, run_replay  # noqa: PLC0415
@@ -246,7 +248,8 @@ def scaling(bag: str, windows: float, repeat: int = 3) -> None:
             )
             try:
                 wait_for_executors(spark, n)
-                run_replay(spark, job)  # warm-up: Python workers, imports
+                for _ in range(warmup):  # Python workers, imports, the JVMs' JIT
+                    run_replay(spark, job)
                 for name, variant in (("fast", job), ("paced", paced)):
                     runs = []
                     with CpuShare() as share:
@@ -279,7 +282,9 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="drive length (default 10 s)")
     p.add_argument("--window", type=float, default=1.25, help="scenario window for [4], s")
     p.add_argument("--skip-cluster", action="store_true")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs per configuration in [4]")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs per configuration in [4]")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs per cluster in [4]")
+    p.add_argument("--scaling-only", action="store_true", help="run [4] alone")
     args = p.parse_args()
     from adcloud.synth import DriveConfig, generate_drive  # noqa: PLC0415
 
@@ -290,10 +295,11 @@ def main() -> int:
             bag,
         )
         print(f"drive: {args.seconds:g} s, 16 beams, {bag}")
-        overheads(bag)
-        throughput(bag)
+        if not args.scaling_only:
+            overheads(bag)
+            throughput(bag)
         if not args.skip_cluster:
-            scaling(bag, args.window, args.repeat)
+            scaling(bag, args.window, args.repeat, args.warmup)
     return 0
 
 
