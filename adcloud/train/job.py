@@ -294,8 +294,9 @@ def shard_samples(
 
     ``keyed`` must be in key order across its partitions, as :func:`etl_samples` and
     :func:`etl_to_files` make it (partition ``p`` holds the keys ``(p, 0), (p, 1), ...``), so
-    the index needs no sort.  ``keyed`` is cached (the index and the shuffle both read it);
-    so are the shards.
+    the index needs no sort.  ``keyed`` is cached while the index and the shuffle read it,
+    then released once the shards are cached, so the samples are held in executor memory
+    once, not twice, while training runs (a lost shard is rebuilt from its lineage).
     """
     from pyspark import StorageLevel  # noqa: PLC0415
 
@@ -309,6 +310,8 @@ def shard_samples(
         .values()
     )
     shards.persist(StorageLevel.MEMORY_ONLY)
+    shards.count()
+    keyed.unpersist()
     return shards, sizes
 
 

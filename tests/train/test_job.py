@@ -26,7 +26,7 @@ from adcloud.synth import DriveConfig, generate_drive
 from adcloud.train.checkpoint import latest_checkpoint
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import DataError, TrainError
-from adcloud.train.job import etl_samples, local_samples, run_training
+from adcloud.train.job import etl_samples, local_samples, run_training, shard_samples
 from adcloud.train.loop import TrainResult, train
 from adcloud.train.tensors import decode_tree
 
@@ -168,6 +168,27 @@ def test_etl_keys_bag_samples_in_record_order(spark: SparkSession, drive: str) -
         assert np.array_equal(a.x, b.x) and a.y == b.y
     with pytest.raises(TrainError, match="no bags"):
         etl_samples(spark, cfg, task, [])
+
+
+def test_shards_deal_samples_round_robin_and_cache_them_once(
+    spark: SparkSession, drive: str
+) -> None:
+    cfg = TrainConfig(task="toy_linear", partitions_per_bag=3)
+    keyed = etl_samples(spark, cfg, LinearTask(), [drive])
+    expected = [s for _, s in keyed.collect()]
+    shards, sizes = shard_samples(keyed, 2)
+    assert sizes == [100, 100]
+    assert shards.getNumPartitions() == 2
+    parts = shards.glom().collect()
+    for rank, part in enumerate(parts):
+        assert [i for i, _ in part] == list(range(rank, len(expected), 2))
+        for i, sample in part:
+            assert np.array_equal(sample.x, expected[i].x) and sample.y == expected[i].y
+    # the samples are held once while training runs: the shards, not their source as well
+    assert shards.is_cached and not keyed.is_cached
+    cached = {int(k) for k in spark.sparkContext._jsc.getPersistentRDDs().keySet().toArray()}
+    assert shards.id() in cached and keyed.id() not in cached
+    shards.unpersist()
 
 
 def test_single_mode_trains_in_the_driver_and_writes_outputs(
