@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import platform
+import posixpath
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import torch
 from rich.table import Table
@@ -98,10 +100,11 @@ class ExportedModel:
         return load_exported(self.directory)[0]
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex SHA-256 of the file at ``path`` (read in 1 MiB pieces)."""
+def sha256_file(path: str | os.PathLike[str], fs: Any = None) -> str:
+    """Hex SHA-256 of the file at ``path`` (read in 1 MiB pieces), on filesystem ``fs``
+    (an fsspec filesystem; the local one when None)."""
     digest = hashlib.sha256()
-    with Path(path).open("rb") as fh:
+    with Path(path).open("rb") if fs is None else fs.open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -110,25 +113,27 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 def data_manifest(bags: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
     """``[{"uri", "sha256", "bytes", "files"}]`` of every bag, in the given order.
 
-    A bag is a file (ROS 1 ``.bag``) or a directory (rosbag2: ``metadata.yaml`` and storage
-    files); a directory's hash covers its files' relative paths and contents in sorted order.
-    Local paths and ``file://`` URLs; raises :class:`ExportError` naming a missing bag.
+    A bag is a file (ROS 1 ``.bag``, MCAP) or a directory (rosbag2: ``metadata.yaml`` and
+    storage files); a directory's hash covers its files' relative paths and contents in
+    sorted order.  Local paths and any fsspec URL (remote bags are read once more to hash
+    them); raises :class:`ExportError` naming a missing bag.
     """
     out = []
     for bag in bags:
         uri = os.fspath(bag)
-        path = Path(uri.removeprefix("file://"))
-        if path.is_file():
+        fs, path = fsspec.core.url_to_fs(uri)
+        if fs.isfile(path):
             out.append(
-                {"uri": uri, "sha256": sha256_file(path), "bytes": path.stat().st_size, "files": 1}
+                {"uri": uri, "sha256": sha256_file(path, fs), "bytes": fs.size(path), "files": 1}
             )
-        elif path.is_dir():
+        elif fs.isdir(path):
             digest = hashlib.sha256()
             size = count = 0
-            for member in sorted(p for p in path.rglob("*") if p.is_file()):
-                rel = member.relative_to(path).as_posix()
-                digest.update(rel.encode() + b"\0" + bytes.fromhex(sha256_file(member)))
-                size += member.stat().st_size
+            root = path.rstrip("/")
+            for member in sorted(fs.find(path)):
+                rel = posixpath.relpath(member, root)
+                digest.update(rel.encode() + b"\0" + bytes.fromhex(sha256_file(member, fs)))
+                size += fs.size(member)
                 count += 1
             out.append({"uri": uri, "sha256": digest.hexdigest(), "bytes": size, "files": count})
         else:

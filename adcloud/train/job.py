@@ -100,6 +100,14 @@ def _absolute(url: str) -> str:
     return url if "://" in url else str(Path(url).expanduser().resolve())
 
 
+def _bag_uris(bags: Sequence[str]) -> list[str]:
+    """``bags`` (files, directories, globs; any fsspec URL) as the sorted bag URLs the ETL
+    reads."""
+    from adcloud.binpipe import expand_uris  # noqa: PLC0415
+
+    return expand_uris([_absolute(b) for b in bags]) if bags else []
+
+
 # -- ETL ------------------------------------------------------------------------------------
 
 
@@ -163,14 +171,13 @@ def local_samples(
     from adcloud.binpipe import (  # noqa: PLC0415
         ConnectionInfo,
         MessageDecoder,
-        expand_uris,
         plan_partitions,
         read_partition,
     )
     from adcloud.binpipe.rdd import DEFAULT_PARTITION_BYTES  # noqa: PLC0415
 
     out: list[Any] = []
-    for uri in expand_uris([_absolute(b) for b in bags]):
+    for uri in _bag_uris(bags):
         parts = plan_partitions(
             uri,
             topics=task.topics,
@@ -466,19 +473,12 @@ def write_outputs(
         if task is not None and examples:
             model = task.build_model()
             model.load_state_dict(result.state_dict())
-            local_bags = [b for b in config.bags if "://" not in b or b.startswith("file://")]
             metadata = {
                 "task": task.name,
                 "config": config.to_dict(),
                 "data": {
-                    "bags": data_manifest(local_bags),
-                    "heldout": data_manifest(
-                        [
-                            b
-                            for b in config.heldout_bags
-                            if "://" not in b or b.startswith("file://")
-                        ]
-                    ),
+                    "bags": data_manifest(_bag_uris(config.bags)),
+                    "heldout": data_manifest(_bag_uris(config.heldout_bags)),
                 },
                 "metrics": dict(result.metrics),
                 "training": {
@@ -633,13 +633,20 @@ def run_torchrun(
     finally:
         sync.close()
     if rank == 0 and config.out:
-        write_outputs(result, config, config.out)
+        write_outputs(result, config, config.out, task=task, examples=list(samples[:2]))
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``torchrun -m adcloud.train.job --config FILE [--set key=value ...]``."""
-    parser = argparse.ArgumentParser(prog="python -m adcloud.train.job", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m adcloud.train.job",
+        description="Run one trainer of a torchrun job: every process decodes the bags itself, "
+        "keeps its shard and trains with all-reduce (gloo on CPU, NCCL on GPU); rank 0 "
+        "writes the outputs (model, metrics, loss curve) when train.out is set.",
+        epilog="example: torchrun --nproc-per-node 2 -m adcloud.train.job --config train.yaml "
+        "--set train.steps=100",
+    )
     parser.add_argument("--config", help="settings file with a train: section")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting"

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 import torch
@@ -256,3 +257,9 @@ def test_data_manifest_hashes_files_and_directories(tmp_path: Path) -> None:
     assert data_manifest([ros2])[0]["sha256"] != first[1]["sha256"]
     with pytest.raises(ExportError, match=r"nope\.bag: no such bag"):
         data_manifest([tmp_path / "nope.bag"])
+    # any fsspec URL: a bag in memory:// is read through fsspec
+    with fsspec.open("memory://manifest-test/m.bag", "wb") as fh:
+        fh.write(b"xyz" * 1000)
+    (remote,) = data_manifest(["memory://manifest-test/m.bag"])
+    assert remote["sha256"] == hashlib.sha256(b"xyz" * 1000).hexdigest()
+    assert (remote["bytes"], remote["files"]) == (3000, 1)

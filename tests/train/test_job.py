@@ -198,7 +198,7 @@ def test_single_mode_trains_in_the_driver_and_writes_outputs(
     cfg = config(
         tmp_path,
         sync="single",
-        bags=(drive,),
+        bags=(str(Path(drive).parent / "*.bag"),),  # a glob, as train.bags allows
         heldout_bags=(drive,),
         steps=0,
         epochs=3,
@@ -218,7 +218,8 @@ def test_single_mode_trains_in_the_driver_and_writes_outputs(
     assert (out / "loss.png").stat().st_size > 1000
     meta = json.loads((out / "model" / "metadata.json").read_text())
     assert meta["task"] == "toy_linear" and meta["metrics"] == result.metrics
-    assert meta["data"]["bags"][0]["sha256"] == hashlib.sha256(Path(drive).read_bytes()).hexdigest()
+    digest = hashlib.sha256(Path(drive).read_bytes()).hexdigest()
+    assert [(b["uri"], b["sha256"]) for b in meta["data"]["bags"]] == [(drive, digest)]
     program = torch.export.load(str(out / "model" / "model.pt2")).module()
     x = torch.randn(1, 4)  # exported with the example batch of one
     model = LinearTask().build_model()
@@ -360,6 +361,9 @@ def test_torchrun_runs_the_same_training_function(spark: SparkSession, tmp_path:
     assert (result["mode"], result["world"], result["steps"]) == ("allreduce", 2, 8)
     single = train(LinearTask(), points, cfg.replace(sync="single", run="torchrun-ref"))
     assert result["losses"] == pytest.approx(list(single.losses), rel=1e-5)
+    meta = json.loads((tmp_path / "tr" / "model" / "metadata.json").read_text())
+    assert meta["training"]["mode"] == "allreduce" and meta["training"]["trainers"] == 2
+    assert (tmp_path / "tr" / "model" / "model.pt2").stat().st_size > 0
 
 
 class OtherTopicTask(LinearTask):
