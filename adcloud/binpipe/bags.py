@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
 from rosbags.interfaces import Nodetype
-from rosbags.typesys import Stores, get_types_from_idl, get_types_from_msg, get_typestore
+from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from rosbags.typesys.store import Typestore
 
 from adcloud.binpipe._mcap import MAGIC as MCAP_MAGIC
@@ -61,6 +61,7 @@ from adcloud.binpipe.bags_model import (
     UnindexedBagError,
 )
 from adcloud.binpipe.codec import Message
+from adcloud.binpipe.decode import types_from_idl
 from adcloud.binpipe.errors import BagError
 from adcloud.binpipe.reindex import reindex_bag
 
@@ -248,13 +249,7 @@ def _has_header(conn: Connection) -> bool:
         if conn.msgdef and conn.msgdef_format in ("ros1msg", "ros2msg"):
             fields = get_types_from_msg(conn.msgdef, conn.msgtype)[conn.msgtype][1]
         elif conn.msgdef and conn.msgdef_format == "ros2idl":
-            sep = "=" * 80 + "\n"
-            types = {}
-            parts = conn.msgdef.split(sep)[1:] if conn.msgdef.startswith(sep) else [conn.msgdef]
-            for part in parts:
-                idl = part.split("\n", 1)[1] if part.startswith("IDL: ") else part
-                types.update(get_types_from_idl(idl))
-            fields = types[conn.msgtype][1]
+            fields = types_from_idl(conn.msgdef)[conn.msgtype][1]
     except Exception as err:  # rosbags' parsers raise many kinds on odd definitions
         _log.debug("cannot parse the definition of %s (%s): %s", conn.topic, conn.msgtype, err)
     if fields is None:

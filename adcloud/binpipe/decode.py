@@ -57,6 +57,24 @@ def standard_typestore(serialization: str) -> Typestore:
     return get_typestore(Stores.ROS1_NOETIC if serialization == "ros1" else Stores.ROS2_HUMBLE)
 
 
+#: The line that separates the sections of a ``ros2idl`` definition in rosbag2 and MCAP
+#: files: the type's own IDL and then each type it uses, each section headed
+#: ``IDL: pkg/msg/Type``.
+_IDL_SEPARATOR = "=" * 80 + "\n"
+
+
+def types_from_idl(msgdef: str) -> dict[str, Any]:
+    """The types of a ``ros2idl`` definition: one IDL text, or the sectioned form rosbag2
+    and MCAP store (rosbags' parser takes one IDL text at a time)."""
+    if not msgdef.startswith(_IDL_SEPARATOR + "IDL: "):
+        return dict(get_types_from_idl(msgdef))
+    types: dict[str, Any] = {}
+    for section in msgdef.split(_IDL_SEPARATOR)[1:]:
+        _header, _, idl = section.partition("\n")
+        types.update(get_types_from_idl(idl))
+    return types
+
+
 class MessageDecoder:
     """Turns :class:`Message` bytes into rosbags message objects.
 
@@ -85,7 +103,7 @@ class MessageDecoder:
         if conn is not None and conn.msgdef:
             try:
                 if conn.msgdef_format == "ros2idl":
-                    types = get_types_from_idl(conn.msgdef)
+                    types = types_from_idl(conn.msgdef)
                 else:
                     types = get_types_from_msg(conn.msgdef, msgtype)
             except Exception as err:

@@ -1,0 +1,77 @@
+"""Decoding messages with the definitions that travel in META records: types no standard
+type store knows, in every definition format bags store (ROS 1 msg, ROS 2 msg, sectioned
+ROS 2 IDL as rosbag2 and MCAP write it)."""
+
+from __future__ import annotations
+
+import pytest
+from rosbags.typesys import Stores, get_types_from_idl, get_types_from_msg, get_typestore
+
+from adcloud.binpipe import BinpipeError, ConnectionInfo, Message, MessageDecoder
+from adcloud.binpipe.decode import types_from_idl
+
+SEP = "=" * 80 + "\n"
+
+# A type of a package no standard store has, using a second such type.
+IDL_SECTIONS = (
+    f"{SEP}IDL: survey_msgs/msg/Landmark\n"
+    "module survey_msgs { module msg {\n"
+    "  struct Landmark { survey_msgs::msg::Position where; string label; uint16 votes; };\n"
+    "}; };\n"
+    f"{SEP}IDL: survey_msgs/msg/Position\n"
+    "module survey_msgs { module msg {\n"
+    "  struct Position { double x; double y; };\n"
+    "}; };\n"
+)
+ROS1_MSG = "Position where\nstring label\nuint16 votes\n" + SEP + "MSG: survey_msgs/Position\n"
+ROS1_MSG += "float64 x\nfloat64 y\n"
+
+
+def _serialized(types: dict[str, object], cdr: bool) -> bytes:
+    store = get_typestore(Stores.EMPTY)
+    store.register(types)  # type: ignore[arg-type]
+    position = store.types["survey_msgs/msg/Position"](x=1.5, y=-2.25)
+    landmark = store.types["survey_msgs/msg/Landmark"](where=position, label="stop", votes=7)
+    if cdr:
+        return bytes(store.serialize_cdr(landmark, "survey_msgs/msg/Landmark"))
+    return bytes(store.serialize_ros1(landmark, "survey_msgs/msg/Landmark"))
+
+
+def test_sectioned_idl_gives_every_type() -> None:
+    types = types_from_idl(IDL_SECTIONS)
+    assert set(types) == {"survey_msgs/msg/Landmark", "survey_msgs/msg/Position"}
+    with pytest.raises(Exception, match=r"."):  # rosbags alone cannot parse the sections
+        get_types_from_idl(IDL_SECTIONS)
+
+
+@pytest.mark.parametrize("fmt", ["ros2idl", "ros1msg"])
+def test_custom_types_decode_from_their_travelling_definition(fmt: str) -> None:
+    if fmt == "ros2idl":
+        data = _serialized(types_from_idl(IDL_SECTIONS), cdr=True)
+        conn = ConnectionInfo(
+            "/landmarks", "survey_msgs/msg/Landmark", fmt, IDL_SECTIONS, "", "cdr"
+        )
+    else:
+        data = _serialized(
+            dict(get_types_from_msg(ROS1_MSG, "survey_msgs/msg/Landmark")), cdr=False
+        )
+        conn = ConnectionInfo("/landmarks", "survey_msgs/msg/Landmark", fmt, ROS1_MSG, "", "ros1")
+    decoder = MessageDecoder([conn])
+    msg = decoder.decode(Message("/landmarks", 5, "survey_msgs/msg/Landmark", data))
+    assert (msg.where.x, msg.where.y, msg.label, msg.votes) == (1.5, -2.25, "stop", 7)
+
+
+def test_a_type_without_definition_is_named() -> None:
+    data = _serialized(types_from_idl(IDL_SECTIONS), cdr=True)
+    with pytest.raises(
+        BinpipeError, match=r"no definition for message type survey_msgs/msg/Landmark"
+    ):
+        MessageDecoder().decode(Message("/landmarks", 5, "survey_msgs/msg/Landmark", data))
+
+
+def test_a_broken_definition_names_type_and_topic() -> None:
+    conn = ConnectionInfo(
+        "/landmarks", "survey_msgs/msg/Landmark", "ros2idl", f"{SEP}IDL: x\nmodule {{", "", "cdr"
+    )
+    with pytest.raises(BinpipeError, match=r"survey_msgs/msg/Landmark \(topic /landmarks\)"):
+        MessageDecoder([conn]).decode(Message("/landmarks", 5, "survey_msgs/msg/Landmark", b""))
