@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import posixpath
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,9 @@ __all__ = ["BinPipeRDD", "expand_uris"]
 log = logging.getLogger(__name__)
 
 _PART_SUFFIX = ".binpipe"
+#: What :meth:`BinPipeRDD.save` writes into its directory (``overwrite`` replaces only such).
+_SAVED_NAMES = frozenset({"_SUCCESS", "manifest.json", "_temporary"})
+_PART_NAME = re.compile(r"part-\d+\.binpipe")
 #: Default target size of a bag partition: big enough that reading dominates a task's
 #: fixed cost, small enough to spread a bag over many executors (and never fewer partitions
 #: than cores).  Spark's own file splits are 128 MiB too; measured on a one-core executor
@@ -452,10 +456,25 @@ class BinPipeRDD:
         """
         options = dict(storage_options or {})
         fs, root = fsspec.core.url_to_fs(uri, **options)
-        if fs.exists(root) and fs.ls(root, detail=False):
+        entries = fs.ls(root, detail=False) if fs.exists(root) else []
+        if entries:
             if not overwrite:
                 raise BinpipeError(
-                    f"{uri} already exists and is not empty; pass overwrite=True to replace it"
+                    f"{uri} already exists and is not empty; pass overwrite=True "
+                    "(adcloud ingest --overwrite) to replace it, or choose a new directory"
+                )
+            # Replace only what a save wrote: a mistyped --out must not wipe other data.
+            foreign = [
+                e
+                for e in entries
+                if posixpath.basename(e.rstrip("/")) not in _SAVED_NAMES
+                and not _PART_NAME.fullmatch(posixpath.basename(e.rstrip("/")))
+            ]
+            if foreign:
+                raise BinpipeError(
+                    f"{uri} holds files a BinPipe save did not write (e.g. "
+                    f"{posixpath.basename(foreign[0].rstrip('/'))}); refusing to replace it: "
+                    "choose an empty or new directory"
                 )
             fs.rm(root, recursive=True)
         fs.makedirs(root, exist_ok=True)

@@ -13,7 +13,7 @@ import pytest
 from rosbags.highlevel import AnyReader
 from rosbags.typesys import Stores, get_typestore
 
-from adcloud.binpipe import BinPipeRDD, Block, BlockKind, Message, StreamReader
+from adcloud.binpipe import BinpipeError, BinPipeRDD, Block, BlockKind, Message, StreamReader
 from adcloud.binpipe.datasource import register_rosbag_source
 
 pytestmark = pytest.mark.spark
@@ -134,6 +134,15 @@ def test_save_and_load_round_trip(spark: Any, shared_data: Path, tmp_path: Path)
     assert per_partition(loaded) == per_partition(rdd)
     with pytest.raises(Exception, match="already exists"):
         rdd.save(str(out))
+    again = rdd.save(str(out), overwrite=True)  # replaces an earlier save
+    assert again == manifest and per_partition(BinPipeRDD.load(spark, str(out))) == per_partition(
+        rdd
+    )
+    # ... but never a directory holding anything else (a mistyped --out)
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(BinpipeError, match=r"notes\.txt\); refusing to replace it"):
+        rdd.save(str(out), overwrite=True)
+    assert (out / "notes.txt").read_text() == "keep me" and (out / "_SUCCESS").exists()
 
 
 def test_failed_save_leaves_no_partial_output(
