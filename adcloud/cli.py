@@ -285,7 +285,9 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     from adcloud.spark import spark_home  # noqa: PLC0415
 
     submit = spark_home() / "bin" / "spark-submit"
-    job = [a for a in args.job if a != "--"]
+    job = list(args.job)
+    if job[:1] == ["--"]:  # the separator itself; later ones belong to the job
+        job = job[1:]
     if not job:
         console.print(
             "nothing to submit: give the job after --, e.g. adcloud submit -- ingest x.bag"

@@ -122,6 +122,13 @@ def test_submit_dry_run_builds_spark_submit_line(capsys: pytest.CaptureFixture[s
     assert "-Dlog4j2.configurationFile=" in java and "-XX:G1HeapRegionSize=4m" in java
 
 
+def test_submit_passes_the_jobs_own_separators(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["submit", "--dry-run", "--master", "local[2]", "--", "sim", "run", "d.bag"]
+    assert main([*argv, "--node", "x", "--", "--flag"]) == 0
+    line = capsys.readouterr().out.replace("\n", "")
+    assert line.rstrip().endswith("cli.py sim run d.bag --node x -- --flag")
+
+
 def test_submit_keeps_the_users_own_driver_settings(capsys: pytest.CaptureFixture[str]) -> None:
     _, confs = _dry_run(capsys, "spark.driver.memory=9g", "spark.driver.extraJavaOptions=-Xss4m")
     assert [c for c in confs if c.startswith("spark.driver.")] == [

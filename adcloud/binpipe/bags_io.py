@@ -52,8 +52,21 @@ def options_tuple(storage_options: Mapping[str, object] | None) -> tuple[tuple[s
     return tuple(sorted(storage_options.items()))
 
 
+#: adcloud store URIs, which are not fsspec filesystems (fsspec's own ``local://`` would
+#: silently mean a plain local path, not the tiered store).
+_STORE_SCHEMES = ("local://", "alluxio://")
+
+
 def open_fs(uri: str, storage_options: tuple[tuple[str, object], ...] = ()) -> tuple[Any, str]:
-    """The fsspec filesystem and in-filesystem path for ``uri``."""
+    """The fsspec filesystem and in-filesystem path for ``uri``; :class:`BagError` naming
+    ``uri`` when fsspec cannot open it (unknown scheme, missing driver package)."""
+    if uri.startswith(_STORE_SCHEMES):
+        scheme = uri.split("://", 1)[0]
+        raise BagError(
+            f"{uri}: bags and BinPipe saves are read and written through fsspec, and {scheme}:// "
+            "is an adcloud store, not a filesystem: give a path or a file://, hdfs:// or "
+            "s3:// URL (copy a stored bag out with: adcloud store cat URI > FILE)"
+        )
     try:
         fs, path = fsspec.core.url_to_fs(uri, **dict(storage_options))
     except (ValueError, ImportError, OSError) as err:

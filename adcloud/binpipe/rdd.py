@@ -31,6 +31,7 @@ from adcloud.binpipe.bags import (
     plan_partitions,
     read_partition,
 )
+from adcloud.binpipe.bags_io import open_fs
 from adcloud.binpipe.codec import (
     DEFAULT_BLOCK_BYTES,
     Block,
@@ -78,7 +79,7 @@ def expand_uris(
     items = [uris] if isinstance(uris, str) else list(uris)
     out: list[str] = []
     for item in items:
-        fs, path = fsspec.core.url_to_fs(item, **(storage_options or {}))
+        fs, path = open_fs(item, tuple((storage_options or {}).items()))
         protocol = item.split("://", 1)[0] + "://" if "://" in item else ""
 
         def url(p: str, fs: Any = fs, protocol: str = protocol) -> str:
@@ -182,7 +183,7 @@ def _save_partition(
     storage_options: Mapping[str, Any],
 ) -> Iterator[tuple[int, int, int]]:
     """Write one partition as a stream, atomically: temp file, then rename."""
-    fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    fs, root = open_fs(url, tuple(storage_options.items()))
     final = posixpath.join(root, f"part-{index:05d}{_PART_SUFFIX}")
     tmp = posixpath.join(root, "_temporary", f"part-{index:05d}-{uuid.uuid4().hex}{_PART_SUFFIX}")
     fs.makedirs(posixpath.dirname(tmp), exist_ok=True)
@@ -336,7 +337,7 @@ class BinPipeRDD:
     ) -> BinPipeRDD:
         """Read streams written by :meth:`save` (one partition per part file)."""
         options = dict(storage_options or {})
-        fs, root = fsspec.core.url_to_fs(uri, **options)
+        fs, root = open_fs(uri, tuple(options.items()))
         if not fs.exists(posixpath.join(root, "_SUCCESS")):
             raise BinpipeError(
                 f"{uri} is not a complete BinPipe save (no _SUCCESS marker); "
@@ -455,7 +456,7 @@ class BinPipeRDD:
         Returns the manifest.
         """
         options = dict(storage_options or {})
-        fs, root = fsspec.core.url_to_fs(uri, **options)
+        fs, root = open_fs(uri, tuple(options.items()))
         entries = fs.ls(root, detail=False) if fs.exists(root) else []
         if entries:
             if not overwrite:

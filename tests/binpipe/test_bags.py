@@ -40,6 +40,7 @@ from adcloud.binpipe.bags import (
     summarize,
 )
 from adcloud.binpipe.errors import BagError
+from adcloud.binpipe.rdd import expand_uris
 from adcloud.binpipe.reindex import ReindexReport, reindex_bag
 
 from . import bagfactory as bf
@@ -753,3 +754,18 @@ def test_reindex_dir_may_be_a_url(
     assert parts and all(p.uri.startswith("memory://t/re/rec-") for p in parts)
     assert merged(parts) == reference(bags["ros1-lz4"])
     assert memfs.cat_file("/t/src/rec.bag") == bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("alluxio://127.0.0.1:39999/drives/a.bag", r"alluxio:// is an adcloud store"),
+        ("local:///drives/a.bag", r"local:// is an adcloud store"),
+        ("nope://drives/a.bag", r"nope://drives/a\.bag: cannot open through fsspec"),
+    ],
+)
+def test_uris_fsspec_cannot_open_are_named(uri: str, says: str) -> None:
+    with pytest.raises(BagError, match=says):
+        expand_uris([uri])
+    with pytest.raises(BagError, match=says):
+        plan_partitions(uri)
