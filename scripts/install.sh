@@ -20,7 +20,7 @@ ROOT=$(pwd)
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 TORCH_SPEC="torch==2.13.0"
-APT_PACKAGES=(ros-core python3-rospy python3-rosbag python3-rostest topic-tools rosbash libusb-1.0-0)
+APT_PACKAGES=(ros-core python3-rospy python3-rosbag python3-rostest topic-tools rosbash libusb-1.0-0 gcc)
 STAMP="$VENV/.adcloud-install-stamp"
 
 say() { printf '==> %s\n' "$*"; }

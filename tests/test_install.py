@@ -23,6 +23,7 @@ APT_PACKAGES = [
     "topic-tools",
     "rosbash",
     "libusb-1.0-0",
+    "gcc",
 ]
 
 
