@@ -14,12 +14,14 @@ install:
 demo: install
 	$(VENV)/bin/adcloud demo
 
-# pytest exits non-zero on failures and with 5 when no test was collected: both fail `make`.
-test: install
+# Lint first (ruff, formatting, mypy --strict: ~1 min), then pytest, which exits non-zero on
+# failures and with 5 when no test was collected: any of them fails `make`.
+test: install lint
 	$(PYTHON) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check adcloud tests benchmarks
+	$(VENV)/bin/ruff format --check adcloud tests benchmarks
 	$(VENV)/bin/mypy
 
 bench: install
