@@ -96,7 +96,11 @@ class Staged(NamedTuple):
 
 
 class StagingFile:
-    """Bytes being written into a tier's ``tmp`` directory; spills down a tier on ENOSPC."""
+    """Bytes being written into a tier's ``tmp`` directory.
+
+    The file moves down a tier when it outgrows its tier's capacity (a stream of unknown
+    length starts in the top tier) or when the tier's filesystem is full (ENOSPC).
+    """
 
     def __init__(
         self, tiers: Sequence[Tier], pos: int, describe: Callable[[], str], hint: str
@@ -117,7 +121,10 @@ class StagingFile:
             raise StoreError(f"cannot create a staging file in {path.parent}: {err}") from err
 
     def write(self, view: memoryview) -> None:
-        """Append ``view``; a full filesystem moves the file down a tier (or raises)."""
+        """Append ``view``; outgrowing the tier or filling its filesystem moves the file
+        down a tier (a full filesystem in the last tier raises)."""
+        if self.size + len(view) > self._tiers[self.pos].capacity:
+            self._outgrow(self.size + len(view))
         self.crc = crc32(view, self.crc)
         off = 0
         while off < len(view):
@@ -127,20 +134,36 @@ class StagingFile:
                 if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                     self.abort()
                     raise StoreError(f"writing {self.path}: {err}") from err
-                self._spill(err)
+                self._spill(self.pos + 1, err)
         self.size += len(view)
 
-    def _spill(self, cause: OSError) -> None:
-        """Move what was written so far to a lower tier and continue there."""
+    def _outgrow(self, size: int) -> None:
+        """Move to the first lower tier whose capacity holds ``size`` bytes (or the last
+        tier): writing on until ENOSPC would fill a MEM tier's RAM far past its capacity."""
+        lower = range(self.pos + 1, len(self._tiers))
+        if lower:
+            self._spill(next((i for i in lower if self._tiers[i].capacity >= size), lower[-1]))
+
+    def _spill(self, first: int, cause: OSError | None = None) -> None:
+        """Move what was written so far to tier ``first`` (or, when that filesystem is full,
+        a lower one) and continue there; ``cause`` is the ENOSPC that made it necessary."""
         tiers = self._tiers
         written = os.lseek(self._fd, 0, os.SEEK_CUR)
-        for nxt in range(self.pos + 1, len(tiers)):
-            log.warning(
-                "tier %s ran out of space (%s); spilling the write to %s",
-                tiers[self.pos].name,
-                cause,
-                tiers[nxt].name,
-            )
+        for nxt in range(first, len(tiers)):
+            if cause is None:
+                log.debug(
+                    "a write outgrew tier %s (capacity %d B); moving it to %s",
+                    tiers[self.pos].name,
+                    tiers[self.pos].capacity,
+                    tiers[nxt].name,
+                )
+            else:
+                log.warning(
+                    "tier %s ran out of space (%s); spilling the write to %s",
+                    tiers[self.pos].name,
+                    cause,
+                    tiers[nxt].name,
+                )
             new_path = tiers[nxt].temp_path()
             new_fd = self._create(new_path)
             try:

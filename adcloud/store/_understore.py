@@ -164,17 +164,39 @@ class UnderStore:
         assert self.local_root is not None
         path = self.local_root / key.lstrip("/")
         if create_parents:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as err:
-                raise self.error(err, key) from err
+            self._make_parents(path, key)
+        self._confine(path, key)
+        return path
+
+    def _make_parents(self, path: Path, key: str) -> None:
+        """Create the missing directories above ``path`` one level at a time, each only once
+        the level above it is known to resolve inside the root: ``mkdir(parents=True)``
+        would follow a planted symlink and create directories outside before any check."""
+        assert self.local_root is not None
+        missing: list[Path] = []
+        parent = path.parent
+        while parent != self.local_root and not os.path.lexists(parent):
+            missing.append(parent)
+            parent = parent.parent
+        try:
+            if parent == self.local_root:
+                parent.mkdir(parents=True, exist_ok=True)  # the configured root is trusted
+            self._confine(parent, key)
+            for level in reversed(missing):
+                level.mkdir(exist_ok=True)
+                self._confine(level, key)
+        except OSError as err:
+            raise self.error(err, key) from err
+
+    def _confine(self, path: Path, key: str) -> None:
+        """Refuse ``path`` (standing for ``key``) if it resolves outside the root."""
         real = os.path.realpath(path)
         inside = self._real_root if self._real_root.endswith(os.sep) else self._real_root + os.sep
         if real != self._real_root and not real.startswith(inside):
             raise InvalidPathError(
-                f"{key} resolves outside the under-store root {self.local_root} (a symlink?)"
+                f"{key} resolves outside the under-store root {self.local_root} (a symlink?); "
+                "remove the symlink from the under-store or write to another path"
             )
-        return path
 
     def remote_path(self, key: str) -> str:
         """The filesystem path of ``key`` on a remote under-store."""

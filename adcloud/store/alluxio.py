@@ -132,11 +132,17 @@ class AlluxioStore(BaseStore):
             self._local.conn = conn
         return conn
 
+    def _release(self, conn: http.client.HTTPConnection) -> None:
+        """Close ``conn`` and forget it, so the list of open connections stays bounded."""
+        conn.close()
+        with self._conns_lock, contextlib.suppress(ValueError):
+            self._conns.remove(conn)
+
     def _drop_conn(self) -> None:
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
         if conn is not None:
-            conn.close()
+            self._release(conn)
 
     def _headers(self, content_type: str | None, length: int | None) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -302,7 +308,7 @@ class AlluxioStore(BaseStore):
             )
             self._check(response, f"read {path}")
         except BaseException:
-            conn.close()
+            self._release(conn)
             with contextlib.suppress(StoreError):
                 self._call(self._stream_url(ident, "close"))
             raise
@@ -439,7 +445,7 @@ class _ResponseReader(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             self._response.close()
-            self._conn.close()
+            self._store._release(self._conn)
             with contextlib.suppress(StoreError):
                 self._store._call(self._store._stream_url(self._ident, "close"))
         super().close()

@@ -213,13 +213,21 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
     from adcloud.store.settings import StoreSettings  # noqa: PLC0415
 
     token = args.token
+    source, fix = "--token", "give a non-empty token, or leave out --token"
     if args.token_file:
         try:
             token = Path(args.token_file).expanduser().read_text().strip()
         except OSError as err:
             raise StoreError(f"cannot read the token file {args.token_file}: {err}") from err
+        source = f"the token file {args.token_file}"
+        fix = "write the token into it, or leave out --token-file"
     if token is None:
         token = StoreSettings.load().token
+        source = "the store token setting (ADCLOUD_STORE_TOKEN or store.token)"
+        fix = "set it to a non-empty token, or unset it"
+    if token is not None and not token.strip():
+        # an empty token must never quietly mean "no authentication"
+        raise StoreError(f"{source} is empty; {fix} to serve without a token")
     limits = ServerLimits(
         max_request_bytes=args.max_request_bytes,
         max_file_bytes=args.max_file_bytes,

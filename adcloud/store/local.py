@@ -1198,7 +1198,10 @@ class LocalStore(BaseStore):
             self._set(self._key(path), "ttl_ms = NULL, expires_ns = NULL", ())
             return
         if ttl < 0:
-            raise StoreError(f"TTL must not be negative: {ttl}")
+            raise StoreError(
+                f"{path}: TTL must not be negative, got {ttl} s; give the seconds after "
+                "creation at which the file expires, or None to clear the TTL"
+            )
         ms = round(ttl * 1000)
         self._set(
             self._key(path),
@@ -1237,12 +1240,14 @@ class LocalStore(BaseStore):
 
     def _persist_version(self, file_id: int, obj: str) -> None:
         """Copy version ``obj`` of file ``file_id`` to the under-store (no-op if superseded)."""
+        path = f"file {file_id}"
         for _ in range(_READ_RETRIES):
             row = self._cat.file_by_id(file_id)
             if row is None or row.object != obj or row.persistence == PersistenceState.PERSISTED:
                 with self._cat.transaction() as c:
                     self._cat.drop_entries(c, file_id, obj)
                 return
+            path = self._rel(row.path)
             with self._ufs_locks.hold(_stripe(row.path)):
                 again = self._cat.file_by_id(file_id)
                 if again is None or again.path != row.path or again.object != obj:
@@ -1281,7 +1286,10 @@ class LocalStore(BaseStore):
                     self._cat.drop_entries(c, file_id, obj)
                 log.debug("persisted %s", again.path)
                 return
-        raise StoreError(f"file {file_id} kept changing while being persisted; the journal retries")
+        raise StoreError(
+            f"{path} in {self.uri} kept changing (moved or replaced) while being persisted; "
+            "call persist again (a pending ASYNC_THROUGH persist is retried by itself)"
+        )
 
     def _run_pending(self) -> int:
         """Persist journaled files this process can claim; returns how many were done."""

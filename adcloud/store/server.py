@@ -92,6 +92,27 @@ class _HTTPError(Exception):
         self.close = close
 
 
+def _bool_option(options: dict[str, Any], name: str) -> bool | None:
+    """The JSON boolean option ``name`` (``None`` when absent or null).
+
+    Only ``true`` and ``false`` count: a string such as ``"false"`` is truthy in Python and
+    would turn a plain delete into a recursive one.
+    """
+    value = options.get(name)
+    if value is None or isinstance(value, bool):
+        return value
+    raise _HTTPError(
+        400,
+        "INVALID_ARGUMENT",
+        f"option {name!r} must be the JSON boolean true or false, not {json.dumps(value)[:60]}",
+    )
+
+
+def _flag(options: dict[str, Any], name: str) -> bool:
+    """A JSON boolean option that defaults to false."""
+    return _bool_option(options, name) is True
+
+
 class _Stream:
     """An open read or write stream of the proxy (``streams/{id}``)."""
 
@@ -288,6 +309,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise _HTTPError(400, "INVALID_ARGUMENT", "options must be a JSON object")
         return value
 
+    def _drain(self) -> None:
+        """Read and drop a body the endpoint has no use for (bounded like JSON options), so
+        it can never be parsed as the next request on the connection."""
+        for _ in self._body_chunks(self.server.app.limits.max_json_bytes):
+            pass
+
     # -- dispatch -------------------------------------------------------------------------
 
     def do_POST(self) -> None:
@@ -323,6 +350,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._streams(route[len(API_PREFIX) + len("/streams/") :])
             else:
                 raise _HTTPError(404, "NOT_FOUND", f"no endpoint {method} {route[:200]}")
+            if not self._consumed:
+                # whatever of the body is left would be read as the next request
+                self.close_connection = True
         except _HTTPError as err:
             self.close_connection = self.close_connection or err.close or not self._consumed
             self._fail(err.code, err.status, str(err))
@@ -347,6 +377,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         app = self.server.app
         store = app.store
         if method == "GET":
+            self._drain()
             if action != "download-file":
                 raise _HTTPError(
                     405, "UNIMPLEMENTED", f"GET is only for download-file, not {action}"
@@ -359,24 +390,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif action == "open-file":
             self._send_json(app.open_file(path))
         elif action == "create-directory":
-            if not options.get("allowExists") and store.exists(path):
+            if not _flag(options, "allowExists") and store.exists(path):
                 raise StoreExistsError(f"{path} already exists")
             store.mkdir(path)
             self._send_json(None)
         elif action == "delete":
-            store.delete(path, recursive=bool(options.get("recursive")))
+            store.delete(path, recursive=_flag(options, "recursive"))
             self._send_json(None)
         elif action == "exists":
             self._send_json(store.exists(path))
         elif action == "free":
-            app.free(
-                path, recursive=bool(options.get("recursive")), forced=bool(options.get("forced"))
-            )
+            app.free(path, recursive=_flag(options, "recursive"), forced=_flag(options, "forced"))
             self._send_json(None)
         elif action == "get-status":
             self._send_json(app.info(store.stat(path)))
         elif action == "list-status":
-            entries = store.list(path, recursive=bool(options.get("recursive")))
+            entries = store.list(path, recursive=_flag(options, "recursive"))
             self._send_json([app.info(s) for s in entries])
         elif action == "rename":
             dst = query.get("dst", [None])[0]
@@ -488,7 +517,8 @@ class StoreServer:
     """Serves ``store`` over the Alluxio 2.x REST proxy API on ``host:port``.
 
     ``port=0`` picks a free port (see :attr:`address`).  Use :meth:`start` to serve from a
-    background thread, :meth:`serve_forever` to serve from the calling one.
+    background thread, :meth:`serve_forever` to serve from the calling one.  ``token=None``
+    serves without authentication; an empty ``token`` is refused rather than taken for that.
     """
 
     def __init__(
@@ -500,8 +530,13 @@ class StoreServer:
         token: str | None = None,
         limits: ServerLimits | None = None,
     ) -> None:
+        if token is not None and not token.strip():
+            raise StoreError(
+                "the server token is empty, so every client would be let in; pass a "
+                "non-empty token, or token=None to serve without authentication"
+            )
         self.store = store
-        self.token = token or None
+        self.token = token
         self.limits = limits or ServerLimits()
         self.started_ms = int(time.time() * 1000)
         self._streams: dict[int, _Stream] = {}
@@ -575,7 +610,7 @@ class StoreServer:
 
     def create_file(self, path: str, options: dict[str, Any]) -> int:
         """``create-file``: a write stream id (the file appears when the stream closes)."""
-        if not options.get("overwrite") and self.store.exists(path):
+        if not _flag(options, "overwrite") and self.store.exists(path):
             raise StoreExistsError(f"{path} already exists")
         write_type = options.get("writeType")
         if write_type is not None:
@@ -618,16 +653,18 @@ class StoreServer:
             raise _HTTPError(
                 500, "UNIMPLEMENTED", f"adcloud's proxy has no {', '.join(unsupported)}"
             )
+        # every option is checked before any of them changes the file
+        pinned = _bool_option(options, "pinned")
+        persisted = _flag(options, "persisted")
+        ttl_ms, action = ttl_option(options)
         if not self.store.exists(path):
             raise StoreNotFoundError(f"{path} does not exist")
-        pinned = options.get("pinned")
         if pinned is not None:
             (self.store.pin if pinned else self.store.unpin)(path)
-        ttl_ms, action = ttl_option(options)
         if ttl_ms is not None:
             ttl = None if ttl_ms < 0 else ttl_ms / 1000
             self.store.set_ttl(path, ttl, action=action or "DELETE")
-        if options.get("persisted") is True:
+        if persisted:
             self.store.persist(path)
 
     def _reap(self) -> None:

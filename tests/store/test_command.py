@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -160,3 +161,24 @@ def test_serve_as_a_process(
         stdout, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert f"alluxio://127.0.0.1:{port}/" in stdout and "token required" in stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "content"), [("--token-file", ""), ("--token-file", " \n"), ("--token", "")]
+)
+def test_serve_refuses_an_empty_token(
+    option: str, content: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adcloud.store import StoreServer  # noqa: PLC0415
+
+    def ctrl_c(self: StoreServer) -> None:
+        raise KeyboardInterrupt  # a server that did start stops at once instead of blocking
+
+    monkeypatch.setattr(StoreServer, "serve_forever", ctrl_c)
+    value, named = content, "--token"
+    if option == "--token-file":
+        token_file = tmp_path / "token"
+        token_file.write_text(content)
+        value = named = str(token_file)
+    with pytest.raises(StoreError, match=rf"{re.escape(named)} is empty; .*leave out {option}"):
+        run("store", "serve", "--port", "0", option, value)

@@ -189,6 +189,23 @@ def test_data_larger_than_mem_goes_to_a_lower_tier(make_store: MakeStore) -> Non
     assert store.get("/big-stream") == blob(8, 6000)
 
 
+def test_a_stream_never_grows_a_tier_past_its_capacity(
+    make_store: MakeStore, store_root: Path
+) -> None:
+    store = make_store(**SMALL)
+
+    def staged(tier: str) -> list[int]:
+        return [p.stat().st_size for p in (store_root / tier / "tmp").iterdir()]
+
+    with store.open("/s", "wb", write_type=WriteType.MUST_CACHE) as stream:
+        for i in range(6):
+            stream.write(blob(i, 1000))
+            assert sum(staged("mem")) <= 4 * KB  # past 4 KB the bytes are staged in SSD
+        assert staged("mem") == [] and staged("ssd") == [6000]
+    assert tiers(store, "/s") == ["SSD"]
+    assert store.get("/s") == b"".join(blob(i, 1000) for i in range(6))
+
+
 def test_data_larger_than_every_tier(make_store: MakeStore) -> None:
     store = make_store(**SMALL)
     with pytest.raises(StoreFullError):
@@ -550,3 +567,21 @@ def test_a_file_replaced_before_its_quick_delete_is_deleted_durably(
     assert not store.exists("/f")
     monkeypatch.undo()
     assert store.list("/") == []
+
+
+def test_errors_name_the_path(make_store: MakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = make_store()
+    store.put("/named/f", b"x", write_type=WriteType.MUST_CACHE)
+    with pytest.raises(StoreError, match="/named/f: TTL must not be negative"):
+        store.set_ttl("/named/f", -1)
+    by_id = store._cat.file_by_id
+    calls = iter(range(10**6))
+
+    def moving(file_id: int, conn: object = None) -> object:
+        row = by_id(file_id, conn)  # type: ignore[arg-type]
+        # every second look finds the file under another name: it never holds still
+        return row if next(calls) % 2 == 0 or row is None else row._replace(path="/elsewhere")
+
+    monkeypatch.setattr(store._cat, "file_by_id", moving)
+    with pytest.raises(StoreError, match="/named/f in local:// kept changing"):
+        store.persist("/named/f")

@@ -275,10 +275,82 @@ def test_paths_are_confined(
     backend = AlluxioStore(server.uri, token=token)
     with pytest.raises(Exception, match="outside"):
         backend.put("/link/new", b"escape", write_type=WriteType.THROUGH)
+    # a deep key: the directories below the link are not made before the check either
+    with pytest.raises(Exception, match="outside"):
+        backend.put("/link/made/by/client/f", b"escape", write_type=WriteType.THROUGH)
     with pytest.raises(Exception, match="does not exist"):
         backend.get("/link/secret")
     assert sorted(p.name for p in outside.iterdir()) == ["secret"]
     assert not (tmp_path / "escape").exists()
+    backend.close()
+
+
+def test_an_empty_token_is_refused(local_store: LocalStore) -> None:
+    for token in ("", " \n"):
+        with pytest.raises(StoreError, match=r"token is empty.*token=None"):
+            StoreServer(local_store, port=0, token=token)
+
+
+def test_options_must_be_json_booleans(served: tuple[StoreServer, str]) -> None:
+    server, token = served
+    store = server.store
+    store.put("/opt/d/f", b"keep me")
+
+    def call(path: str, action: str, options: object) -> tuple[int, dict[str, object] | None]:
+        body = json.dumps(options).encode()
+        target = f"/api/v1/paths/{path}/{action}"
+        return status_of(raw(server.address, request("POST", target, body, token=token)))
+
+    for path, action, name, value in (
+        ("/opt", "delete", "recursive", "false"),
+        ("/opt", "delete", "recursive", 1),
+        ("/opt/d/f", "set-attribute", "pinned", "x"),
+        ("/opt/d/f", "set-attribute", "persisted", "true"),
+        ("/opt/d/f", "free", "forced", "no"),
+        ("/opt", "list-status", "recursive", [True]),
+        ("/opt/d/f", "create-file", "overwrite", "yes"),
+        ("/opt/d", "create-directory", "allowExists", 0),
+    ):
+        code, body = call(path, action, {name: value})
+        assert code == 400, (action, name, value, body)
+        assert body is not None and body["statusCode"] == "INVALID_ARGUMENT"
+        assert repr(name) in str(body["message"])
+    assert store.get("/opt/d/f") == b"keep me"
+    assert not store.stat("/opt/d/f").pinned
+    # null and absent mean the default; real booleans work
+    code, body = call("/opt", "delete", {"recursive": None})
+    assert code == 500 and body is not None and body["statusCode"] == "FAILED_PRECONDITION"
+    assert call("/opt/d/f", "set-attribute", {"pinned": True})[0] == 200
+    assert store.stat("/opt/d/f").pinned
+    assert call("/opt", "delete", {"recursive": True})[0] == 200
+    assert not store.exists("/opt")
+
+
+def test_a_body_on_a_get_is_never_read_as_a_request(served: tuple[StoreServer, str]) -> None:
+    server, token = served
+    server.store.put("/dl/f", b"data")
+    smuggled = request("POST", "/api/v1/paths//smuggled/create-directory", b"{}", token=token)
+    head = (
+        "GET /api/v1/paths//dl/f/download-file HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Length: {len(smuggled)}\r\n\r\n"
+    )
+    answer = raw(server.address, head.encode() + smuggled)  # keep-alive, then half-closed
+    assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 200")
+    assert answer.endswith(b"4\r\ndata\r\n0\r\n\r\n")
+    assert not server.store.exists("/smuggled")
+    # a body over the JSON bound is refused (and the connection closed) before it is read
+    big = head.replace(f"Content-Length: {len(smuggled)}", "Content-Length: 2000000")
+    assert status_of(raw(server.address, big.encode()))[0] == 413
+
+
+def test_closed_readers_release_their_connections(served: tuple[StoreServer, str]) -> None:
+    server, token = served
+    backend = AlluxioStore(server.uri, token=token)
+    backend.put("/r/f", b"read me")
+    for _ in range(50):
+        with backend.open("/r/f") as stream:
+            assert stream.read() == b"read me"
+    assert len(backend._conns) <= 1  # the thread's keep-alive connection at most
     backend.close()
 
 
