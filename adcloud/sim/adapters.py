@@ -1,7 +1,8 @@
 """Node adapters: how a node under test is started, fed a scenario and read back.
 
 Adapters are listed in a registry (:data:`ADAPTERS`, :func:`register_adapter`,
-:func:`get_adapter`), all behind the :class:`NodeAdapter` protocol:
+:func:`get_adapter`), all behind the :class:`NodeAdapter` protocol; a ``NodeSpec.adapter``
+may also be an import path, ``package.module:attr``, imported where the node runs:
 
 - ``pipe`` (:class:`PipeAdapter`): any program that reads one BinPipe stream on stdin and
   writes one on stdout (``docs/binpipe-format.md`` section 9.3; Python nodes use
@@ -57,6 +58,7 @@ from adcloud.binpipe.decode import ConnectionInfo, meta_block
 from adcloud.binpipe.errors import BinpipeError, PipeCommandError
 from adcloud.binpipe.pipe import pipe_blocks
 from adcloud.errors import MissingComponentError
+from adcloud.sim._plugins import import_object
 from adcloud.sim.errors import SimError
 
 __all__ = [
@@ -93,6 +95,7 @@ _TAIL = 4000
 class NodeSpec:
     """The node under test: adapter name, command line, extra environment, directory.
 
+    ``adapter`` is a registered name (:data:`ADAPTERS`) or ``package.module:attr``.
     ``command`` is split with :func:`shlex.split` when it is a string (no shell).
     """
 
@@ -112,7 +115,8 @@ class ReplayTiming:
     """Pacing, synchronous mode and time limits of one node run (seconds).
 
     ``rate``: 0 = as fast as possible, else the factor on recorded time.
-    ``trigger_topics``: input topics after which synchronous mode waits (empty: all).
+    ``trigger_topics``: input topics after which synchronous mode waits (empty: all
+    inputs); each must be one of the job's input topics.
     """
 
     rate: float = 0.0
@@ -130,8 +134,12 @@ class ReplayTiming:
         """Return ``self`` if usable, else raise :class:`SimError`."""
         if self.rate < 0:
             raise SimError(f"rate must be >= 0 (0 = as fast as possible), not {self.rate}")
-        if self.quiet_s < 0 or self.timeout_s <= 0 or self.startup_timeout_s <= 0:
-            raise SimError("quiet_s must be >= 0 and the timeouts > 0")
+        if not self.quiet_s >= 0:
+            raise SimError(f"quiet_s must be >= 0 (seconds of idle node), not {self.quiet_s}")
+        for name in ("timeout_s", "startup_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise SimError(f"{name} must be > 0 (seconds), not {value}")
         return self
 
 
@@ -660,19 +668,23 @@ ADAPTERS: dict[str, Callable[[], NodeAdapter]] = {"pipe": PipeAdapter, "ros1": R
 
 
 def register_adapter(name: str, factory: Callable[[], NodeAdapter]) -> None:
-    """Make ``factory()`` the adapter for ``NodeSpec(adapter=name)``.
+    """Make ``factory()`` the adapter for ``NodeSpec(adapter=name)`` in this process.
 
-    Registration happens per process: register in a module the executors import too.
+    :func:`~adcloud.sim.replay.run_replay` sends the factory its job uses to the executors
+    with cloudpickle: register a class or a module-level function.
     """
     ADAPTERS[name] = factory
 
 
 def get_adapter(name: str) -> NodeAdapter:
-    """A new adapter for ``name``; raises :class:`SimError` listing the known ones."""
-    try:
-        factory = ADAPTERS[name]
-    except KeyError:
+    """A new adapter for ``name`` (registered, or ``package.module:attr``); raises
+    :class:`SimError` listing the known ones."""
+    factory = ADAPTERS.get(name)
+    if factory is None and ":" in name:
+        factory = import_object(name, "node adapter")
+    if factory is None:
         raise SimError(
-            f"unknown node adapter {name!r}; known: {', '.join(sorted(ADAPTERS))}"
-        ) from None
+            f"unknown node adapter {name!r}; known: {', '.join(sorted(ADAPTERS))}, "
+            "or your own as package.module:attr"
+        )
     return factory()

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from adcloud.sim.adapters import ADAPTERS, NodeSpec, ReplayTiming
-from adcloud.sim.evaluators import parse_evaluator
+from adcloud.sim.evaluators import EVALUATORS, parse_evaluator
 from adcloud.sim.replay import ReplayJob, ReplayResults, run_replay
 from adcloud.sim.report import write_report
 from adcloud.sim.scenario import CutMode, ScenarioCut
@@ -34,8 +34,9 @@ examples:
       --inputs /lidar/points --outputs /relayed --cut window --window 5 --warmup 1
   adcloud submit --master spark://127.0.0.1:7077 -- sim run d.bag --node ... --inputs ...
 
-Evaluators: rate, latency, detections, pose_error (see adcloud.sim.evaluators), written
-name:key=value,key=value.  --rate 0 replays as fast as possible, --rate 1 in real time.
+Evaluators, written name:key=value,key=value (see adcloud.sim.evaluators):
+  {evaluators}, or your own as package.module:attr.
+--rate 0 replays as fast as possible, --rate 1 in real time.
 """
 
 
@@ -57,19 +58,35 @@ def add_parser(subparsers: Any) -> None:
         help="run a replay job",
         description="Cut bags into scenarios, replay each into the node (one Spark task per "
         "scenario), evaluate its outputs and write results.jsonl, junit.xml and report.html.",
-        epilog=_EPILOG,
+        epilog=_EPILOG.format(evaluators=", ".join(sorted(EVALUATORS))),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("bags", nargs="*", help="bag URLs, globs or directories")
     p.add_argument("--node", required=True, help="the node's command line")
-    p.add_argument("--adapter", default="pipe", choices=sorted(ADAPTERS), help="default: pipe")
+    p.add_argument(
+        "--adapter",
+        default="pipe",
+        help=f"node adapter: {', '.join(sorted(ADAPTERS))} or package.module:attr (default: pipe)",
+    )
     p.add_argument("--inputs", required=True, type=_topics, help="input topics, comma-separated")
     p.add_argument("--outputs", default=(), type=_topics, help="output topics, comma-separated")
     p.add_argument(
         "--eval", action="append", default=[], metavar="SPEC", help="evaluator (repeatable)"
     )
-    p.add_argument("--cut", choices=[m.value for m in CutMode], default="bag")
-    p.add_argument("--window", type=float, default=10.0, help="window length, s (--cut window)")
+    p.add_argument(
+        "--cut",
+        choices=[m.value for m in CutMode],
+        default="bag",
+        help="how bags become scenarios: bag = one per bag (default), window = consecutive "
+        "--window windows, file = the --scenarios file",
+    )
+    p.add_argument(
+        "--window",
+        type=float,
+        default=10.0,
+        help="window length, s (--cut window); a last window shorter than half of it is "
+        "merged into the one before",
+    )
     p.add_argument("--warmup", type=float, default=0.0, help="warm-up before each window, s")
     p.add_argument("--scenarios", metavar="FILE", help="scenario file (implies --cut file)")
     p.add_argument(
@@ -83,7 +100,13 @@ def add_parser(subparsers: Any) -> None:
         help="synchronous mode: after each input, wait for the node's answer until the node "
         "has been idle this long (s; a node still computing is waited for, up to --timeout)",
     )
-    p.add_argument("--triggers", default=(), type=_topics, help="topics that wait for outputs")
+    p.add_argument(
+        "--triggers",
+        default=(),
+        type=_topics,
+        help="synchronous mode: input topics after which to wait for the node's answer, "
+        "comma-separated (default: empty = all inputs)",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="per-scenario time limit, s")
     p.add_argument("--startup-timeout", type=float, default=20.0, help="node start-up limit, s")
     p.add_argument("--report", metavar="URI", help="report directory (any store URI)")

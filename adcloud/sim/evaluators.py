@@ -1,10 +1,14 @@
 """Evaluators: what makes a scenario pass, computed from its inputs, outputs and truth.
 
 An evaluator is built on the executor from an :class:`EvaluatorSpec` (a name and
-parameters, cheap to pickle) through the registry :data:`EVALUATORS`; add your own with
-:func:`register_evaluator`.  Each returns an :class:`Evaluation`: pass/fail, metrics
-(floats, named ``<evaluator>.<metric>``) and a reason when it fails.  Only outputs and
-truth inside the scenario's evaluated range ``[start, end)`` count (not the warm-up).
+parameters, cheap to pickle) through the registry :data:`EVALUATORS`.  Add your own with
+:func:`register_evaluator` (:func:`~adcloud.sim.replay.run_replay` carries the driver's
+registrations into its Spark tasks, so the factory must pickle: a class or a module-level
+function), or name it by import path, ``package.module:attr``, which is imported where the
+evaluator is built (the module must be installed on the executors).  Each returns an
+:class:`Evaluation`: pass/fail, metrics (floats, named ``<evaluator>.<metric>``) and a
+reason when it fails.  Only outputs and truth inside the scenario's evaluated range
+``[start, end)`` count (not the warm-up).
 
 Built-in evaluators:
 
@@ -37,6 +41,7 @@ import numpy as np
 from adcloud.binpipe.codec import Message
 from adcloud.binpipe.decode import MessageDecoder
 from adcloud.binpipe.errors import BinpipeError
+from adcloud.sim._plugins import IMPORT_PATH, import_object
 from adcloud.sim.errors import SimError
 from adcloud.sim.obstacles import DEFAULT_CLASSES, cloud_points, cluster_obstacles
 from adcloud.sim.scenario import Scenario
@@ -55,7 +60,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class EvaluatorSpec:
-    """An evaluator by registry name with its parameters (strings, numbers)."""
+    """An evaluator by registry name (or ``package.module:attr``) with its parameters
+    (strings, numbers)."""
 
     name: str
     params: tuple[tuple[str, str | float | int], ...] = ()
@@ -367,18 +373,31 @@ EVALUATORS: dict[str, Callable[..., Evaluator]] = {
 
 
 def register_evaluator(name: str, factory: Callable[..., Evaluator]) -> None:
-    """Make ``factory(**params)`` the evaluator called ``name`` (in this process)."""
+    """Make ``factory(**params)`` the evaluator called ``name`` in this process.
+
+    :func:`~adcloud.sim.replay.run_replay` sends the factories its job uses to the
+    executors with cloudpickle: register a class or a module-level function.
+    """
     EVALUATORS[name] = factory
+
+
+def _factory(name: str) -> Callable[..., Evaluator]:
+    """The factory registered as ``name``, or imported from ``package.module:attr``."""
+    factory = EVALUATORS.get(name)
+    if factory is not None:
+        return factory
+    if ":" in name:
+        found: Callable[..., Evaluator] = import_object(name, "evaluator")
+        return found
+    raise SimError(
+        f"unknown evaluator {name!r}; known: {', '.join(sorted(EVALUATORS))}, "
+        "or your own as package.module:attr"
+    )
 
 
 def build_evaluator(spec: EvaluatorSpec) -> Evaluator:
     """The evaluator ``spec`` names; raises :class:`SimError` on unknown names or bad params."""
-    try:
-        factory = EVALUATORS[spec.name]
-    except KeyError:
-        raise SimError(
-            f"unknown evaluator {spec.name!r}; known: {', '.join(sorted(EVALUATORS))}"
-        ) from None
+    factory = _factory(spec.name)
     try:
         return factory(**dict(spec.params))
     except (TypeError, ValueError) as err:
@@ -397,8 +416,15 @@ def _value(text: str) -> str | float | int:
 
 
 def parse_evaluator(text: str) -> EvaluatorSpec:
-    """Parse ``name:key=value,key=value`` (values become int, float or str)."""
+    """Parse ``name:key=value,key=value`` (values become int, float or str).
+
+    ``name`` may be an import path, ``package.module:attr`` (the module dotted, so that
+    ``rate:topic`` stays a name with a bad parameter list).
+    """
     name, _, rest = text.partition(":")
+    head, _, tail = rest.partition(":")
+    if "." in name and IMPORT_PATH.match(f"{name}:{head}"):
+        name, rest = f"{name}:{head}", tail
     params: Mapping[str, str | float | int] = {}
     if rest:
         try:

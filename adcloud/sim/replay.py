@@ -19,20 +19,27 @@ adapter, evaluates and returns one :class:`ScenarioResult`.  A node that crashes
 or writes garbage gives a failed result with its reason; only infrastructure failures
 (an unreadable bag, a roscore that does not start) fail the task, which Spark retries.
 :func:`run_scenario` is the same work without Spark.
+
+Evaluators and adapters registered on the driver (:func:`register_evaluator`,
+:func:`register_adapter`) travel with the job: a Spark task's Python worker starts with
+the built-in registries only, so :func:`run_replay` pickles (cloudpickle) the factories
+the job names and each task registers them before it runs.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import heapq
 import json
 import logging
 import math
+import pickle
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +58,7 @@ from adcloud.sim.adapters import (
 )
 from adcloud.sim.errors import SimError
 from adcloud.sim.evaluators import (
+    EVALUATORS,
     Evaluation,
     EvaluatorSpec,
     ScenarioData,
@@ -96,10 +104,14 @@ class ReplayJob:
                     f"bad topic name {topic!r}: ROS names are like /lidar/points "
                     "(letters, digits, underscores; segments start with a letter)"
                 )
-        if self.node.adapter not in ADAPTERS:
-            raise SimError(
-                f"unknown node adapter {self.node.adapter!r}; known: {', '.join(sorted(ADAPTERS))}"
-            )
+        for topic in self.timing.trigger_topics:
+            if topic not in self.input_topics:
+                raise SimError(
+                    f"trigger topic {topic!r} is not an input topic "
+                    f"({', '.join(self.input_topics)}); synchronous mode waits only after "
+                    "inputs: add it to the input topics or leave it out of the triggers"
+                )
+        get_adapter(self.node.adapter)
         if not self.node.args:
             raise SimError("the node command is empty")
         for spec in self.evaluators:
@@ -297,9 +309,67 @@ def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
     return result(run, not failed, "; ".join(failed), evals)
 
 
-def _task(item: tuple[int, Scenario], job: ReplayJob) -> str:
+#: A registry entry on its way to the executors: registry, name, pickled factory.
+_Carried = tuple[str, str, bytes]
+_REGISTRIES: dict[str, dict[str, Callable[..., Any]]] = {
+    "evaluator": EVALUATORS,
+    "node adapter": ADAPTERS,
+}
+
+
+def _carry(job: ReplayJob) -> tuple[_Carried, ...]:
+    """The registry entries ``job`` names, pickled with cloudpickle for its tasks."""
+    from pyspark import cloudpickle  # noqa: PLC0415 - pyspark is heavy; import on use
+
+    wanted = [("evaluator", spec.name) for spec in job.evaluators]
+    wanted.append(("node adapter", job.node.adapter))
+    out: list[_Carried] = []
+    for kind, name in dict.fromkeys(wanted):
+        factory = _REGISTRIES[kind].get(name)
+        if factory is None:
+            continue  # an import path, resolved on the executor
+        try:
+            blob: bytes = cloudpickle.dumps(factory)  # type: ignore[no-untyped-call]
+        except (pickle.PicklingError, TypeError, AttributeError) as err:
+            raise SimError(
+                f"{kind} {name!r} registered on the driver cannot be sent to the executors "
+                f"({err}); register a class or a module-level function, or name it as "
+                "package.module:attr"
+            ) from err
+        out.append((kind, name, blob))
+    return tuple(out)
+
+
+@contextlib.contextmanager
+def _registered(carried: Sequence[_Carried]) -> Iterator[None]:
+    """Register the driver's ``carried`` entries in this worker while the block runs."""
+    saved: list[tuple[dict[str, Callable[..., Any]], str, Callable[..., Any] | None]] = []
+    try:
+        for kind, name, blob in carried:
+            registry = _REGISTRIES[kind]
+            try:
+                factory = pickle.loads(blob)
+            except Exception as err:  # whatever unpickling a user's factory raises
+                raise SimError(
+                    f"{kind} {name!r} registered on the driver cannot be loaded on this "
+                    f"executor ({type(err).__name__}: {err}); install the module that "
+                    "defines it on the executors too"
+                ) from err
+            saved.append((registry, name, registry.get(name)))
+            registry[name] = factory
+        yield
+    finally:
+        for registry, name, previous in reversed(saved):
+            if previous is None:
+                registry.pop(name, None)
+            else:
+                registry[name] = previous
+
+
+def _task(item: tuple[int, Scenario], job: ReplayJob, carried: tuple[_Carried, ...] = ()) -> str:
     _index, scenario = item
-    res = run_scenario(scenario, job)
+    with _registered(carried):
+        res = run_scenario(scenario, job)
     log.info("scenario %s: %s", scenario.name, "pass" if res.passed else f"FAIL ({res.reason})")
     return json.dumps(res.to_dict())
 
@@ -399,11 +469,8 @@ def run_replay(
     if not scenarios:
         raise SimError("the bags gave no scenario")
     log.info("replaying %d scenarios through %s", len(scenarios), job.node.args)
+    task = functools.partial(_task, job=job, carried=_carry(job))
     sc = spark.sparkContext
-    rows = (
-        sc.parallelize(list(enumerate(scenarios)), len(scenarios))
-        .map(functools.partial(_task, job=job))
-        .collect()
-    )
+    rows = sc.parallelize(list(enumerate(scenarios)), len(scenarios)).map(task).collect()
     results = tuple(ScenarioResult.from_dict(json.loads(r)) for r in rows)
     return ReplayResults(job, results, time.monotonic() - started)

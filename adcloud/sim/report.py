@@ -3,13 +3,14 @@
 :func:`write_report` writes into a directory named by a store URI (``local://...``,
 ``file:///...``, ``s3://...``, ``alluxio://...``; a plain path means ``file://``):
 
-- ``results.jsonl`` -- one JSON object per scenario (:meth:`ScenarioResult.to_dict`),
-  version 1 (the ``"format"`` line is ``job.json``'s ``report_version``);
+- ``results.jsonl`` -- one JSON object per scenario (:meth:`ScenarioResult.to_dict`)
+  and nothing else; its format version is ``report_version`` in ``job.json``;
 - ``junit.xml`` -- one ``<testcase>`` per scenario, ``<failure>`` with the reason and
   the stderr tail for failed ones (CI systems read it);
 - ``report.html`` -- a pass/fail table and ``latency.png`` (per-scenario latency
   p50/p95/max and wall time, matplotlib);
-- ``job.json`` -- the effective job settings.
+- ``job.json`` -- ``report_version`` (:data:`REPORT_VERSION`), the effective job
+  settings (``job``) and the job's wall time (``wall_s``).
 
 Format history: version 1 -- first version.
 """

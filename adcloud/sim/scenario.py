@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -42,7 +43,9 @@ class CutMode(StrEnum):
 
     #: One scenario per bag, all of it.
     BAG = "bag"
-    #: Consecutive windows of ``window_s``, each fed ``warmup_s`` of the window before it.
+    #: Consecutive windows of ``window_s``, each fed ``warmup_s`` of the window before it;
+    #: a tail shorter than half a window joins the last full window (a window of a few
+    #: milliseconds has no messages to judge a node on).
     WINDOW = "window"
     #: The time ranges listed in a scenario file.
     FILE = "file"
@@ -94,6 +97,44 @@ def _stem(uri: str) -> str:
     return re.sub(r"\.(bag|mcap|db3)$", "", base)
 
 
+def _bag_names(uris: Sequence[str]) -> list[str]:
+    """Unique scenario base names: the bag's stem, qualified with as many parent folders
+    as it takes when stems collide (``a/drive``, ``b/drive``); ``~2``, ``~3`` ... for the
+    repeats of a URL given more than once."""
+    folders = [
+        [p for p in re.sub(r"^[A-Za-z][\w+.-]*://", "", uri).split("/") if p][:-1] for uri in uris
+    ]
+    depth = [0] * len(uris)
+
+    def name(i: int) -> str:
+        parents = folders[i][len(folders[i]) - depth[i] :] if depth[i] else []
+        return "/".join([*parents, _stem(uris[i])])
+
+    while True:
+        names = [name(i) for i in range(len(uris))]
+        counts = Counter(names)
+        deeper = [i for i, n in enumerate(names) if counts[n] > 1 and depth[i] < len(folders[i])]
+        if not deeper:
+            break
+        for i in deeper:
+            depth[i] += 1
+    seen: Counter[str] = Counter()
+    out = []
+    for n in names:
+        seen[n] += 1
+        out.append(n if seen[n] == 1 else f"{n}~{seen[n]}")
+    return out
+
+
+def _window_starts(first: int, stop: int, window: int) -> list[int]:
+    """Window starts over ``[first, stop)``; a tail shorter than half a window is merged
+    into the window before it."""
+    starts = list(range(first, stop, window))
+    if len(starts) > 1 and 2 * (stop - starts[-1]) < window:
+        starts.pop()
+    return starts
+
+
 def _bag_range(uri: str, storage_options: Mapping[str, Any] | None) -> tuple[int, int] | None:
     """``[first, last + 1)`` record time of a bag, or None for a bag without messages."""
     try:
@@ -113,8 +154,12 @@ def plan_scenarios(
 ) -> list[Scenario]:
     """Cut ``bags`` (URLs, globs, directories) into scenarios, reading only bag indexes.
 
-    A bag without messages still gives one (empty) scenario, so that it shows up as a
-    failed scenario in the report rather than disappearing.
+    Scenarios are named for the bag's file name without extension (``drive``), with
+    ``#0000``, ``#0001`` ... per window; bags with the same file name in different folders
+    are told apart by their folders (``a/drive``, ``b/drive``).  With windows, a tail
+    shorter than half a window is merged into the last full window.  A bag without
+    messages still gives one (empty) scenario, so that it shows up as a failed scenario
+    in the report rather than disappearing.
     """
     cut = (cut or ScenarioCut()).validate()
     options = tuple(sorted((storage_options or {}).items()))
@@ -126,9 +171,8 @@ def plan_scenarios(
     except BinpipeError as err:
         raise SimError(str(err)) from err
     out: list[Scenario] = []
-    for uri in uris:
+    for uri, stem in zip(uris, _bag_names(uris), strict=True):
         span = _bag_range(uri, storage_options)
-        stem = _stem(uri)
         if span is None:
             out.append(Scenario(stem, uri, 0, 0, 0, options))
             continue
@@ -138,8 +182,8 @@ def plan_scenarios(
             continue
         window = round(cut.window_s * _NS)
         warmup = round(cut.warmup_s * _NS)
-        for k, t in enumerate(range(first, stop, window)):
-            end = min(t + window, stop)
+        starts = _window_starts(first, stop, window)
+        for k, (t, end) in enumerate(zip(starts, [*starts[1:], stop], strict=True)):
             out.append(Scenario(f"{stem}#{k:04d}", uri, t, end, max(first, t - warmup), options))
     return out
 
@@ -150,7 +194,13 @@ def _load_listing(text: str, url: str) -> Any:
             import yaml  # noqa: PLC0415 - optional, only for YAML scenario files
         except ImportError as err:
             raise SimError(f"{url}: YAML scenario files need PyYAML: pip install pyyaml") from err
-        return yaml.safe_load(text)
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            problem = getattr(err, "problem", None) or str(err)
+            raise SimError(f"{url}: not valid YAML: {where}{problem}") from err
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:

@@ -10,10 +10,32 @@ import pytest
 from pyspark.sql import SparkSession
 from rich.console import Console
 
-from adcloud.sim import CutMode, EvaluatorSpec, SimError, command
+from adcloud.sim import (
+    EVALUATORS,
+    CutMode,
+    Evaluation,
+    EvaluatorSpec,
+    ScenarioData,
+    SimError,
+    command,
+    register_evaluator,
+)
 from adcloud.synth import DriveResult
 
 from .conftest import OBSTACLE_NODE
+
+
+class _CountAtLeast:
+    """A user evaluator: at least ``n`` outputs."""
+
+    truth_topics: tuple[str, ...] = ()
+
+    def __init__(self, n: int) -> None:
+        self.name = "count_at_least"
+        self.n = n
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        return Evaluation(self.name, len(data.outputs) >= self.n)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -60,6 +82,31 @@ def test_job_from_arguments() -> None:
     assert job.timing.rate == 1.0
     assert not job.timing.sync
     assert args.func is command.run
+
+
+def test_help_lists_the_registered_evaluators_and_explains_the_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    register_evaluator("count_at_least", _CountAtLeast)
+    try:
+        with pytest.raises(SystemExit):
+            _parse(["sim", "run", "--help"])
+    finally:
+        del EVALUATORS["count_at_least"]
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("rate", "latency", "detections", "pose_error", "frames", "count_at_least"):
+        assert f"{name}," in text, name
+    assert "--cut {bag,window,file} how bags become scenarios" in text
+    assert "(default: empty = all inputs)" in text
+
+
+def test_adapter_by_import_path() -> None:
+    base = ["sim", "run", "a.bag", "--node", "x", "--inputs", "/a", "--adapter"]
+    args = _parse([*base, "adcloud.sim.adapters:PipeAdapter"])
+    assert command.job_from_args(args).node.adapter == "adcloud.sim.adapters:PipeAdapter"
+    args = _parse([*base, "ros7"])
+    with pytest.raises(SimError, match="unknown node adapter 'ros7'"):
+        command.job_from_args(args)
 
 
 def test_bad_topic_is_refused() -> None:

@@ -95,3 +95,19 @@ def test_user_evaluator_registration() -> None:
         assert result.metrics == {"count": 1.0}
     finally:
         del EVALUATORS["count_at_least"]
+
+
+def test_evaluator_by_import_path() -> None:
+    spec = parse_evaluator("adcloud.sim.evaluators:RateEvaluator:topic=/out,min_hz=9.5")
+    assert spec == EvaluatorSpec.of(
+        "adcloud.sim.evaluators:RateEvaluator", topic="/out", min_hz=9.5
+    )
+    assert parse_evaluator("adcloud.sim.evaluators:RateEvaluator").params == ()
+    data = _data([k * _NS // 10 for k in range(20)], [1.0] * 20)
+    assert build_evaluator(spec).evaluate(data).passed
+    with pytest.raises(SimError, match="cannot import no_such_module"):
+        build_evaluator(EvaluatorSpec("no_such_module.x:Y"))
+    with pytest.raises(SimError, match="has no attribute 'Nope'"):
+        build_evaluator(EvaluatorSpec("adcloud.sim.evaluators:Nope"))
+    with pytest.raises(SimError, match="not a factory"):
+        build_evaluator(EvaluatorSpec("adcloud.sim.evaluators:EVALUATORS"))

@@ -5,26 +5,40 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
 from pyspark.sql import SparkSession
 
+from adcloud.binpipe import ConnectionInfo, Message
 from adcloud.sim import (
+    ADAPTERS,
+    EVALUATORS,
     CutMode,
+    Evaluation,
     EvaluatorSpec,
+    NodeRun,
     NodeSpec,
+    PipeAdapter,
     ReplayJob,
+    ReplayResults,
     ReplayTiming,
     ScenarioCut,
+    ScenarioData,
     ScenarioResult,
     SimError,
     plan_scenarios,
     read_results,
+    register_adapter,
+    register_evaluator,
     run_replay,
     write_report,
 )
+from adcloud.sim import report as report_module
 from adcloud.synth import DriveResult
 
 from .conftest import OBSTACLE_NODE
@@ -144,3 +158,127 @@ def test_on_a_standalone_cluster(cluster_spark: SparkSession, drive: DriveResult
     results = run_replay(cluster_spark, _job((str(drive.bag),), OBSTACLE_NODE))
     assert len(results.results) == 3
     assert results.passed, [r.reason for r in results.failed]
+
+
+class _CountAtLeast:
+    """A user evaluator, defined only here (on the driver): at least ``n`` outputs."""
+
+    truth_topics: tuple[str, ...] = ()
+
+    def __init__(self, n: int) -> None:
+        self.name = "count_at_least"
+        self.n = n
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        count = len(data.in_range(data.outputs))
+        return Evaluation(self.name, count >= self.n, {"count": float(count)})
+
+
+class _EveryOtherPipe(PipeAdapter):
+    """A user adapter, defined only here: a pipe node fed every other input."""
+
+    def run(
+        self,
+        node: NodeSpec,
+        inputs: Sequence[Message],
+        connections: Sequence[ConnectionInfo],
+        output_topics: Sequence[str],
+        timing: ReplayTiming,
+    ) -> NodeRun:
+        return super().run(node, inputs[::2], connections, output_topics, timing)
+
+
+def test_registered_evaluator_and_adapter_run_on_the_executors(
+    spark: SparkSession, drive: DriveResult
+) -> None:
+    """Spark tasks start with the built-in registries: the driver's registrations travel
+    with the job."""
+    register_evaluator("count_at_least", _CountAtLeast)
+    register_adapter("every_other", _EveryOtherPipe)
+    try:
+        job = ReplayJob(
+            bags=(str(drive.bag),),
+            node=NodeSpec(OBSTACLE_NODE, adapter="every_other"),
+            input_topics=("/lidar/points",),
+            output_topics=("/obstacles",),
+            evaluators=(EvaluatorSpec.of("count_at_least", n=15),),
+        )
+        (result,) = run_replay(spark, job).results
+    finally:
+        del EVALUATORS["count_at_least"]
+        del ADAPTERS["every_other"]
+    assert result.passed, result.reason
+    assert result.adapter == "every_other"
+    assert result.output_counts == {"/obstacles": 15}  # 29 clouds, every other one fed
+    assert result.metrics == {"count_at_least.count": 15.0}
+
+
+def test_import_path_names_resolve_on_the_executors(
+    spark: SparkSession, drive: DriveResult
+) -> None:
+    job = ReplayJob(
+        bags=(str(drive.bag),),
+        node=NodeSpec(OBSTACLE_NODE, adapter="adcloud.sim.adapters:PipeAdapter"),
+        input_topics=("/lidar/points",),
+        output_topics=("/obstacles",),
+        evaluators=(
+            EvaluatorSpec.of("adcloud.sim.evaluators:RateEvaluator", topic="/obstacles", min_hz=8),
+        ),
+    )
+    (result,) = run_replay(spark, job).results
+    assert result.passed, result.reason
+    assert result.metrics["rate.rate_hz[/obstacles]"] > 8
+
+
+def test_unpicklable_registration_is_refused_on_the_driver(
+    spark: SparkSession, drive: DriveResult
+) -> None:
+    lock = threading.Lock()
+
+    def locked(n: int) -> _CountAtLeast:
+        with lock:
+            return _CountAtLeast(n)
+
+    register_evaluator("locked", locked)
+    try:
+        job = replace(
+            _job((str(drive.bag),), OBSTACLE_NODE), evaluators=(EvaluatorSpec.of("locked", n=1),)
+        )
+        with pytest.raises(SimError, match=r"'locked' .* cannot be sent to the executors"):
+            run_replay(spark, job)
+    finally:
+        del EVALUATORS["locked"]
+
+
+def test_results_jsonl_holds_results_only_as_documented(tmp_path: Path) -> None:
+    result = ScenarioResult.from_dict(
+        {
+            "scenario": "s",
+            "uri": "x.bag",
+            "start": 0,
+            "end": 1,
+            "passed": True,
+            "reason": "",
+            "metrics": {},
+            "evaluations": [],
+            "input_count": 1,
+            "output_counts": {"/o": 1},
+            "latency_p50_ms": None,
+            "latency_p95_ms": None,
+            "latency_max_ms": None,
+            "startup_ms": None,
+            "wall_s": 0.5,
+            "exit_code": 0,
+            "stderr_tail": "",
+            "adapter": "pipe",
+        }
+    )
+    job = ReplayJob(("x.bag",), NodeSpec("node"), ("/i",), ("/o",))
+    write_report(ReplayResults(job, (result, result), 1.0), str(tmp_path))
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert [ScenarioResult.from_dict(json.loads(line)) for line in lines] == [result, result]
+    meta = json.loads((tmp_path / "job.json").read_text())
+    assert meta["report_version"] == report_module.REPORT_VERSION
+    doc = " ".join((report_module.__doc__ or "").split())
+    assert '"format"' not in doc
+    assert "its format version is ``report_version`` in ``job.json``" in doc

@@ -139,6 +139,22 @@ def test_bad_job_settings(drive: DriveResult) -> None:
         replace(_job(drive.bag), evaluators=(EvaluatorSpec("nope"),)).validate()
 
 
+def test_trigger_topics_must_be_input_topics(drive: DriveResult) -> None:
+    job = _job(drive.bag)
+    replace(job, timing=ReplayTiming(trigger_topics=("/lidar/points",))).validate()
+    with pytest.raises(SimError, match="trigger topic '/obstacles' is not an input topic"):
+        replace(job, timing=ReplayTiming(trigger_topics=("/obstacles",))).validate()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("quiet_s", -0.5), ("timeout_s", 0.0), ("startup_timeout_s", -2.0)]
+)
+def test_timing_errors_name_the_field_and_value(field: str, value: float) -> None:
+    timing = ReplayTiming(**{field: value})  # type: ignore[arg-type]
+    with pytest.raises(SimError, match=rf"^{field} must be .*, not {value}$"):
+        timing.validate()
+
+
 def test_same_results_at_real_time_and_as_fast_as_possible(drive: DriveResult) -> None:
     fast = _run(_job(drive.bag, rate=0.0))
     paced = _run(_job(drive.bag, rate=1.0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,48 @@ def test_scenario_pickles_as_a_description(drive: DriveResult) -> None:
     assert len(data) < 400
     assert pickle.loads(data) == s
     assert isinstance(pickle.loads(data), Scenario)
+
+
+def test_a_short_tail_joins_the_last_window(drive: DriveResult) -> None:
+    whole = plan_scenarios(str(drive.bag))[0]
+    span = whole.end - whole.start
+    window = (span - 1) // 2  # two windows and a tail of 1 or 2 ns
+    cut = ScenarioCut(CutMode.WINDOW, window / _NS)
+    scenarios = plan_scenarios(str(drive.bag), cut)
+    assert [s.name for s in scenarios] == ["drive#0000", "drive#0001"]
+    assert scenarios[0].end - scenarios[0].start == window
+    assert scenarios[1].start == scenarios[0].end
+    assert scenarios[1].end == whole.end
+    # A tail of 0.6 window stays a window of its own.
+    third = plan_scenarios(str(drive.bag), ScenarioCut(CutMode.WINDOW, span / 2.6 / _NS))
+    assert len(third) == 3
+    assert third[-1].end == whole.end
+
+
+def test_same_bag_names_in_different_folders(drive: DriveResult, tmp_path: Path) -> None:
+    bags = [tmp_path / "a" / "drive.bag", tmp_path / "b" / "drive.bag"]
+    bags += [tmp_path / "x" / "run" / "drive.bag", tmp_path / "y" / "run" / "drive.bag"]
+    bags.append(tmp_path / "a" / "other.bag")
+    for bag in bags:
+        bag.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(drive.bag, bag)
+    by_uri = {Path(s.uri).resolve(): s.name for s in plan_scenarios([str(b) for b in bags])}
+    assert [by_uri[b.resolve()] for b in bags] == [
+        "a/drive",
+        "b/drive",
+        "x/run/drive",
+        "y/run/drive",
+        "other",
+    ]
+    windows = plan_scenarios([str(b) for b in bags], ScenarioCut(CutMode.WINDOW, 1.0))
+    names = [s.name for s in windows]
+    assert len(names) == 15
+    assert len(set(names)) == len(names)
+    assert "a/drive#0000" in names
+
+
+def test_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    listing = tmp_path / "scenarios.yaml"
+    listing.write_text("scenarios:\n  - {name: a, bag: drive.bag, start: 0.5\n  - name: b\n")
+    with pytest.raises(SimError, match=r"scenarios\.yaml: not valid YAML: line \d+"):
+        plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(listing)))
