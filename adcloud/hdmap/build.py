@@ -25,12 +25,14 @@ A version directory holds::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import shutil
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,14 +111,26 @@ def mosaic_layers(tiles: Sequence[GridTile]) -> GridLayers | None:
     return GridLayers(origin=origin, resolution=res, reflectance=refl, elevation=elev, count=count)
 
 
-def _parent_state(staging: Staging) -> tuple[Path | None, dict[str, Any]]:
+def _origin_info(root: Path) -> dict[str, Any]:
+    origin_file = root / _STATE_ORIGIN
+    info: dict[str, Any] = json.loads(origin_file.read_text()) if origin_file.is_file() else {}
+    return info
+
+
+@contextlib.contextmanager
+def _parent_state(staging: Staging) -> Iterator[tuple[Path | None, dict[str, Any]]]:
+    """The parent version's local directory (None for a first build) and its
+    ``state/origin.json``. A map that is not on a local filesystem is downloaded into a
+    temporary directory, removed when the block ends (a whole version, every build)."""
     parent = staging.parent
     if parent is None:
-        return None, {}
-    root = parent.fetch()
-    origin_file = root / _STATE_ORIGIN
-    info = json.loads(origin_file.read_text()) if origin_file.is_file() else {}
-    return root, info
+        yield None, {}
+    elif parent.path is not None:
+        yield parent.path, _origin_info(parent.path)
+    else:
+        with tempfile.TemporaryDirectory(prefix="hdmap-parent-", ignore_cleanup_errors=True) as tmp:
+            root = parent.fetch(tmp)
+            yield root, _origin_info(root)
 
 
 def _previous_items(root: Path | None, folder: str) -> list[Any]:
@@ -242,8 +256,13 @@ def build_map(
     counts: dict[str, int] = {}
 
     def build(plan: BuildPlan, staging: Staging) -> None:
+        with _parent_state(staging) as (parent_root, info):
+            build_on(plan, staging, parent_root, info)
+
+    def build_on(
+        plan: BuildPlan, staging: Staging, parent_root: Path | None, info: dict[str, Any]
+    ) -> None:
         out = staging.path
-        parent_root, info = _parent_state(staging)
         origin = tuple(info["origin"]) if "origin" in info else settings.origin
         archive = None
         if parent_root is not None and (parent_root / STATE_KEYFRAMES).is_dir():

@@ -120,6 +120,8 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
         console.print(table)
         for note in result.notes:
             console.print(f"note: {note}")
+        for failure in result.failures:
+            console.print(f"not passed: {failure}", highlight=False)
     if args.report:
         html = write_map_report(args.map, args.report, eval_result=result)
         console.print(f"report: {html}")
@@ -195,7 +197,8 @@ def add_parser(subparsers: Any) -> None:
         help="compare a map with a synthetic drive's ground truth",
         description="Align the map to the truth frame by its trajectory, then report ATE, "
         "elevation RMSE, lane-marking distance and recovered length, sign recall and "
-        "precision against their targets (exit status 1 when a target is missed).",
+        "precision against their targets (exit status 1 when a target is missed or a metric "
+        "cannot be evaluated, e.g. on a map without a grid or semantic layer).",
         epilog=_EPILOG_EVAL,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

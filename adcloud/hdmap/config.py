@@ -28,11 +28,12 @@ class HdmapSettings:
       the first build takes its first drive's first GPS fix and every later build of the
       same map keeps it.
     - ``resolution``: grid cell size (m); ``tile_m``: grid tile size (m; 20 m, as Autoware's
-      point-cloud tiles).
+      point-cloud tiles), and the point-cloud tiles' unless ``hdmap_cloud.tile_size`` is set.
     - ``segment_s``: drive segments solved in parallel by the pose stage (s).
     - ``device``: ICP/raster device address (empty: adcloud.hetero's policy).
     - ``mode``: ``memory`` (one Spark job, intermediates cached) or ``files`` (stages as
-      separate jobs exchanging files under ``exchange_dir``, fsync'ed: the comparison mode).
+      separate jobs exchanging files under ``exchange_dir``, fsync'ed: the comparison mode;
+      the stage folders made there are deleted when the build ends).
     - ``keep_versions``: map versions kept by the nightly build's garbage collection.
     """
 

@@ -869,8 +869,8 @@ class EvalResult:
     ``alignment`` (4x4) maps the map frame onto the truth frame (applied to every product);
     ``ate`` and ``ate_times_s`` (s since the drive's first pose, per ATE error); the
     per-product results (None when not evaluated, with the reason in ``notes``) and the
-    ``metrics`` against their targets.  ``passed`` is True when every evaluated metric
-    meets its target."""
+    ``metrics`` against their targets.  ``passed`` is True only when every metric was
+    evaluated and meets its target; ``failures`` says which did not and why."""
 
     drive: str
     alignment: F64
@@ -886,8 +886,24 @@ class EvalResult:
 
     @property
     def passed(self) -> bool:
-        """Every evaluated metric meets its target."""
-        return all(m.passed is not False for m in self.metrics)
+        """Every metric was evaluated and meets its target (a map without a grid or a
+        semantic layer does not pass: its targets cannot be shown to be met)."""
+        return all(m.passed is True for m in self.metrics)
+
+    @property
+    def failures(self) -> tuple[str, ...]:
+        """One line per metric that did not pass: the value that missed its target, or
+        why it could not be evaluated."""
+        out = []
+        for m in self.metrics:
+            target = f"{m.op} {m.target:g} {m.unit}".rstrip()
+            if m.passed is None:
+                why = m.note or "nothing to compare"
+                out.append(f"{m.name}: not evaluated ({why}); target {target}")
+            elif not m.passed:
+                assert m.value is not None
+                out.append(f"{m.name}: {m.value:.4g} {m.unit} misses the target {target}")
+        return tuple(out)
 
     def metric(self, name: str) -> Metric:
         """The metric called ``name`` (KeyError if none)."""
@@ -905,6 +921,7 @@ class EvalResult:
             "map": self.map_source,
             "truth": self.truth_dir,
             "passed": self.passed,
+            "failures": list(self.failures),
             "metrics": {m.name: m.as_dict() for m in self.metrics},
             "alignment": {
                 "matrix": self.alignment.tolist(),
@@ -1002,10 +1019,14 @@ def evaluate_map(
         return keep
 
     elevation = None
+    elevation_note = ""
     if products.grid and truth.raster is not None:
         elevation = elevation_metrics(products.grid, truth.raster, align)
     elif truth.raster is None:
-        notes.append("the truth has no raster.npz: elevation not evaluated")
+        elevation_note = "the truth has no raster.npz"
+        notes.append(f"{elevation_note}: elevation not evaluated")
+    else:
+        elevation_note = "no grid"
 
     markings = signs = None
     if products.semantic:
@@ -1051,7 +1072,7 @@ def evaluate_map(
             cfg.target_elevation_rmse_m,
             "<=",
             "m",
-            "" if elevation is not None else "no grid",
+            elevation_note,
         ),
         Metric(
             "marking_mean_distance",

@@ -18,6 +18,7 @@ import importlib
 import io
 import json
 import os
+import shutil
 import uuid
 import zipfile
 from collections.abc import Iterable, Iterator
@@ -130,6 +131,10 @@ class Exchange:
         self.root = Path(root) if root else None
         self.cached: list[RDD[Any]] = []
         self.bytes_written = 0
+        # files mode: the stage folders this exchange made, and the files it wrote into
+        # folders that were there before (those folders may hold someone else's files)
+        self._made: list[Path] = []
+        self._written: list[Path] = []
 
     def hand_over(self, rdd: RDD[Any], name: str) -> RDD[Any]:
         """Materialise ``rdd`` as stage ``name``'s output and return what the next stage reads."""
@@ -140,9 +145,13 @@ class Exchange:
             return rdd
         assert self.root is not None
         folder = self.root / name
-        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.is_dir():
+            folder.mkdir(parents=True)
+            self._made.append(folder)
         root = str(folder)
         paths = rdd.mapPartitionsWithIndex(lambda i, it: _write_partition(i, it, root)).collect()
+        if folder not in self._made:
+            self._written.extend(Path(p) for p in paths)
         self.bytes_written += sum(Path(p).stat().st_size for p in paths)
         context = rdd.context
         return context.parallelize(paths, max(1, len(paths))).flatMap(load_items)
@@ -155,7 +164,15 @@ class Exchange:
             rdd.unpersist()
 
     def release(self) -> None:
-        """Drop what memory mode cached."""
+        """Drop what memory mode cached and delete what files mode wrote: the stage folders
+        it made under the root (never the root itself), or its files in folders it found.
+        Call it once no RDD it handed over is read any more."""
         for rdd in self.cached:
             rdd.unpersist()
         self.cached.clear()
+        for folder in self._made:
+            shutil.rmtree(folder, ignore_errors=True)
+        for path in self._written:
+            path.unlink(missing_ok=True)
+        self._made.clear()
+        self._written.clear()

@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from numpy.typing import NDArray
 from pyspark import RDD
 from pyspark.broadcast import Broadcast
@@ -135,27 +137,49 @@ class StageSettings:
         """:meth:`from_settings`, then each stage's section of ``file`` (``hdmap_poses``,
         ``hdmap_loops``, ``hdmap_grid``, ``hdmap_cloud``, ``hdmap_labels``, ``hdmap_signs``,
         ``hdmap_lanelet``), then ``ADCLOUD_HDMAP_<STAGE>_<FIELD>``. ``settings`` keeps the
-        last word on what it names (segment length, grid resolution and tile size)."""
+        last word on what it names (segment length, grid resolution and tile size); the
+        point-cloud tile size follows the grid's unless ``hdmap_cloud.tile_size`` is set."""
         base = cls.from_settings(settings)
         fixed = {"poses": ("segment_seconds",), "grid": ("resolution", "tile_cells")}
+        derived = {"cloud": ("tile_size",)}
+        environ = os.environ if environ is None else environ
         stages = {}
         for name in STAGE_SECTIONS:
             current = getattr(base, name)
+            section = f"hdmap_{name}"
             keep = {k: getattr(current, k) for k in fixed.get(name, ())}
-            stages[name] = load_settings(
-                type(current), f"hdmap_{name}", file=file, environ=environ, **keep
+            keep.update(
+                (k, getattr(current, k))
+                for k in derived.get(name, ())
+                if not _is_set(section, k, file, environ)
             )
+            stages[name] = load_settings(type(current), section, file=file, environ=environ, **keep)
         return cls(**stages)
 
     @classmethod
     def from_settings(cls, settings: HdmapSettings) -> StageSettings:
+        """Each stage's defaults with what ``settings`` names: segment length, grid
+        resolution and tile size, and point-cloud tiles of the grid tiles' size (which the
+        point-cloud stage needs to drop moving objects)."""
         cells = max(1, round(settings.tile_m / settings.resolution))
+        grid = dataclasses.replace(GridSettings(), resolution=settings.resolution, tile_cells=cells)
         return cls(
             poses=dataclasses.replace(PoseSettings(), segment_seconds=settings.segment_s),
-            grid=dataclasses.replace(
-                GridSettings(), resolution=settings.resolution, tile_cells=cells
-            ),
+            grid=grid,
+            cloud=dataclasses.replace(PointCloudMapSettings(), tile_size=grid.tile_size),
         )
+
+
+def _is_set(section: str, name: str, file: str | Path | None, environ: Mapping[str, str]) -> bool:
+    """Whether the user gave setting ``name`` of ``section`` in ``file`` or the environment
+    (:func:`~adcloud.config.load_settings` has read and checked the file already)."""
+    if f"ADCLOUD_{section.upper()}_{name.upper()}" in environ:
+        return True
+    if file is None:
+        return False
+    loaded = yaml.safe_load(Path(file).read_text())
+    part = loaded.get(section) if isinstance(loaded, dict) else None
+    return isinstance(part, dict) and name in part
 
 
 @dataclass
@@ -261,6 +285,8 @@ def _poses(
     device: str,
     progress: Progress,
     archive: KeyframeArchive | None = None,
+    *,
+    lidar_topic: str,
 ) -> tuple[dict[str, Trajectory], int, list[Keyframe]]:
     sc = scans.context
     stamps: dict[str, list[tuple[int, str]]] = {}
@@ -270,7 +296,11 @@ def _poses(
     membership: dict[tuple[str, int], list[tuple[str, int]]] = {}
     for name, drive in drives.items():
         if name not in stamps:
-            raise DriveDataError(f"drive {drive.uri}: no LiDAR sweeps on the lidar topic")
+            raise DriveDataError(
+                f"drive {drive.uri}: no LiDAR sweeps on topic {lidar_topic!r} "
+                "(hdmap.lidar_topic); check the topics the bag records and set "
+                "hdmap.lidar_topic (ADCLOUD_HDMAP_LIDAR_TOPIC) to its PointCloud2 topic"
+            )
         propagated = propagate(drive.imu, drive.odom, drive.extrinsics, stages.poses)
         stub = dataclasses.replace(
             drive, scans=[_stub(name, t, f) for t, f in sorted(stamps[name])]
@@ -469,6 +499,26 @@ def _sign_candidates(
     return [(scan.xyz[keep], scan.intensity[keep])]
 
 
+#: Sign candidates go down to this much (LiDAR intensity) below the sign stage's
+#: ``min_intensity`` (150 at the default 160): :func:`~adcloud.hdmap.signs.detect_signs`
+#: also reads the dimmer points around a bright plate, to find its post.
+_SIGN_CANDIDATE_MARGIN = 10.0
+
+
+def _sign_points(
+    aligned: RDD[AlignedScan], settings: SignSettings
+) -> tuple[NDArray[np.float64], NDArray[np.float32]]:
+    """The map-frame points (m) and intensities of the aligned sweeps that the sign stage
+    (``settings``) reads: well above the road and at most :data:`_SIGN_CANDIDATE_MARGIN`
+    below its ``min_intensity``."""
+    threshold = settings.min_intensity - _SIGN_CANDIDATE_MARGIN
+    found = aligned.flatMap(lambda a: _sign_candidates(a, threshold)).collect()
+    if not found:
+        return np.zeros((0, 3)), np.zeros(0, np.float32)
+    xyz = np.concatenate([s[0] for s in found]).astype(np.float64)
+    return xyz, np.concatenate([s[1] for s in found]).astype(np.float32)
+
+
 def run_pipeline(
     spark: SparkSession,
     bags: Sequence[str | tuple[str, str]],
@@ -506,7 +556,13 @@ def run_pipeline(
 
         tick = time.perf_counter()
         trajectories, loops, keyframes = _poses(
-            scans, drives, stages, settings.device, say, previous_keyframes
+            scans,
+            drives,
+            stages,
+            settings.device,
+            say,
+            previous_keyframes,
+            lidar_topic=settings.topics.lidar,
         )
         timings["poses"] = time.perf_counter() - tick
         say(f"poses: {len(trajectories)} trajectories, {loops} loop closure(s)")
@@ -565,7 +621,8 @@ def run_pipeline(
         else:
             log.warning(
                 "point-cloud tiles (%g m) and grid tiles (%g m) differ: moving objects are "
-                "not removed from the point-cloud map; give both the same tile size",
+                "not removed from the point-cloud map; leave hdmap_cloud.tile_size unset "
+                "(it follows hdmap.tile_m) or give both the same size",
                 cloud.tile_size,
                 grid.tile_size,
             )
@@ -578,16 +635,14 @@ def run_pipeline(
         timings["cloud"] = time.perf_counter() - tick
         say(f"point-cloud map: {len(entries)} tiles")
 
-        signs = aligned.flatMap(lambda a: _sign_candidates(a, 150.0)).collect()
-        sign_xyz = np.concatenate([s[0] for s in signs]) if signs else np.zeros((0, 3))
-        sign_int = np.concatenate([s[1] for s in signs]) if signs else np.zeros(0, np.float32)
+        sign_xyz, sign_int = _sign_points(aligned, stages.signs)
         return PipelineResult(
             drives=drives,
             trajectories=trajectories,
             tiles=tiles,
             tile_keys=sorted(keys),
             sign_points=sign_xyz,
-            sign_intensity=sign_int.astype(np.float32),
+            sign_intensity=sign_int,
             loop_closures=loops,
             keyframes=keyframes,
             timings=timings,

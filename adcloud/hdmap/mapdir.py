@@ -825,7 +825,8 @@ class MapVersion:
 
     def fetch(self, dest: str | os.PathLike[str] | None = None) -> Path:
         """A local directory with the version's files: the version's own directory for local
-        maps, else a copy downloaded into ``dest`` (a new temporary directory if None)."""
+        maps, else a copy downloaded into ``dest`` (a new temporary directory if None, which
+        the caller removes)."""
         if self.path is not None:
             return self.path
         target = Path(dest) if dest is not None else Path(tempfile.mkdtemp(prefix="hdmap-"))

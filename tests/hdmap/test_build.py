@@ -4,7 +4,12 @@ the files mode, and bad input."""
 from __future__ import annotations
 
 import json
+import os
+import random
+import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,12 +17,14 @@ import yaml
 from pyspark.sql import SparkSession
 from scipy.spatial import cKDTree
 
+import adcloud.hdmap.build as build_module
 from adcloud.cli import main
 from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
 from adcloud.hdmap.errors import DriveDataError
 from adcloud.hdmap.exchange import load_items
 from adcloud.hdmap.geotiff import read_grid_tile
 from adcloud.hdmap.lanelet import load_lanelet2, routing_graph
+from adcloud.hdmap.mapdir import BuildPlan, Staging
 from adcloud.hdmap.semantic import read_geojson
 from adcloud.hdmap.trajectory import Trajectory
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
@@ -221,3 +228,45 @@ def test_a_bag_without_lidar_fails_and_leaves_the_map_alone(
     assert not list((tmp_path / "map" / "versions").glob("*")) or all(
         not p.name[0].isdigit() for p in (tmp_path / "map" / "versions").iterdir()
     )
+
+
+def test_the_copy_of_a_remote_parent_version_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A map off the local filesystem is downloaded to read the current version's state;
+    that copy (a whole version) is gone when the build ends, here with a failed pipeline.
+    No Spark: the pipeline is a stand-in that only looks at what the build handed it."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    uri = f"memory://hdmap-build-{os.getpid()}-{time.monotonic_ns()}/map"
+    bags = []
+    for i in range(2):
+        bags.append(tmp_path / f"d{i}.bag")
+        bags[-1].write_bytes(random.Random(i).randbytes(4096))
+
+    def first_version(plan: BuildPlan, staging: Staging) -> None:
+        (staging.path / "trajectory").mkdir()
+        Trajectory(np.array([0, 10**9]), np.tile(np.eye(4), (2, 1, 1))).write_tum(
+            staging.path / "trajectory" / "d0.tum"
+        )
+        (staging.path / "state").mkdir()
+        (staging.path / "state" / "origin.json").write_text('{"origin": [48.0, 11.0, 500.0]}')
+
+    assert MapDir(uri).update([str(bags[0])], first_version).changed
+    seen: dict[str, Any] = {}
+
+    class PipelineStoppedError(Exception):
+        pass
+
+    def pipeline(spark: Any, new: Any, settings: Any, out: Any, **kw: Any) -> None:
+        seen["origin"] = kw["origin"]
+        seen["during"] = sorted(p.name for p in temp.iterdir())
+        raise PipelineStoppedError
+
+    monkeypatch.setattr(build_module, "run_pipeline", pipeline)
+    with pytest.raises(PipelineStoppedError):
+        build_map(None, [str(b) for b in bags], uri)  # type: ignore[arg-type]
+    assert seen["origin"] == (48.0, 11.0, 500.0)  # read from the downloaded parent
+    assert list(temp.iterdir()) == []
+    assert len(seen["during"]) == 2  # the parent's copy and the new version's staging

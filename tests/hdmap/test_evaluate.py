@@ -401,13 +401,39 @@ def test_evaluate_map_fails_targets_on_a_bad_map(truth_dir: Path, products: MapP
 
 
 def test_evaluate_map_without_semantics_or_grid(truth_dir: Path, products: MapProducts) -> None:
+    """A map with only trajectories does not pass: its grid and semantic targets cannot be
+    shown to be met. ``failures`` names each metric and why it was not evaluated."""
     good = products
     only_traj = MapProducts(trajectories=dict(good.trajectories), source="traj-only")
     result = evaluate_map(only_traj, truth_dir)
-    assert result.passed  # what was evaluated passed; the rest is reported as not evaluated
+    assert not result.passed
+    assert result.metric("ate_rmse").passed is True
     assert result.metric("elevation_rmse").passed is None
+    assert result.metric("elevation_rmse").note == "no grid"
     assert result.metric("sign_recall").note == "no semantic layer"
     assert result.elevation is None and result.markings is None
+    failures = result.failures
+    assert [f.split(":")[0] for f in failures] == [m.name for m in result.metrics][1:]
+    assert "elevation_rmse: not evaluated (no grid); target <= 0.03 m" in failures
+    assert "sign_recall: not evaluated (no semantic layer); target >= 0.9" in failures
+    assert result.as_dict()["failures"] == list(failures)
+
+
+def test_eval_command_fails_on_targets_it_cannot_evaluate(
+    truth_dir: Path, tmp_path: Path, products: MapProducts, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adcloud.cli import main  # noqa: PLC0415
+
+    md = MapDir(tmp_path / "map")
+    with md.begin(None) as st:
+        (st.path / "trajectory").mkdir()
+        products.trajectories["t"].write_tum(st.path / "trajectory" / "t.tum")
+        st.commit(Manifest())
+    code = main(["hdmap", "eval", "--map", str(tmp_path / "map"), "--truth", str(truth_dir)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1
+    assert "not passed: elevation_rmse: not evaluated (no grid)" in out
+    assert "not passed: marking_mean_distance: not evaluated (no semantic layer)" in out
 
 
 def write_version(md: MapDir, products: MapProducts, grid_path: str = "grid.npz") -> None:

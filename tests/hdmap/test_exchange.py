@@ -88,3 +88,26 @@ def test_a_stage_no_later_stage_reads_is_dropped_and_the_rest_stays(
         assert len(list((tmp_path / "x" / "stamps").glob("*.npz"))) == 3
     exchange.release()
     assert not second.is_cached
+
+
+@pytest.mark.spark
+def test_release_deletes_the_stage_folders_but_not_the_users_directory(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A user's ``exchange_dir`` keeps only what was there before: the stage folders the
+    exchange made go, and in a stage folder it found only the files it wrote go."""
+    root = tmp_path / "exchange"
+    (root / "stamps").mkdir(parents=True)
+    (root / "notes.txt").write_text("mine")
+    (root / "stamps" / "keep.npz").write_text("mine too")
+    exchange = Exchange("files", root)
+    scans = exchange.hand_over(spark.sparkContext.parallelize(range(4), 2).map(_scan), "scans")
+    stamps = exchange.hand_over(scans.map(lambda s: s.stamp), "stamps")
+    assert sorted(stamps.collect()) == [0, 1, 2, 3]
+    assert len(list((root / "stamps").glob("part-*.npz"))) == 2
+    exchange.release()
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == [
+        "notes.txt",
+        "stamps",
+        "stamps/keep.npz",
+    ]
