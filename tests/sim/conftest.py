@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from rosbags.rosbag1 import Writer
 
+from adcloud.sim import Evaluation, ScenarioData
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 
 #: A 3 s drive: 16-beam LiDAR at 10 Hz (29 clouds), no camera, no raster.
@@ -105,3 +106,18 @@ def bad_nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         path.write_text(textwrap.dedent(code))
         out[name.removesuffix(".py")] = f"{sys.executable} {path}"
     return out
+
+
+class CountAtLeast:
+    """A user evaluator, defined in the tests only: at least ``n`` outputs in the scenario's
+    time range."""
+
+    truth_topics: tuple[str, ...] = ()
+
+    def __init__(self, n: int) -> None:
+        self.name = "count_at_least"
+        self.n = n
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        count = len(data.in_range(data.outputs))
+        return Evaluation(self.name, count >= self.n, {"count": float(count)})

@@ -13,29 +13,14 @@ from rich.console import Console
 from adcloud.sim import (
     EVALUATORS,
     CutMode,
-    Evaluation,
     EvaluatorSpec,
-    ScenarioData,
     SimError,
     command,
     register_evaluator,
 )
 from adcloud.synth import DriveResult
 
-from .conftest import OBSTACLE_NODE
-
-
-class _CountAtLeast:
-    """A user evaluator: at least ``n`` outputs."""
-
-    truth_topics: tuple[str, ...] = ()
-
-    def __init__(self, n: int) -> None:
-        self.name = "count_at_least"
-        self.n = n
-
-    def evaluate(self, data: ScenarioData) -> Evaluation:
-        return Evaluation(self.name, len(data.outputs) >= self.n)
+from .conftest import OBSTACLE_NODE, CountAtLeast
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -87,7 +72,7 @@ def test_job_from_arguments() -> None:
 def test_help_lists_the_registered_evaluators_and_explains_the_options(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    register_evaluator("count_at_least", _CountAtLeast)
+    register_evaluator("count_at_least", CountAtLeast)
     try:
         with pytest.raises(SystemExit):
             _parse(["sim", "run", "--help"])

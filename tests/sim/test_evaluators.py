@@ -9,7 +9,6 @@ import pytest
 from adcloud.binpipe import Message, MessageDecoder
 from adcloud.sim import (
     EVALUATORS,
-    Evaluation,
     EvaluatorSpec,
     Scenario,
     ScenarioData,
@@ -18,6 +17,8 @@ from adcloud.sim import (
     parse_evaluator,
     register_evaluator,
 )
+
+from .conftest import CountAtLeast
 
 _NS = 1_000_000_000
 
@@ -73,22 +74,8 @@ def test_unknown_evaluator_and_bad_params() -> None:
         build_evaluator(EvaluatorSpec.of("latency", max_ms=1, stat="p42"))
 
 
-class _CountAtLeast:
-    """A user evaluator: at least ``n`` outputs."""
-
-    truth_topics: tuple[str, ...] = ()
-
-    def __init__(self, n: int) -> None:
-        self.name = "count_at_least"
-        self.n = n
-
-    def evaluate(self, data: ScenarioData) -> Evaluation:
-        count = len(data.outputs)
-        return Evaluation(self.name, count >= self.n, {"count": float(count)})
-
-
 def test_user_evaluator_registration() -> None:
-    register_evaluator("count_at_least", _CountAtLeast)
+    register_evaluator("count_at_least", CountAtLeast)
     try:
         result = build_evaluator(EvaluatorSpec.of("count_at_least", n=2)).evaluate(_data([0], [1]))
         assert not result.passed

@@ -160,8 +160,9 @@ def test_on_a_standalone_cluster(cluster_spark: SparkSession, drive: DriveResult
     assert results.passed, [r.reason for r in results.failed]
 
 
-class _CountAtLeast:
-    """A user evaluator, defined only here (on the driver): at least ``n`` outputs."""
+class CountAtLeast:
+    """A user evaluator defined in this test module (conftest modules cannot be imported on
+    the executors under the name the driver gives them): at least ``n`` outputs."""
 
     truth_topics: tuple[str, ...] = ()
 
@@ -193,7 +194,7 @@ def test_registered_evaluator_and_adapter_run_on_the_executors(
 ) -> None:
     """Spark tasks start with the built-in registries: the driver's registrations travel
     with the job."""
-    register_evaluator("count_at_least", _CountAtLeast)
+    register_evaluator("count_at_least", CountAtLeast)
     register_adapter("every_other", _EveryOtherPipe)
     try:
         job = ReplayJob(
@@ -235,9 +236,9 @@ def test_unpicklable_registration_is_refused_on_the_driver(
 ) -> None:
     lock = threading.Lock()
 
-    def locked(n: int) -> _CountAtLeast:
+    def locked(n: int) -> CountAtLeast:
         with lock:
-            return _CountAtLeast(n)
+            return CountAtLeast(n)
 
     register_evaluator("locked", locked)
     try:
