@@ -7,12 +7,17 @@ own settings objects are derived from it by :meth:`HdmapSettings.topics_` and th
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.spatial.transform import Rotation
 
 from adcloud.errors import ConfigError
 from adcloud.hdmap.drive import DriveTopics
 
-__all__ = ["MODES", "HdmapSettings"]
+__all__ = ["MODES", "HdmapSettings", "parse_mounts"]
 
 #: How the stages hand data to each other: cached in executor memory, or through files.
 MODES = ("memory", "files")
@@ -35,6 +40,10 @@ class HdmapSettings:
       separate jobs exchanging files under ``exchange_dir``, fsync'ed: the comparison mode;
       the stage folders made there are deleted when the build ends).
     - ``keep_versions``: map versions kept by the nightly build's garbage collection.
+    - ``mounts``: sensor mounts ``"FRAME=x,y,z,roll,pitch,yaw"`` (m, degrees; the
+      ``base_link <- FRAME`` transform, rotation as extrinsic xyz Euler angles). They fill
+      in for ``/tf_static`` and override its chains of the same frames (see
+      :func:`parse_mounts`); in the environment, entries joined by commas.
     """
 
     lidar_topic: str = "/lidar/points"
@@ -52,8 +61,13 @@ class HdmapSettings:
     mode: str = "memory"
     exchange_dir: str = ""
     keep_versions: int = 5
+    mounts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # The settings loader splits a string on commas, which also separate the values
+        # of one entry: glue the pieces back (and keep the canonical entries).
+        object.__setattr__(self, "mounts", _mount_entries(self.mounts))
+        parse_mounts(self.mounts)
         if self.mode not in MODES:
             raise ConfigError(f"hdmap.mode: {self.mode!r} is not one of {', '.join(MODES)}")
         if not 0.005 <= self.resolution <= 5:
@@ -77,9 +91,76 @@ class HdmapSettings:
         )
 
     @property
+    def extrinsics(self) -> dict[str, NDArray[np.float64]]:
+        """The configured mounts as ``frame: 4x4 base_link <- frame`` (plain, picklable)."""
+        return parse_mounts(self.mounts)
+
+    @property
     def origin(self) -> tuple[float, float, float] | None:
         """The configured origin, or None when it is to be taken from the data."""
         values = (self.origin_lat, self.origin_lon, self.origin_alt)
         if any(math.isnan(v) for v in values):  # unset
             return None
         return values
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _mount_entries(values: Sequence[str] | str) -> tuple[str, ...]:
+    """``values`` as whole ``FRAME=...`` entries: a piece without ``=`` continues an entry
+    before it that has fewer than 6 values (what splitting ``"lidar=1,0,2,0,0,0"`` on
+    commas leaves)."""
+    pieces = [values] if isinstance(values, str) else list(values)
+    out: list[str] = []
+    for piece in (str(p).strip() for p in pieces):
+        if out and "=" not in piece and "=" in out[-1] and out[-1].count(",") < 5:
+            out[-1] = f"{out[-1]},{piece}"
+        elif piece:
+            out.append(piece)
+    return tuple(out)
+
+
+def parse_mounts(entries: Sequence[str]) -> dict[str, NDArray[np.float64]]:
+    """Sensor mounts from ``hdmap.mounts`` entries ``"FRAME=x,y,z,roll,pitch,yaw"``.
+
+    ``x y z`` in metres and ``roll pitch yaw`` in degrees, extrinsic xyz (as
+    ``Rotation.from_euler("xyz", ..., degrees=True)``); the result maps each frame (leading
+    ``/`` dropped) to its 4x4 float64 ``base_link <- FRAME`` transform. Raises
+    :class:`~adcloud.errors.ConfigError` naming the entry and what is wrong with it.
+    """
+    out: dict[str, NDArray[np.float64]] = {}
+    for entry in _mount_entries(entries):
+        where = f"hdmap.mounts: entry {entry!r}"
+        name, sep, rest = entry.partition("=")
+        frame = name.strip().lstrip("/")
+        if not sep:
+            raise ConfigError(f"{where} has no '='; write FRAME=x,y,z,roll,pitch,yaw")
+        if not frame:
+            raise ConfigError(f"{where} names no frame before '='")
+        if frame == "base_link":
+            raise ConfigError(f"{where}: base_link is the reference frame and has no mount")
+        if frame in out:
+            raise ConfigError(f"{where}: frame {frame!r} is mounted twice")
+        texts = [t.strip() for t in rest.split(",")]
+        if len(texts) != 6:
+            raise ConfigError(
+                f"{where} has {len(texts)} values; give 6: x,y,z (m),roll,pitch,yaw (degrees)"
+            )
+        try:
+            values = [float(t) for t in texts]
+        except ValueError:
+            bad = next(t for t in texts if not _is_number(t))
+            raise ConfigError(f"{where}: {bad!r} is not a number") from None
+        if not all(math.isfinite(v) for v in values):
+            raise ConfigError(f"{where}: the values must be finite")
+        mat = np.eye(4)
+        mat[:3, :3] = Rotation.from_euler("xyz", values[3:], degrees=True).as_matrix()
+        mat[:3, 3] = values[:3]
+        out[frame] = mat
+    return out

@@ -172,7 +172,12 @@ class StreamChunk:
 
 
 class DriveAccumulator:
-    """Gathers one drive's messages into :class:`DriveData` (see the module docstring)."""
+    """Gathers one drive's messages into :class:`DriveData` (see the module docstring).
+
+    ``mounts`` (frame: 4x4 ``base_link <- frame``, from the ``hdmap.mounts`` setting) take
+    precedence over the ``/tf_static`` chains of the same frames and stand in for a bag
+    without ``/tf_static``; only :meth:`finish` reads them.
+    """
 
     def __init__(
         self,
@@ -181,11 +186,15 @@ class DriveAccumulator:
         *,
         topics: DriveTopics | None = None,
         origin: Origin | None = None,
+        mounts: Mapping[str, NDArray[np.float64]] | None = None,
     ) -> None:
         self.name = name
         self.uri = uri or name
         self.topics = topics or DriveTopics()
         self.origin = origin
+        # Configured mounts (hdmap.mounts: frame -> 4x4 base_link <- frame): they end a
+        # /tf_static chain at their frame, so they override it and fill in where it is missing.
+        self.mounts = {k: np.asarray(v, dtype=np.float64) for k, v in (mounts or {}).items()}
         self._role = {
             self.topics.lidar: "lidar",
             self.topics.imu: "imu",
@@ -267,10 +276,14 @@ class DriveAccumulator:
 
     def _extrinsics(self) -> Extrinsics:
         frames: dict[str, NDArray[np.float64]] = {}
-        for child in self._tf:
+        for child in sorted({*self._tf, *self.mounts}):
             chain = np.eye(4)
             frame, seen = child, set()
             while frame != "base_link":
+                if frame in self.mounts:  # configured: the last word on this frame's mount
+                    chain = self.mounts[frame] @ chain
+                    frame = "base_link"
+                    break
                 if frame in seen or frame not in self._tf:
                     break
                 seen.add(frame)
@@ -294,10 +307,11 @@ class DriveAccumulator:
                 f"{where}: {len(self._imu)} IMU messages on {self.topics.imu}; mapping needs "
                 "an IMU (set hdmap imu_topic)"
             )
-        if not self._tf:
+        if not self._tf and not self.mounts:
             raise DriveDataError(
                 f"{where}: no sensor mounts on {self.topics.tf_static}; record /tf_static "
-                "or give the extrinsics in the settings"
+                "or give the mounts in the settings (hdmap.mounts, env ADCLOUD_HDMAP_MOUNTS: "
+                "FRAME=x,y,z,roll,pitch,yaw in m and degrees)"
             )
         imu = np.asarray(sorted(self._imu), dtype=np.float64)
         odom = np.asarray(sorted(self._odom), dtype=np.float64)
@@ -348,10 +362,12 @@ def read_drive(
     origin: Origin | None = None,
     with_scans: bool = True,
     storage_options: Mapping[str, object] | None = None,
+    mounts: Mapping[str, NDArray[np.float64]] | None = None,
 ) -> DriveData:
-    """Read one bag (any format and URL BinPipe reads) into :class:`DriveData` in this process."""
+    """Read one bag (any format and URL BinPipe reads) into :class:`DriveData` in this process
+    (``mounts``: configured sensor mounts, see :class:`DriveAccumulator`)."""
     topics = topics or DriveTopics()
-    acc = DriveAccumulator(drive_name(uri), uri, topics=topics, origin=origin)
+    acc = DriveAccumulator(drive_name(uri), uri, topics=topics, origin=origin, mounts=mounts)
     wanted = topics.all if with_scans else topics.small
     scans: list[Scan] = []
     try:

@@ -241,11 +241,21 @@ def _etl(
     return exchange.hand_over(union, "decoded")
 
 
-def _drives(decoded: RDD[Any], origin: Origin | None, topics: DriveTopics) -> dict[str, DriveData]:
+def _drives(
+    decoded: RDD[Any],
+    origin: Origin | None,
+    topics: DriveTopics,
+    mounts: Mapping[str, NDArray[np.float64]] | None = None,
+) -> dict[str, DriveData]:
+    """Driver: merge the executors' stream chunks per drive. ``mounts`` (hdmap.mounts) are
+    applied here, by :meth:`DriveAccumulator.finish`: the executors' accumulators only
+    gather ``/tf_static`` edges, so the settings need not cross the closure."""
     merged: dict[str, DriveAccumulator] = {}
     for _, chunk in decoded.filter(lambda kv: kv[0] == "streams").collect():
         if chunk.name not in merged:
-            merged[chunk.name] = DriveAccumulator(chunk.name, chunk.uri, topics=topics)
+            merged[chunk.name] = DriveAccumulator(
+                chunk.name, chunk.uri, topics=topics, mounts=mounts
+            )
         merged[chunk.name].absorb(chunk)
     out: dict[str, DriveData] = {}
     for name in sorted(merged):
@@ -549,7 +559,7 @@ def run_pipeline(
     tick = time.perf_counter()
     try:
         decoded = _etl(spark, bags, settings.topics, exchange)
-        drives = _drives(decoded, origin or settings.origin, settings.topics)
+        drives = _drives(decoded, origin or settings.origin, settings.topics, settings.extrinsics)
         scans = decoded.filter(lambda kv: kv[0] == "scan").map(lambda kv: kv[1])
         timings["etl"] = time.perf_counter() - tick
         say(f"etl: {len(drives)} drive(s) decoded")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from adcloud.binpipe import read_messages
 from adcloud.geodesy import geodetic_to_enu
+from adcloud.hdmap.config import parse_mounts
 from adcloud.hdmap.drive import DriveAccumulator, DriveTopics, read_drive
 from adcloud.hdmap.errors import DriveDataError
 from adcloud.synth import DriveConfig, generate_drive
@@ -63,3 +65,59 @@ def test_missing_streams_are_reported(bag: Path) -> None:
         acc.finish()
     with pytest.raises(DriveDataError, match="no sensor mounts"):
         read_drive(str(bag), topics=DriveTopics(tf_static="/nothing"), with_scans=False)
+
+
+def _header(t_ns: int, frame: str = "") -> SimpleNamespace:
+    stamp = SimpleNamespace(sec=t_ns // 1_000_000_000, nanosec=t_ns % 1_000_000_000)
+    return SimpleNamespace(stamp=stamp, frame_id=frame)
+
+
+def _feed_streams(acc: DriveAccumulator) -> None:
+    """Two IMU and two odometry messages: the least :meth:`DriveAccumulator.finish` takes."""
+    for k in range(2):
+        t = 1_000_000_000 + k * 10_000_000
+        vec = SimpleNamespace(x=0.0, y=0.0, z=0.0)
+        imu = SimpleNamespace(
+            header=_header(t, "imu_link"), linear_acceleration=vec, angular_velocity=vec
+        )
+        acc.add("/imu/data", "sensor_msgs/msg/Imu", imu)
+        twist = SimpleNamespace(linear=SimpleNamespace(x=5.0), angular=SimpleNamespace(z=0.0))
+        odom = SimpleNamespace(header=_header(t), twist=SimpleNamespace(twist=twist))
+        acc.add("/odom", "nav_msgs/msg/Odometry", odom)
+
+
+def _tf_static(child: str, parent: str, xyz: tuple[float, float, float]) -> SimpleNamespace:
+    transform = SimpleNamespace(
+        translation=SimpleNamespace(x=xyz[0], y=xyz[1], z=xyz[2]),
+        rotation=SimpleNamespace(x=0.0, y=0.0, z=0.0, w=1.0),
+    )
+    edge = SimpleNamespace(child_frame_id=child, header=_header(0, parent), transform=transform)
+    return SimpleNamespace(transforms=[edge])
+
+
+def test_configured_mounts_stand_in_for_tf_static() -> None:
+    mounts = parse_mounts(["lidar=1.2,0,1.9,0,0,90", "gps=0,0,1.75,0,0,0"])
+    acc = DriveAccumulator("no_tf", origin=(37.0, -122.0, 0.0), mounts=mounts)
+    _feed_streams(acc)
+    drive = acc.finish()
+    assert sorted(drive.extrinsics.frames) == ["gps", "lidar"]
+    np.testing.assert_allclose(drive.extrinsics.get("lidar"), mounts["lidar"])
+    np.testing.assert_allclose(drive.extrinsics.get("gps")[:3, 3], [0, 0, 1.75])
+    bare = DriveAccumulator("no_tf", origin=(37.0, -122.0, 0.0))
+    _feed_streams(bare)
+    with pytest.raises(DriveDataError, match=r"hdmap\.mounts, env ADCLOUD_HDMAP_MOUNTS"):
+        bare.finish()
+
+
+def test_configured_mount_overrides_the_recorded_one() -> None:
+    mounts = parse_mounts(["lidar=0.5,0.1,2.0,0,0,180"])
+    acc = DriveAccumulator("tf", origin=(37.0, -122.0, 0.0), mounts=mounts)
+    _feed_streams(acc)
+    acc.add("/tf_static", "tf2_msgs/msg/TFMessage", _tf_static("lidar", "base_link", (1, 0, 2)))
+    acc.add("/tf_static", "tf2_msgs/msg/TFMessage", _tf_static("gps", "base_link", (0, 0, 1.75)))
+    # a frame mounted on the configured one follows it
+    acc.add("/tf_static", "tf2_msgs/msg/TFMessage", _tf_static("lidar_top", "lidar", (0, 0, 1)))
+    drive = acc.finish()
+    np.testing.assert_allclose(drive.extrinsics.get("lidar"), mounts["lidar"])
+    np.testing.assert_allclose(drive.extrinsics.get("gps")[:3, 3], [0, 0, 1.75])  # recorded
+    np.testing.assert_allclose(drive.extrinsics.get("lidar_top")[:3, 3], [0.5, 0.1, 3.0])

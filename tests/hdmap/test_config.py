@@ -1,0 +1,73 @@
+"""The settings of a map build (adcloud.hdmap.config): the sensor mounts setting."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from adcloud.config import load_settings
+from adcloud.errors import ConfigError
+from adcloud.hdmap.config import HdmapSettings, parse_mounts
+
+
+def _expected(xyz: list[float], rpy: list[float]) -> np.ndarray:
+    out = np.eye(4)
+    out[:3, :3] = Rotation.from_euler("xyz", rpy, degrees=True).as_matrix()
+    out[:3, 3] = xyz
+    return out
+
+
+def test_mount_entry_gives_the_base_link_transform() -> None:
+    mounts = parse_mounts(["/lidar=1.2,0,1.9,10,-5,90", "gps = 0, 0, 1.75, 0, 0, 0"])
+    assert sorted(mounts) == ["gps", "lidar"]
+    np.testing.assert_allclose(mounts["lidar"], _expected([1.2, 0, 1.9], [10, -5, 90]))
+    np.testing.assert_allclose(mounts["gps"], _expected([0, 0, 1.75], [0, 0, 0]))
+    assert parse_mounts([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("entry", "what"),
+    [
+        ("lidar 1,2,3,0,0,0", "has no '='"),
+        ("lidar=1,2,3,0,0", "has 5 values; give 6"),
+        ("lidar=1,2,3,0,0,0,7", "has 7 values; give 6"),
+        ("lidar=1,two,3,0,0,0", "'two' is not a number"),
+        ("lidar=1,2,3,0,0,nan", "must be finite"),
+        ("=1,2,3,0,0,0", "names no frame"),
+        ("base_link=1,2,3,0,0,0", "reference frame"),
+    ],
+)
+def test_bad_mount_entries_are_named(entry: str, what: str) -> None:
+    with pytest.raises(ConfigError, match=r"hdmap\.mounts: entry") as info:
+        parse_mounts([entry])
+    assert repr(entry) in str(info.value) and what in str(info.value)
+    with pytest.raises(ConfigError, match=r"hdmap\.mounts"):
+        HdmapSettings(mounts=(entry,))
+
+
+def test_a_frame_mounted_twice_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'lidar' is mounted twice"):
+        parse_mounts(["lidar=1,2,3,0,0,0", "lidar=0,0,0,0,0,0"])
+
+
+def test_mounts_from_the_environment_and_a_file(tmp_path: Path) -> None:
+    env = {"ADCLOUD_HDMAP_MOUNTS": "lidar=1.2,0,1.9,0,0,90,gps=0,0,1.75,0,0,0"}
+    settings = load_settings(HdmapSettings, "hdmap", environ=env)
+    assert settings.mounts == ("lidar=1.2,0,1.9,0,0,90", "gps=0,0,1.75,0,0,0")
+    np.testing.assert_allclose(settings.extrinsics["lidar"], _expected([1.2, 0, 1.9], [0, 0, 90]))
+    path = tmp_path / "build.yaml"
+    path.write_text("hdmap:\n  mounts: ['lidar=1,2,3,0,0,0']\n")
+    from_file = load_settings(HdmapSettings, "hdmap", file=path, environ={})
+    assert from_file.mounts == ("lidar=1,2,3,0,0,0",)
+    bad = {"ADCLOUD_HDMAP_MOUNTS": "lidar=1,x,3,0,0,0"}
+    with pytest.raises(ConfigError, match=r"entry 'lidar=1,x,3,0,0,0': 'x' is not a number"):
+        load_settings(HdmapSettings, "hdmap", environ=bad)
+    assert pickle.loads(pickle.dumps(settings.extrinsics)).keys() == {"lidar", "gps"}
+
+
+def test_default_has_no_mounts() -> None:
+    assert HdmapSettings().mounts == () and HdmapSettings().extrinsics == {}
