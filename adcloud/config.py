@@ -67,18 +67,21 @@ def load_settings(
     *,
     file: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> T:
     """Build settings ``cls`` from defaults, a file section, ``ADCLOUD_`` env vars and overrides.
 
     ``section`` names both the file section and the environment prefix: field ``master``
-    of section ``spark`` is overridden by ``ADCLOUD_SPARK_MASTER``.
+    of section ``spark`` is overridden by ``ADCLOUD_SPARK_MASTER``.  ``defaults`` replace
+    the class defaults (the file and the environment still override them); ``overrides``
+    win over everything.
     """
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
     environ = os.environ if environ is None else environ
     hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = dict(defaults or {})
     if file is not None:
         path = Path(file)
         try:

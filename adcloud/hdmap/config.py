@@ -104,14 +104,6 @@ class HdmapSettings:
         return values
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def _mount_entries(values: Sequence[str] | str) -> tuple[str, ...]:
     """``values`` as whole ``FRAME=...`` entries: a piece without ``=`` continues an entry
     before it that has fewer than 6 values (what splitting ``"lidar=1,0,2,0,0,0"`` on
@@ -152,11 +144,12 @@ def parse_mounts(entries: Sequence[str]) -> dict[str, NDArray[np.float64]]:
             raise ConfigError(
                 f"{where} has {len(texts)} values; give 6: x,y,z (m),roll,pitch,yaw (degrees)"
             )
-        try:
-            values = [float(t) for t in texts]
-        except ValueError:
-            bad = next(t for t in texts if not _is_number(t))
-            raise ConfigError(f"{where}: {bad!r} is not a number") from None
+        values = []
+        for text in texts:
+            try:
+                values.append(float(text))
+            except ValueError:
+                raise ConfigError(f"{where}: {text!r} is not a number") from None
         if not all(math.isfinite(v) for v in values):
             raise ConfigError(f"{where}: the values must be finite")
         mat = np.eye(4)

@@ -27,7 +27,6 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from numpy.typing import NDArray
 from pyspark import RDD
 from pyspark.broadcast import Broadcast
@@ -141,19 +139,25 @@ class StageSettings:
         point-cloud tile size follows the grid's unless ``hdmap_cloud.tile_size`` is set."""
         base = cls.from_settings(settings)
         fixed = {"poses": ("segment_seconds",), "grid": ("resolution", "tile_cells")}
-        derived = {"cloud": ("tile_size",)}
-        environ = os.environ if environ is None else environ
         stages = {}
         for name in STAGE_SECTIONS:
             current = getattr(base, name)
-            section = f"hdmap_{name}"
             keep = {k: getattr(current, k) for k in fixed.get(name, ())}
-            keep.update(
-                (k, getattr(current, k))
-                for k in derived.get(name, ())
-                if not _is_set(section, k, file, environ)
+            # from_settings' values are the defaults the file and environment may change
+            # (the point-cloud tile size, which follows the grid's)
+            defaults = {
+                f.name: getattr(current, f.name)
+                for f in dataclasses.fields(current)
+                if f.name not in keep
+            }
+            stages[name] = load_settings(
+                type(current),
+                f"hdmap_{name}",
+                file=file,
+                environ=environ,
+                defaults=defaults,
+                **keep,
             )
-            stages[name] = load_settings(type(current), section, file=file, environ=environ, **keep)
         return cls(**stages)
 
     @classmethod
@@ -168,18 +172,6 @@ class StageSettings:
             grid=grid,
             cloud=dataclasses.replace(PointCloudMapSettings(), tile_size=grid.tile_size),
         )
-
-
-def _is_set(section: str, name: str, file: str | Path | None, environ: Mapping[str, str]) -> bool:
-    """Whether the user gave setting ``name`` of ``section`` in ``file`` or the environment
-    (:func:`~adcloud.config.load_settings` has read and checked the file already)."""
-    if f"ADCLOUD_{section.upper()}_{name.upper()}" in environ:
-        return True
-    if file is None:
-        return False
-    loaded = yaml.safe_load(Path(file).read_text())
-    part = loaded.get(section) if isinstance(loaded, dict) else None
-    return isinstance(part, dict) and name in part
 
 
 @dataclass
