@@ -363,11 +363,13 @@ def drive_pipe(
     wait_for_outputs: bool = True,
     ready_signal: bool = False,
     watch_group: int | None = None,
+    lifeline: Lifeline | None = None,
 ) -> NodeRun:
     """Run ``command`` as a pipe node on ``inputs``; the core of both adapters.
 
     Synchronous waits watch the CPU use of ``command``'s process, or of process group
-    ``watch_group`` when given (the ROS node behind the bridge).
+    ``watch_group`` when given (the ROS node behind the bridge).  ``lifeline`` guards
+    ``command``'s process once it runs.
 
     Outputs on topics outside ``output_topics`` (when it is not empty) are dropped.
     With ``ready_signal`` the first data message waits until the command has written a
@@ -383,6 +385,8 @@ def drive_pipe(
         feed.cpu = CpuWatch(watch_group, group=True)
 
     def watch(pid: int) -> None:
+        if lifeline is not None:
+            lifeline.guard_process(pid)
         if feed.cpu is None:
             feed.cpu = CpuWatch(pid)
 
@@ -431,6 +435,108 @@ def drive_pipe(
     return run
 
 
+# The reaper: a shell that reads process groups ("g<pgid>") and processes ("p<pid>") to
+# guard, one a line, from a pipe whose only writer is the adapter's process.  "done" means
+# the adapter tore everything down itself; end of file without it means the adapter died
+# (its executor was SIGKILLed, Spark killed its Python worker), so the reaper kills what
+# it guards and removes the run's temporary directory ($1).  PR_SET_PDEATHSIG would not
+# do: it follows the thread that forked, not the process, it is not inherited by the
+# processes a node starts, and a SIGKILLed roscore cannot stop rosmaster and rosout,
+# which roslaunch starts in sessions of their own.
+_REAPER = r"""
+guarded=""
+while IFS= read -r line; do
+  case "$line" in
+    done) exit 0 ;;
+    g|p|g*[!0-9]*|p*[!0-9]*) ;;
+    g*|p*) guarded="$guarded $line" ;;
+  esac
+done
+send() {
+  for entry in $guarded; do
+    case "$entry" in
+      g*) kill -s "$1" -- "-${entry#g}" 2>/dev/null ;;
+      p*) kill -s "$1" "${entry#p}" 2>/dev/null ;;
+    esac
+  done
+}
+# SIGINT first: roslaunch (roscore) then stops rosmaster and rosout, which it starts in
+# sessions of their own; SIGKILL whatever is left after 3 s.
+alive() {
+  for entry in $guarded; do
+    case "$entry" in
+      g*) kill -s 0 -- "-${entry#g}" 2>/dev/null && return 0 ;;
+      p*) kill -s 0 "${entry#p}" 2>/dev/null && return 0 ;;
+    esac
+  done
+  return 1
+}
+send INT
+tries=0
+while [ "$tries" -lt 30 ] && alive; do
+  sleep 0.1
+  tries=$((tries + 1))
+done
+send KILL
+[ -n "$1" ] && rm -rf -- "$1"
+exit 0
+"""
+
+
+class Lifeline:
+    """Kills a run's processes if the process running it dies before tearing them down.
+
+    A scenario's node, roscore and bridge outlive a Spark Python worker that is killed
+    (SIGKILL, or the SIGHUP PySpark's daemon sends its workers when the executor dies):
+    they are in sessions of their own (the ROS processes) or blocked elsewhere than on
+    their stdin.  A :class:`Lifeline` starts a small reaper in its own session that kills
+    every guarded process and group -- and removes ``tmp`` -- as soon as this process
+    goes away without calling :meth:`release`.
+    """
+
+    def __init__(self, tmp: Path | None = None) -> None:
+        self._proc = subprocess.Popen(
+            ["/bin/sh", "-c", _REAPER, "adcloud-reaper", str(tmp or "")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        """The reaper's process id."""
+        return self._proc.pid
+
+    def _send(self, line: str) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            stdin.write(line.encode("ascii") + b"\n")
+            stdin.flush()
+
+    def guard_group(self, pgid: int) -> None:
+        """Kill process group ``pgid`` (a leader started with its own session) on death."""
+        self._send(f"g{int(pgid)}")
+
+    def guard_process(self, pid: int) -> None:
+        """Kill process ``pid`` on death."""
+        self._send(f"p{int(pid)}")
+
+    def release(self) -> None:
+        """Everything guarded is torn down: let the reaper exit without killing."""
+        self._send("done")
+        with contextlib.suppress(OSError):
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
 class PipeAdapter:
     """``pipe``: the node is a program speaking BinPipe on stdin/stdout."""
 
@@ -445,16 +551,21 @@ class PipeAdapter:
         timing: ReplayTiming,
     ) -> NodeRun:
         """Run the node once over ``inputs`` (see :class:`NodeAdapter`)."""
-        return drive_pipe(
-            node.args,
-            inputs,
-            connections,
-            output_topics,
-            timing,
-            env=dict(node.env) or None,
-            cwd=node.cwd,
-            ready_signal=timing.wait_ready,
-        )
+        lifeline = Lifeline()
+        try:
+            return drive_pipe(
+                node.args,
+                inputs,
+                connections,
+                output_topics,
+                timing,
+                env=dict(node.env) or None,
+                cwd=node.cwd,
+                ready_signal=timing.wait_ready,
+                lifeline=lifeline,
+            )
+        finally:
+            lifeline.release()
 
 
 def _free_port() -> int:
@@ -541,7 +652,7 @@ class Ros1Adapter:
         self.output_wait_s = output_wait_s
 
     def _start_master(
-        self, env: dict[str, str], tmp: Path, port: int, timeout: float
+        self, env: dict[str, str], tmp: Path, port: int, timeout: float, lifeline: Lifeline
     ) -> subprocess.Popen[bytes]:
         with (tmp / "roscore.log").open("wb") as logf:
             core = subprocess.Popen(
@@ -552,6 +663,7 @@ class Ros1Adapter:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        lifeline.guard_group(core.pid)
         master = xmlrpc.client.ServerProxy(env["ROS_MASTER_URI"])
         deadline = time.monotonic() + timeout
         while True:
@@ -590,10 +702,11 @@ class Ros1Adapter:
             return NodeRun(failure=f"cannot start {shlex.join(node.args)!r}: no such program")
         tmp = Path(tempfile.mkdtemp(prefix="adcloud-ros1-"))
         procs: list[subprocess.Popen[bytes]] = []
+        lifeline = Lifeline(tmp)
         try:
             port = _free_port()
             env = _ros_env(tmp, port, node.env)
-            procs.append(self._start_master(env, tmp, port, timing.startup_timeout_s))
+            procs.append(self._start_master(env, tmp, port, timing.startup_timeout_s, lifeline))
             node_log = tmp / "node.log"
             with node_log.open("wb") as logf:
                 try:
@@ -610,6 +723,7 @@ class Ros1Adapter:
                     return NodeRun(
                         failure=f"cannot start {shlex.join(node.args)!r}: {err.strerror}"
                     )
+            lifeline.guard_group(node_proc.pid)
             procs.append(node_proc)
             bridge = [
                 SYSTEM_PYTHON,
@@ -639,6 +753,7 @@ class Ros1Adapter:
                 env=env,
                 ready_signal=True,
                 watch_group=node_proc.pid,
+                lifeline=lifeline,
             )
             code = node_proc.poll()
             if code is not None and code != 0:
@@ -661,6 +776,7 @@ class Ros1Adapter:
             for proc in reversed(procs):
                 _stop_group(proc)
             shutil.rmtree(tmp, ignore_errors=True)
+            lifeline.release()
 
 
 #: The adapter registry: name -> factory.  Add your own with :func:`register_adapter`.

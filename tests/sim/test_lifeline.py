@@ -1,0 +1,206 @@
+"""A killed replay process takes its nodes, roscore and temporary files with it.
+
+Each test runs the adapter in a child Python process, waits until the processes it starts
+are up, SIGKILLs the child -- what happens to a Spark Python worker when its executor is
+killed -- and checks that nothing it started is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from adcloud.sim.adapters import Lifeline
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process below ``root`` (new sessions included: parents still link them)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+def _wait_until(predicate: object, timeout: float, what: str) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _spawn(code: str, tmp_path: Path) -> subprocess.Popen[bytes]:
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(code))
+    return subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+
+
+def _kill_and_check(child: subprocess.Popen[bytes], started: set[int], reaper: int) -> None:
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    _wait_until(lambda: not any(_alive(p) for p in started), 15, f"{started} to exit")
+    _wait_until(lambda: not _alive(reaper), 5, "the reaper to exit")
+
+
+def test_killing_the_owner_kills_guarded_groups_and_processes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "scratch").write_text("left by a node")
+    ready = tmp_path / "ready"
+    child = _spawn(
+        f"""
+        import subprocess, time
+        from pathlib import Path
+        from adcloud.sim.adapters import Lifeline
+        line = Lifeline(Path({str(run_dir)!r}))
+        # a group leader with a child of its own, as roscore has rosmaster and rosout
+        group = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)
+        plain = subprocess.Popen(["sleep", "600"])
+        line.guard_group(group.pid)
+        line.guard_process(plain.pid)
+        Path({str(ready)!r}).write_text(str(line.pid))
+        time.sleep(600)
+        """,
+        tmp_path,
+    )
+    try:
+        _wait_until(ready.exists, 30, "the child to start its processes")
+        _wait_until(lambda: len(_descendants(child.pid)) >= 4, 10, "the grandchild sleep")
+        reaper = int(ready.read_text())
+        started = _descendants(child.pid)
+        assert reaper in started and len(started) >= 4  # reaper, sh, 2 x sleep
+        _kill_and_check(child, started, reaper)
+        assert not run_dir.exists()
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_release_leaves_everything_to_its_owner(tmp_path: Path) -> None:
+    line = Lifeline(tmp_path)
+    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        line.guard_group(sleeper.pid)
+        line.release()
+        assert not _alive(line.pid)
+        time.sleep(0.2)
+        assert sleeper.poll() is None  # released: the owner stops it, not the reaper
+        assert tmp_path.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+_JOB = """
+import sys, time
+from adcloud.sim import NodeSpec, ReplayJob, ReplayTiming, plan_scenarios, run_scenario
+job = ReplayJob(
+    bags=({bag!r},),
+    node=NodeSpec({command!r}, adapter={adapter!r}),
+    input_topics=("/lidar/points",),
+    output_topics=("/obstacles",),
+    timing=ReplayTiming(timeout_s=600, startup_timeout_s=600),
+).validate()
+(scenario,) = plan_scenarios(list(job.bags), job.cut)
+run_scenario(scenario, job)
+"""
+
+
+def _marker_processes(marker: str) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return {p for p in found if _alive(p)}
+
+
+def test_a_killed_pipe_replay_takes_its_node_along(tmp_path: Path, drive: object) -> None:
+    """A node that never reads its input (so never sees end of file) dies with its owner."""
+    bag = drive.bag  # type: ignore[attr-defined]
+    marker = f"6000.{os.getpid()}1"  # a sleep nobody else runs
+    command = f"sleep {marker}"
+    child = _spawn(_JOB.format(bag=str(bag), command=command, adapter="pipe"), tmp_path)
+    try:
+        _wait_until(lambda: _marker_processes(marker), 60, "the pipe node to start")
+        started = _descendants(child.pid)
+        reapers = [
+            p for p in started if b"adcloud-reaper" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
+        assert len(reapers) == 1
+        _kill_and_check(child, started, reapers[0])
+        assert not _marker_processes(marker)
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+@pytest.mark.ros
+@pytest.mark.skipif(shutil.which("roscore") is None, reason="ROS 1 (roscore) is not installed")
+def test_a_killed_ros1_replay_takes_roscore_and_the_node_along(
+    tmp_path: Path, drive: object
+) -> None:
+    bag = drive.bag  # type: ignore[attr-defined]
+    marker = f"6000.{os.getpid()}2"
+    command = f"sleep {marker}"
+    child = _spawn(_JOB.format(bag=str(bag), command=command, adapter="ros1"), tmp_path)
+    try:
+        _wait_until(lambda: _marker_processes(marker), 60, "the ROS node to start")
+
+        def ros_up() -> bool:
+            names = set()
+            for pid in _descendants(child.pid):
+                try:
+                    names.add(Path(f"/proc/{pid}/cmdline").read_bytes())
+                except OSError:
+                    continue
+            return any(b"rosmaster" in n for n in names) and any(
+                b"_ros1_bridge" in n for n in names
+            )
+
+        _wait_until(ros_up, 60, "rosmaster and the bridge")
+        started = _descendants(child.pid)
+        reapers = [
+            p for p in started if b"adcloud-reaper" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
+        assert len(reapers) == 1
+        # the reaper's argument is the run's temporary directory
+        tmp_dir = Path(Path(f"/proc/{reapers[0]}/cmdline").read_bytes().split(b"\0")[4].decode())
+        assert tmp_dir.name.startswith("adcloud-ros1-") and tmp_dir.exists()
+        _kill_and_check(child, started, reapers[0])
+        assert not _marker_processes(marker)
+        assert not tmp_dir.exists()
+    finally:
+        if child.poll() is None:
+            child.kill()
