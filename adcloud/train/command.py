@@ -34,7 +34,8 @@ train.yaml:
     store: local:///adcloud    # checkpoints and parameter versions
     out: runs/seg              # model/ (torch.export + metadata), loss.png, result.json
 
-Running the same config again resumes from its last checkpoint.
+Running the same config on the same bags again resumes from its last checkpoint; bags
+that changed (size or modification time) start a new run.  Set train.run to name a run.
 """
 
 

@@ -50,7 +50,8 @@ class TrainConfig:
     batches from a ``torch.Generator`` seeded by ``(seed, r, epoch)`` and the model is
     initialised from ``seed``.  ``run`` names the run's directory in ``store``
     (checkpoints, parameter versions); empty means :meth:`run_id`, a digest of the settings
-    that decide the result, so running the same config again resumes it.
+    that decide the result and of the training bags' identity, so running the same config
+    on the same bags again resumes it.
     """
 
     #: Task name for :func:`adcloud.train.task.get_task` (``lidar_seg``, ``camera_seg``, ...).
@@ -189,11 +190,18 @@ class TrainConfig:
             out[key.strip()] = value.strip()
         return out
 
-    def run_id(self) -> str:
-        """The run's name: ``run``, or ``<task>-<digest of the settings that decide it>``."""
+    def run_id(self, data: str = "") -> str:
+        """The run's name: ``run``, or ``<task>-<digest of the settings that decide it>``.
+
+        ``data``, the identity of the training bags (:func:`adcloud.train.job.data_identity`),
+        joins the digest: bags regenerated or replaced at the same paths start a new run
+        instead of resuming checkpoints trained on the old ones.
+        """
         if self.run:
             return self.run
         decisive = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_RUN_ID}
+        if data:
+            decisive["data"] = data
         text = json.dumps(decisive, sort_keys=True, default=str)
         return f"{self.task}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 

@@ -39,6 +39,7 @@ import argparse
 import copy
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -106,6 +107,28 @@ def _bag_uris(bags: Sequence[str]) -> list[str]:
     from adcloud.binpipe import expand_uris  # noqa: PLC0415
 
     return expand_uris([_absolute(b) for b in bags]) if bags else []
+
+
+def data_identity(bags: Sequence[str]) -> str:
+    """A digest of what the bags at ``bags`` (URLs, as :func:`_bag_uris` gives them) are now.
+
+    Each file counts with its URL, size and fsspec ``ukey`` (the modification time of a
+    local file, the ETag or version of an object), a rosbag2 directory with every file in
+    it: ``stat`` calls, not a read of the data, so it costs milliseconds on any bag size.
+    """
+    if not bags:
+        return ""
+    digest = hashlib.sha256()
+    for uri in bags:
+        fs, path = fsspec.core.url_to_fs(uri)
+        members = sorted(fs.find(path)) if fs.isdir(path) else [path]
+        for member in members:
+            try:
+                key = f"{member}\0{fs.size(member)}\0{fs.ukey(member)}\n"
+            except (OSError, ValueError) as err:
+                raise TrainError(f"{uri}: cannot stat {member}: {err}") from err
+            digest.update(key.encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()[:16]
 
 
 # -- ETL ------------------------------------------------------------------------------------
@@ -534,6 +557,8 @@ def run_training(
     config = config.validate()
     task = load_task(config) if task is None else task
     started = time.perf_counter()
+    # the run's name, fixed before steps resolve; it covers what the bags are now
+    run = config.run_id(data_identity(_bag_uris(config.bags)) if keyed is None else "")
     if keyed is None:
         keyed = etl_samples(spark, config, task, config.bags)
     keyed_examples = keyed.take(2) if config.out else []
@@ -548,12 +573,12 @@ def run_training(
             if not samples:
                 raise _no_samples(config, task)
             resolved = config.replace(
-                steps=resolve_steps(config, [len(samples)]), epochs=0, run=config.run_id()
+                steps=resolve_steps(config, [len(samples)]), epochs=0, run=run
             )
             store = open_store(config.store, **config.store_kwargs())
             checkpointer = Checkpointer(
                 store,
-                resolved.run_id(),
+                run,
                 every=config.checkpoint_every,
                 keep=config.keep_checkpoints,
                 timeout_s=config.sync_timeout_s,
@@ -568,7 +593,6 @@ def run_training(
                     f"{sum(sizes)} sample(s) cannot fill {config.workers} shards: lower "
                     "train.workers or add data"
                 )
-            run = config.run_id()  # the id of the config as given, before steps resolve
             resolved = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=run)
             try:
                 result = train_on_shards(shards, resolved, task)
@@ -610,13 +634,15 @@ def run_torchrun(
     Rank 0 writes the outputs when ``config.out`` is set.
     """
     task = load_task(config) if task is None else task
+    data = data_identity(_bag_uris(config.bags)) if samples is None else ""
     if samples is None:
         samples = local_samples(task, config.bags, partitions_per_bag=config.partitions_per_bag)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     config = config.replace(sync="allreduce", workers=world)
     sizes = [len(range(r, len(samples), world)) for r in range(world)]
-    config = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=config.run_id())
+    run = config.run_id(data)
+    config = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=run)
     device = resolve_device(config.device, int(os.environ.get("LOCAL_RANK", rank)))
     sync = AllReduceSync.from_env(device=device, timeout_s=config.sync_timeout_s)
     store = open_store(config.store, **config.store_kwargs())

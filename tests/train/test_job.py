@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,13 @@ from adcloud.synth import DriveConfig, generate_drive
 from adcloud.train.checkpoint import latest_checkpoint
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import DataError, TrainError
-from adcloud.train.job import etl_samples, local_samples, run_training, shard_samples
+from adcloud.train.job import (
+    data_identity,
+    etl_samples,
+    local_samples,
+    run_training,
+    shard_samples,
+)
 from adcloud.train.loop import TrainResult, train
 from adcloud.train.tensors import decode_tree
 
@@ -226,8 +233,30 @@ def test_single_mode_trains_in_the_driver_and_writes_outputs(
     model.load_state_dict(result.state_dict())
     torch.testing.assert_close(program(x), model(x))
     store = open_store(cfg.store, **cfg.store_kwargs())
-    info = latest_checkpoint(store, cfg.run_id())
+    info = latest_checkpoint(store, result.run)
     assert info is not None and info.step == 12
+
+
+def test_same_bags_resume_and_changed_bags_start_a_new_run(
+    spark: SparkSession, drive: str, tmp_path: Path
+) -> None:
+    """The default run id covers the bags' identity: re-running the same config on the same
+    bag resumes its finished run, while a bag regenerated at the same path (other data)
+    trains from step 0 instead of resuming checkpoints of the old data."""
+    bag = tmp_path / "drive.bag"
+    shutil.copyfile(drive, bag)
+    cfg = config(tmp_path, sync="single", bags=(str(bag),), steps=6, batch_size=50)
+    first = run_training(spark, cfg, task=LinearTask())
+    again = run_training(spark, cfg, task=LinearTask())
+    assert again.run == first.run and again.start_step == 6  # nothing left to train
+    other = DriveConfig(
+        seconds=4, seed=11, lidar=False, camera=False, truth_raster=False, chunk_bytes=16384
+    )
+    generate_drive(other, bag, overwrite=True)
+    fresh = run_training(spark, cfg, task=LinearTask())
+    assert fresh.run != first.run and fresh.run.startswith("toy_linear-")
+    assert fresh.start_step == 0 and fresh.losses != first.losses
+    assert cfg.replace(run="named").run_id(data_identity([str(bag)])) == "named"
 
 
 def test_ps_and_allreduce_follow_the_single_process_curve(
