@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from adcloud.train.checkpoint import Checkpointer, capture_rng, restore_rng
+from adcloud.train.checkpoint import Checkpointer, Restored, capture_rng, restore_rng
 from adcloud.train.config import TrainConfig
-from adcloud.train.errors import TrainError
+from adcloud.train.errors import CheckpointError, TrainError
 from adcloud.train.sync import SingleProcess, Synchronizer
 from adcloud.train.tensors import decode_tensors, encode_tensors
 
@@ -243,6 +243,29 @@ class _Batches:
         )
 
 
+def _check_restorable(run: str, restored: Restored, model: torch.nn.Module) -> None:
+    """Raise :class:`CheckpointError` naming the tensors when ``restored`` was written for
+    another model (a named run resumed after the task or its options changed)."""
+    state = model.state_dict()
+    saved = restored.model
+    problems = [f"{name} is missing" for name in sorted(set(state) - set(saved))]
+    problems += [f"{name} is not in this model" for name in sorted(set(saved) - set(state))]
+    problems += [
+        f"{name} is {tuple(saved[name].shape)}, the model's {tuple(tensor.shape)}"
+        for name, tensor in state.items()
+        if name in saved and tuple(saved[name].shape) != tuple(tensor.shape)
+    ]
+    if problems:
+        shown = "; ".join(problems[:4]) + (
+            f"; {len(problems) - 4} more" if len(problems) > 4 else ""
+        )
+        raise CheckpointError(
+            f"run {run}: checkpoint {restored.info.key} (step {restored.step}) was written "
+            f"for another model: {shown}. Give this training a new name (train.run), or "
+            "leave train.run empty so that the run id follows the task options"
+        )
+
+
 def train(
     task: Task,
     samples: Sequence[Any],
@@ -289,6 +312,7 @@ def train(
     losses: list[float] = []
     restored = checkpointer.restore(rank=rank, world=world) if checkpointer else None
     if restored is not None:
+        _check_restorable(run, restored, model)
         model.load_state_dict(restored.model)
         if restored.optimizer is not None:
             optimizer.load_state_dict(restored.optimizer)

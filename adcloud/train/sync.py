@@ -408,6 +408,16 @@ class ParameterStoreSync:
                 f"run {self.run}: parameter version {version} at {self.store.uri}{key} lacks "
                 f"{', '.join(missing[:5])}: it was published for another model"
             )
+        wrong = [
+            f"{name} {tuple(tensors[name].shape)} for {tuple(target.shape)}"
+            for name, target in state.items()
+            if tuple(tensors[name].shape) != tuple(target.shape)
+        ]
+        if wrong:
+            raise StaleParametersError(
+                f"run {self.run}: parameter version {version} at {self.store.uri}{key} has "
+                f"other shapes ({', '.join(wrong[:3])}): it was published for another model"
+            )
         with torch.no_grad():
             for name, target in state.items():
                 target.copy_(tensors[name])

@@ -286,6 +286,28 @@ def test_a_checkpoint_of_another_world_size_is_refused(tmp_path: Path) -> None:
         checkpointer.restore(rank=0, world=2)
 
 
+class WiderTask(DropoutTask):
+    """The toy task with a wider hidden layer: the same tensor names, other shapes."""
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Sequential(
+            torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)
+        )
+
+
+def test_a_checkpoint_of_another_model_is_refused_by_name(tmp_path: Path) -> None:
+    """A named run resumed after the model changed: a clear error naming the checkpoint and
+    the tensors whose shapes differ, not torch's size-mismatch RuntimeError."""
+    cfg = toy_config("named", tmp_path / "store", steps=8)
+    run_toy(cfg)
+    with pytest.raises(
+        CheckpointError, match=r"run named: checkpoint .*step-000000008.*another model"
+    ) as err:
+        run_toy(cfg.replace(steps=12), WiderTask())
+    assert "0.weight is (16, 4), the model's (32, 4)" in str(err.value)
+    assert "train.run" in str(err.value)
+
+
 def test_rank_zero_publishes_only_when_every_part_is_there(tmp_path: Path) -> None:
     store = _store(tmp_path)
     model = DropoutTask().build_model()

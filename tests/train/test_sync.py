@@ -155,6 +155,21 @@ def test_a_version_whose_header_disagrees_is_stale(tmp_path: Path) -> None:
         worker.start(model, torch.optim.SGD(model.parameters(), lr=0.1), 1)
 
 
+def test_a_version_of_another_model_is_refused_by_tensor(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    wider = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    store.put("/run-b/params/v1", _params_file(wider))
+    worker = ParameterStoreSync(store, "run-b", 1, 2, session="s2", timeout_s=5)
+    model = _model()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(
+        StaleParametersError, match=r"0.weight \(16, 4\) for \(8, 4\).*another model"
+    ):
+        worker.start(model, torch.optim.SGD(model.parameters(), lr=0.1), 1)
+    for a, b in zip(before, model.parameters(), strict=True):
+        assert torch.equal(a, b)  # nothing half-copied
+
+
 def test_a_corrupt_version_is_refused_with_its_offset(tmp_path: Path) -> None:
     store = _store(tmp_path)
     data = bytearray(_params_file(_model()))
