@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -93,6 +93,35 @@ def _paths(options: dict[str, str]) -> list[str]:
     raise BinpipeError('spark.read.format("rosbag") needs a path: .load("drive.bag")')
 
 
+@overload
+def _int_option(
+    options: dict[str, str], name: str, default: int, *, minimum: int | None = None
+) -> int: ...
+@overload
+def _int_option(
+    options: dict[str, str], name: str, default: None, *, minimum: int | None = None
+) -> int | None: ...
+def _int_option(
+    options: dict[str, str], name: str, default: int | None, *, minimum: int | None = None
+) -> int | None:
+    """Integer option ``name`` (looked up lower-cased); a clear error naming it when the
+    value is not an integer or is below ``minimum``."""
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise BinpipeError(
+            f'spark.read.format("rosbag"): option {name}={raw!r} is not an integer'
+        ) from None
+    if minimum is not None and value < minimum:
+        raise BinpipeError(
+            f'spark.read.format("rosbag"): option {name}={value} must be at least {minimum}'
+        )
+    return value
+
+
 class RosbagReader(DataSourceReader):
     """Plans chunk partitions on the driver and reads them on executors."""
 
@@ -104,15 +133,22 @@ class RosbagReader(DataSourceReader):
         self.topics: set[str] | None = (
             {t.strip() for t in topics.split(",") if t.strip()} if topics else None
         )
-        self.start = int(options["start"]) if "start" in options else None
-        self.end = int(options["end"]) if "end" in options else None
-        self.partitions_per_bag = (
-            int(options["partitionsperbag"]) if "partitionsperbag" in options else None
+        self.start = _int_option(options, "start", None)
+        self.end = _int_option(options, "end", None)
+        self.partitions_per_bag = _int_option(options, "partitionsPerBag", None, minimum=1)
+        source = options.get("timesource", "record")
+        try:
+            self.time_source = TimeSource(source)
+        except ValueError:
+            choices = ", ".join(t.value for t in TimeSource)
+            raise BinpipeError(
+                f'spark.read.format("rosbag"): option timeSource={source!r} is not one of {choices}'
+            ) from None
+        self.partition_bytes = _int_option(
+            options, "partitionBytes", DEFAULT_PARTITION_BYTES, minimum=0
         )
-        self.time_source = TimeSource(options.get("timesource", "record"))
-        self.partition_bytes = int(options.get("partitionbytes", str(DEFAULT_PARTITION_BYTES)))
-        self.min_partitions = int(options.get("minpartitions", str(os.cpu_count() or 2)))
-        self.batch_size = int(options.get("batchsize", "1024"))
+        self.min_partitions = _int_option(options, "minPartitions", os.cpu_count() or 2, minimum=1)
+        self.batch_size = _int_option(options, "batchSize", 1024, minimum=1)
 
     def partitions(self) -> Sequence[InputPartition]:
         parts: list[InputPartition] = []

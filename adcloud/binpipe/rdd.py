@@ -500,9 +500,11 @@ class BinPipeRDD:
             out.write("")
         return manifest
 
-    def to_dataframe(self, spark: SparkSession) -> DataFrame:
-        """Message records as a DataFrame ``(topic, timestamp, msgtype, data)``."""
-        from pyspark.sql.types import (  # noqa: PLC0415 - pyspark is heavy; import on use
+    def to_dataframe(self, spark: SparkSession | None = None) -> DataFrame:
+        """Message records as a DataFrame ``(topic, timestamp, msgtype, data)``; ``spark``
+        defaults to the session of this RDD's SparkContext."""
+        from pyspark.sql import SparkSession  # noqa: PLC0415 - pyspark is heavy; import on use
+        from pyspark.sql.types import (  # noqa: PLC0415
             BinaryType,
             LongType,
             StringType,
@@ -518,4 +520,6 @@ class BinPipeRDD:
                 StructField("data", BinaryType(), False),
             ]
         )
+        if spark is None:
+            spark = SparkSession.builder.getOrCreate()
         return spark.createDataFrame(self.rdd.mapPartitions(_message_rows), schema)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -170,9 +171,30 @@ def test_failed_save_leaves_no_partial_output(
 
 def test_to_dataframe(spark: Any, shared_data: Path) -> None:
     path = shared_data / HUSKY
-    df = BinPipeRDD.from_bags(spark, str(path)).to_dataframe(spark)
+    pipe = BinPipeRDD.from_bags(spark, str(path))
+    df = pipe.to_dataframe(spark)
     counts = {r["topic"]: r["count"] for r in df.groupBy("topic").count().collect()}
     assert counts == {"/fix": 989, "/husky_velocity_controller/odom": 3952, "/imu/data": 11865}
+    # without a session argument: the session of the RDD's context
+    assert pipe.to_dataframe().filter("topic = '/fix'").count() == 989
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("batchSize", "many", "option batchSize='many' is not an integer"),
+        ("minPartitions", "0", "option minPartitions=0 must be at least 1"),
+        ("start", "1.5e9", "option start='1.5e9' is not an integer"),
+        ("timeSource", "gps", "option timeSource='gps' is not one of record, header"),
+    ],
+)
+def test_rosbag_datasource_option_errors_name_the_option(
+    spark: Any, shared_data: Path, option: str, value: str, message: str
+) -> None:
+    register_rosbag_source(spark)
+    reader = spark.read.format("rosbag").option(option, value)
+    with pytest.raises(Exception, match=re.escape(message)):
+        reader.load(str(shared_data / HUSKY)).count()
 
 
 def test_rosbag_datasource(spark: Any, shared_data: Path) -> None:
