@@ -360,9 +360,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="run the main job on the embedded default (local Spark) and show its outputs",
-        description="Generate a synthetic drive with ground truth, ingest it (and the sample "
-        "recordings in ../shared/data) into BinPipe partitions on local Spark, pipe them "
-        "through a native process, query them with Spark SQL and save them.",
+        description="""\
+The whole platform on one machine (local Spark, the local tiered store, PoCL), in six steps:
+
+  1. synth   generate a synthetic drive with ground truth (--seconds)
+  2. binpipe ingest it and the sample recordings in ../shared/data (or --bag) into BinPipe
+             partitions, pipe them through a native process, query them with Spark SQL
+             and save them
+  3. hetero  OpenCL kernels (ICP, rasterization, image features) from the executors on the
+             first OpenCL device
+  4. sim     replay the drive through a node under test and score it (HTML report)
+  5. hdmap   build an HD map of a 30 s drive (poses, ICP, 5 cm grid, lanes, signs) and
+             evaluate it against its truth
+  6. train   train a LiDAR segmentation model on the drive and export it
+
+Every output is listed at the end, under --out.""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo.add_argument(
         "--bag",
