@@ -49,6 +49,24 @@ def crc_text(crc: int) -> str:
     return f"crc32:{crc:08x}"
 
 
+def _check_private(path: Path, tier: str) -> None:
+    """Refuse a tier directory that another user owns.
+
+    The MEM tier's default directory has a predictable name under the world-writable
+    ``/dev/shm``; a directory another user created there first would let them read and
+    replace everything stored in it.
+    """
+    info = path.stat()
+    uid = os.geteuid()
+    if info.st_uid != uid:
+        raise StoreError(
+            f"tier {tier} directory {path} belongs to uid {info.st_uid}, not to this user "
+            f"(uid {uid}): its owner could read or replace the stored data. Remove it, or "
+            f"point the tier at a directory of your own (ADCLOUD_STORE_{tier}_DIR or "
+            "ADCLOUD_STORE_ROOT)"
+        )
+
+
 class Tier:
     """One enabled tier: its level (0 MEM, 1 SSD, 2 HDD), directory and capacity."""
 
@@ -61,6 +79,7 @@ class Tier:
         self.tmp = directory / "tmp"
         for path in (directory, self.objects, self.tmp):
             path.mkdir(parents=True, exist_ok=True)
+            _check_private(path, self.name)
             with contextlib.suppress(OSError):
                 path.chmod(0o700)
         self._objects = str(self.objects)

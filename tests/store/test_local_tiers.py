@@ -7,6 +7,7 @@ import errno
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -585,3 +586,27 @@ def test_errors_name_the_path(make_store: MakeStore, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(store._cat, "file_by_id", moving)
     with pytest.raises(StoreError, match="/named/f in local:// kept changing"):
         store.persist("/named/f")
+
+
+def test_a_tier_directory_another_user_owns_is_refused(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    """The MEM tier's default directory has a predictable name under the world-writable
+    /dev/shm: one another user made first must not be used."""
+    if os.geteuid() == 0:
+        planted = tmp_path / "planted"
+        planted.mkdir(mode=0o777)
+        other = 4242
+        os.chown(planted, other, -1)
+    else:  # without root: a directory root owns stands in for another user's
+        planted, other = Path(tempfile.gettempdir()), Path(tempfile.gettempdir()).stat().st_uid
+        assert other != os.geteuid()
+    with pytest.raises(StoreError, match=rf"tier MEM directory {planted} belongs to uid {other}"):
+        make_store(mem_dir=str(planted))
+    assert not (planted / "objects").exists()  # nothing created inside it
+    if os.geteuid() == 0:
+        os.chown(planted, 0, -1)
+        store = make_store(mem_dir=str(planted))
+        store.put("/x", b"ok")
+        assert store.stat("/x").tier == "MEM"
+        assert (planted.stat().st_mode & 0o777) == 0o700  # made private once it is ours
