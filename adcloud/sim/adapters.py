@@ -568,6 +568,20 @@ class PipeAdapter:
             lifeline.release()
 
 
+#: How many free ports a run tries for its roscore before giving up.
+_MASTER_ATTEMPTS = 3
+
+
+class _PortTakenError(Exception):
+    """Another ROS master took the port picked for a run's roscore."""
+
+
+def _parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid`` (None when it is gone)."""
+    fields = _stat_fields(Path(f"/proc/{pid}"))
+    return None if fields is None else int(fields[1])
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -669,13 +683,20 @@ class Ros1Adapter:
         while True:
             try:
                 reply = master.getPid("/adcloud")
-                if isinstance(reply, list) and reply and reply[0] == 1:
+                if isinstance(reply, list) and len(reply) > 2 and reply[0] == 1:
+                    # The port was free when picked; another run's roscore may have taken
+                    # it since.  Its master answers too: only ours is roscore's child.
+                    if _parent_pid(int(reply[2])) != core.pid:
+                        _stop_group(core)
+                        raise _PortTakenError(port)
                     break
             except OSError:
                 pass
             if core.poll() is not None or time.monotonic() > deadline:
                 tail = _tail(tmp / "roscore.log")
                 _stop_group(core)
+                if "already running" in tail:
+                    raise _PortTakenError(port)
                 raise SimError(f"roscore on port {port} did not start: {tail[-1000:]}")
             time.sleep(0.1)
         master.setParam("/adcloud", "/use_sim_time", True)
@@ -704,9 +725,21 @@ class Ros1Adapter:
         procs: list[subprocess.Popen[bytes]] = []
         lifeline = Lifeline(tmp)
         try:
-            port = _free_port()
-            env = _ros_env(tmp, port, node.env)
-            procs.append(self._start_master(env, tmp, port, timing.startup_timeout_s, lifeline))
+            for attempt in range(_MASTER_ATTEMPTS):
+                port = _free_port()
+                env = _ros_env(tmp, port, node.env)
+                try:
+                    core = self._start_master(env, tmp, port, timing.startup_timeout_s, lifeline)
+                except _PortTakenError:
+                    log.info("port %d was taken by another ROS master; picking another", port)
+                    if attempt + 1 == _MASTER_ATTEMPTS:
+                        raise SimError(
+                            f"roscore found another ROS master on each of {_MASTER_ATTEMPTS} "
+                            "free ports it picked; is something starting masters in a loop?"
+                        ) from None
+                    continue
+                procs.append(core)
+                break
             node_log = tmp / "node.log"
             with node_log.open("wb") as logf:
                 try:

@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+import xmlrpc.client
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +173,43 @@ def test_missing_ros_says_how_to_install(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(MissingComponentError, match="apt-get install"):
         _run(_job(drive.bag, ROS_NODE, ("/obstacles",)))
+
+
+def test_a_port_another_master_took_is_given_up_for_another(
+    drive: DriveResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port picked for a run's roscore can be taken before roscore binds it (another
+    run on the same host): the run must notice the foreign master, leave it alone, and
+    use a master of its own."""
+    port = adapters._free_port()
+    env = adapters._ros_env(tmp_path, port, ())
+    other = subprocess.Popen(
+        ["roscore", "-p", str(port)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        master = xmlrpc.client.ServerProxy(env["ROS_MASTER_URI"])
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if master.getPid("/test")[0] == 1:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the other roscore did not start"
+            time.sleep(0.1)
+        picks = iter([port])  # the first pick collides, later ones are free
+        real = adapters._free_port
+        monkeypatch.setattr(adapters, "_free_port", lambda: next(picks, 0) or real())
+        result = _run(_job(drive.bag, ROS_NODE, ("/obstacles",), *DETECT))
+        assert result.passed, (result.reason, result.stderr_tail)
+        assert result.output_counts == {"/obstacles": 29}
+        assert other.poll() is None  # the other run's master is untouched
+        # ... and saw nothing of it: the run sets /use_sim_time on its own master
+        assert master.hasParam("/test", "/use_sim_time")[2] is False
+    finally:
+        adapters._stop_group(other)
