@@ -1,0 +1,74 @@
+"""``adcloud train run|inspect``: a real run on the test session, then its model inspected."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from rich.console import Console
+
+from adcloud.synth import DriveResult
+from adcloud.train import command
+from adcloud.train.errors import TrainError
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="adcloud")
+    command.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def _call(argv: list[str]) -> tuple[int, str]:
+    args = _parse(argv)
+    out = io.StringIO()
+    code = args.func(args, Console(file=out, width=200))
+    return code, out.getvalue()
+
+
+def test_run_trains_prints_a_table_and_inspect_reads_the_model(
+    spark: SparkSession,
+    train_drive: DriveResult,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(command, "_session", lambda args: spark)
+    out = tmp_path / "run"
+    settings = {
+        "task": "lidar_seg",
+        "bags": str(train_drive.bag),
+        "sync": "single",
+        "steps": "3",
+        "batch_size": "2",
+        "threads": "1",
+        "store": "local:///cli-train",
+        "store_options": f"root={tmp_path / 'store'}",
+        "out": str(out),
+    }
+    argv = ["train", "run"] + [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    code, text = _call(argv)
+    assert code == 0, text
+    assert "run lidar_seg-" in text and "single, 1 trainer(s)" in text
+    assert json.loads((out / "result.json").read_text())["steps"] == 3
+    # the same command again resumes the finished run instead of training it anew
+    code, text = _call(argv)
+    assert code == 0 and "3 (resumed at 3)" in text
+
+    code, text = _call(["train", "inspect", str(out / "model")])
+    assert code == 0 and "lidar_seg" in text
+    code, text = _call(["train", "inspect", "--json", str(out / "model")])
+    info = json.loads(text)
+    assert info["task"] == "lidar_seg" and info["path"] == str(out / "model")
+
+
+def test_run_rejects_settings_that_are_not_key_value(tmp_path: Path) -> None:
+    code, text = _call(["train", "run", "--set", "steps"])
+    assert code == 2 and "--set 'steps' is not KEY=VALUE" in text
+
+
+def test_run_names_a_bad_setting(tmp_path: Path) -> None:
+    with pytest.raises(TrainError, match="sync must be one of single, ps, allreduce"):
+        _call(["train", "run", "--set", "sync=gossip", "--set", "bags=x.bag"])
