@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from adcloud.errors import MissingComponentError
 from adcloud.sim import (
     CutMode,
     EvaluatorSpec,
@@ -193,3 +194,20 @@ def test_windows_evaluate_only_their_range(drive: DriveResult) -> None:
 
 def test_python_path_of_example_node() -> None:
     assert OBSTACLE_NODE.startswith(sys.executable)
+
+
+def test_missing_ros_says_how_to_install(
+    drive: DriveResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Here, not in the ROS tests: those are skipped on the machines that lack ROS, where
+    this error is the one a user meets."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    job = ReplayJob(
+        bags=(str(drive.bag),),
+        node=NodeSpec("rosrun my_pkg detector", adapter="ros1"),
+        input_topics=("/lidar/points",),
+        output_topics=("/obstacles",),
+    ).validate()
+    (scenario,) = plan_scenarios(list(job.bags), job.cut)
+    with pytest.raises(MissingComponentError, match="apt-get install"):
+        run_scenario(scenario, job)
