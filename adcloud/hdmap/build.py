@@ -242,11 +242,14 @@ def build_map(
     labels: str | None = None,
     stages: StageSettings | None = None,
     progress: Progress | None = None,
+    plan: BuildPlan | None = None,
 ) -> BuildSummary:
     """Build (or extend) the map at ``map_uri`` from ``bags`` (a directory, glob, URI or a
     list of them). ``labels``: a GeoJSON of human/external labels to import; they are kept
-    in every later version. Returns what was done; nothing is written when every drive is
-    already in the map."""
+    in every later version. ``plan``: what :func:`plan_build` returned for the same bags
+    and map, so that the bags are not hashed again (a build committed since is noticed and
+    planned anew). Returns what was done; nothing is written when every drive is already
+    in the map."""
     settings = settings or HdmapSettings()
     stages = stages or StageSettings.from_settings(settings)
     say = progress or (lambda text: log.info("%s", text))
@@ -323,6 +326,6 @@ def build_map(
         counts["loop_closures"] = result.loop_closures
 
     started = time.perf_counter()
-    outcome = mapdir.update(uris, build, settings=settings)
+    outcome = mapdir.update(uris, build, settings=settings, plan=plan)
     timings["total"] = time.perf_counter() - started
     return BuildSummary(outcome, timings, counts)

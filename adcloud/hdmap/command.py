@@ -81,6 +81,7 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
             labels=args.labels,
             stages=stages,
             progress=status.update,
+            plan=plan,
         )
     result = summary.result
     if not summary.changed:

@@ -1479,17 +1479,21 @@ class MapDir:
         *,
         settings: object = None,
         trust_mtime: bool = False,
+        plan: BuildPlan | None = None,
     ) -> BuildResult:
         """One incremental, idempotent, atomic build step.
 
-        Plans; when nothing is new returns at once having written nothing.  Otherwise takes
-        the lock, plans again if another build committed meanwhile, begins a staging
-        version, calls ``build(plan, staging)`` -- which writes the version's files under
-        ``staging.path``, merging the new drives into the parent's products -- and commits
-        with the plan's manifest (``settings`` recorded in it).  If ``build`` raises, the
-        staging is discarded and the error propagates; the current version is untouched.
+        Plans (or takes ``plan``, made by :meth:`plan` for the same bags, so that they are
+        not hashed twice); when nothing is new returns at once having written nothing.
+        Otherwise takes the lock, plans again if another build committed meanwhile, begins
+        a staging version, calls ``build(plan, staging)`` -- which writes the version's
+        files under ``staging.path``, merging the new drives into the parent's products --
+        and commits with the plan's manifest (``settings`` recorded in it).  If ``build``
+        raises, the staging is discarded and the error propagates; the current version is
+        untouched.
         """
-        plan = self.plan(bag_uris, trust_mtime=trust_mtime)
+        if plan is None:
+            plan = self.plan(bag_uris, trust_mtime=trust_mtime)
         if plan.up_to_date:
             _LOG.info("%s: up to date (%d drives known)", self.uri, len(plan.known_drives))
             return BuildResult(plan, plan.parent, changed=False)

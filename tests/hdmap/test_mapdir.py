@@ -171,6 +171,29 @@ def test_trust_mtime_skips_reading_unchanged_bags(
     assert "hashing" in caplog.text
 
 
+def test_update_with_a_plan_hashes_the_bags_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``adcloud hdmap build`` plans first (to skip starting Spark when nothing is new) and
+    hands that plan to the build; a build committed in between is still noticed."""
+    md = MapDir(tmp_path / "map")
+    a = make_bag(tmp_path / "a.bag", 1)
+    b = make_bag(tmp_path / "b.bag", 2)
+    caplog.set_level(logging.INFO, logger="adcloud.hdmap.mapdir")
+    plan = md.plan([a])
+    caplog.clear()
+    calls: list[BuildPlan] = []
+    result = md.update([a], record_build(calls), plan=plan)
+    assert result.changed and [d.name for d in calls[-1].new_drives] == ["a"]
+    assert "hashing" not in caplog.text
+    stale = md.plan([a, b])  # made on version 000001 ...
+    md.update([a, b], record_build(calls))  # ... which another build moves on
+    caplog.clear()
+    again = md.update([a, b], record_build(calls), plan=stale)
+    assert not again.changed  # planned anew under the lock: b is in the map already
+    assert "hashing" in caplog.text
+
+
 # --------------------------------------------------------------------------- updates
 
 
