@@ -127,6 +127,7 @@ def pipe_blocks(
     timeout: float | None = None,
     max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
     on_start: Callable[[int], None] | None = None,
+    on_exit: Callable[[int, str], None] | None = None,
 ) -> Iterator[bytearray]:
     """Send ``blocks`` through ``command`` and yield the blocks it writes back.
 
@@ -135,7 +136,8 @@ def pipe_blocks(
     the whole run in seconds; on expiry the process is killed.  The yielded blocks
     are fresh buffers the caller owns.  Closing the generator early kills the process.
     ``on_start`` is called with the process id once the command runs, before the first
-    block is sent.
+    block is sent; ``on_exit`` with the exit code and the tail of its stderr once it has
+    finished successfully (failures raise :class:`PipeCommandError`, which carries both).
     """
     args = _args(command)
     shown = shlex.join(args)
@@ -236,6 +238,8 @@ def pipe_blocks(
             # that is its right (e.g. `head`), but it is worth a log line.
             log.info("command %r stopped reading its input early", shown)
         completed = True
+        if on_exit is not None:
+            on_exit(code, stderr.text)
         elapsed = time.monotonic() - started
         log.debug("piped %d records through %r in %.2f s", feeder.records, shown, elapsed)
     finally:

@@ -390,6 +390,9 @@ def drive_pipe(
         if feed.cpu is None:
             feed.cpu = CpuWatch(pid)
 
+    def finished(code: int, stderr_tail: str) -> None:
+        run.stderr_tail = stderr_tail[-_TAIL:]  # a passing node's warnings matter too
+
     outputs = pipe_blocks(
         feed.blocks(),
         list(command),
@@ -397,6 +400,7 @@ def drive_pipe(
         cwd=cwd,
         timeout=timing.timeout_s,
         on_start=watch,
+        on_exit=finished,
     )
     try:
         for raw in outputs:

@@ -61,6 +61,13 @@ def test_example_node_passes(drive: DriveResult) -> None:
     assert result.startup_ms > 0
 
 
+def test_a_passing_node_keeps_its_stderr_tail(drive: DriveResult) -> None:
+    noisy = f"sh -c 'echo model loaded, 3 layers on the CPU >&2; exec {OBSTACLE_NODE}'"
+    result = _run(_job(drive.bag, noisy))
+    assert result.passed, result.reason
+    assert "model loaded, 3 layers on the CPU" in result.stderr_tail
+
+
 def test_short_sighted_detector_fails_on_recall(drive: DriveResult) -> None:
     job = _job(drive.bag, OBSTACLE_NODE + " --max-range 10")
     result = _run(job)
