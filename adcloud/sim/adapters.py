@@ -464,8 +464,6 @@ send() {
     esac
   done
 }
-# SIGINT first: roslaunch (roscore) then stops rosmaster and rosout, which it starts in
-# sessions of their own; SIGKILL whatever is left after 3 s.
 alive() {
   for entry in $guarded; do
     case "$entry" in
@@ -475,6 +473,8 @@ alive() {
   done
   return 1
 }
+# SIGINT first: roslaunch (roscore) then stops rosmaster and rosout, which it starts in
+# sessions of their own; SIGKILL whatever is left after 3 s.
 send INT
 tries=0
 while [ "$tries" -lt 30 ] && alive; do
