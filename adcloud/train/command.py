@@ -35,7 +35,7 @@ train.yaml:
     out: runs/seg              # model/ (torch.export + metadata), loss.png, result.json
 
 Running the same config on the same bags again resumes from its last checkpoint; bags
-that changed (size or modification time) start a new run.  Set train.run to name a run.
+that changed (their size or file metadata) start a new run.  Set train.run to name a run.
 """
 
 

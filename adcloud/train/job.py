@@ -112,9 +112,11 @@ def _bag_uris(bags: Sequence[str]) -> list[str]:
 def data_identity(bags: Sequence[str]) -> str:
     """A digest of what the bags at ``bags`` (URLs, as :func:`_bag_uris` gives them) are now.
 
-    Each file counts with its URL, size and fsspec ``ukey`` (the modification time of a
-    local file, the ETag or version of an object), a rosbag2 directory with every file in
-    it: ``stat`` calls, not a read of the data, so it costs milliseconds on any bag size.
+    Each file counts with its URL, size and fsspec ``ukey`` (a digest of what the
+    filesystem reports: for a local file its ``stat`` -- times, inode, mode; for an object
+    its ETag or version), a rosbag2 directory with every file in it.  Metadata only, not a
+    read of the data, so it costs milliseconds on any bag size; a copied, touched or
+    ``chmod``-ed bag counts as new data.
     """
     if not bags:
         return ""
