@@ -448,12 +448,26 @@ def drive_pipe(
 # processes a node starts, and a SIGKILLed roscore cannot stop rosmaster and rosout,
 # which roslaunch starts in sessions of their own.
 _REAPER = r"""
+tmp=$1
 guarded=""
 while IFS= read -r line; do
   case "$line" in
     done) exit 0 ;;
     g|p|g*[!0-9]*|p*[!0-9]*) ;;
     g*|p*) guarded="$guarded $line" ;;
+  esac
+done
+# The guarded processes' children, found before anything is signalled: roslaunch starts
+# rosmaster and rosout in sessions of their own, and if roscore is SIGKILLed before it
+# stopped them, nothing else would.  They get SIGKILL only: SIGINT is roscore's to send.
+parents=" "
+for entry in $guarded; do parents="$parents${entry#?} "; done
+children=""
+for stat in /proc/[0-9]*/stat; do
+  IFS= read -r fields < "$stat" 2>/dev/null || continue
+  set -- ${fields##*) }
+  case "$parents" in
+    *" $2 "*) pid=${stat#/proc/}; children="$children g${pid%/stat} p${pid%/stat}" ;;
   esac
 done
 send() {
@@ -465,7 +479,7 @@ send() {
   done
 }
 alive() {
-  for entry in $guarded; do
+  for entry in $guarded $children; do
     case "$entry" in
       g*) kill -s 0 -- "-${entry#g}" 2>/dev/null && return 0 ;;
       p*) kill -s 0 "${entry#p}" 2>/dev/null && return 0 ;;
@@ -473,16 +487,17 @@ alive() {
   done
   return 1
 }
-# SIGINT first: roslaunch (roscore) then stops rosmaster and rosout, which it starts in
-# sessions of their own; SIGKILL whatever is left after 3 s.
+# SIGINT first: roslaunch (roscore) then stops rosmaster and rosout; SIGKILL whatever is
+# left after 3 s.
 send INT
 tries=0
 while [ "$tries" -lt 30 ] && alive; do
   sleep 0.1
   tries=$((tries + 1))
 done
+guarded="$guarded $children"
 send KILL
-[ -n "$1" ] && rm -rf -- "$1"
+[ -n "$tmp" ] && rm -rf -- "$tmp"
 exit 0
 """
 
@@ -618,8 +633,23 @@ def _ros_env(tmp: Path, port: int, extra: Sequence[tuple[str, str]]) -> dict[str
     return env
 
 
+def _children(pid: int) -> list[int]:
+    """The live (not zombie) child processes of ``pid``."""
+    found = []
+    for path in Path("/proc").iterdir():
+        fields = _stat_fields(path) if path.name.isdigit() else None
+        if fields is not None and fields[0] != b"Z" and int(fields[1]) == pid:
+            found.append(int(path.name))
+    return found
+
+
 def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
-    """SIGINT the process group (ROS's clean shutdown), then SIGKILL what is left."""
+    """SIGINT the process group (ROS's clean shutdown), then SIGKILL what is left.
+
+    roslaunch starts rosmaster and rosout in sessions of their own: when roscore does not
+    stop them within ``grace_s`` and is SIGKILLed, they are SIGKILLed too.
+    """
+    children = _children(proc.pid)
     for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
@@ -630,7 +660,14 @@ def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
         # The leader is gone; group members it left behind still get the signal.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        return
+        if sig == signal.SIGINT:
+            return  # a clean exit: roslaunch stopped its children itself
+        break
+    for child in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
 
 
 def _tail(path: Path) -> str:

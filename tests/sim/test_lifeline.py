@@ -7,6 +7,7 @@ killed -- and checks that nothing it started is left running.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from adcloud.sim.adapters import Lifeline
+from adcloud.sim.adapters import Lifeline, _stop_group
 
 
 def _alive(pid: int) -> bool:
@@ -57,6 +58,18 @@ def _wait_until(predicate: object, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _describe(pids: list[int]) -> str:
+    """Each process's pid, state, parent and command line, for a failure message."""
+    lines = []
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            state, ppid = fields[0].decode(), fields[1].decode()
+            lines.append(f"{pid} [{state}, parent {ppid}] {cmdline.decode(errors='replace')}")
+    return "; ".join(lines)
+
+
 def _spawn(code: str, tmp_path: Path) -> subprocess.Popen[bytes]:
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(code))
@@ -66,7 +79,11 @@ def _spawn(code: str, tmp_path: Path) -> subprocess.Popen[bytes]:
 def _kill_and_check(child: subprocess.Popen[bytes], started: set[int], reaper: int) -> None:
     child.send_signal(signal.SIGKILL)
     child.wait()
-    _wait_until(lambda: not any(_alive(p) for p in started), 15, f"{started} to exit")
+    deadline = time.monotonic() + 15
+    while survivors := [p for p in started if _alive(p)]:
+        if time.monotonic() > deadline:
+            pytest.fail("still running 15 s after their owner was killed: " + _describe(survivors))
+        time.sleep(0.05)
     _wait_until(lambda: not _alive(reaper), 5, "the reaper to exit")
 
 
@@ -204,3 +221,78 @@ def test_a_killed_ros1_replay_takes_roscore_and_the_node_along(
     finally:
         if child.poll() is None:
             child.kill()
+
+
+# A group leader that ignores SIGINT and starts a child in a session of its own: roscore
+# under load, whose rosmaster and rosout survive it when it is SIGKILLed.
+_STUBBORN_LEADER = """
+import os, signal, subprocess, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+subprocess.Popen(["sleep", os.environ["MARKER"]], start_new_session=True)
+time.sleep(600)
+"""  # the marker comes in the environment: only the child's command line shows it
+
+
+def _stubborn_leader(marker: str) -> subprocess.Popen[bytes]:
+    leader = subprocess.Popen(
+        [sys.executable, "-c", _STUBBORN_LEADER],
+        env={**os.environ, "MARKER": marker},
+        start_new_session=True,
+    )
+    _wait_until(lambda: _marker_processes(marker), 30, "the leader's child")
+    return leader
+
+
+def test_the_reaper_kills_children_a_killed_leader_left_in_sessions_of_their_own(
+    tmp_path: Path,
+) -> None:
+    marker = f"6000.{os.getpid()}3"
+    ready = tmp_path / "ready"
+    child = _spawn(
+        f"""
+        import os, subprocess, sys, time
+        from pathlib import Path
+        from adcloud.sim.adapters import Lifeline
+        line = Lifeline()
+        leader = subprocess.Popen(
+            [sys.executable, "-c", {_STUBBORN_LEADER!r}],
+            env={{**os.environ, "MARKER": {marker!r}}},
+            start_new_session=True,
+        )
+        line.guard_group(leader.pid)
+        Path({str(ready)!r}).write_text(str(line.pid))
+        time.sleep(600)
+        """,
+        tmp_path,
+    )
+    try:
+        _wait_until(lambda: ready.exists() and _marker_processes(marker), 30, "the leader")
+        (grandchild,) = _marker_processes(marker)
+        started = _descendants(child.pid)
+        assert grandchild in started
+        _kill_and_check(child, started, int(ready.read_text()))
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for pid in _marker_processes(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_stopping_a_leader_that_ignores_sigint_kills_its_children_too() -> None:
+    marker = f"6000.{os.getpid()}4"
+    leader = _stubborn_leader(marker)
+    try:
+        _stop_group(leader, grace_s=0.5)
+        assert leader.poll() == -signal.SIGKILL
+        _wait_until(lambda: not _marker_processes(marker), 5, "the leader's child to exit")
+    finally:
+        leader.kill()
+        for pid in _marker_processes(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_leader_that_stops_on_sigint_keeps_the_clean_path() -> None:
+    group = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)
+    _wait_until(lambda: len(_descendants(group.pid)) >= 1, 10, "the group's sleep")
+    _stop_group(group)
+    assert group.returncode is not None and group.returncode != -signal.SIGKILL
