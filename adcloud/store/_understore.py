@@ -55,14 +55,17 @@ class UfsStaging:
         self.size = 0
         self.crc = 0
         self._published = False
+        self._marker: Path | None = None
         if ufs.local_root is not None:
             final = ufs.local_path(key, create_parents=True)
             self._final: str = str(final)
             tag = f"{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}"
             self._tmp: str = str(final.parent / f".{final.name}{tag}")
+            self._marker = ufs.register_staging(self._tmp, key)
             try:
                 fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             except OSError as err:
+                self._forget()
                 raise ufs.error(err, key) from err
             self._file: BinaryIO = os.fdopen(fd, "wb", buffering=0)
         else:
@@ -70,9 +73,14 @@ class UfsStaging:
             self._final = ufs.remote_path(key)
             head, _, name = self._final.rpartition("/")
             self._tmp = f"{head}/{_TMP_MARK}{uuid.uuid4().hex[:12]}-{name}"
+            self._marker = ufs.register_staging(self._tmp, key)
             with contextlib.suppress(Exception):
                 fs.makedirs(head, exist_ok=True)
-            self._file = fs.open(self._tmp, "wb")
+            try:
+                self._file = fs.open(self._tmp, "wb")
+            except BaseException:
+                self._forget()
+                raise
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append ``data`` (CRC-32 and size are tracked)."""
@@ -111,6 +119,7 @@ class UfsStaging:
             self.discard()
             raise self._ufs.error(err, self._key) from err
         self._published = True
+        self._forget()
 
     def discard(self) -> None:
         """Drop the staged bytes (no error if they are already gone)."""
@@ -123,6 +132,14 @@ class UfsStaging:
                 Path(self._tmp).unlink()
             else:
                 cast(Any, self._ufs.fs).rm(self._tmp)
+        self._forget()
+
+    def _forget(self) -> None:
+        """The staged file is published or gone: drop its registry entry."""
+        if self._marker is not None:
+            with contextlib.suppress(OSError):
+                self._marker.unlink()
+            self._marker = None
 
 
 def _fsync_dir(path: str) -> None:
@@ -136,8 +153,16 @@ def _fsync_dir(path: str) -> None:
 class UnderStore:
     """The under file system at ``url``; keys are normalized store paths below its root."""
 
-    def __init__(self, url: str, **storage_options: Any) -> None:
+    def __init__(
+        self, url: str, *, staging_registry: Path | None = None, **storage_options: Any
+    ) -> None:
         self.url = url
+        #: Where each staging file in progress is recorded (``<pid>-<random>``, holding the
+        #: staging file's path) until it is published or discarded, so that the staging
+        #: files of a writer killed mid-write can be found without listing the under-store.
+        self.staging_registry = staging_registry
+        if staging_registry is not None:
+            staging_registry.mkdir(parents=True, exist_ok=True)
         self.local_root = _local_root(url) if not storage_options else None
         self.fs: object | None = None
         if self.local_root is not None:
@@ -201,6 +226,41 @@ class UnderStore:
     def remote_path(self, key: str) -> str:
         """The filesystem path of ``key`` on a remote under-store."""
         return f"{self._remote_root}/{key.lstrip('/')}"
+
+    def register_staging(self, tmp: str, key: str) -> Path | None:
+        """Record staging file ``tmp`` (of ``key``) before it is created; None without a
+        registry."""
+        if self.staging_registry is None:
+            return None
+        marker = self.staging_registry / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        try:
+            marker.write_text(tmp)
+        except OSError as err:
+            raise self.error(err, key) from err
+        return marker
+
+    def remove_abandoned_staging(self, alive: Callable[[int], bool]) -> int:
+        """Delete the staging files that writers which died mid-write left behind (found in
+        the registry; a writer still alive keeps its own).  Returns how many were removed."""
+        if self.staging_registry is None:
+            return 0
+        removed = 0
+        for marker in self.staging_registry.iterdir():
+            pid = marker.name.split("-", 1)[0]
+            if not pid.isdigit() or alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                tmp = marker.read_text()
+                # Only ever a staging file: the registry is not trusted to name others.
+                if _TMP_MARK in tmp.rpartition("/")[2]:
+                    if self.local_root is not None:
+                        Path(tmp).unlink(missing_ok=True)
+                    else:
+                        with contextlib.suppress(FileNotFoundError):
+                            cast(Any, self.fs).rm(tmp)
+                    removed += 1
+                marker.unlink()
+        return removed
 
     def remove_stale_staging(self, key: str, alive: Callable[[int], bool]) -> None:
         """Delete staging files of ``key`` left by dead processes (local under-stores)."""

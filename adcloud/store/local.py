@@ -258,7 +258,7 @@ class LocalStore(BaseStore):
         self._cat = Catalog(meta / "catalog.sqlite")
         self._space = LockFile(meta / "locks" / "space.lock", 1)
         self._ufs_locks = LockFile(meta / "locks" / "ufs.lock", _UFS_STRIPES)
-        self._ufs = UnderStore(settings.ufs_url())
+        self._ufs = UnderStore(settings.ufs_url(), staging_registry=meta / "ufs-staging")
         self._access: dict[int, int] = {}
         self._access_lock = threading.Lock()
         self._retry_at: dict[int, float] = {}
@@ -307,6 +307,9 @@ class LocalStore(BaseStore):
                 if pid_text.isdigit() and not _pid_alive(int(pid_text)):
                     with contextlib.suppress(OSError):
                         entry.unlink()
+        removed = self._ufs.remove_abandoned_staging(_pid_alive)
+        if removed:
+            log.info("removed %d under-store staging files of writers that died", removed)
         boot = _boot_id()
         layout = json.dumps({t.name: str(t.dir) for t in self._tiers}, sort_keys=True)
         if self._cat.meta("boot") == boot and self._cat.meta("layout") == layout:
@@ -1351,14 +1354,17 @@ class LocalStore(BaseStore):
                 with self._ufs_locks.hold(_stripe(row.path)):
                     self._ufs.delete(row.path)
 
-    def _sweep_ttl(self) -> None:
+    def _sweep(self) -> None:
+        """Expire TTLs; remove under-store staging files of writers that died since."""
         for row in self._cat.expired(time.time_ns()):
             self._expire(row)
+        self._ufs.remove_abandoned_staging(_pid_alive)
 
     def maintain(self) -> None:
-        """One round of background work now: persist what is pending, expire TTLs, flush LRU."""
+        """One round of background work now: persist what is pending, expire TTLs, remove the
+        staging files of dead writers, flush LRU."""
         self._run_pending()
-        self._sweep_ttl()
+        self._sweep()
         self._flush_access()
 
     def flush(self, timeout: float | None = None) -> None:
@@ -1390,7 +1396,7 @@ class LocalStore(BaseStore):
                 self._run_pending()
                 if time.monotonic() - self._last_sweep >= interval:
                     self._last_sweep = time.monotonic()
-                    self._sweep_ttl()
+                    self._sweep()
                 self._flush_access()
             except Exception:  # the loop must survive; the error is logged
                 log.exception("store maintenance failed; retrying")

@@ -42,8 +42,9 @@ def main(argv: list[str]) -> int:
     mode = argv[0]
     if mode == "slow-write":
         key = argv[1]
+        write_type = WriteType.parse(argv[2]) if len(argv) > 2 else WriteType.MUST_CACHE
         store = LocalStore("local://", background=False)
-        with store.open(key, "wb", write_type=WriteType.MUST_CACHE) as stream:
+        with store.open(key, "wb", write_type=write_type) as stream:
             for i in range(100_000):
                 stream.write(os.urandom(256 << 10))
                 if i == 3:

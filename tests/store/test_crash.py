@@ -48,6 +48,50 @@ def test_sigkill_mid_write_publishes_nothing(store_root: Path) -> None:
         store.close()
 
 
+def test_sigkill_mid_through_write_leaves_no_staging_file_in_the_under_store(
+    store_root: Path,
+) -> None:
+    LocalStore("local://", background=False).close()
+    registry = store_root / "ufs-staging"
+    proc = start_worker("slow-write", "/logs/run.bin", "THROUGH")
+    wait_for_line(proc, "writing")
+    (staging,) = (store_root / "ufs/logs").iterdir()
+    assert "adcloud-tmp" in staging.name and staging.stat().st_size >= 4 * (256 << 10)
+    assert [m.read_text() for m in registry.iterdir()] == [str(staging)]
+    # another process opening or maintaining the store leaves a live writer's staging alone
+    other = LocalStore("local://", background=False)
+    other.maintain()
+    assert staging.exists()
+    kill(proc)
+    other.maintain()  # a long-lived process finds it without reopening the store
+    other.close()
+    assert not staging.exists()
+    store = LocalStore("local://", background=False)
+    try:
+        assert not store.exists("/logs/run.bin")
+        assert list((store_root / "ufs/logs").iterdir()) == []
+        assert list(registry.iterdir()) == []
+        store.put("/logs/run.bin", b"complete", write_type=WriteType.THROUGH)
+        assert (store_root / "ufs/logs/run.bin").read_bytes() == b"complete"
+        assert list(registry.iterdir()) == []  # a finished write leaves no entry
+    finally:
+        store.close()
+
+
+def test_the_staging_registry_never_deletes_anything_but_staging_files(
+    store_root: Path,
+) -> None:
+    LocalStore("local://", background=False).close()
+    precious = store_root / "ufs/precious.bin"
+    precious.parent.mkdir(parents=True, exist_ok=True)
+    precious.write_bytes(b"keep")
+    # an entry of a dead writer (no pid is that large) naming a file that is no staging file
+    (store_root / "ufs-staging" / "999999999-forged").write_text(str(precious))
+    LocalStore("local://", background=False).close()
+    assert precious.read_bytes() == b"keep"
+    assert not (store_root / "ufs-staging" / "999999999-forged").exists()
+
+
 def test_sigkill_after_async_ack_loses_nothing(store_root: Path) -> None:
     proc = start_worker("async-put", "/ckpt/params.bin", str(2 << 20), "7")
     wait_for_line(proc, "acked")
