@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from adcloud.synth.config import DriveConfig
-from adcloud.synth.frames import MOUNTS
+from adcloud.synth.frames import MOUNTS, SensorMount
 from adcloud.synth.labels import LABEL_COLORS, Label
 from adcloud.synth.raycast import cast_rays
 from adcloud.synth.trajectory import Trajectory
@@ -39,13 +39,20 @@ class CameraModel:
     fy: float
     cx: float
     cy: float
+    #: Where the camera sits on the car and its optical frame (the forward camera by default).
+    link: SensorMount = MOUNTS["camera"]
+    optical: SensorMount = MOUNTS["camera_optical"]
 
     @classmethod
-    def from_config(cls, config: DriveConfig) -> CameraModel:
-        """The camera a drive uses (square pixels, centred principal point)."""
+    def from_config(
+        cls, config: DriveConfig, mounts: tuple[SensorMount, SensorMount] | None = None
+    ) -> CameraModel:
+        """A camera of the drive (square pixels, centred principal point) on ``mounts``
+        (``(link, optical)``; default the forward camera)."""
         w, h = config.camera_width, config.camera_height
         f = (w / 2) / np.tan(np.radians(config.camera_hfov_deg) / 2)
-        return cls(w, h, float(f), float(f), w / 2, h / 2)
+        link, optical = mounts or (MOUNTS["camera"], MOUNTS["camera_optical"])
+        return cls(w, h, float(f), float(f), w / 2, h / 2, link, optical)
 
     @property
     def k(self) -> tuple[float, ...]:
@@ -56,9 +63,8 @@ class CameraModel:
         self, trajectory: Trajectory, t: float
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Position and rotation (camera_optical to map) at time ``t`` (s)."""
-        link, optical = MOUNTS["camera"], MOUNTS["camera_optical"]
-        rot = link.rotation @ optical.rotation
-        p, r = trajectory.mount_pose(np.array([t]), np.asarray(link.translation), rot)
+        rot = self.link.rotation @ self.optical.rotation
+        p, r = trajectory.mount_pose(np.array([t]), np.asarray(self.link.translation), rot)
         return p[0], r[0]
 
     def render(

@@ -25,6 +25,7 @@ _EPILOG = """\
 examples:
   adcloud synth --seconds 60 --seed 7 --format ros1 --out drive.bag
   adcloud synth --seconds 5 --beams 16 --no-camera --format mcap --out drive_mcap
+  adcloud synth --seconds 10 --no-lidar --cameras 4 --out rig.bag
   adcloud synth --seconds 600 --compression lz4 --out long.bag --overwrite
   ADCLOUD_SYNTH_GPS_NOISE_M=3 adcloud synth --seconds 30 --out noisy.bag
 
@@ -102,6 +103,12 @@ def add_parser(subparsers: Any) -> None:
         help="record the camera (default on)",
     )
     p.add_argument(
+        "--cameras",
+        type=int,
+        help="cameras evenly spaced in yaw around the car (1-8, default 1): the first on "
+        "/camera/..., camera k on /camera<k>/... (a multi-camera perception rig)",
+    )
+    p.add_argument(
         "--no-raster",
         dest="truth_raster",
         action="store_const",
@@ -129,6 +136,7 @@ _FIELDS = (
     "speed_mps",
     "lidar",
     "camera",
+    "cameras",
     "truth_raster",
 )
 

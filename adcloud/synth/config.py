@@ -104,6 +104,10 @@ class DriveConfig:
 
     #: Camera on/off, image size (pixels), frame rate (Hz), horizontal field of view (degrees).
     camera: bool = True
+    #: How many cameras, evenly spaced in yaw around the car from the front one; the first
+    #: publishes on ``/camera/...``, camera ``k`` on ``/camera<k>/...`` (a rig for
+    #: multi-camera perception replay).
+    cameras: int = 1
     camera_width: int = 160
     camera_height: int = 120
     camera_hz: float = 5.0
@@ -203,6 +207,10 @@ class DriveConfig:
             "camera size must be within 16x16 .. 1920x1080 pixels",
         )
         need(0.2 <= self.camera_hz <= 60, "camera_hz must be in [0.2, 60]")
+        need(
+            isinstance(self.cameras, int) and 1 <= self.cameras <= 8,
+            f"cameras must be an integer in [1, 8], not {self.cameras!r}",
+        )
         need(10 <= self.camera_hfov_deg <= 150, "camera_hfov_deg must be in [10, 150]")
         need(0.01 <= self.truth_raster_res_m <= 1, "truth_raster_res_m must be in [0.01, 1]")
         need(0 <= self.truth_margin_m <= 200, "truth_margin_m must be in [0, 200]")

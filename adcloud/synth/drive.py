@@ -29,11 +29,17 @@ from numpy.typing import NDArray
 from adcloud.synth.camera import CameraModel
 from adcloud.synth.config import DriveConfig
 from adcloud.synth.errors import SynthError
-from adcloud.synth.frames import MOUNTS, euler_matrix, matrix_quaternion
+from adcloud.synth.frames import (
+    MOUNTS,
+    camera_mounts,
+    camera_prefix,
+    euler_matrix,
+    matrix_quaternion,
+)
 from adcloud.synth.gnss import VERTICAL_FACTOR, GnssModel
 from adcloud.synth.imu import ImuModel
 from adcloud.synth.lidar import POINT_DTYPE, LidarModel
-from adcloud.synth.messages import TOPICS, MessageCodec
+from adcloud.synth.messages import TOPICS, MessageCodec, Topic
 from adcloud.synth.odometry import WheelOdometry
 from adcloud.synth.trajectory import Driver, Trajectory, make_route
 from adcloud.synth.truth import TruthWriter, truth_dir_for
@@ -107,17 +113,37 @@ class _Drive:
             for name, sid in _STREAMS.items()
         }
         self.rng = {name: np.random.default_rng(seed) for name, seed in seeds.items()}
+        # Camera 0 keeps the "camera" stream (its images do not depend on the rig size).
+        self.camera_rngs = [self.rng["camera"]] + [
+            np.random.default_rng(np.random.SeedSequence([config.seed, 0x5E5, 5, k]))
+            for k in range(1, config.cameras)
+        ]
         self.imu = ImuModel(config, self.rng["imu"])
         self.odom = WheelOdometry(config, self.rng["odom"])
         self.gnss = GnssModel(config, self.rng["gps"])
         self.lidar = LidarModel.from_config(config) if config.lidar else None
-        self.camera = CameraModel.from_config(config) if config.camera else None
+        self.cameras = (
+            [
+                CameraModel.from_config(config, camera_mounts(k, config.cameras))
+                for k in range(config.cameras)
+            ]
+            if config.camera
+            else []
+        )
+        self.camera = self.cameras[0] if self.cameras else None
         self.topics = [
             t
             for t in TOPICS.values()
             if (config.lidar or not t.name.startswith("/lidar"))
             and (config.camera or not t.name.startswith("/camera"))
         ]
+        camera_topics = [t for t in self.topics if t.name.startswith("/camera/")]
+        self.topics += [
+            Topic(camera_prefix(k) + t.name.removeprefix("/camera"), t.msgtype)
+            for k in range(1, len(self.cameras))
+            for t in camera_topics
+        ]
+        self.msgtypes = {t.name: t.msgtype for t in self.topics}
         self.rank = {t.name: i for i, t in enumerate(self.topics)}
         for topic in self.topics:
             self.writer.add_topic(topic.name, topic.msgtype, latched=topic.latched)
@@ -125,7 +151,7 @@ class _Drive:
         self.pending: list[tuple[int, int, str, bytes]] = []
 
     def emit(self, topic: str, t_ns: int, msg: object) -> None:
-        data = self.codec.serialize(msg, TOPICS[topic].msgtype)
+        data = self.codec.serialize(msg, self.msgtypes[topic])
         self.pending.append((t_ns, self.rank[topic], topic, data))
 
     def flush(self) -> None:
@@ -142,14 +168,11 @@ class _Drive:
 
     def static_tf(self) -> None:
         t = self.abs_ns(0)
-        frames = ["lidar", "imu", "gps"] + (
-            ["camera", "camera_optical"] if self.config.camera else []
-        )
+        mounts = [MOUNTS["lidar"], MOUNTS["imu"], MOUNTS["gps"]]
+        for cam in self.cameras:
+            mounts += [cam.link, cam.optical]
         transforms = [
-            self.codec.transform(
-                t, MOUNTS[k].parent, MOUNTS[k].frame, MOUNTS[k].translation, MOUNTS[k].quaternion
-            )
-            for k in frames
+            self.codec.transform(t, m.parent, m.frame, m.translation, m.quaternion) for m in mounts
         ]
         self.emit("/tf_static", t, self.codec.tf(transforms))
 
@@ -270,27 +293,21 @@ class _Drive:
             )
 
     def camera_frames(self, traj: Trajectory, t_ns: NDArray[np.int64]) -> None:
-        cam = self.camera
-        assert cam is not None
-        frame = MOUNTS["camera_optical"].frame
         for t in t_ns.tolist():
-            rgb, labels = cam.render(self.world, traj, t / _NS, self.rng["camera"])
             ts = self.abs_ns(t)
-            self.emit(
-                "/camera/camera_info",
-                ts,
-                self.codec.camera_info(
-                    "/camera/camera_info", ts, frame, cam.width, cam.height, cam.k
-                ),
-            )
-            self.emit(
-                "/camera/image_raw",
-                ts,
-                self.codec.image("/camera/image_raw", ts, frame, rgb, "rgb8"),
-            )
-            self.emit(
-                "/camera/labels", ts, self.codec.image("/camera/labels", ts, frame, labels, "mono8")
-            )
+            for k, (cam, rng) in enumerate(zip(self.cameras, self.camera_rngs, strict=True)):
+                rgb, labels = cam.render(self.world, traj, t / _NS, rng)
+                frame, prefix = cam.optical.frame, camera_prefix(k)
+                info, image, label = (
+                    f"{prefix}/camera_info",
+                    f"{prefix}/image_raw",
+                    f"{prefix}/labels",
+                )
+                self.emit(
+                    info, ts, self.codec.camera_info(info, ts, frame, cam.width, cam.height, cam.k)
+                )
+                self.emit(image, ts, self.codec.image(image, ts, frame, rgb, "rgb8"))
+                self.emit(label, ts, self.codec.image(label, ts, frame, labels, "mono8"))
 
 
 def _open_drive(config: DriveConfig, bag: Path, world: World) -> _Drive:
@@ -359,7 +376,21 @@ def generate_drive(
     camera_info = None
     if drive.camera is not None:
         cam = drive.camera
-        camera_info = {"width": cam.width, "height": cam.height, "k": list(cam.k)}
+        camera_info = {
+            "width": cam.width,
+            "height": cam.height,
+            "k": list(cam.k),
+            # every camera of the rig: topic prefix, optical frame, mount on base_link
+            "rig": [
+                {
+                    "prefix": camera_prefix(k),
+                    "frame": c.optical.frame,
+                    "translation": list(c.link.translation),
+                    "yaw_deg": round(float(np.degrees(c.link.rpy[2])), 6),
+                }
+                for k, c in enumerate(drive.cameras)
+            ],
+        }
     drive.truth.finish(
         {
             "messages": dict(drive.counts),

@@ -19,6 +19,8 @@ from numpy.typing import NDArray
 __all__ = [
     "MOUNTS",
     "SensorMount",
+    "camera_mounts",
+    "camera_prefix",
     "euler_matrix",
     "matrix_quaternion",
     "quaternion_matrix",
@@ -58,6 +60,32 @@ MOUNTS: dict[str, SensorMount] = {
         "camera_optical", "camera_link", (0.0, 0.0, 0.0), (-np.pi / 2, 0.0, -np.pi / 2)
     ),
 }
+
+
+def camera_prefix(index: int) -> str:
+    """The topic prefix of camera ``index``: ``/camera`` for the first, ``/camera<k>`` after."""
+    return "/camera" if index == 0 else f"/camera{index}"
+
+
+def camera_mounts(index: int, count: int) -> tuple[SensorMount, SensorMount]:
+    """``(link, optical)`` mounts of camera ``index`` of ``count`` evenly spaced in yaw.
+
+    Camera 0 is the forward camera of :data:`MOUNTS`; camera ``k`` looks ``k / count`` of a
+    turn to the left of it, from the roof edge in that direction (frames ``camera<k>_link``
+    and ``camera<k>_optical``).
+    """
+    link, optical = MOUNTS["camera"], MOUNTS["camera_optical"]
+    if index == 0:
+        return link, optical
+    yaw = 2 * np.pi * index / count
+    x, _, z = link.translation
+    mount = SensorMount(
+        f"camera{index}_link",
+        "base_link",
+        (round(x * float(np.cos(yaw)), 6), round(0.9 * float(np.sin(yaw)), 6), z),
+        (link.rpy[0], link.rpy[1], float(yaw)),
+    )
+    return mount, SensorMount(f"camera{index}_optical", mount.frame, (0.0, 0.0, 0.0), optical.rpy)
 
 
 def euler_matrix(roll: float | F64, pitch: float | F64, yaw: float | F64) -> F64:

@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 from adcloud.config import write_settings
 from adcloud.synth.config import DriveConfig
 from adcloud.synth.errors import SynthError
-from adcloud.synth.frames import MOUNTS
+from adcloud.synth.frames import MOUNTS, camera_mounts
 from adcloud.synth.labels import Label
 from adcloud.synth.roads import (
     CURB_HEIGHT_M,
@@ -194,6 +194,9 @@ class TruthWriter:
 def world_json(world: World, config: DriveConfig) -> dict[str, Any]:
     """The ``world.json`` content (without the raster block)."""
     lat, lon, alt = config.gps_origin
+    mounts = list(MOUNTS.values())
+    if config.camera:
+        mounts += [m for k in range(1, config.cameras) for m in camera_mounts(k, config.cameras)]
     return {
         "format": "adcloud.synth.truth",
         "version": TRUTH_VERSION,
@@ -208,7 +211,7 @@ def world_json(world: World, config: DriveConfig) -> dict[str, Any]:
                 "translation_m": list(m.translation),
                 "rpy_rad": list(m.rpy),
             }
-            for m in MOUNTS.values()
+            for m in mounts
         },
         "labels": {label.name.lower(): int(label) for label in Label},
         "sign_types": list(SIGN_TYPES),
@@ -377,6 +380,9 @@ def map_geojson(world: World, config: DriveConfig) -> dict[str, Any]:
             },
         )
     lat, lon, alt = config.gps_origin
+    mounts = list(MOUNTS.values())
+    if config.camera:
+        mounts += [m for k in range(1, config.cameras) for m in camera_mounts(k, config.cameras)]
     return {
         "type": "FeatureCollection",
         "adcloud:frame": "map",

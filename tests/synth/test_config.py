@@ -37,6 +37,8 @@ def test_defaults_are_valid() -> None:
         ({"imu_hz": 7.0}, "imu_hz must be in"),
         ({"camera_hz": 7.0}, "camera_hz=7.0 Hz has no whole-nanosecond period"),
         ({"gps_outage": (3.0, -1.0)}, "gps_outage"),
+        ({"cameras": 0}, "cameras must be an integer in [1, 8], not 0"),
+        ({"cameras": 9}, "cameras must be an integer in [1, 8], not 9"),
     ],
 )
 def test_bad_settings_raise_synth_error(change: dict[str, object], words: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from rosbags.highlevel import AnyReader
 from adcloud.binpipe import BagFormat, plan_partitions, read_partition, summarize
 from adcloud.binpipe.rdd import BinPipeRDD
 from adcloud.synth import DriveConfig, DriveResult, SynthError, generate_drive
+from adcloud.synth.labels import Label
 
 TINY = DriveConfig(
     seconds=1.2,
@@ -161,6 +163,50 @@ def test_binpipe_rdd_counts_every_message(
     assert BinPipeRDD.from_bags(spark, [str(result.bag)]).count() == sum(
         _count(result.bag).values()
     )
+
+
+def test_a_camera_rig_records_every_camera_from_its_own_mount(tmp_path: Path) -> None:
+    config = DriveConfig(**{**TINY.__dict__, "lidar": False, "cameras": 4})
+    rig = generate_drive(config, tmp_path / "rig.bag")
+    single = generate_drive(DriveConfig(**{**TINY.__dict__, "lidar": False}), tmp_path / "one.bag")
+    prefixes = ["/camera", "/camera1", "/camera2", "/camera3"]
+    frames = rig.messages["/camera/image_raw"]
+    assert frames == single.messages["/camera/image_raw"] > 0
+    for prefix in prefixes:
+        for name in ("image_raw", "labels", "camera_info"):
+            assert rig.messages[f"{prefix}/{name}"] == frames
+    images: dict[str, list[tuple[int, object]]] = {p: [] for p in prefixes}
+    with AnyReader([rig.bag]) as reader:
+        for conn, ts, raw in reader.messages():
+            if conn.topic == "/tf_static":
+                tf = reader.deserialize(raw, conn.msgtype)
+                children = {t.child_frame_id: t.header.frame_id for t in tf.transforms}
+            elif conn.topic.endswith("/labels"):
+                msg = reader.deserialize(raw, conn.msgtype)
+                images[conn.topic.removesuffix("/labels")].append((ts, msg))
+    for k in (1, 2, 3):
+        assert children[f"camera{k}_link"] == "base_link"
+        assert children[f"camera{k}_optical"] == f"camera{k}_link"
+    for prefix, shots in images.items():
+        assert [ts for ts, _ in shots] == [ts for ts, _ in images["/camera"]]
+        frame = "camera_optical" if prefix == "/camera" else f"camera{prefix[-1]}_optical"
+        assert {m.header.frame_id for _, m in shots} == {frame}  # type: ignore[attr-defined]
+    # every camera sees the road it drives on, each from its own direction
+    first = [bytes(m.data) for _, m in images["/camera"]]  # type: ignore[attr-defined]
+    road = int(Label.ROAD)
+    assert any(road in f for f in first)
+    for prefix in prefixes[1:]:
+        labels = [bytes(m.data) for _, m in images[prefix]]  # type: ignore[attr-defined]
+        assert labels != first
+        assert any(road in f for f in labels), prefix
+    with AnyReader([single.bag]) as reader:
+        conns = [c for c in reader.connections if c.topic == "/camera/labels"]
+        alone = [bytes(reader.deserialize(r, c.msgtype).data) for c, _, r in reader.messages(conns)]
+    assert alone == first  # the forward camera does not change with the rig around it
+    world = json.loads((rig.truth / "world.json").read_text())
+    assert [c["prefix"] for c in world["camera"]["rig"]] == prefixes
+    assert [c["yaw_deg"] for c in world["camera"]["rig"]] == [0.0, 90.0, 180.0, 270.0]
+    assert {"camera3_link", "camera3_optical"} <= set(world["frames"])
 
 
 def test_existing_output_is_refused_unless_overwrite(tmp_path: Path) -> None:
