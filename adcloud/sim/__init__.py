@@ -9,7 +9,7 @@
 - :mod:`~adcloud.sim.replay` -- the Spark job (:func:`run_replay`) and one scenario
   without Spark (:func:`run_scenario`);
 - :mod:`~adcloud.sim.perception` -- camera streams at frame rate into a detector
-  (frame loss, throughput, latency);
+  (frame loss, throughput, latency) and how many cameras it sustains;
 - :mod:`~adcloud.sim.report` -- ``results.jsonl``, JUnit XML and an HTML summary;
 - :mod:`~adcloud.sim.command` -- ``adcloud sim run``.
 """
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         parse_evaluator,
         register_evaluator,
     )
-    from adcloud.sim.perception import camera_replay_job
+    from adcloud.sim.perception import CameraLoad, CameraSweep, camera_replay_job, camera_sweep
     from adcloud.sim.replay import (
         ReplayJob,
         ReplayResults,
@@ -87,7 +87,7 @@ __getattr__, __dir__ = lazy_exports(
             "parse_evaluator",
             "register_evaluator",
         ),
-        "perception": ("camera_replay_job",),
+        "perception": ("CameraLoad", "CameraSweep", "camera_replay_job", "camera_sweep"),
         "replay": ("ReplayJob", "ReplayResults", "ScenarioResult", "run_replay", "run_scenario"),
         "report": ("read_results", "write_report"),
         "scenario": (
@@ -104,6 +104,8 @@ __all__ = [
     "ADAPTERS",
     "EVALUATORS",
     "ROS_INSTALL_HINT",
+    "CameraLoad",
+    "CameraSweep",
     "CutMode",
     "Evaluation",
     "Evaluator",
@@ -123,6 +125,7 @@ __all__ = [
     "SimError",
     "build_evaluator",
     "camera_replay_job",
+    "camera_sweep",
     "get_adapter",
     "parse_evaluator",
     "plan_scenarios",

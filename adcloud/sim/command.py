@@ -1,15 +1,18 @@
-"""``adcloud sim run``: a replay job from the command line (and under ``spark-submit``).
+"""``adcloud sim run`` and ``adcloud sim cameras``: replay jobs from the command line (and
+under ``spark-submit``).
 
-:func:`add_parser` registers ``sim`` with its ``run`` sub-command; :func:`run` builds a
-:class:`~adcloud.sim.replay.ReplayJob`, runs it on the Spark session
+:func:`add_parser` registers ``sim`` with its ``run`` and ``cameras`` sub-commands.
+:func:`run` builds a :class:`~adcloud.sim.replay.ReplayJob`, runs it on the Spark session
 (``--master``, ``ADCLOUD_SPARK_MASTER`` or ``local[*]``), prints a pass/fail table and
-writes the report.  Exit status: 0 when every scenario passed, 1 when any failed (errors
+writes the report; :func:`run_cameras` sweeps camera counts into a detector
+(:func:`~adcloud.sim.perception.camera_sweep`).  Exit status: 0 when every scenario passed, 1 when any failed (errors
 of the job itself are turned into messages by ``adcloud.cli``).  Only this module prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from rich.console import Console
@@ -17,11 +20,12 @@ from rich.table import Table
 
 from adcloud.sim.adapters import ADAPTERS, NodeSpec, ReplayTiming
 from adcloud.sim.evaluators import EVALUATORS, parse_evaluator
+from adcloud.sim.perception import CameraLoad, camera_sweep
 from adcloud.sim.replay import ReplayJob, ReplayResults, run_replay
 from adcloud.sim.report import write_report
 from adcloud.sim.scenario import CutMode, ScenarioCut
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "run_cameras"]
 
 _EPILOG = """\
 examples:
@@ -112,6 +116,75 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--report", metavar="URI", help="report directory (any store URI)")
     p.add_argument("--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)")
     p.set_defaults(func=run)
+    _add_cameras_parser(sim_sub)
+
+
+_CAMERAS_EPILOG = """\
+examples:
+  adcloud synth --seconds 20 --no-lidar --cameras 4 --out rig.bag
+  adcloud sim cameras rig.bag --node "python -m adcloud.sim.examples.camera_node --work-ms 60" \\
+      --cameras /camera/image_raw,/camera1/image_raw,/camera2/image_raw,/camera3/image_raw \\
+      --report out/sweep
+
+For each count n (--counts, default 1 up to the number of --cameras) the first n camera
+topics are replayed at their frame rate (times --rate) into the node, free-running: a
+detector that cannot keep up drops frames.  A count passes when its frame loss is at most
+--max-loss (and p95 latency within --max-latency-ms when given); the detector sustains the
+largest count that passes with every smaller count passing too.  The report directory gets
+sweep.json, sweep.png and each count's replay report in cameras-<n>/.
+Exit status: 0, or 1 when --require N is given and fewer than N cameras are sustained.
+"""
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--counts takes comma-separated whole numbers, not {text!r}"
+        ) from None
+
+
+def _add_cameras_parser(sim_sub: Any) -> None:
+    p = sim_sub.add_parser(
+        "cameras",
+        help="how many camera streams a detector sustains (frame loss, fps, latency per count)",
+        description="Replay 1, 2, ... camera streams at their frame rate into a detector node, "
+        "one count after the other, and report frame loss, throughput and latency per count and "
+        "the most cameras the detector sustains.",
+        epilog=_CAMERAS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("bags", nargs="+", help="bag URLs, globs or directories")
+    p.add_argument("--node", required=True, help="the detector's command line")
+    p.add_argument(
+        "--adapter",
+        default="pipe",
+        help=f"node adapter: {', '.join(sorted(ADAPTERS))} or package.module:attr (default: pipe)",
+    )
+    p.add_argument(
+        "--cameras",
+        required=True,
+        type=_topics,
+        help="camera image topics, comma-separated, in the order they are added",
+    )
+    p.add_argument("--output", default="/detections", help="the detector's output topic")
+    p.add_argument(
+        "--counts", type=_counts, help="camera counts to try, comma-separated (default: all)"
+    )
+    p.add_argument("--rate", type=float, default=1.0, help="replay speed (1: the frame rate)")
+    p.add_argument(
+        "--max-loss", type=float, default=0.05, help="frame loss a count may have (default 0.05)"
+    )
+    p.add_argument("--max-latency-ms", type=float, help="p95 latency bound per count, ms")
+    p.add_argument(
+        "--stop-after-failure", action="store_true", help="skip larger counts once one fails"
+    )
+    p.add_argument("--require", type=int, help="exit 1 unless at least this many are sustained")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-scenario time limit, s")
+    p.add_argument("--report", metavar="URI", help="report directory (any store URI)")
+    p.add_argument("--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)")
+    p.set_defaults(func=run_cameras)
 
 
 def _session(master: str | None) -> Any:
@@ -171,6 +244,62 @@ def run(args: argparse.Namespace, console: Console) -> int:
         url = write_report(results, args.report)
         console.print(f"report: {url}/report.html")
     return 0 if results.passed else 1
+
+
+def _load_row(load: CameraLoad) -> tuple[str, ...]:
+    def ms(value: float) -> str:
+        return "" if math.isnan(value) else f"{value:.1f}"  # NaN: no answer at all
+
+    return (
+        str(load.cameras),
+        "[green]pass[/green]" if load.passed else "[red]FAIL[/red]",
+        str(load.frames),
+        f"{100 * load.loss_rate:.1f}",
+        f"{load.throughput_fps:.1f}",
+        ms(load.latency_p50_ms),
+        ms(load.latency_p95_ms),
+        load.reason[:60],
+    )
+
+
+def run_cameras(args: argparse.Namespace, console: Console) -> int:
+    """Entry point of ``adcloud sim cameras``; 1 only when ``--require`` is not met."""
+    spark = _session(args.master)
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("cameras", "result", "frames", "loss %", "frames/s", "p50 ms", "p95 ms"):
+        table.add_column(name, justify="left" if name == "result" else "right")
+    table.add_column("reason")
+    kept: list[ReplayResults] = []
+
+    def shown(load: CameraLoad, results: ReplayResults) -> None:
+        kept.append(results)
+        console.print(f"{load.cameras} camera(s): " + ("pass" if load.passed else "FAIL"))
+
+    sweep = camera_sweep(
+        spark,
+        args.bags,
+        NodeSpec(args.node, adapter=args.adapter),
+        args.cameras,
+        args.output,
+        counts=args.counts,
+        stop_after_failure=args.stop_after_failure,
+        on_load=shown,
+        rate=args.rate,
+        max_loss=args.max_loss,
+        max_latency_ms=args.max_latency_ms,
+        timeout_s=args.timeout,
+    )
+    for load in sweep.loads:
+        table.add_row(*_load_row(load))
+    console.print(table)
+    console.print(
+        f"the detector sustains {sweep.sustained} of {len(args.cameras)} camera(s) at "
+        f"{args.rate:g}x their frame rate (frame loss <= {args.max_loss:.0%})"
+    )
+    if args.report:
+        url = sweep.write(args.report, kept)
+        console.print(f"report: {url}/sweep.png, {url}/sweep.json")
+    return 1 if args.require is not None and sweep.sustained < args.require else 0
 
 
 def run_demo(spark: Any, bag: str, out_dir: str, console: Console) -> ReplayResults:

@@ -11,18 +11,40 @@ plus, optionally, a latency bound::
     job = camera_replay_job(["drive.bag"], NodeSpec("python -m my.detector"),
                             ["/camera/image_raw", "/camera/labels"], "/detections")
     results = run_replay(spark, job)
+
+:func:`camera_sweep` answers how many cameras a detector sustains: it replays the first
+``n`` camera streams for each ``n`` in turn (one replay job after the other, so the loads
+never share the machine) and reports per ``n`` the frame-loss rate, throughput and
+latency, the largest ``n`` that passes (:attr:`CameraSweep.sustained`) and a plot::
+
+    sweep = camera_sweep(spark, ["rig.bag"], NodeSpec("python -m my.detector"),
+                         [f"/camera{k}/image_raw" for k in ("", 1, 2, 3)], "/detections")
+    print(sweep.sustained)
+    sweep.write("out/sweep")  # sweep.json, sweep.png and each load's replay report
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import io
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from adcloud.sim.adapters import NodeSpec, ReplayTiming
+from adcloud.sim.errors import SimError
 from adcloud.sim.evaluators import EvaluatorSpec
-from adcloud.sim.replay import ReplayJob
+from adcloud.sim.replay import ReplayJob, ReplayResults, run_replay
 from adcloud.sim.scenario import ScenarioCut
 
-__all__ = ["camera_replay_job"]
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["CameraLoad", "CameraSweep", "camera_replay_job", "camera_sweep"]
+
+log = logging.getLogger(__name__)
 
 
 def camera_replay_job(
@@ -61,3 +83,180 @@ def camera_replay_job(
         cut=cut or ScenarioCut(),
         timing=ReplayTiming(rate=rate, sync=False, timeout_s=timeout_s, wait_ready=True),
     ).validate()
+
+
+@dataclass(frozen=True)
+class CameraLoad:
+    """The detector fed ``cameras`` streams: worst loss and latency over the scenarios,
+    total throughput (answered frames per second, mean over the scenarios)."""
+
+    cameras: int
+    topics: tuple[str, ...]
+    passed: bool
+    frames: int
+    loss_rate: float
+    throughput_fps: float
+    latency_p50_ms: float
+    latency_p95_ms: float
+    reason: str
+
+    @classmethod
+    def of(cls, results: ReplayResults, topics: Sequence[str]) -> CameraLoad:
+        """Summarize the replay of ``topics`` (one scenario or more)."""
+        runs = results.results
+        metrics = [r.metrics for r in runs]
+
+        def worst(key: str) -> float:
+            values = [m[key] for m in metrics if key in m and math.isfinite(m[key])]
+            return max(values) if values else math.nan
+
+        fps = [m["frames.throughput_fps"] for m in metrics if "frames.throughput_fps" in m]
+        failed = [f"{r.scenario}: {r.reason}" for r in runs if not r.passed]
+        return cls(
+            cameras=len(topics),
+            topics=tuple(topics),
+            passed=results.passed,
+            frames=int(sum(m.get("frames.frames", 0.0) for m in metrics)),
+            loss_rate=worst("frames.loss_rate") if metrics else 1.0,
+            throughput_fps=sum(fps) / len(fps) if fps else 0.0,
+            latency_p50_ms=worst("frames.latency_p50_ms"),
+            latency_p95_ms=worst("frames.latency_p95_ms"),
+            reason="; ".join(failed),
+        )
+
+
+@dataclass(frozen=True)
+class CameraSweep:
+    """How a detector copes with 1, 2, ... cameras (see :func:`camera_sweep`)."""
+
+    loads: tuple[CameraLoad, ...]
+    max_loss: float
+    rate: float
+
+    @property
+    def sustained(self) -> int:
+        """The most cameras the detector sustains: the largest count that passed with every
+        smaller count tried also passing (0 when even the first count fails)."""
+        best = 0
+        for load in sorted(self.loads, key=lambda lo: lo.cameras):
+            if not load.passed:
+                break
+            best = load.cameras
+        return best
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (NaN latencies become None)."""
+        return {
+            "sustained": self.sustained,
+            "max_loss": self.max_loss,
+            "rate": self.rate,
+            "loads": [
+                {
+                    k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                    for k, v in asdict(load).items()
+                }
+                for load in self.loads
+            ],
+        }
+
+    def plot(self) -> bytes:
+        """A PNG: frame loss and throughput against the number of cameras (top), latency
+        (bottom); the loss bound is drawn, passing counts are green."""
+        import matplotlib  # noqa: PLC0415 - heavy; only plots need it
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+
+        n = [lo.cameras for lo in self.loads]
+        fig, (ax1, ax3) = plt.subplots(2, 1, figsize=(6.5, 6), sharex=True)
+        colors = ["tab:green" if lo.passed else "tab:red" for lo in self.loads]
+        ax1.bar(n, [100 * lo.loss_rate for lo in self.loads], color=colors, alpha=0.7)
+        ax1.axhline(100 * self.max_loss, color="black", linestyle="--", linewidth=1)
+        ax1.set_ylabel("frame loss (%, bars)")
+        ax2 = ax1.twinx()
+        ax2.plot(n, [lo.throughput_fps for lo in self.loads], "o-", color="tab:blue")
+        ax2.set_ylabel("answered frames/s (line)", color="tab:blue")
+        ax1.set_title(
+            f"Sustains {self.sustained} camera(s) at {self.rate:g}x frame rate "
+            f"(loss <= {self.max_loss:.0%}; green: pass)"
+        )
+        ax3.plot(n, [lo.latency_p50_ms for lo in self.loads], "o-", label="p50")
+        ax3.plot(n, [lo.latency_p95_ms for lo in self.loads], "o-", label="p95")
+        ax3.set_ylabel("latency (ms)")
+        ax3.set_xlabel("cameras replayed")
+        ax3.set_xticks(n)
+        ax3.legend()
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        return buf.getvalue()
+
+    def write(self, uri: str, results: Sequence[ReplayResults] = ()) -> str:
+        """Write ``sweep.json`` and ``sweep.png`` into the directory ``uri`` (any store
+        URI), and each load's replay report (``results``) into ``cameras-<n>/``."""
+        from adcloud.sim.report import _store_url, write_report  # noqa: PLC0415
+        from adcloud.store import locate  # noqa: PLC0415
+
+        url = _store_url(uri)
+        store, root = locate(url)
+        base = root.rstrip("/")
+        for res in results:
+            write_report(res, f"{url.rstrip('/')}/cameras-{len(res.job.input_topics)}")
+        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        store.put(f"{base}/sweep.json", text.encode("utf-8"))
+        store.put(f"{base}/sweep.png", self.plot())
+        return url
+
+
+def camera_sweep(
+    spark: SparkSession,
+    bags: Sequence[str],
+    node: NodeSpec,
+    camera_topics: Sequence[str],
+    output_topic: str,
+    *,
+    counts: Sequence[int] | None = None,
+    stop_after_failure: bool = False,
+    on_load: Callable[[CameraLoad, ReplayResults], None] | None = None,
+    **job_options: Any,
+) -> CameraSweep:
+    """Replay the first ``n`` of ``camera_topics`` into ``node`` for each ``n`` of
+    ``counts`` (default ``1 .. len(camera_topics)``), one replay job after the other.
+
+    ``job_options`` are :func:`camera_replay_job`'s (``rate``, ``max_loss``,
+    ``max_latency_ms``, ``cut``, ...).  ``stop_after_failure`` skips the larger counts
+    once one fails; ``on_load`` is called after each count (progress, keeping reports).
+    """
+    topics = list(dict.fromkeys(camera_topics))
+    if len(topics) != len(camera_topics) or not topics:
+        raise SimError(f"camera_topics must name distinct topics, not {list(camera_topics)}")
+    wanted = sorted(set(counts)) if counts is not None else list(range(1, len(topics) + 1))
+    bad = [n for n in wanted if not 1 <= n <= len(topics)]
+    if bad or not wanted:
+        raise SimError(
+            f"camera counts must be in 1..{len(topics)} (the number of camera topics given), "
+            f"not {bad or list(counts or [])}"
+        )
+    loads = []
+    for n in wanted:
+        job = camera_replay_job(bags, node, topics[:n], output_topic, **job_options)
+        results = run_replay(spark, job)
+        load = CameraLoad.of(results, topics[:n])
+        log.info(
+            "%d camera(s): %s, loss %.1f%%, %.1f frames/s",
+            n,
+            "pass" if load.passed else "FAIL",
+            100 * load.loss_rate,
+            load.throughput_fps,
+        )
+        loads.append(load)
+        if on_load is not None:
+            on_load(load, results)
+        if stop_after_failure and not load.passed:
+            break
+    return CameraSweep(
+        tuple(loads),
+        max_loss=float(job_options.get("max_loss", 0.05)),
+        rate=float(job_options.get("rate", 1.0)),
+    )

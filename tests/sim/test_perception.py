@@ -1,12 +1,27 @@
-"""Perception replay: two camera streams at their frame rate into a real-time detector."""
+"""Perception replay: camera streams at their frame rate into a real-time detector, and how
+many cameras of a rig a detector sustains."""
 
 from __future__ import annotations
 
+import argparse
+import io
+import json
 import sys
+from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
+from rich.console import Console
 
-from adcloud.sim import NodeSpec, camera_replay_job, plan_scenarios, run_scenario
+from adcloud.sim import (
+    NodeSpec,
+    SimError,
+    camera_replay_job,
+    camera_sweep,
+    command,
+    plan_scenarios,
+    run_scenario,
+)
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 
 CAMERAS = ["/camera/image_raw", "/camera/labels"]
@@ -46,3 +61,102 @@ def test_slow_detector_drops_frames(camera_drive: DriveResult) -> None:
     assert "frame loss" in result.reason
     assert 0.3 < result.metrics["frames.loss_rate"] < 0.9
     assert result.metrics["frames.throughput_fps"] < 5
+
+
+@pytest.fixture(scope="module")
+def rig_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
+    """2 s of a three-camera rig at 5 Hz (10 frames per camera), no LiDAR."""
+    config = DriveConfig(seconds=2.0, seed=5, lidar=False, cameras=3, truth_raster=False)
+    return generate_drive(config, tmp_path_factory.mktemp("sim-rig") / "rig.bag")
+
+
+RIG = ["/camera/image_raw", "/camera1/image_raw", "/camera2/image_raw"]
+
+
+def test_a_sweep_finds_how_many_cameras_a_detector_sustains(
+    spark: SparkSession, rig_drive: DriveResult, tmp_path: Path
+) -> None:
+    # 150 ms per frame: one camera at 5 Hz (a frame every 200 ms) fits, two do not.
+    kept = []
+    sweep = camera_sweep(
+        spark,
+        [str(rig_drive.bag)],
+        NodeSpec(NODE + " --work-ms 150"),
+        RIG,
+        "/detections",
+        on_load=lambda load, results: kept.append(results),
+    )
+    assert [lo.cameras for lo in sweep.loads] == [1, 2, 3]
+    one, two, three = sweep.loads
+    assert one.passed and one.loss_rate == 0.0 and one.frames == 10
+    assert not two.passed and "frame loss" in two.reason
+    assert (two.frames, three.frames) == (20, 30)
+    assert 0.15 < two.loss_rate < three.loss_rate < 0.9
+    assert sweep.sustained == 1
+    url = sweep.write(str(tmp_path / "sweep"), kept)
+    written = json.loads((tmp_path / "sweep/sweep.json").read_text())
+    assert url.startswith("file://") and written["sustained"] == 1
+    assert [lo["cameras"] for lo in written["loads"]] == [1, 2, 3]
+    assert (tmp_path / "sweep/sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = (tmp_path / "sweep/cameras-3/results.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["metrics"]["frames.frames"] == 30
+
+
+def test_a_fast_detector_sustains_the_whole_rig(
+    spark: SparkSession, rig_drive: DriveResult
+) -> None:
+    sweep = camera_sweep(
+        spark, [str(rig_drive.bag)], NodeSpec(NODE), RIG, "/detections", counts=[3]
+    )
+    (load,) = sweep.loads
+    assert load.passed, load.reason
+    assert load.loss_rate == 0.0 and 11 <= load.throughput_fps <= 19  # 3 x 5 Hz
+    assert sweep.sustained == 3
+
+
+@pytest.mark.parametrize(
+    ("topics", "counts", "words"),
+    [
+        (RIG, [0, 2], "camera counts must be in 1..3"),
+        (RIG, [4], "camera counts must be in 1..3"),
+        (RIG[:1] * 2, None, "distinct topics"),
+    ],
+)
+def test_a_sweep_refuses_counts_it_cannot_replay(
+    spark: SparkSession, topics: list[str], counts: list[int] | None, words: str
+) -> None:
+    with pytest.raises(SimError, match=words):
+        camera_sweep(spark, ["unused.bag"], NodeSpec(NODE), topics, "/d", counts=counts)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="adcloud")
+    command.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_the_cameras_command_prints_the_sweep_and_holds_the_required_count(
+    spark: SparkSession,
+    rig_drive: DriveResult,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(command, "_session", lambda master: spark)
+    argv = ["sim", "cameras", str(rig_drive.bag), "--node", NODE + " --work-ms 150"]
+    argv += ["--cameras", ",".join(RIG), "--counts", "1,2", "--report", str(tmp_path / "rep")]
+    args = _parse([*argv, "--require", "2"])
+    out = io.StringIO()
+    assert args.func(args, Console(file=out, width=200)) == 1
+    text = out.getvalue()
+    assert "the detector sustains 1 of 3 camera(s)" in text
+    assert "FAIL" in text and "pass" in text
+    assert json.loads((tmp_path / "rep/sweep.json").read_text())["sustained"] == 1
+    assert (tmp_path / "rep/cameras-2/junit.xml").exists()
+
+
+def test_the_cameras_command_refuses_counts_that_are_not_numbers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        _parse(["sim", "cameras", "b.bag", "--node", "n", "--cameras", "/a", "--counts", "1,x"])
+    assert "--counts takes comma-separated whole numbers, not '1,x'" in capsys.readouterr().err
