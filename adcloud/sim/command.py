@@ -5,8 +5,9 @@ under ``spark-submit``).
 :func:`run` builds a :class:`~adcloud.sim.replay.ReplayJob`, runs it on the Spark session
 (``--master``, ``ADCLOUD_SPARK_MASTER`` or ``local[*]``), prints a pass/fail table and
 writes the report; :func:`run_cameras` sweeps camera counts into a detector
-(:func:`~adcloud.sim.perception.camera_sweep`).  Exit status: 0 when every scenario passed, 1 when any failed (errors
-of the job itself are turned into messages by ``adcloud.cli``).  Only this module prints.
+(:func:`~adcloud.sim.perception.camera_sweep`).  Exit status of ``run``: 0 when every
+scenario passed, 1 when any failed (errors of the job itself are turned into messages by
+``adcloud.cli``).  Only this module prints.
 """
 
 from __future__ import annotations

@@ -172,6 +172,16 @@ class CameraSweep:
         colors = ["tab:green" if lo.passed else "tab:red" for lo in self.loads]
         ax1.bar(n, [100 * lo.loss_rate for lo in self.loads], color=colors, alpha=0.7)
         ax1.axhline(100 * self.max_loss, color="black", linestyle="--", linewidth=1)
+        for lo, color in zip(self.loads, colors, strict=True):
+            ax1.annotate(
+                "pass" if lo.passed else "FAIL",
+                (lo.cameras, 100 * lo.loss_rate),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                color=color,
+                fontsize=8,
+            )
         ax1.set_ylabel("frame loss (%, bars)")
         ax2 = ax1.twinx()
         ax2.plot(n, [lo.throughput_fps for lo in self.loads], "o-", color="tab:blue")
