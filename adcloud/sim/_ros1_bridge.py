@@ -204,11 +204,39 @@ class _GroupCpu:
                 total += sum(int(v) for v in fields[11:15])
         return total * _TICK_S
 
+    def running(self):
+        """Whether a thread of the group is running or waiting for a CPU (state R): a node
+        computing on a loaded machine may get no CPU time for a whole quiet period."""
+        for name in self.members:
+            try:
+                tasks = os.listdir(f"/proc/{name}/task")  # noqa: PTH208
+            except OSError:
+                continue
+            for tid in tasks:
+                fields = _stat(f"{name}/task/{tid}")
+                if fields is not None and fields[0] == b"R":
+                    return True
+        return False
+
+
+def _sending():
+    """Whether another thread of this bridge is running or waiting for a CPU: rospy
+    publishers with a queue send from threads of their own, so a message published a moment
+    ago may not have reached the node yet, and the node is idle only because of that."""
+    me = threading.get_native_id()
+    for tid in os.listdir("/proc/self/task"):  # noqa: PTH208
+        if int(tid) != me:
+            fields = _stat(f"self/task/{tid}")
+            if fields is not None and fields[0] == b"R":
+                return True
+    return False
+
 
 def _await(cond, state, seen, quiet, node, limit):
     """Wait until an output arrives after ``seen``, or the node (a ``_GroupCpu``, or None:
     not watched) has been idle -- below ``_BUSY_SHARE`` of a core -- for ``quiet`` s, or
-    ``limit`` s passed."""
+    ``limit`` s passed.  A node with a thread waiting for a CPU is not idle, nor is one
+    that a message is still on its way to."""
     give_up = time.monotonic() + limit
     while True:
         used = node.seconds() if node else 0.0
@@ -218,7 +246,7 @@ def _await(cond, state, seen, quiet, node, limit):
         if node is None or time.monotonic() >= give_up:
             return
         node.refresh()
-        if node.seconds() - used < _BUSY_SHARE * quiet:
+        if node.seconds() - used < _BUSY_SHARE * quiet and not node.running() and not _sending():
             return
 
 

@@ -21,8 +21,9 @@ time divided by ``r`` (1.0 = real time).  In synchronous mode (the default) the 
 waits, after each message of a trigger topic, until the node has written an output or has
 been *idle* for ``quiet_s`` (the first trigger message: ``startup_timeout_s``, for the
 node's start-up; a node that writes a META block when it is ready ends that wait early).
-Idle means the node's processes used less than a tenth of a core over the period (read
-from ``/proc``): a node still computing an answer -- on a slow or loaded machine -- is
+Idle means the node's processes used less than a tenth of a core over the period and no
+thread of theirs is waiting for a CPU at its end (read from ``/proc``): a node still
+computing an answer -- on a slow or loaded machine, even one that got no CPU at all -- is
 waited for, up to ``timeout_s``, so outputs do not depend on machine speed; a node that
 answers nothing to some input costs one quiet period.  The ROS bridge waits the same way
 on the node's process group.
@@ -36,6 +37,7 @@ stamps outputs with the simulated clock, which in synchronous mode is the input'
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shlex
@@ -226,7 +228,7 @@ class _Feed:
             if self.cpu is None or time.monotonic() >= give_up:
                 return
             self.cpu.refresh()
-            if self.cpu.seconds() - used < _BUSY_SHARE * patience:
+            if self.cpu.seconds() - used < _BUSY_SHARE * patience and not self.cpu.running():
                 return  # idle for a whole period: the node has nothing to say
 
     def output_arrived(self, n: int) -> None:
@@ -322,6 +324,21 @@ class CpuWatch:
                 # utime, stime, cutime, cstime (fields 14-17 of proc(5))
                 total += sum(int(v) for v in fields[11:15])
         return total * _TICK_S
+
+    def running(self) -> bool:
+        """Whether a thread of the watched processes is running or waiting for a CPU (state
+        R): on a loaded machine a node that is computing may get no CPU time for a whole
+        quiet period, and must not look idle."""
+        for pid in self.members:
+            try:
+                tasks = list(Path(f"/proc/{pid}/task").iterdir())
+            except OSError:
+                continue
+            for task in tasks:
+                fields = _stat_fields(task)
+                if fields is not None and fields[0] == b"R":
+                    return True
+        return False
 
 
 def _stat_fields(path: Path) -> list[bytes] | None:
@@ -601,6 +618,32 @@ def _parent_pid(pid: int) -> int | None:
     return None if fields is None else int(fields[1])
 
 
+@functools.cache
+def _env_resets_signals() -> bool:
+    """Whether ``env --default-signal`` works here (coreutils 8.31 and later)."""
+    try:
+        probe = subprocess.run(
+            ["env", "--default-signal=INT", "true"], capture_output=True, check=False
+        )
+    except OSError:
+        return False
+    return probe.returncode == 0
+
+
+def _stoppable(args: Sequence[str]) -> list[str]:
+    """``args``, started so that SIGINT stops it.
+
+    A process started with SIGINT ignored -- a job a shell ran in the background -- passes
+    that on to every program it starts, and a roscore that ignores SIGINT can only be
+    killed, leaving rosmaster and rosout to be killed one by one, 3 s later.
+    ``env --default-signal=INT`` resets it (Python cannot without ``preexec_fn``, which is
+    unsafe in a threaded process).
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and _env_resets_signals():
+        return ["env", "--default-signal=INT", *args]
+    return list(args)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -711,7 +754,7 @@ class Ros1Adapter:
     ) -> subprocess.Popen[bytes]:
         with (tmp / "roscore.log").open("wb") as logf:
             core = subprocess.Popen(
-                ["roscore", "-p", str(port)],
+                _stoppable(["roscore", "-p", str(port)]),
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
@@ -785,7 +828,7 @@ class Ros1Adapter:
             with node_log.open("wb") as logf:
                 try:
                     node_proc = subprocess.Popen(
-                        node.args,
+                        _stoppable(node.args),
                         env=env,
                         cwd=node.cwd,
                         stdin=subprocess.DEVNULL,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from adcloud.sim.adapters import Lifeline, _stop_group
+from adcloud.sim.adapters import Lifeline, _stop_group, _stoppable
 
 
 def _alive(pid: int) -> bool:
@@ -292,7 +292,28 @@ def test_stopping_a_leader_that_ignores_sigint_kills_its_children_too() -> None:
 
 
 def test_a_leader_that_stops_on_sigint_keeps_the_clean_path() -> None:
-    group = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)
+    # _stoppable: SIGINT is ignored when the tests run as a shell's background job
+    group = subprocess.Popen(_stoppable(["sh", "-c", "sleep 600 & wait"]), start_new_session=True)
     _wait_until(lambda: len(_descendants(group.pid)) >= 1, 10, "the group's sleep")
     _stop_group(group)
     assert group.returncode is not None and group.returncode != -signal.SIGKILL
+
+
+def test_ros_processes_stop_on_sigint_even_where_it_is_ignored(tmp_path: Path) -> None:
+    """Started by a process that ignores SIGINT, a program still gets the default action."""
+    out = tmp_path / "sigign"
+    code = f"""
+        import signal, subprocess
+        from adcloud.sim.adapters import _stoppable
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        args = ["grep", "SigIgn", "/proc/self/status"]
+        with open({str(out)!r}, "w") as f:
+            subprocess.run(args, stdout=f, check=True)
+            subprocess.run(_stoppable(args), stdout=f, check=True)
+        """
+    child = _spawn(code, tmp_path)
+    assert child.wait(timeout=60) == 0
+    plain, stoppable = (int(line.split()[1], 16) for line in out.read_text().splitlines())
+    sigint = 1 << (signal.SIGINT - 1)
+    assert plain & sigint  # inherited: what roscore would get without the reset
+    assert not stoppable & sigint
