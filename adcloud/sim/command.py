@@ -49,6 +49,17 @@ def _topics(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
+def _node_arguments(p: argparse.ArgumentParser, bags: str, node_help: str) -> None:
+    """The bags, ``--node`` and ``--adapter`` arguments every ``sim`` command takes."""
+    p.add_argument("bags", nargs=bags, help="bag URLs, globs or directories")
+    p.add_argument("--node", required=True, help=node_help)
+    p.add_argument(
+        "--adapter",
+        default="pipe",
+        help=f"node adapter: {', '.join(sorted(ADAPTERS))} or package.module:attr (default: pipe)",
+    )
+
+
 def add_parser(subparsers: Any) -> None:
     """Register ``sim`` (with ``run``) on an ``argparse`` sub-parsers object."""
     sim = subparsers.add_parser(
@@ -66,13 +77,7 @@ def add_parser(subparsers: Any) -> None:
         epilog=_EPILOG.format(evaluators=", ".join(sorted(EVALUATORS))),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("bags", nargs="*", help="bag URLs, globs or directories")
-    p.add_argument("--node", required=True, help="the node's command line")
-    p.add_argument(
-        "--adapter",
-        default="pipe",
-        help=f"node adapter: {', '.join(sorted(ADAPTERS))} or package.module:attr (default: pipe)",
-    )
+    _node_arguments(p, "*", "the node's command line")
     p.add_argument("--inputs", required=True, type=_topics, help="input topics, comma-separated")
     p.add_argument("--outputs", default=(), type=_topics, help="output topics, comma-separated")
     p.add_argument(
@@ -156,13 +161,7 @@ def _add_cameras_parser(sim_sub: Any) -> None:
         epilog=_CAMERAS_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("bags", nargs="+", help="bag URLs, globs or directories")
-    p.add_argument("--node", required=True, help="the detector's command line")
-    p.add_argument(
-        "--adapter",
-        default="pipe",
-        help=f"node adapter: {', '.join(sorted(ADAPTERS))} or package.module:attr (default: pipe)",
-    )
+    _node_arguments(p, "+", "the detector's command line")
     p.add_argument(
         "--cameras",
         required=True,
