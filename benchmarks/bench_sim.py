@@ -23,7 +23,14 @@ no camera):
    ``--warmup`` untimed whole-drive jobs per cluster (a fresh executor JVM compiles its hot
    paths during its first ~100 tasks, once per application), every run printed.
 
+5. how many cameras a detector sustains (``camera_sweep``): 1..4 cameras of a synthetic
+   four-camera rig (5 Hz each, ``--seconds`` long) replayed at their frame rate into the
+   example camera detector with ``--work-ms`` of work per frame, against the capacity that
+   work allows (``floor(1000 / work_ms / 5)`` cameras); frame loss, throughput and latency
+   per count are printed.
+
     .venv/bin/python benchmarks/bench_sim.py [--seconds 10] [--skip-cluster | --scaling-only]
+    .venv/bin/python benchmarks/bench_sim.py --cameras-only [--work-ms 60]
 """
 
 from __future__ import annotations
@@ -290,6 +297,33 @@ def scaling(bag: str, windows: float, repeat: int = 3, warmup: int = 2) -> None:
         )
 
 
+def cameras(tmp: str, seconds: float, work_ms: float) -> None:
+    from adcloud.sim import NodeSpec, camera_sweep  # noqa: PLC0415
+    from adcloud.spark import get_session  # noqa: PLC0415
+    from adcloud.synth import DriveConfig, generate_drive  # noqa: PLC0415
+
+    hz, rig = 5.0, 4
+    bag = str(Path(tmp) / "rig.bag")
+    config = DriveConfig(seconds=seconds, lidar=False, cameras=rig, camera_hz=hz)
+    generate_drive(config, bag)
+    topics = ["/camera/image_raw"] + [f"/camera{k}/image_raw" for k in range(1, rig)]
+    node = NodeSpec(f"{sys.executable} -m adcloud.sim.examples.camera_node --work-ms {work_ms:g}")
+    spark = get_session(**{"spark.ui.showConsoleProgress": "false"})
+    sweep = camera_sweep(spark, [bag], node, topics, "/detections")
+    expected = int(1000 / work_ms / hz)
+    for lo in sweep.loads:
+        print(
+            f"[5] {lo.cameras} camera(s) x {hz:g} Hz, {work_ms:g} ms per frame: "
+            f"{'pass' if lo.passed else 'FAIL'}, loss {100 * lo.loss_rate:.1f}%, "
+            f"{lo.throughput_fps:.1f} frames/s, latency p50 {lo.latency_p50_ms:.0f} ms, "
+            f"p95 {lo.latency_p95_ms:.0f} ms"
+        )
+    print(
+        f"[5] sustained {sweep.sustained} of {rig} cameras; the work allows {expected} "
+        f"(1000 / {work_ms:g} ms / {hz:g} Hz)"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--seconds", type=float, default=10.0, help="drive length (default 10 s)")
@@ -301,6 +335,8 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3, help="timed runs per configuration in [4]")
     p.add_argument("--warmup", type=int, default=2, help="untimed whole-drive jobs per cluster")
     p.add_argument("--scaling-only", action="store_true", help="run [4] alone")
+    p.add_argument("--cameras-only", action="store_true", help="run [5] alone")
+    p.add_argument("--work-ms", type=float, default=60.0, help="detector work per frame in [5]")
     args = p.parse_args()
     from adcloud.synth import DriveConfig, generate_drive  # noqa: PLC0415
 
@@ -313,6 +349,9 @@ def main() -> int:
         return bag
 
     with tempfile.TemporaryDirectory() as tmp:
+        if args.cameras_only:
+            cameras(tmp, args.seconds, args.work_ms)
+            return 0
         if not args.scaling_only:
             bag = drive(tmp, args.seconds)
             overheads(bag)
@@ -320,6 +359,8 @@ def main() -> int:
         if not args.skip_cluster:
             bag = drive(tmp, args.scaling_seconds)
             scaling(bag, args.window, args.repeat, args.warmup)
+        if not args.scaling_only:
+            cameras(tmp, args.seconds, args.work_ms)
     return 0
 
 
