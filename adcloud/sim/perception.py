@@ -249,8 +249,8 @@ def camera_sweep(
             f"not {bad or list(counts or [])}"
         )
     loads = []
-    for n in wanted:
-        job = camera_replay_job(bags, node, topics[:n], output_topic, **job_options)
+    jobs = [camera_replay_job(bags, node, topics[:n], output_topic, **job_options) for n in wanted]
+    for n, job in zip(wanted, jobs, strict=True):
         results = run_replay(spark, job)
         load = CameraLoad.of(results, topics[:n])
         log.info(
@@ -265,8 +265,9 @@ def camera_sweep(
             on_load(load, results)
         if stop_after_failure and not load.passed:
             break
+    frames = next(e for e in jobs[0].evaluators if e.name == "frames")
     return CameraSweep(
         tuple(loads),
-        max_loss=float(job_options.get("max_loss", 0.05)),
-        rate=float(job_options.get("rate", 1.0)),
+        max_loss=float(dict(frames.params)["max_loss"]),
+        rate=jobs[0].timing.rate,
     )
