@@ -19,6 +19,8 @@ import torch
 
 from adcloud.binpipe import ConnectionInfo, MessageDecoder, plan_partitions, read_partition
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
+from adcloud.train.config import TrainConfig
+from adcloud.train.loop import train
 from adcloud.train.task import Sample, Task, get_task
 
 TRAIN_DRIVE = DriveConfig(seconds=20, seed=6, lidar_beams=16, lidar_columns=512, camera=True)
@@ -54,35 +56,34 @@ def fit(
     lr: float,
     seed: int = 0,
 ) -> tuple[torch.nn.Module, list[float]]:
-    """Train a fresh model single-process (AdamW, one-cycle schedule); returns it and the losses.
+    """Train a fresh model with the product loop (:func:`adcloud.train.loop.train`, one
+    trainer, AdamW); returns the trained model and the losses.
 
     Runs on one thread: with other test processes on the same two cores, two threads spend
     most of their time waiting for each other.
     """
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    config = TrainConfig(
+        task=task.name,
+        sync="single",
+        workers=1,
+        steps=steps,
+        batch_size=batch_size,
+        optimizer="adamw",
+        lr=lr,
+        weight_decay=1e-4,
+        seed=seed,
+        checkpoint_every=0,
+        threads=1,
+        progress=False,
+    ).validate()
     try:
-        torch.manual_seed(seed)
-        model = task.build_model()
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-        sched = torch.optim.lr_scheduler.OneCycleLR(
-            opt, max_lr=lr, total_steps=steps, pct_start=0.15
-        )
-        gen = torch.Generator().manual_seed(seed)
-        losses: list[float] = []
-        while len(losses) < steps:
-            for batch in task.batches(samples, batch_size, gen):
-                loss = task.loss(model, batch)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                sched.step()
-                losses.append(loss.item())
-                if len(losses) == steps:
-                    break
-        return model, losses
+        result = train(task, samples, config)
     finally:
         torch.set_num_threads(threads)
+    model = task.build_model()
+    model.load_state_dict(result.state_dict())
+    return model, list(result.losses)
 
 
 @pytest.fixture(scope="session")
