@@ -33,6 +33,7 @@ train.yaml:
     workers: 2                 # one trainer per executor (a Spark barrier stage)
     store: local:///adcloud    # checkpoints and parameter versions
     out: runs/seg              # model/ (torch.export + metadata), loss.png, result.json
+                               # (default adcloud-runs/{run}, {run}: the run's name)
 
 Running the same config on the same bags again resumes from its last checkpoint; bags
 that changed (their size or file metadata) start a new run.  Set train.run to name a run.
@@ -83,8 +84,11 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
-    if config.out:
-        console.print(f"outputs: {config.out}  (model/, loss.png, result.json, settings.json)")
+    console.print(
+        f"outputs: {result.output}  (model/, loss.png, result.json, settings.json; "
+        f"adcloud train inspect {result.output}/model)",
+        highlight=False,
+    )
     return 0
 
 

@@ -84,9 +84,11 @@ class TrainConfig:
     store_options: tuple[str, ...] = ()
     #: Run name in the store (empty: :meth:`run_id`).
     run: str = ""
-    #: Where the job writes the final parameters, the loss curve and the effective settings
-    #: (a directory or fsspec URL; empty: nowhere).
-    out: str = ""
+    #: Where every finished run writes its deployable model (``model/``), final parameters,
+    #: loss curve and effective settings: a directory or fsspec URL in which ``{run}`` stands
+    #: for the run's name.  A relative path is below the driver's working directory; on a
+    #: cluster in ``--deploy-mode cluster`` give a shared URL.
+    out: str = "adcloud-runs/{run}"
     #: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
     device: str = "auto"
     #: Seconds a trainer waits for a parameter version or for the other trainers' updates
@@ -168,6 +170,11 @@ class TrainConfig:
             "partitions_per_bag must be >= 1 or empty",
         )
         need(self.log_every >= 1, "log_every must be >= 1")
+        need(
+            bool(self.out.strip()),
+            "out must name where the run's model goes (a directory or URL; {run} is the "
+            "run's name)",
+        )
         need("/" not in self.run and ".." not in self.run, "run must be a plain name")
         for entry in self.store_options:
             need("=" in entry, f"store_options entry {entry!r} is not key=value")
@@ -204,6 +211,10 @@ class TrainConfig:
             decisive["data"] = data
         text = json.dumps(decisive, sort_keys=True, default=str)
         return f"{self.task}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+    def output_dir(self, run: str) -> str:
+        """:attr:`out` for the run named ``run`` (``{run}`` replaced)."""
+        return self.out.replace("{run}", run)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (what is written next to every output)."""

@@ -525,6 +525,18 @@ def write_outputs(
         fs.put(str(local) + "/", root, recursive=True)
 
 
+def _write_outputs(
+    result: TrainResult, config: TrainConfig, task: Task, examples: Sequence[Any]
+) -> TrainResult:
+    """Write the finished run's outputs to ``config.output_dir``; ``result`` with its
+    ``output`` set."""
+    out = _absolute(config.output_dir(result.run))
+    result = dataclasses.replace(result, output=out)
+    write_outputs(result, config, out, task=task, examples=examples[:2])
+    log.info("run %s: model and results in %s", result.run, out)
+    return result
+
+
 def _evaluate(task: Task, result: TrainResult, samples: Sequence[Any]) -> dict[str, float]:
     import torch  # noqa: PLC0415
 
@@ -554,7 +566,8 @@ def run_training(
 
     ``task`` replaces ``load_task(config)``; ``keyed`` replaces the ETL of ``config.bags``
     with ready ``((partition, ordinal), sample)`` pairs.  Held-out bags are scored in the
-    driver; with ``config.out`` the results are written there.
+    driver.  The model and results go to ``config.output_dir(run)`` (the result's
+    ``output``).
     """
     config = config.validate()
     task = load_task(config) if task is None else task
@@ -563,7 +576,7 @@ def run_training(
     run = config.run_id(data_identity(_bag_uris(config.bags)) if keyed is None else "")
     if keyed is None:
         keyed = etl_samples(spark, config, task, config.bags)
-    keyed_examples = keyed.take(2) if config.out else []
+    keyed_examples = keyed.take(2)
     made_dir = ""
     if config.etl == "files":
         directory = config.etl_dir or tempfile.mkdtemp(prefix="adcloud-etl-")
@@ -617,10 +630,7 @@ def run_training(
         result.losses[-1] if result.losses else float("nan"),
         time.perf_counter() - started,
     )
-    if config.out:
-        examples = [s for _, s in keyed_examples] if keyed_examples else []
-        write_outputs(result, config, config.out, task=task, examples=examples[:2])
-    return result
+    return _write_outputs(result, config, task, [s for _, s in keyed_examples])
 
 
 # -- torchrun -------------------------------------------------------------------------------
@@ -633,7 +643,7 @@ def run_torchrun(
 
     Every process decodes ``config.bags`` itself (or takes ``samples``: all of them, in
     order) and keeps samples ``i % world == rank``: the shards of :func:`shard_samples`.
-    Rank 0 writes the outputs when ``config.out`` is set.
+    Rank 0 writes the model and results to ``config.output_dir(run)``.
     """
     task = load_task(config) if task is None else task
     data = data_identity(_bag_uris(config.bags)) if samples is None else ""
@@ -660,8 +670,8 @@ def run_torchrun(
         result = train(task, shard, config, sync, checkpointer, rank, world)
     finally:
         sync.close()
-    if rank == 0 and config.out:
-        write_outputs(result, config, config.out, task=task, examples=list(samples[:2]))
+    if rank == 0:
+        return _write_outputs(result, config, task, list(samples[:2]))
     return result
 
 
@@ -671,7 +681,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m adcloud.train.job",
         description="Run one trainer of a torchrun job: every process decodes the bags itself, "
         "keeps its shard and trains with all-reduce (gloo on CPU, NCCL on GPU); rank 0 "
-        "writes the outputs (model, metrics, loss curve) when train.out is set.",
+        "writes the outputs (model, metrics, loss curve) to train.out (default "
+        "adcloud-runs/{run}).",
         epilog="example: torchrun --nproc-per-node 2 -m adcloud.train.job --config train.yaml "
         "--set train.steps=100",
     )
@@ -690,7 +701,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = TrainConfig.load(file=args.config, **overrides)
     result = run_torchrun(config)
     if int(os.environ.get("RANK", "0")) == 0:
-        log.info("final loss %.5f after %d steps", result.losses[-1], result.steps)
+        log.info(
+            "final loss %.5f after %d steps; outputs in %s",
+            result.losses[-1],
+            result.steps,
+            result.output,
+        )
     return 0
 
 

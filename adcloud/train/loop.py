@@ -65,7 +65,8 @@ class TrainResult:
     ``state_dict`` in the :mod:`adcloud.train.tensors` format (empty on ranks other than
     0); ``seconds`` is this trainer's wall time for its steps and ``samples_per_second``
     the global training throughput over those steps; ``sync`` holds the synchronizer's
-    seconds and bytes; ``metrics`` the held-out evaluation, when one was made.
+    seconds and bytes; ``metrics`` the held-out evaluation, when one was made; ``output``
+    where the job wrote the run's model and results (empty until it has).
     """
 
     task: str
@@ -81,6 +82,7 @@ class TrainResult:
     shard_size: int
     metrics: dict[str, float] = field(default_factory=dict)
     sync: dict[str, float] = field(default_factory=dict)
+    output: str = ""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The final parameters and buffers (for ``model.load_state_dict``)."""
@@ -104,6 +106,7 @@ class TrainResult:
             "metrics": {k: _json_float(v) for k, v in self.metrics.items()},
             "sync": dict(self.sync),
             "parameter_bytes": len(self.parameters),
+            "output": self.output,
         }
 
     def to_json(self) -> str:

@@ -27,6 +27,7 @@ from adcloud.synth import DriveConfig, generate_drive
 from adcloud.train.checkpoint import latest_checkpoint
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import DataError, TrainError
+from adcloud.train.export import inspect_model
 from adcloud.train.job import (
     data_identity,
     etl_samples,
@@ -137,6 +138,7 @@ def config(tmp_path: Path, **kw: Any) -> TrainConfig:
         "threads": 1,
         "sync_timeout_s": 60.0,
         "progress": False,
+        "out": str(tmp_path / "out" / "{run}"),
     }
     base.update(kw)
     return TrainConfig(**base).validate()
@@ -235,6 +237,24 @@ def test_single_mode_trains_in_the_driver_and_writes_outputs(
     store = open_store(cfg.store, **cfg.store_kwargs())
     info = latest_checkpoint(store, result.run)
     assert info is not None and info.step == 12
+
+
+def test_a_run_given_no_output_place_still_writes_its_model(
+    spark: SparkSession, drive: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every finished run leaves a deployable model: by default under
+    ``adcloud-runs/<run>`` in the driver's working directory."""
+    monkeypatch.chdir(tmp_path)
+    cfg = config(tmp_path, sync="single", bags=(drive,), steps=2, batch_size=50)
+    cfg = cfg.replace(out=TrainConfig().out)
+    result = run_training(spark, cfg, task=LinearTask())
+    assert result.output == str(tmp_path / "adcloud-runs" / result.run)
+    info = inspect_model(Path(result.output) / "model")
+    assert info["task"] == "toy_linear" and info["training"]["run"] == result.run
+    written = json.loads((Path(result.output) / "result.json").read_text())
+    assert written["output"] == result.output and written["steps"] == 2
+    with pytest.raises(TrainError, match="out must name where the run's model goes"):
+        cfg.replace(out=" ").validate()
 
 
 def test_same_bags_resume_and_changed_bags_start_a_new_run(
