@@ -22,7 +22,7 @@ import torch
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
-from adcloud.store import open_store
+from adcloud.store import StoreServer, open_store
 from adcloud.synth import DriveConfig, generate_drive
 from adcloud.train.checkpoint import latest_checkpoint
 from adcloud.train.config import TrainConfig
@@ -309,6 +309,46 @@ def test_ps_and_allreduce_follow_the_single_process_curve(
     for mode in ("ps", "allreduce"):
         info = latest_checkpoint(store, f"curve-{mode}")
         assert info is not None and (info.step, info.world) == (8, 2)
+
+
+def test_ps_runs_on_an_alluxio_store_as_on_the_local_one(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``sync=ps`` through ``alluxio://``: the executors' trainers exchange gradients and
+    parameter versions with a store served over the Alluxio REST proxy API (``adcloud store
+    serve``, the stand-in for an Alluxio proxy) and follow the local store's curve."""
+    points = make_points(32)
+    local = run_training(
+        spark,
+        config(tmp_path, sync="ps", run="ps-local", lr=0.1),
+        task=LinearTask(),
+        keyed=keyed_points(spark, points),
+    )
+    backing = open_store("local:///served", root=str(tmp_path / "served"))
+    server = StoreServer(backing, port=0, token="train-token").start()
+    try:
+        remote = run_training(
+            spark,
+            config(
+                tmp_path,
+                sync="ps",
+                run="ps-remote",
+                lr=0.1,
+                store=server.uri,
+                store_options=("token=train-token",),
+            ),
+            task=LinearTask(),
+            keyed=keyed_points(spark, points),
+        )
+        assert json.loads(backing.get("/ps-remote/params/latest"))["version"] == 8
+        info = latest_checkpoint(backing, "ps-remote")
+        assert info is not None and (info.step, info.world) == (8, 2)
+    finally:
+        server.shutdown()
+        backing.close()
+    assert remote.losses == pytest.approx(local.losses, rel=1e-6)
+    assert_close_parameters(remote, local, atol=1e-6)
+    assert remote.sync["bytes_sent"] > 0 and remote.sync["bytes_received"] > 0
 
 
 def test_minibatch_ps_and_allreduce_agree_with_each_other(
