@@ -1,7 +1,7 @@
 """The ``adcloud`` command line.
 
 Every job command (``ingest``, ``demo``) builds its SparkSession through
-:func:`adcloud.spark.get_session`, so the same command runs on ``local[*]``, on a
+:func:`adcloud.spark.get_session`, so the same command runs on ``local[*,4]``, on a
 standalone cluster (``--master spark://...``) or under ``spark-submit`` on any
 cluster manager: ``adcloud submit -- ingest ...`` builds that ``spark-submit`` line,
 whose application file is this module.
@@ -388,7 +388,7 @@ Every output is listed at the end, under --out.""",
     demo.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     demo.add_argument("--out", default="out/demo", help="output directory (default: out/demo)")
     demo.add_argument(
-        "--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)"
+        "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
     )
     demo.set_defaults(func=_cmd_demo)
 
@@ -442,7 +442,7 @@ Every output is listed at the end, under --out.""",
     )
     ingest.add_argument("--overwrite", action="store_true", help="replace an existing output")
     ingest.add_argument(
-        "--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)"
+        "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
     )
     ingest.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     ingest.set_defaults(func=_cmd_ingest)
@@ -479,7 +479,9 @@ Every output is listed at the end, under --out.""",
         epilog="example: adcloud submit --master spark://127.0.0.1:7077 -- ingest d.bag --out o",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    submit.add_argument("--master", default="local[*]", help="Spark master URL (default: local[*])")
+    submit.add_argument(
+        "--master", default="local[*,4]", help="Spark master URL (default: local[*,4])"
+    )
     submit.add_argument("--conf", action="append", help="Spark setting KEY=VALUE (repeatable)")
     submit.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     yarn = submit.add_argument_group(

@@ -106,7 +106,9 @@ class SparkSettings:
     when the driver JVM is started, i.e. for the first session of a Python process.
     """
 
-    master: str = "local[*]"
+    #: All local cores; a failed task is tried up to 4 times, as ``spark.task.maxFailures``
+    #: does on a cluster (a plain ``local[*]`` fails the job at a task's first failure).
+    master: str = "local[*,4]"
     app_name: str = "adcloud"
     driver_memory: str = "2g"
     executor_memory: str = "1g"

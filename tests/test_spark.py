@@ -86,7 +86,7 @@ def python_env(**extra: str) -> dict[str, str]:
 def test_settings_defaults() -> None:
     settings = SparkSettings.load(environ={})
     assert settings == SparkSettings()
-    assert settings.master == "local[*]"
+    assert settings.master == "local[*,4]"
     assert settings.app_name == "adcloud"
     assert settings.log_level == "WARN"
     assert settings.conf_pairs() == {}
@@ -245,6 +245,41 @@ def test_a_fresh_local_session_starts_without_chatter() -> None:
     assert done.stdout.split()[-1] == "4950"
     for chatter in ("default log4j profile", "loopback address", "NativeCodeLoader", "Traceback"):
         assert chatter not in done.stderr, done.stderr
+
+
+def test_the_default_local_master_retries_a_failed_task_as_a_cluster_does(
+    tmp_path: Path,
+) -> None:
+    """Infrastructure failures are retried by Spark on the embedded default too: a task that
+    fails once is tried again and the job succeeds."""
+    marker = tmp_path / "failed-once"
+    code = textwrap.dedent(
+        f"""
+        import os
+        from adcloud.spark import get_session
+
+        def flaky(i):
+            if i == 7 and not os.path.exists({str(marker)!r}):
+                open({str(marker)!r}, "w").close()
+                raise RuntimeError("a passing infrastructure failure")
+            return i
+
+        sc = get_session().sparkContext
+        print(sc.master)
+        print(sc.parallelize(range(100), 2).map(flaky).sum())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["local[*,4]", "4950"]
+    assert marker.exists() and "a passing infrastructure failure" in done.stderr
 
 
 def test_find_java_reports_java_17_or_newer() -> None:

@@ -1,7 +1,7 @@
 """``adcloud hdmap build|eval|info``: nightly map builds from the command line.
 
 ``build`` runs :func:`~adcloud.hdmap.build.build_map` on the Spark session (``--master``,
-``ADCLOUD_SPARK_MASTER`` or ``local[*]``; under ``spark-submit`` the submitted session);
+``ADCLOUD_SPARK_MASTER`` or ``local[*,4]``; under ``spark-submit`` the submitted session);
 ``eval`` compares a map with a synthetic drive's truth; ``info`` lists a map's versions and
 drives. Only this module prints.
 """
@@ -189,7 +189,7 @@ def add_parser(subparsers: Any) -> None:
     build.add_argument("--device", help="OpenCL device address for ICP and rasterizing")
     build.add_argument("--config", help="YAML/JSON settings file (section hdmap)")
     build.add_argument(
-        "--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)"
+        "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
     )
     build.set_defaults(func=_cmd_build)
 

@@ -185,7 +185,7 @@ def add_parser(subparsers: Any) -> None:
     features.add_argument("--device", help="device address outside resource scheduling")
     features.add_argument("--overwrite", action="store_true", help="replace an existing output")
     features.add_argument(
-        "--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)"
+        "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
     )
     features.set_defaults(func=_cmd_features)
 

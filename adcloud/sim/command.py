@@ -3,7 +3,7 @@ under ``spark-submit``).
 
 :func:`add_parser` registers ``sim`` with its ``run`` and ``cameras`` sub-commands.
 :func:`run` builds a :class:`~adcloud.sim.replay.ReplayJob`, runs it on the Spark session
-(``--master``, ``ADCLOUD_SPARK_MASTER`` or ``local[*]``), prints a pass/fail table and
+(``--master``, ``ADCLOUD_SPARK_MASTER`` or ``local[*,4]``), prints a pass/fail table and
 writes the report; :func:`run_cameras` sweeps camera counts into a detector
 (:func:`~adcloud.sim.perception.camera_sweep`).  Exit status of ``run``: 0 when every
 scenario passed, 1 when any failed (errors of the job itself are turned into messages by
@@ -120,7 +120,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="per-scenario time limit, s")
     p.add_argument("--startup-timeout", type=float, default=20.0, help="node start-up limit, s")
     p.add_argument("--report", metavar="URI", help="report directory (any store URI)")
-    p.add_argument("--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)")
+    p.add_argument(
+        "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
+    )
     p.set_defaults(func=run)
     _add_cameras_parser(sim_sub)
 
@@ -183,7 +185,9 @@ def _add_cameras_parser(sim_sub: Any) -> None:
     p.add_argument("--require", type=int, help="exit 1 unless at least this many are sustained")
     p.add_argument("--timeout", type=float, default=300.0, help="per-scenario time limit, s")
     p.add_argument("--report", metavar="URI", help="report directory (any store URI)")
-    p.add_argument("--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)")
+    p.add_argument(
+        "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
+    )
     p.set_defaults(func=run_cameras)
 
 

@@ -1,6 +1,6 @@
 """``adcloud train run|inspect``: training jobs and exported models from the command line.
 
-``run`` trains on the Spark session (``--master``, ``ADCLOUD_SPARK_MASTER`` or ``local[*]``;
+``run`` trains on the Spark session (``--master``, ``ADCLOUD_SPARK_MASTER`` or ``local[*,4]``;
 under ``spark-submit`` the submitted session) with a :class:`~adcloud.train.config.TrainConfig`
 from ``--config`` (section ``train``), ``ADCLOUD_TRAIN_*`` and ``--set key=value``; ``inspect``
 shows an exported model's metadata. Only this module prints.
@@ -125,7 +125,7 @@ def add_parser(subparsers: Any) -> None:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting"
     )
     run.add_argument(
-        "--master", help="Spark master URL (default: local[*] or ADCLOUD_SPARK_MASTER)"
+        "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
     )
     run.set_defaults(func=_cmd_run)
 
