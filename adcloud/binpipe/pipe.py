@@ -17,6 +17,7 @@ import fcntl
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import threading
 import time
@@ -118,6 +119,12 @@ class _TailReader(threading.Thread):
         return data.decode("utf-8", errors="replace")
 
 
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the command's process group: the command and whatever it started."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def pipe_blocks(
     blocks: Iterable[bytes | bytearray | memoryview],
     command: str | Sequence[str],
@@ -135,6 +142,8 @@ def pipe_blocks(
     in ``RDD.pipe``).  ``env`` adds to the inherited environment.  ``timeout`` bounds
     the whole run in seconds; on expiry the process is killed.  The yielded blocks
     are fresh buffers the caller owns.  Closing the generator early kills the process.
+    The command runs in a process group of its own (its id is the command's process id);
+    every kill is of the whole group, so a wrapper script takes its children along.
     ``on_start`` is called with the process id once the command runs, before the first
     block is sent; ``on_exit`` with the exit code and the tail of its stderr once it has
     finished successfully (failures raise :class:`PipeCommandError`, which carries both).
@@ -153,6 +162,9 @@ def pipe_blocks(
             env=full_env,
             cwd=cwd,
             bufsize=0,
+            # its own process group, so that a kill reaches what it started as well: a
+            # wrapper script's hung child would otherwise hold stdout open for ever
+            process_group=0,
         )
     except OSError as err:
         raise PipeCommandError(
@@ -176,14 +188,14 @@ def pipe_blocks(
 
         def expire() -> None:
             timed_out.set()
-            proc.kill()
+            _kill_group(proc)
 
         watchdog = threading.Timer(timeout, expire)
         watchdog.daemon = True
         watchdog.start()
 
     def failure(reason: str, cause: BaseException | None = None) -> PipeCommandError:
-        proc.kill()
+        _kill_group(proc)
         proc.wait()
         stderr.join(timeout=5)
         code = proc.returncode
@@ -245,6 +257,6 @@ def pipe_blocks(
     finally:
         if watchdog is not None:
             watchdog.cancel()
-        if not completed and proc.poll() is None:
-            proc.kill()
+        if not completed:
+            _kill_group(proc)
             proc.wait()

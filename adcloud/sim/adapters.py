@@ -386,7 +386,7 @@ def drive_pipe(
 
     Synchronous waits watch the CPU use of ``command``'s process, or of process group
     ``watch_group`` when given (the ROS node behind the bridge).  ``lifeline`` guards
-    ``command``'s process once it runs.
+    ``command``'s process group once it runs.
 
     Outputs on topics outside ``output_topics`` (when it is not empty) are dropped.
     With ``ready_signal`` the first data message waits until the command has written a
@@ -402,10 +402,12 @@ def drive_pipe(
         feed.cpu = CpuWatch(watch_group, group=True)
 
     def watch(pid: int) -> None:
+        # pipe_blocks starts the command as the leader of its own process group: guard and
+        # watch the group, so a node behind a wrapper script counts with its children
         if lifeline is not None:
-            lifeline.guard_process(pid)
+            lifeline.guard_group(pid)
         if feed.cpu is None:
-            feed.cpu = CpuWatch(pid)
+            feed.cpu = CpuWatch(pid, group=True)
 
     def finished(code: int, stderr_tail: str) -> None:
         run.stderr_tail = stderr_tail[-_TAIL:]  # a passing node's warnings matter too

@@ -6,6 +6,7 @@ import io
 import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,30 @@ def test_missing_command(tmp_path: Path) -> None:
 def test_timeout_kills_a_hanging_command() -> None:
     with pytest.raises(PipeCommandError, match="timed out"):
         list(pipe_blocks(list(encode_blocks(_records(10))), "sleep 30", timeout=1))
+
+
+def test_timeout_kills_what_a_wrapper_script_started(tmp_path: Path) -> None:
+    """A node behind a wrapper (``sh -c``, a launch script) whose child hangs: the timeout
+    kills the child too, which holds the output pipe open, so the run ends on time."""
+    pidfile = tmp_path / "child.pid"
+    wrapper = f"sleep 60 & echo $! > {pidfile}; wait"
+    began = time.monotonic()
+    with pytest.raises(PipeCommandError, match="timed out"):
+        list(pipe_blocks(list(encode_blocks(_records(10))), ["sh", "-c", wrapper], timeout=1))
+    assert time.monotonic() - began < 15
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def test_input_error_propagates_with_its_own_type() -> None:

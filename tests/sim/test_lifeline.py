@@ -163,11 +163,17 @@ def _marker_processes(marker: str) -> set[int]:
     return {p for p in found if _alive(p)}
 
 
-def test_a_killed_pipe_replay_takes_its_node_along(tmp_path: Path, drive: object) -> None:
-    """A node that never reads its input (so never sees end of file) dies with its owner."""
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "behind-two-shells"])
+def test_a_killed_pipe_replay_takes_its_node_along(
+    tmp_path: Path, drive: object, wrapped: bool
+) -> None:
+    """A node that never reads its input (so never sees end of file) dies with its owner,
+    also when it runs behind launch scripts (its grandparent is what the adapter started)."""
     bag = drive.bag  # type: ignore[attr-defined]
-    marker = f"6000.{os.getpid()}1"  # a sleep nobody else runs
+    marker = f"6000.{os.getpid()}{int(wrapped)}"  # a sleep nobody else runs
     command = f"sleep {marker}"
+    if wrapped:
+        command = f"sh -c \"sh -c 'sleep {marker}; true'; true\""
     child = _spawn(_JOB.format(bag=str(bag), command=command, adapter="pipe"), tmp_path)
     try:
         _wait_until(lambda: _marker_processes(marker), 60, "the pipe node to start")
