@@ -70,7 +70,11 @@ class ServerLimits:
 
     Sizes in bytes, times in seconds.  ``max_request_bytes`` bounds one ``streams/write``
     body (clients send bigger files as several writes); ``max_file_bytes`` bounds the total
-    of one write stream.
+    of one write stream.  ``socket_timeout`` bounds each wait for the client (also an idle
+    keep-alive connection's wait for its next request); ``header_timeout`` the time from a
+    request's first byte to the end of its headers, and a body must arrive at
+    ``min_body_rate`` bytes/s on average (after ``socket_timeout`` of grace), so a client
+    that trickles its request holds one of ``max_connections`` for a bounded time.
     """
 
     max_json_bytes: int = 1 << 20
@@ -80,6 +84,8 @@ class ServerLimits:
     max_connections: int = 64
     stream_idle_timeout: float = 300.0
     socket_timeout: float = 60.0
+    header_timeout: float = 30.0
+    min_body_rate: float = 64 << 10
 
 
 class _HTTPError(Exception):
@@ -145,7 +151,49 @@ class _Server(http.server.ThreadingHTTPServer):
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.address_family = family
         self._slots = threading.BoundedSemaphore(app.limits.max_connections)
+        # connection -> when its request must be in; the watchdog shuts down the late ones
+        self._deadlines: dict[socket.socket, float] = {}
+        self._late: set[socket.socket] = set()
+        self._deadline_lock = threading.Lock()
+        self._closed = threading.Event()
         super().__init__(address, _Handler)
+        threading.Thread(target=self._watch, name="adcloud-store-deadlines", daemon=True).start()
+
+    def arm(self, connection: socket.socket, deadline: float) -> None:
+        """``connection``'s request must be in by ``deadline`` (``time.monotonic``)."""
+        with self._deadline_lock:
+            self._deadlines[connection] = deadline
+
+    def disarm(self, connection: socket.socket) -> bool:
+        """No deadline for ``connection`` any more; whether it had passed (the connection
+        was shut down and what was read of the request is not to be acted on)."""
+        with self._deadline_lock:
+            self._deadlines.pop(connection, None)
+            late = connection in self._late
+            self._late.discard(connection)
+            return late
+
+    def is_late(self, connection: socket.socket) -> bool:
+        """Whether ``connection`` was shut down for missing its deadline."""
+        with self._deadline_lock:
+            return connection in self._late
+
+    def _watch(self) -> None:
+        while not self._closed.wait(0.2):
+            now = time.monotonic()
+            with self._deadline_lock:
+                late = [c for c, d in self._deadlines.items() if d <= now]
+                for connection in late:
+                    del self._deadlines[connection]
+                    self._late.add(connection)
+            for connection in late:
+                log.info("closing a connection whose request came in too slowly")
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
@@ -182,6 +230,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     sys_version = ""
     server: _Server
     _consumed = False
+    _body_started = 0.0
     # headers and bodies go out in separate writes: without TCP_NODELAY, Nagle's algorithm
     # and delayed ACKs stall every request-response by ~40 ms
     disable_nagle_algorithm = True
@@ -190,6 +239,34 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         # StreamRequestHandler applies ``timeout`` to the connection's socket in setup()
         self.timeout = self.server.app.limits.socket_timeout  # type: ignore[misc]
         super().setup()
+
+    def handle_one_request(self) -> None:
+        # An idle keep-alive connection waits for its next request's first byte as long as
+        # the socket timeout allows; from that byte on, the request runs against deadlines.
+        try:
+            if not self.rfile.peek(1):  # type: ignore[attr-defined]
+                self.close_connection = True
+                return
+        except OSError:
+            self.close_connection = True
+            return
+        limits = self.server.app.limits
+        self.server.arm(self.connection, time.monotonic() + limits.header_timeout)
+        try:
+            super().handle_one_request()
+        finally:
+            if self.server.disarm(self.connection):
+                self.close_connection = True
+
+    def _body_progress(self, received: int) -> None:
+        """Move the body's deadline on: ``received`` bytes are in."""
+        limits = self.server.app.limits
+        deadline = self._body_started + limits.socket_timeout + received / limits.min_body_rate
+        self.server.arm(self.connection, deadline)
+
+    def _body_done(self) -> None:
+        self._consumed = True
+        self.server.disarm(self.connection)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -254,16 +331,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise _HTTPError(
                 413, "RESOURCE_EXHAUSTED", f"request body over {limit} bytes", close=True
             )
+        received = 0
         while remaining:
             piece = self.rfile.read(min(_IO_CHUNK, remaining))
             if not piece:
                 raise _HTTPError(400, "INVALID_ARGUMENT", "truncated request body", close=True)
             remaining -= len(piece)
+            received += len(piece)
+            self._body_progress(received)
             yield piece
-        self._consumed = True
+        self._body_done()
 
     def _chunked(self, limit: int) -> Iterator[bytes]:
-        total = 0
+        total = received = 0
         while True:
             line = self.rfile.readline(1026)
             if not line.endswith(b"\n"):
@@ -278,7 +358,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if size == 0:
                 for _ in range(64):  # trailers, up to the empty line
                     if self.rfile.readline(1026) in (b"\r\n", b"\n", b""):
-                        self._consumed = True
+                        self._body_done()
                         return
                 raise _HTTPError(400, "INVALID_ARGUMENT", "too many trailers", close=True)
             total += size
@@ -291,6 +371,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if not piece:
                     raise _HTTPError(400, "INVALID_ARGUMENT", "truncated chunk", close=True)
                 size -= len(piece)
+                received += len(piece)
+                self._body_progress(received)
                 yield piece
             if self.rfile.readline(3) not in (b"\r\n", b"\n"):
                 raise _HTTPError(400, "INVALID_ARGUMENT", "bad chunk terminator", close=True)
@@ -331,9 +413,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         app = self.server.app
+        if self.server.is_late(self.connection):
+            # the headers were cut short by the deadline: not a request to act on
+            self.close_connection = True
+            return
         length = self.headers.get("Content-Length", "0").strip()
         chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
         self._consumed = length == "0" and not chunked
+        self._body_started = time.monotonic()
+        if self._consumed:
+            self.server.disarm(self.connection)
+        else:
+            self._body_progress(0)
         try:
             if not self._authorized():
                 self.close_connection = True

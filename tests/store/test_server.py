@@ -8,6 +8,7 @@ import http.client
 import json
 import random
 import re
+import select
 import socket
 import threading
 import time
@@ -734,3 +735,47 @@ def test_a_served_namespace_is_all_a_client_can_reach(store_root: Path) -> None:
     assert not outer.exists("/private/stolen")
     served.close()
     outer.close()
+
+
+def _trickle(sock: socket.socket, data: bytes, every: float, limit: float) -> float:
+    """Send ``data`` a byte every ``every`` s until the server closes the connection or
+    ``limit`` s pass; the seconds until it closed (``limit`` when it never did)."""
+    began = time.monotonic()
+    for byte in data:
+        if time.monotonic() - began > limit:
+            break
+        try:
+            sock.sendall(bytes([byte]))
+            readable, _, _ = select.select([sock], [], [], every)
+            if readable and not sock.recv(65536):
+                return time.monotonic() - began
+        except OSError:
+            return time.monotonic() - began
+    return limit
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_a_client_trickling_its_request_is_cut_off(store_root: Path, part: str) -> None:
+    """A request that arrives a byte at a time -- each byte well within the socket timeout
+    -- holds a connection slot only until its deadline, and is never acted on."""
+    store = LocalStore("local://")
+    limits = ServerLimits(
+        max_connections=2, socket_timeout=1.0, header_timeout=1.5, min_body_rate=1000.0
+    )
+    server = StoreServer(store, port=0, token="tok", limits=limits).start()
+    try:
+        store.put("/keep/a.bin", b"precious")
+        body = json.dumps({"recursive": True}).encode() + b" " * 200
+        data = request("POST", "/api/v1/paths/keep/delete", body, token="tok")
+        split = len(data) - len(body) if part == "body" else 0
+        with socket.create_connection(server.address, timeout=5) as sock:
+            sock.sendall(data[:split])  # the body case: every header at once
+            took = _trickle(sock, data[split:], 0.3, 20)
+        assert took < 6, f"the server kept a trickling request for {took:.1f} s"
+        assert store.get("/keep/a.bin") == b"precious"  # the cut request did nothing
+        # the slot is free again: a normal client is served
+        answer = raw(server.address, request("GET", "/api/v1/proxy/info", token="tok"))
+        assert status_of(answer)[0] == 200
+    finally:
+        server.shutdown()
+        store.close()
