@@ -155,7 +155,12 @@ def throughput(bag: str) -> None:
         print("[3] replay vs rosbag play: skipped (ROS 1 / topic_tools not installed)")
         return
     from adcloud.sim import NodeSpec, ReplayTiming, Ros1Adapter, plan_scenarios  # noqa: PLC0415
-    from adcloud.sim.adapters import _free_port, _ros_env, _stop_group  # noqa: PLC0415
+    from adcloud.sim.adapters import (  # noqa: PLC0415
+        Lifeline,
+        _free_port,
+        _ros_env,
+        _stop_group,
+    )
     from adcloud.sim.replay import _read_messages  # noqa: PLC0415
 
     (scenario,) = plan_scenarios(bag)
@@ -173,7 +178,8 @@ def throughput(bag: str) -> None:
     port = _free_port()
     env = _ros_env(tmp, port, ())
     adapter = Ros1Adapter()
-    procs = [adapter._start_master(env, tmp, port, 20.0)]
+    lifeline = Lifeline(tmp)
+    procs = [adapter._start_master(env, tmp, port, 20.0, lifeline)]
     try:
         procs.append(
             subprocess.Popen(
@@ -210,6 +216,7 @@ def throughput(bag: str) -> None:
     finally:
         for proc in reversed(procs):
             _stop_group(proc)
+        lifeline.release()
         shutil.rmtree(tmp, ignore_errors=True)
     base = play_n / play_span
     print(
