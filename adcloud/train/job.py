@@ -576,7 +576,6 @@ def run_training(
     run = config.run_id(data_identity(_bag_uris(config.bags)) if keyed is None else "")
     if keyed is None:
         keyed = etl_samples(spark, config, task, config.bags)
-    keyed_examples = keyed.take(2)
     made_dir = ""
     if config.etl == "files":
         directory = config.etl_dir or tempfile.mkdtemp(prefix="adcloud-etl-")
@@ -599,6 +598,7 @@ def run_training(
                 timeout_s=config.sync_timeout_s,
             )
             result = train(task, samples, resolved, None, checkpointer, 0, 1)
+            examples = samples[:2]
         else:
             shards, sizes = shard_samples(keyed, config.workers)
             if sum(sizes) == 0:
@@ -611,6 +611,8 @@ def run_training(
             resolved = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=run)
             try:
                 result = train_on_shards(shards, resolved, task)
+                # samples to trace the exported model with, from the cached shards
+                examples = [sample for _, sample in shards.take(2)]
             finally:
                 shards.unpersist()
                 keyed.unpersist()
@@ -630,7 +632,7 @@ def run_training(
         result.losses[-1] if result.losses else float("nan"),
         time.perf_counter() - started,
     )
-    return _write_outputs(result, config, task, [s for _, s in keyed_examples])
+    return _write_outputs(result, config, task, examples)
 
 
 # -- torchrun -------------------------------------------------------------------------------
