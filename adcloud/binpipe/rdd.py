@@ -19,6 +19,7 @@ import json
 import logging
 import posixpath
 import re
+import shlex
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -238,6 +239,44 @@ def _count_records(raw: bytes | bytearray) -> int:
     return header.n_records if header.kind == BlockKind.DATA else 0
 
 
+def _bags_lineage(parts: Sequence[BagPartition]) -> dict[str, Any]:
+    """What :meth:`BinPipeRDD.save` records of bag input: each bag with its format and
+    indexed message count, and the filters as planned (the same for every partition of
+    one planning call, so the first partition's are the call's)."""
+    bags: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        entry = bags.setdefault(
+            part.uri, {"uri": part.uri, "format": part.format.value, "partitions": 0, "messages": 0}
+        )
+        entry["partitions"] += 1
+        entry["messages"] += part.message_count
+    first = parts[0] if parts else None
+    return {
+        "origin": "bags",
+        "bags": list(bags.values()),
+        "topics": sorted({c.topic for p in parts for c in p.connections}),
+        "topic_filter": list(first.topics) if first and first.topics is not None else None,
+        "start": first.start if first else None,
+        "end": first.end if first else None,
+        "time_source": first.time_source.value if first else None,
+        "steps": [],
+    }
+
+
+def _fn_step(op: str, fn: Callable[..., Any]) -> dict[str, str]:
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return {"op": op, "fn": f"{getattr(fn, '__module__', None) or '?'}.{name}"}
+
+
+def _saved_source(fs: Any, root: str) -> Any:
+    """The ``source`` of an earlier save's manifest, or None if it has none (older saves)."""
+    try:
+        with fs.open(posixpath.join(root, "manifest.json"), "r") as src:
+            return json.load(src).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 class BinPipeRDD:
     """An RDD of BinPipe blocks with record-level operations.
 
@@ -245,9 +284,18 @@ class BinPipeRDD:
     underlying ``pyspark.RDD`` is :attr:`rdd` (elements: encoded blocks).
     """
 
-    def __init__(self, rdd: RDD[Any], *, block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
+    def __init__(
+        self,
+        rdd: RDD[Any],
+        *,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+        lineage: Mapping[str, Any] | None = None,
+    ) -> None:
         self.rdd = rdd
         self.block_bytes = block_bytes
+        #: Where the records came from and what was done to them on the way (JSON-able);
+        #: :meth:`save` writes it into ``manifest.json`` as ``"source"``.
+        self.lineage: dict[str, Any] = dict(lineage or {"origin": "unknown", "steps": []})
 
     # -- construction -------------------------------------------------------------
 
@@ -307,12 +355,13 @@ class BinPipeRDD:
     ) -> BinPipeRDD:
         """One RDD partition per planned bag partition (see :func:`plan_partitions`)."""
         sc = spark.sparkContext
+        lineage = _bags_lineage(parts)
         if not parts:
-            return cls(sc.emptyRDD(), block_bytes=block_bytes)
+            return cls(sc.emptyRDD(), block_bytes=block_bytes, lineage=lineage)
         rdd = sc.parallelize(list(parts), len(parts)).mapPartitions(
             functools.partial(_bag_blocks, block_bytes=block_bytes)
         )
-        return cls(rdd, block_bytes=block_bytes)
+        return cls(rdd, block_bytes=block_bytes, lineage=lineage)
 
     @classmethod
     def from_records(
@@ -329,7 +378,8 @@ class BinPipeRDD:
         rdd = sc.parallelize(rows, num_partitions).mapPartitions(
             functools.partial(encode_blocks, block_bytes=block_bytes)
         )
-        return cls(rdd, block_bytes=block_bytes)
+        lineage = {"origin": "records", "records": len(rows), "steps": []}
+        return cls(rdd, block_bytes=block_bytes, lineage=lineage)
 
     @classmethod
     def load(
@@ -350,18 +400,20 @@ class BinPipeRDD:
             if posixpath.basename(p).startswith("part-") and p.endswith(_PART_SUFFIX)
         )
         urls = [protocol + p if protocol else p for p in files]
+        lineage = {"origin": "save", "uri": uri, "saved": _saved_source(fs, root), "steps": []}
         sc = spark.sparkContext
         if not urls:
-            return cls(sc.emptyRDD())
+            return cls(sc.emptyRDD(), lineage=lineage)
         rdd = sc.parallelize(urls, len(urls)).flatMap(
             functools.partial(_load_file, storage_options=options)
         )
-        return cls(rdd)
+        return cls(rdd, lineage=lineage)
 
     # -- transformations --------------------------------------------------------------
 
-    def _derive(self, rdd: RDD[Any]) -> BinPipeRDD:
-        return BinPipeRDD(rdd, block_bytes=self.block_bytes)
+    def _derive(self, rdd: RDD[Any], step: Mapping[str, Any]) -> BinPipeRDD:
+        lineage = {**self.lineage, "steps": [*self.lineage.get("steps", []), dict(step)]}
+        return BinPipeRDD(rdd, block_bytes=self.block_bytes, lineage=lineage)
 
     def pipe(
         self,
@@ -385,7 +437,8 @@ class BinPipeRDD:
             cwd=cwd,
             timeout=timeout,
         )
-        return self._derive(self.rdd.mapPartitions(fn))
+        shown = command if isinstance(command, str) else shlex.join(command)
+        return self._derive(self.rdd.mapPartitions(fn), {"op": "pipe", "command": shown})
 
     def map_records(self, fn: Callable[..., Any], *, decode: bool = False) -> BinPipeRDD:
         """Apply ``fn`` to every DATA record on the executors.
@@ -399,14 +452,14 @@ class BinPipeRDD:
         part = functools.partial(
             _transform, fn=fn, mode="map", decode=decode, block_bytes=self.block_bytes
         )
-        return self._derive(self.rdd.mapPartitions(part))
+        return self._derive(self.rdd.mapPartitions(part), _fn_step("map_records", fn))
 
     def filter(self, pred: Callable[..., Any], *, decode: bool = False) -> BinPipeRDD:
         """Keep the records for which ``pred`` is true (same calling convention as map)."""
         part = functools.partial(
             _transform, fn=pred, mode="filter", decode=decode, block_bytes=self.block_bytes
         )
-        return self._derive(self.rdd.mapPartitions(part))
+        return self._derive(self.rdd.mapPartitions(part), _fn_step("filter", pred))
 
     def cache(self) -> BinPipeRDD:
         """Keep the blocks in executor memory."""
@@ -493,6 +546,7 @@ class BinPipeRDD:
                 for i, n, size in sorted(written)
             ],
             "records": sum(n for _, n, _ in written),
+            "source": self.lineage,
         }
         with fs.open(posixpath.join(root, "manifest.json"), "w") as out:
             out.write(json.dumps(manifest, indent=2) + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import json
 import os
 import re
 import sys
@@ -144,6 +145,44 @@ def test_save_and_load_round_trip(spark: Any, shared_data: Path, tmp_path: Path)
     with pytest.raises(BinpipeError, match=r"notes\.txt\); refusing to replace it"):
         rdd.save(str(out), overwrite=True)
     assert (out / "notes.txt").read_text() == "keep me" and (out / "_SUCCESS").exists()
+
+
+def keep_fix(msg: Message) -> bool:
+    return msg.topic == "/fix"
+
+
+def test_save_manifest_records_where_the_records_came_from(
+    spark: Any, shared_data: Path, tmp_path: Path
+) -> None:
+    bag = str(shared_data / HUSKY)
+    rdd = BinPipeRDD.from_bags(
+        spark, bag, topics=["/fix", "/imu/data"], start=1, time_source="header"
+    )
+    derived = rdd.filter(keep_fix).pipe(["cat", "-"])
+    manifest = derived.save(str(tmp_path / "a"))
+    source = manifest["source"]
+    assert source["origin"] == "bags" and source["time_source"] == "header"
+    assert source["topic_filter"] == ["/fix", "/imu/data"] and source["start"] == 1
+    assert source["end"] is None and source["topics"] == ["/fix", "/imu/data"]
+    [entry] = source["bags"]
+    assert entry["uri"] == bag and entry["format"] == "ros1"
+    assert entry["partitions"] == rdd.getNumPartitions()
+    assert entry["messages"] == len(reference(Path(bag), ["/fix", "/imu/data"]))
+    assert source["steps"] == [
+        {"op": "filter", "fn": f"{__name__}.keep_fix"},
+        {"op": "pipe", "command": "cat -"},
+    ]
+    assert rdd.lineage["steps"] == []  # deriving never changes the parent's lineage
+    # The manifest on disk says the same, and a load of the save carries it on.
+    on_disk = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert on_disk["source"] == source
+    again = BinPipeRDD.load(spark, str(tmp_path / "a")).map_records(lambda m: m)
+    second = again.save(str(tmp_path / "b"))["source"]
+    assert second["origin"] == "save" and second["saved"] == source
+    assert second["uri"] == str(tmp_path / "a")
+    assert second["steps"][0]["op"] == "map_records" and "<lambda>" in second["steps"][0]["fn"]
+    records = BinPipeRDD.from_records(spark, [("x", 1)]).save(str(tmp_path / "c"))
+    assert records["source"] == {"origin": "records", "records": 1, "steps": []}
 
 
 def test_failed_save_leaves_no_partial_output(
