@@ -74,7 +74,9 @@ class ServerLimits:
     keep-alive connection's wait for its next request); ``header_timeout`` the time from a
     request's first byte to the end of its headers, and a body must arrive at
     ``min_body_rate`` bytes/s on average (after ``socket_timeout`` of grace), so a client
-    that trickles its request holds one of ``max_connections`` for a bounded time.
+    that trickles its request holds one of ``max_connections`` for a bounded time.  The same
+    rate bounds a response: a client that reads it more slowly (but never slowly enough for
+    one write to hit ``socket_timeout``) is cut off, not left holding its slot for hours.
     """
 
     max_json_bytes: int = 1 << 20
@@ -187,7 +189,10 @@ class _Server(http.server.ThreadingHTTPServer):
                     del self._deadlines[connection]
                     self._late.add(connection)
             for connection in late:
-                log.info("closing a connection whose request came in too slowly")
+                log.info(
+                    "closing a connection that missed its deadline: its request came in, or "
+                    "its response was read, too slowly"
+                )
                 with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RDWR)
 
@@ -264,6 +269,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         deadline = self._body_started + limits.socket_timeout + received / limits.min_body_rate
         self.server.arm(self.connection, deadline)
 
+    def _send_deadline(self, started: float, sent: int) -> None:
+        """The response must have ``sent`` bytes out by ``socket_timeout`` plus their time at
+        ``min_body_rate`` after ``started``."""
+        limits = self.server.app.limits
+        self.server.arm(
+            self.connection, started + limits.socket_timeout + sent / limits.min_body_rate
+        )
+
     def _body_done(self) -> None:
         self._consumed = True
         self.server.disarm(self.connection)
@@ -285,6 +298,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(code, error_body(status, reason))
 
     def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        self._send_deadline(time.monotonic(), len(body))
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -536,9 +550,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         else:
             self.close_connection = True
             self.send_header("Connection", "close")
+        started, sent = time.monotonic(), 0
+        self._send_deadline(started, 0)
         self.end_headers()
         try:
             while piece := stream.read(_IO_CHUNK):
+                sent += len(piece)
+                self._send_deadline(started, sent)
                 if chunked:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                 else:

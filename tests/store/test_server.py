@@ -779,3 +779,66 @@ def test_a_client_trickling_its_request_is_cut_off(store_root: Path, part: str) 
     finally:
         server.shutdown()
         store.close()
+
+
+def test_a_client_reading_a_response_too_slowly_is_cut_off(store_root: Path) -> None:
+    """A download read at ~0.5 MB/s -- fast enough that no single write hits the socket
+    timeout -- against a minimum rate of 2 MB/s: the server ends the response and frees
+    the slot; a client reading at full speed under the same limits gets every byte."""
+    store = LocalStore("local://")
+    limits = ServerLimits(max_connections=1, socket_timeout=3.0, min_body_rate=2e6)
+    server = StoreServer(store, port=0, token="tok", limits=limits).start()
+    payload = random.Random(5).randbytes(48 << 20)
+    get = request("GET", "/api/v1/paths//big/f/download-file", token="tok")
+    stop = threading.Event()
+    got = [0]
+
+    def slow_reader() -> None:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
+            sock.settimeout(30)
+            sock.connect(server.address)
+            sock.sendall(get)
+            while not stop.is_set():
+                try:
+                    piece = sock.recv(32 << 10)
+                except OSError:
+                    return
+                if not piece:
+                    return
+                got[0] += len(piece)
+                time.sleep(0.064)
+
+    try:
+        store.put("/big/f", payload)
+        reader = threading.Thread(target=slow_reader, daemon=True)
+        began = time.monotonic()
+        reader.start()
+        time.sleep(0.5)
+        # the slow reader holds the only slot; its deadline must give it back
+        while time.monotonic() - began < 25:
+            answer = raw(
+                server.address, request("POST", "/api/v1/paths//big/f/exists", token="tok")
+            )
+            if status_of(answer)[0] == 200:
+                break
+            time.sleep(0.25)
+        took = time.monotonic() - began
+        assert status_of(answer) == (200, True), f"slot still held after {took:.0f} s"
+        assert took < 20 and got[0] < len(payload)
+        stop.set()
+        reader.join(30)
+        # a reader at full speed is well inside the same limits
+        conn = http.client.HTTPConnection(*server.address, timeout=30)
+        try:
+            conn.request(
+                "GET", "/api/v1/paths//big/f/download-file", headers={"Authorization": "Bearer tok"}
+            )
+            response = conn.getresponse()
+            assert response.status == 200 and response.read() == payload
+        finally:
+            conn.close()
+    finally:
+        stop.set()
+        server.shutdown()
+        store.close()
