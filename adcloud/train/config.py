@@ -24,7 +24,7 @@ from typing import Any
 from adcloud.config import load_settings, settings_dict
 from adcloud.train.errors import TrainError
 
-__all__ = ["DEVICES", "ETL_MODES", "OPTIMIZERS", "SYNC_MODES", "TrainConfig"]
+__all__ = ["DEVICES", "ETL_MODES", "OPTIMIZERS", "SCHEDULES", "SYNC_MODES", "TrainConfig"]
 
 #: ``single``: one process; ``ps``: parameter server on the store; ``allreduce``:
 #: torch.distributed all-reduce inside a Spark barrier stage (or under torchrun).
@@ -33,6 +33,10 @@ SYNC_MODES = ("single", "ps", "allreduce")
 #: to ``etl_dir`` and training reads them back (the comparison baseline of the benchmark).
 ETL_MODES = ("memory", "files")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+#: Learning rate over the run (after ``warmup_steps`` of linear warm-up): ``constant`` keeps
+#: ``lr``; ``cosine`` and ``linear`` decay it from ``lr`` to ``lr * final_lr_ratio`` at the
+#: last step.
+SCHEDULES = ("constant", "cosine", "linear")
 DEVICES = ("auto", "cpu", "cuda")
 
 # Fields that decide nothing about the trained parameters: they are left out of the default
@@ -74,6 +78,13 @@ class TrainConfig:
     lr: float = 1e-3
     momentum: float = 0.9
     weight_decay: float = 0.0
+    #: Learning-rate schedule (see :data:`SCHEDULES`), a function of the step alone, so a
+    #: resumed run continues it exactly.
+    schedule: str = "constant"
+    #: Steps of linear warm-up from ``lr / warmup_steps`` to ``lr`` (0: none).
+    warmup_steps: int = 0
+    #: ``cosine``/``linear``: the last step's learning rate as a fraction of ``lr``.
+    final_lr_ratio: float = 0.0
     seed: int = 0
     #: Save a checkpoint every this many steps (0: never) and keep the last this many.
     checkpoint_every: int = 50
@@ -157,6 +168,12 @@ class TrainConfig:
         need(self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}")
         need(self.lr > 0, f"lr must be > 0, not {self.lr}")
         need(self.weight_decay >= 0, "weight_decay must be >= 0")
+        need(self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}")
+        need(self.warmup_steps >= 0, f"warmup_steps must be >= 0, not {self.warmup_steps}")
+        need(
+            0 <= self.final_lr_ratio <= 1,
+            f"final_lr_ratio must be in [0, 1], not {self.final_lr_ratio}",
+        )
         need(self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0: no checkpoints)")
         need(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
         need("://" in self.store, f"store must be a store URI (local://...), not {self.store!r}")

@@ -60,7 +60,13 @@ from adcloud.train.checkpoint import Checkpointer
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import TrainError
 from adcloud.train.export import data_manifest, export_model
-from adcloud.train.loop import TrainResult, resolve_device, resolve_steps, train
+from adcloud.train.loop import (
+    TrainResult,
+    learning_rate,
+    resolve_device,
+    resolve_steps,
+    train,
+)
 from adcloud.train.sync import AllReduceSync, ParameterStoreSync, Synchronizer, barrier_session
 from adcloud.train.tensors import decode_tree, encode_tree
 
@@ -452,7 +458,7 @@ def train_on_shards(shards: RDD[tuple[int, Any]], config: TrainConfig, task: Tas
     return _result_from(by_rank[0], reports)
 
 
-def _plot_losses(result: TrainResult, path: Path) -> None:
+def _plot_losses(result: TrainResult, config: TrainConfig, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
 
@@ -464,6 +470,12 @@ def _plot_losses(result: TrainResult, path: Path) -> None:
     if result.start_step:
         ax.axvline(result.start_step, color="grey", ls="--", lw=0.8, label="resumed")
         ax.legend()
+    rates = [learning_rate(config, int(s) - 1, result.steps) for s in steps]
+    if len(set(rates)) > 1:  # a schedule: its learning rate on a second axis
+        lr_axis = ax.twinx()
+        lr_axis.plot(steps, rates, color="tab:orange", lw=1.0, alpha=0.8)
+        lr_axis.set_ylabel("learning rate", color="tab:orange")
+        lr_axis.tick_params(axis="y", colors="tab:orange")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (mean over trainers)")
     ax.set_title(f"{result.task}: {result.mode}, {result.world} trainer(s)")
@@ -494,7 +506,7 @@ def write_outputs(
         handle.write(json.dumps({"train": config.to_dict()}, indent=2, sort_keys=True) + "\n")
     with tempfile.TemporaryDirectory(prefix="adcloud-train-") as tmp:
         local = Path(tmp)
-        _plot_losses(result, local / "loss.png")
+        _plot_losses(result, config, local / "loss.png")
         if task is not None and examples:
             model = task.build_model()
             model.load_state_dict(result.state_dict())

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TrainResult",
     "batch_generator",
+    "learning_rate",
     "make_optimizer",
     "resolve_device",
     "resolve_steps",
@@ -181,6 +182,28 @@ def make_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.O
             params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
         )
     raise TrainError(f"train.optimizer {config.optimizer!r} is not one of adam, adamw, sgd")
+
+
+def learning_rate(config: TrainConfig, step: int, steps: int) -> float:
+    """The learning rate of 0-based ``step`` of a ``steps``-step run (``config.schedule``).
+
+    Warm-up takes step ``s < warmup_steps`` to ``lr * (s + 1) / warmup_steps``; after it,
+    ``cosine`` and ``linear`` go from ``lr`` at the first step after warm-up to
+    ``lr * final_lr_ratio`` at the last step.  A pure function of the step, so every trainer
+    and every resumed run computes the same value without scheduler state to checkpoint.
+    """
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return config.lr
+    span = steps - 1 - config.warmup_steps
+    progress = min(1.0, (step - config.warmup_steps) / span) if span > 0 else 0.0
+    floor = config.lr * config.final_lr_ratio
+    if config.schedule == "cosine":
+        return floor + (config.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if config.schedule == "linear":
+        return config.lr + (floor - config.lr) * progress
+    raise TrainError(f"train.schedule {config.schedule!r} is not one of constant, cosine, linear")
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
@@ -339,6 +362,9 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             loss = task.loss(model, batch)
             loss.backward()  # type: ignore[no-untyped-call]
+            lr = learning_rate(config, step, steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             mean_loss = sync.step(model, optimizer, step, float(loss.detach()))
             if not math.isfinite(mean_loss):
                 raise TrainError(
@@ -366,13 +392,14 @@ def train(
                 elapsed = time.perf_counter() - began
                 rate = (done - start) * config.batch_size / elapsed if elapsed > 0 else 0.0
                 log.info(
-                    "run %s trainer %d/%d: step %d/%d loss %.5f (%.1f samples/s)",
+                    "run %s trainer %d/%d: step %d/%d loss %.5f lr %.3g (%.1f samples/s)",
                     run,
                     rank,
                     world,
                     done,
                     steps,
                     mean_loss,
+                    lr,
                     rate,
                 )
     finally:

@@ -55,9 +55,11 @@ def fit(
     batch_size: int,
     lr: float,
     seed: int = 0,
+    **settings: Any,
 ) -> tuple[torch.nn.Module, list[float]]:
     """Train a fresh model with the product loop (:func:`adcloud.train.loop.train`, one
-    trainer, AdamW); returns the trained model and the losses.
+    trainer, AdamW; ``settings`` are further :class:`TrainConfig` fields); returns the
+    trained model and the losses.
 
     Runs on one thread: with other test processes on the same two cores, two threads spend
     most of their time waiting for each other.
@@ -76,6 +78,7 @@ def fit(
         checkpoint_every=0,
         threads=1,
         progress=False,
+        **settings,
     ).validate()
     try:
         result = train(task, samples, config)

@@ -184,13 +184,20 @@ def test_layout_pointer_and_pruning(tmp_path: Path) -> None:
     assert again.parameters == result.parameters
 
 
-def test_resuming_after_a_crash_gives_the_uninterrupted_parameters(tmp_path: Path) -> None:
-    whole = run_toy(toy_config("whole", tmp_path))
+@pytest.mark.parametrize(
+    "schedule",
+    [{}, {"schedule": "cosine", "warmup_steps": 3, "final_lr_ratio": 0.1}],
+    ids=["constant", "cosine-warmup"],
+)
+def test_resuming_after_a_crash_gives_the_uninterrupted_parameters(
+    tmp_path: Path, schedule: dict[str, Any]
+) -> None:
+    whole = run_toy(toy_config("whole", tmp_path, **schedule))
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_toy(toy_config("crashy", tmp_path), DropoutTask(fail_after=10))
+        run_toy(toy_config("crashy", tmp_path, **schedule), DropoutTask(fail_after=10))
     info = latest_checkpoint(_store(tmp_path), "crashy")
     assert info is not None and info.step == 8
-    resumed = run_toy(toy_config("crashy", tmp_path))
+    resumed = run_toy(toy_config("crashy", tmp_path, **schedule))
     assert resumed.start_step == 8
     assert resumed.losses == whole.losses  # the curve before the crash comes from the checkpoint
     assert_same_parameters(resumed, whole)  # bit-identical

@@ -283,12 +283,14 @@ def test_ps_and_allreduce_follow_the_single_process_curve(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """Full-batch steps: the two shards' averaged gradient is the whole batch's gradient, so
-    the three modes must agree up to float32 summation order."""
+    the three modes must agree up to float32 summation order -- with a learning-rate
+    schedule, which every mode must apply at the same steps."""
     points = make_points(32)
+    schedule = {"lr": 0.15, "schedule": "cosine", "warmup_steps": 2, "final_lr_ratio": 0.1}
     results = {
         mode: run_training(
             spark,
-            config(tmp_path, sync=mode, run=f"curve-{mode}", lr=0.1),
+            config(tmp_path, sync=mode, run=f"curve-{mode}", **schedule),
             task=LinearTask(),
             keyed=keyed_points(spark, points),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -14,7 +15,7 @@ import torch
 
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import TrainError
-from adcloud.train.loop import batch_generator, resolve_steps, train
+from adcloud.train.loop import batch_generator, learning_rate, resolve_steps, train
 from adcloud.train.sync import SingleProcess
 
 
@@ -171,11 +172,72 @@ def test_bad_inputs_get_clear_errors() -> None:
         train(_NoBatches(), points, _config())
 
 
+def test_learning_rate_schedules() -> None:
+    def rates(steps: int = 11, **kw: Any) -> list[float]:
+        config = _config(lr=0.1, **kw)
+        return [learning_rate(config, s, steps) for s in range(steps)]
+
+    assert rates() == [0.1] * 11
+    cosine = rates(schedule="cosine", final_lr_ratio=0.1)
+    assert cosine[0] == pytest.approx(0.1) and cosine[-1] == pytest.approx(0.01)
+    assert cosine[5] == pytest.approx(0.055)  # half way: the mean of the ends
+    assert all(a > b for a, b in itertools.pairwise(cosine))
+    linear = rates(schedule="linear")
+    assert linear == pytest.approx([0.1 - 0.01 * s for s in range(11)])
+    warm = rates(schedule="cosine", warmup_steps=4)
+    assert warm[:4] == pytest.approx([0.025, 0.05, 0.075, 0.1])
+    assert warm[4] == pytest.approx(0.1) and warm[-1] == pytest.approx(0.0)
+    assert rates(warmup_steps=2)[:3] == pytest.approx([0.05, 0.1, 0.1])
+    assert rates(1, schedule="cosine") == [0.1]  # a one-step run keeps lr
+
+
+class _Slope:
+    """loss = w (a single scalar parameter), so plain SGD moves w by exactly -lr per step."""
+
+    name = "toy_slope"
+    topics = ("/toy",)
+
+    def build_model(self) -> torch.nn.Module:
+        model = torch.nn.Module()
+        model.w = torch.nn.Parameter(torch.zeros(()))
+        return model
+
+    def batches(self, samples: Sequence[Any], batch_size: int, generator: Any) -> Iterator[int]:
+        yield from range(0, len(samples), batch_size)
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        return model.w * 1.0
+
+
+def test_the_loop_steps_with_the_scheduled_learning_rate() -> None:
+    config = _config(
+        task="toy_slope",
+        optimizer="sgd",
+        momentum=0.0,
+        lr=0.5,
+        steps=9,
+        schedule="cosine",
+        warmup_steps=2,
+        final_lr_ratio=0.2,
+    )
+    result = train(_Slope(), list(range(16)), config)  # type: ignore[arg-type]
+    expected = -sum(learning_rate(config, s, 9) for s in range(9))
+    assert float(result.state_dict()["w"]) == pytest.approx(expected, rel=1e-6)
+    constant = train(_Slope(), list(range(16)), config.replace(schedule="constant", warmup_steps=0))  # type: ignore[arg-type]
+    assert float(constant.state_dict()["w"]) == pytest.approx(-0.5 * 9, rel=1e-6)
+
+
 def test_config_validation_names_the_fields() -> None:
     with pytest.raises(TrainError) as info:
-        TrainConfig(sync="gossip", batch_size=7, workers=2, lr=-1).validate()
+        TrainConfig(
+            sync="gossip", batch_size=7, workers=2, lr=-1, schedule="step", final_lr_ratio=2
+        ).validate()
     text = str(info.value)
     assert "sync must be one of" in text and "lr must be > 0" in text
+    assert "schedule must be one of constant, cosine, linear" in text
+    assert "final_lr_ratio must be in [0, 1], not 2" in text
+    with pytest.raises(TrainError, match="warmup_steps must be >= 0, not -1"):
+        TrainConfig(warmup_steps=-1).validate()
     with pytest.raises(TrainError, match="multiple of workers"):
         TrainConfig(sync="ps", workers=2, batch_size=7).validate()
 
