@@ -17,10 +17,13 @@ A version directory holds::
     lanelet2_map.osm, map_projector_info.yaml     the Lanelet2 map and its projection
     semantic.geojson                              lane markings, lanes, reference lines, signs
     labels/imported.json                          human/external labels kept across rebuilds
+                                                  (a build given labels and no new drive
+                                                  writes a version with just them merged)
     report/summary.html                           a page to look at
     settings.json, manifest.json                  effective settings; drives by content hash
     state/                                        tile statistics the next build merges into,
-                                                  keyframes its new drives are tied to
+                                                  keyframes its new drives are tied to, the
+                                                  automatic features before labels merged
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ from pyspark.sql import SparkSession
 
 from adcloud.config import settings_dict
 from adcloud.hdmap.config import HdmapSettings
-from adcloud.hdmap.errors import HdmapError
+from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.exchange import dump_items, load_items
 from adcloud.hdmap.geotiff import write_mosaic
-from adcloud.hdmap.grid import GridTile
+from adcloud.hdmap.grid import GridTile, TilePartial, finalize_tile
 from adcloud.hdmap.job import STATE_CLOUD, STATE_TILES, PipelineResult, StageSettings, run_pipeline
 from adcloud.hdmap.labels import (
     GridLayers,
@@ -53,11 +56,28 @@ from adcloud.hdmap.labels import (
     lane_centerlines,
     reference_lines,
 )
-from adcloud.hdmap.lanelet import write_lanelet2, write_map_projector_info
+from adcloud.hdmap.lanelet import LaneletSummary, write_lanelet2, write_map_projector_info
 from adcloud.hdmap.loops import KeyframeArchive
-from adcloud.hdmap.mapdir import BuildPlan, BuildResult, MapDir, MapDirSettings, Staging, find_bags
+from adcloud.hdmap.mapdir import (
+    BuildPlan,
+    BuildResult,
+    MapDir,
+    MapDirSettings,
+    MapVersion,
+    Staging,
+    find_bags,
+)
 from adcloud.hdmap.report import write_report
-from adcloud.hdmap.semantic import SemanticMap, import_labels, merge_labels, write_geojson
+from adcloud.hdmap.semantic import (
+    SemanticMap,
+    automatic_features,
+    combine_labels,
+    import_labels,
+    merge_labels,
+    parse_geojson,
+    read_geojson,
+    write_geojson,
+)
 from adcloud.hdmap.signs import detect_signs
 from adcloud.hdmap.trajectory import Trajectory
 
@@ -69,6 +89,9 @@ Progress = Callable[[str], None]
 IMPORTED_LABELS = "labels/imported.json"
 _STATE_ORIGIN = "state/origin.json"
 _STATE_SIGNS = "state/sign_points.npz"
+#: The automatic features before imported labels were merged in: what a labels-only
+#: version merges its labels into (semantic.geojson holds them already trimmed).
+_STATE_AUTO = "state/auto_semantic.geojson"
 #: The drives' keyframes (poses and clouds), which tie the next build's new drives to the map.
 STATE_KEYFRAMES = "state/keyframes"
 
@@ -147,7 +170,8 @@ def _semantic(
     trajectories: dict[str, Trajectory],
     imported: SemanticMap | None,
     stages: StageSettings,
-) -> SemanticMap:
+) -> tuple[SemanticMap, SemanticMap]:
+    """The automatic features and the map published: them with ``imported`` merged in."""
     layers = mosaic_layers(result.tiles)
     markings: list[Any] = []
     centers: list[Any] = []
@@ -167,24 +191,145 @@ def _semantic(
         signs=tuple(signs),
         origin=result.origin,
     )
-    return merge_labels(auto, imported) if imported is not None else auto
+    return auto, merge_labels(auto, imported) if imported is not None else auto
+
+
+def _merged_labels(parent_root: Path | None, fresh: SemanticMap | None) -> SemanticMap | None:
+    """The labels a new version keeps: the parent's, with ``fresh`` merged over them."""
+    imported: SemanticMap | None = None
+    if parent_root is not None and (parent_root / IMPORTED_LABELS).is_file():
+        imported = import_labels(parent_root / IMPORTED_LABELS)
+    if fresh is not None:
+        imported = combine_labels(imported, fresh) if imported is not None else fresh
+    return imported
+
+
+def _same_features(a: SemanticMap, b: SemanticMap) -> bool:
+    """Whether two maps hold the same features, in any order."""
+
+    def features(smap: SemanticMap) -> list[str]:
+        return sorted(json.dumps(f, sort_keys=True) for f in smap.to_geojson()["features"])
+
+    return features(a) == features(b)
+
+
+def _labels_change_map(parent: MapVersion, fresh: SemanticMap) -> bool:
+    """Whether merging ``fresh`` changes the labels the ``parent`` version keeps."""
+    where = f"{parent.uri}/{IMPORTED_LABELS}"
+    try:
+        data = json.loads(parent.read_bytes(IMPORTED_LABELS))
+    except MapFormatError:  # the map keeps no labels yet
+        return len(fresh) > 0
+    except ValueError as err:
+        raise HdmapError(f"{where}: not JSON ({err}); the map version is damaged") from err
+    kept = parse_geojson(data, where)
+    return not _same_features(kept, combine_labels(kept, fresh))
+
+
+def _write_semantic(
+    out: Path,
+    auto: SemanticMap,
+    semantic: SemanticMap,
+    imported: SemanticMap | None,
+    origin: tuple[float, float, float],
+    stages: StageSettings,
+) -> LaneletSummary:
+    """The version's semantic outputs: GeoJSON, Lanelet2 map, kept labels, automatic state."""
+    write_geojson(out / "semantic.geojson", semantic)
+    (out / "state").mkdir(exist_ok=True)
+    write_geojson(out / _STATE_AUTO, auto)
+    if imported is not None:
+        (out / "labels").mkdir(exist_ok=True)
+        write_geojson(out / IMPORTED_LABELS, imported)
+    return write_lanelet2(out / "lanelet2_map.osm", semantic, origin, stages.lanelet)
+
+
+def _write_report(
+    out: Path,
+    trajectories: dict[str, Trajectory],
+    layers: GridLayers | None,
+    semantic: SemanticMap,
+    lanelets: LaneletSummary,
+    inputs: dict[str, str],
+) -> None:
+    write_report(
+        out / "report",
+        trajectories=trajectories,
+        grid=layers,
+        lane_markings=[m.points for m in semantic.markings],
+        signs=np.array([s.position for s in semantic.signs]).reshape(-1, 3),
+        lanes=[c.points for c in semantic.centerlines],
+        connectors=lanelets.connector_lines,
+        inputs=inputs,
+        title="HD map build",
+    )
+
+
+def _semantic_counts(semantic: SemanticMap, lanelets: LaneletSummary) -> dict[str, int]:
+    return {
+        "lane_markings": len(semantic.markings),
+        "lanes": len(semantic.centerlines),
+        "signs": len(semantic.signs),
+        "lanelets": lanelets.lanelets,
+        "lanelet_connectors": lanelets.connectors,
+    }
+
+
+def _relabel(
+    plan: BuildPlan,
+    staging: Staging,
+    parent_root: Path,
+    origin: tuple[float, float, float],
+    fresh: SemanticMap,
+    stages: StageSettings,
+) -> dict[str, int]:
+    """A version that differs from its parent only by ``fresh`` labels merged in: the
+    parent's files, with the semantic outputs and the report made again."""
+    out = staging.path
+    staging.copy_from_parent()
+    imported = _merged_labels(parent_root, fresh)
+    assert imported is not None
+    if (parent_root / _STATE_AUTO).is_file():
+        auto = read_geojson(parent_root / _STATE_AUTO)
+    else:
+        # A version written before the automatic features were kept: take them from the
+        # published map, where earlier labels have already trimmed them.
+        log.warning(
+            "%s has no %s; merging the labels into the automatic features of its semantic.geojson",
+            parent_root,
+            _STATE_AUTO,
+        )
+        auto = automatic_features(read_geojson(parent_root / "semantic.geojson"))
+    semantic = merge_labels(auto, imported)
+    lanelets = _write_semantic(out, auto, semantic, imported, origin, stages)
+    trajectories = {
+        p.stem: Trajectory.read_tum(p) for p in sorted((parent_root / "trajectory").glob("*.tum"))
+    }
+    partials: list[TilePartial] = [item for _, item in _previous_items(parent_root, STATE_TILES)]
+    layers = mosaic_layers([finalize_tile(p, stages.grid) for p in partials])
+    shutil.rmtree(out / "report", ignore_errors=True)
+    _write_report(
+        out, trajectories, layers, semantic, lanelets, {d.name: d.uri for d in plan.known_drives}
+    )
+    return {**_semantic_counts(semantic, lanelets), "labels_imported": len(imported)}
 
 
 def _write_version(
     out: Path,
     result: PipelineResult,
     trajectories: dict[str, Trajectory],
-    semantic: SemanticMap,
+    semantic: tuple[SemanticMap, SemanticMap, SemanticMap | None],
     settings: HdmapSettings,
     stages: StageSettings,
 ) -> dict[str, int]:
+    """``semantic``: the automatic features, the published map and the kept labels."""
     (out / "trajectory").mkdir(parents=True, exist_ok=True)
     for name, traj in trajectories.items():
         if not (out / "trajectory" / f"{name}.tum").exists():
             traj.write_tum(out / "trajectory" / f"{name}.tum")
             traj.write_kitti(out / "trajectory" / f"{name}.kitti.txt")
-    write_geojson(out / "semantic.geojson", semantic)
-    lanelets = write_lanelet2(out / "lanelet2_map.osm", semantic, result.origin, stages.lanelet)
+    auto, published, imported = semantic
+    lanelets = _write_semantic(out, auto, published, imported, result.origin, stages)
     write_map_projector_info(out / "map_projector_info.yaml", result.origin)
     if result.tiles:
         write_mosaic(result.tiles, out / "grid_elevation.png", "elevation_mean")
@@ -197,24 +342,9 @@ def _write_version(
         json.dumps({"hdmap": settings_dict(settings)}, indent=2, default=str) + "\n"
     )
     layers = mosaic_layers(result.tiles)
-    write_report(
-        out / "report",
-        trajectories=trajectories,
-        grid=layers,
-        lane_markings=[m.points for m in semantic.markings],
-        signs=np.array([s.position for s in semantic.signs]).reshape(-1, 3),
-        lanes=[c.points for c in semantic.centerlines],
-        connectors=lanelets.connector_lines,
-        inputs={name: d.uri for name, d in result.drives.items()},
-        title="HD map build",
-    )
-    return {
-        "lane_markings": len(semantic.markings),
-        "lanes": len(semantic.centerlines),
-        "signs": len(semantic.signs),
-        "lanelets": lanelets.lanelets,
-        "lanelet_connectors": lanelets.connectors,
-    }
+    inputs = {name: d.uri for name, d in result.drives.items()}
+    _write_report(out, trajectories, layers, published, lanelets, inputs)
+    return _semantic_counts(published, lanelets)
 
 
 def bag_uris(bags: str | Sequence[str]) -> list[str]:
@@ -234,7 +364,7 @@ def plan_build(bags: str | Sequence[str], map_uri: str) -> BuildPlan:
 
 
 def build_map(
-    spark: SparkSession,
+    spark: SparkSession | None,
     bags: str | Sequence[str],
     map_uri: str,
     settings: HdmapSettings | None = None,
@@ -249,14 +379,24 @@ def build_map(
     in every later version. ``plan``: what :func:`plan_build` returned for the same bags
     and map, so that the bags are not hashed again (a build committed since is noticed and
     planned anew). Returns what was done; nothing is written when every drive is already
-    in the map."""
+    in the map and no label changes it. ``spark`` may be None when the plan has no new
+    drive (a labels-only version needs no Spark)."""
     settings = settings or HdmapSettings()
     stages = stages or StageSettings.from_settings(settings)
     say = progress or (lambda text: log.info("%s", text))
     uris = bag_uris(bags)
+    # Read the labels first: a bad label file fails now, not after the whole pipeline.
+    fresh = import_labels(labels, default_source="external") if labels else None
     mapdir = MapDir(map_uri, MapDirSettings(keep_versions=settings.keep_versions))
     timings: dict[str, float] = {}
     counts: dict[str, int] = {}
+    relabel = False
+    if fresh is not None:
+        plan = plan if plan is not None else mapdir.plan(uris)
+        if plan.up_to_date and plan.parent is not None:
+            relabel = _labels_change_map(plan.parent, fresh)
+            if not relabel:
+                say(f"{map_uri}: no new drive, and the labels are in the map already")
 
     def build(plan: BuildPlan, staging: Staging) -> None:
         with _parent_state(staging) as (parent_root, info):
@@ -267,6 +407,19 @@ def build_map(
     ) -> None:
         out = staging.path
         origin = tuple(info["origin"]) if "origin" in info else settings.origin
+        if not plan.new_drives and parent_root is not None and fresh is not None:
+            say(f"merging labels into version {staging.version_id} (no new drive)")
+            tick = time.perf_counter()
+            if "origin" not in info:
+                raise HdmapError(
+                    f"{map_uri}: version {plan.parent.id if plan.parent else '?'} has no "
+                    f"{_STATE_ORIGIN}; build it again from its bags to import labels into it"
+                )
+            lat, lon, alt = (float(v) for v in info["origin"])
+            counts.update(_relabel(plan, staging, parent_root, (lat, lon, alt), fresh, stages))
+            timings["labels+outputs"] = time.perf_counter() - tick
+            counts["drives_new"] = 0
+            return
         archive = None
         if parent_root is not None and (parent_root / STATE_KEYFRAMES).is_dir():
             archive = KeyframeArchive(parent_root / STATE_KEYFRAMES)
@@ -280,6 +433,11 @@ def build_map(
             staging.copy_from_parent(*carried)
             for path in sorted((parent_root / "trajectory").glob("*.tum")):
                 previous_traj[path.stem] = Trajectory.read_tum(path)
+        if spark is None:
+            raise HdmapError(
+                f"{map_uri}: {len(plan.new_drives)} new drive(s) to build, and no Spark session "
+                "was given"
+            )
         exchange_dir = settings.exchange_dir or str(out / ".exchange")
         new = [(d.name, d.uri) for d in plan.new_drives]
         say(f"building {len(new)} new drive(s) into version {staging.version_id}")
@@ -307,18 +465,14 @@ def build_map(
                 sign_points=np.concatenate([old_pts, result.sign_points]),
                 sign_intensity=np.concatenate([old_int, result.sign_intensity]),
             )
-        imported: SemanticMap | None = None
-        if parent_root is not None and (parent_root / IMPORTED_LABELS).is_file():
-            imported = import_labels(parent_root / IMPORTED_LABELS)
-        if labels:
-            fresh = import_labels(labels, default_source="external")
-            imported = merge_labels(imported, fresh) if imported is not None else fresh
+        imported = _merged_labels(parent_root, fresh)
         tick = time.perf_counter()
-        semantic = _semantic(result, trajectories, imported, stages)
+        auto, published = _semantic(result, trajectories, imported, stages)
+        counts.update(
+            _write_version(out, result, trajectories, (auto, published, imported), settings, stages)
+        )
         if imported is not None:
-            (out / "labels").mkdir(exist_ok=True)
-            write_geojson(out / IMPORTED_LABELS, imported)
-        counts.update(_write_version(out, result, trajectories, semantic, settings, stages))
+            counts["labels_imported"] = len(imported)
         timings.update(result.timings)
         timings["labels+outputs"] = time.perf_counter() - tick
         counts["drives_new"] = len(new)
@@ -326,6 +480,6 @@ def build_map(
         counts["loop_closures"] = result.loop_closures
 
     started = time.perf_counter()
-    outcome = mapdir.update(uris, build, settings=settings, plan=plan)
+    outcome = mapdir.update(uris, build, settings=settings, plan=plan, force=relabel)
     timings["total"] = time.perf_counter() - started
     return BuildSummary(outcome, timings, counts)

@@ -65,13 +65,14 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
     settings = _settings(args)
     stages = StageSettings.load(settings, file=args.config)
     plan = plan_build(args.bags, args.map)
-    if plan.up_to_date and plan.parent is not None:
+    if plan.up_to_date and plan.parent is not None and not args.labels:
         console.print(
             f"{args.map}: up to date (version {plan.parent.id}, {len(plan.known_drives)} "
             "drive(s) known); nothing written"
         )
         return 0
-    spark = _session(args)
+    # labels merged into a map with no new drive need no Spark
+    spark = None if plan.up_to_date and plan.parent is not None else _session(args)
     with console.status("building the map ...") as status:
         summary = build_map(
             spark,
@@ -88,7 +89,9 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
         version = result.version.id if result.version else "none"
         console.print(
             f"{args.map}: up to date (version {version}, {len(result.plan.known_drives)} "
-            "drive(s) known); nothing written"
+            "drive(s) known"
+            + ("; the labels are in it already" if args.labels else "")
+            + "); nothing written"
         )
         return 0
     assert result.version is not None
@@ -184,7 +187,11 @@ def add_parser(subparsers: Any) -> None:
         "--bags", nargs="+", required=True, help="bags, directories or globs (any URL)"
     )
     build.add_argument("--map", required=True, help="map directory: a path or URL")
-    build.add_argument("--labels", help="GeoJSON of human/external labels to keep in the map")
+    build.add_argument(
+        "--labels",
+        help="GeoJSON of human/external labels to keep in the map (every later version keeps "
+        "them); with no new drive, a version with just these labels merged in is written",
+    )
     build.add_argument("--mode", choices=["memory", "files"], help="stage hand-over (memory)")
     build.add_argument("--device", help="OpenCL device address for ICP and rasterizing")
     build.add_argument("--config", help="YAML/JSON settings file (section hdmap)")

@@ -1480,11 +1480,14 @@ class MapDir:
         settings: object = None,
         trust_mtime: bool = False,
         plan: BuildPlan | None = None,
+        force: bool = False,
     ) -> BuildResult:
         """One incremental, idempotent, atomic build step.
 
         Plans (or takes ``plan``, made by :meth:`plan` for the same bags, so that they are
-        not hashed twice); when nothing is new returns at once having written nothing.
+        not hashed twice); when nothing is new returns at once having written nothing --
+        unless ``force`` (a version of the map that changes other than by drives: labels),
+        when ``build`` is called with a plan that has no new drives.
         Otherwise takes the lock, plans again if another build committed meanwhile, begins
         a staging version, calls ``build(plan, staging)`` -- which writes the version's
         files under ``staging.path``, merging the new drives into the parent's products --
@@ -1494,14 +1497,14 @@ class MapDir:
         """
         if plan is None:
             plan = self.plan(bag_uris, trust_mtime=trust_mtime)
-        if plan.up_to_date:
+        if plan.up_to_date and not force:
             _LOG.info("%s: up to date (%d drives known)", self.uri, len(plan.known_drives))
             return BuildResult(plan, plan.parent, changed=False)
         with self.lock():
             current = self._current_id()
             if current != (plan.parent.id if plan.parent is not None else None):
                 plan = self.plan(bag_uris, trust_mtime=trust_mtime)
-                if plan.up_to_date:
+                if plan.up_to_date and not force:
                     return BuildResult(plan, plan.parent, changed=False)
             with self.begin(plan.parent) as staging:
                 _LOG.info(

@@ -32,6 +32,10 @@ Labels kept across rebuilds (:func:`import_labels`, :func:`merge_labels`)
        by rule 2 and is not itself part of the merged map (the label file keeps it, so the
        deletion holds on every rebuild).
 
+    A label file imported into a map that keeps labels already joins them by
+    :func:`combine_labels` (the new file's features win, its deletes are kept), so that
+    importing the same file again changes nothing.
+
     Lane centre lines are not re-derived from corrected markings here: re-run
     :func:`adcloud.hdmap.labels.lane_centerlines` on the merged markings for that.
 
@@ -70,6 +74,8 @@ __all__ = [
     "MergeSettings",
     "Origin",
     "SemanticMap",
+    "automatic_features",
+    "combine_labels",
     "import_labels",
     "merge_labels",
     "parse_geojson",
@@ -582,6 +588,11 @@ def _select(smap: SemanticMap, sources: Sequence[str]) -> SemanticMap:
     )
 
 
+def automatic_features(smap: SemanticMap) -> SemanticMap:
+    """The ``auto`` features of ``smap`` (what a build extracted, without imported labels)."""
+    return _select(smap, ("auto",))
+
+
 def import_labels(
     path: str | os.PathLike[str], *, default_source: str | None = None
 ) -> SemanticMap:
@@ -705,6 +716,65 @@ def _same_origin(a: Origin | None, b: Origin | None) -> bool:
     if a is None or b is None:
         return True
     return abs(a[0] - b[0]) < 1e-9 and abs(a[1] - b[1]) < 1e-9 and abs(a[2] - b[2]) < 1e-3
+
+
+def _text_of(feature: Mapping[str, Any]) -> str:
+    return json.dumps(feature, sort_keys=True, default=str)
+
+
+def combine_labels(
+    kept: SemanticMap, fresh: SemanticMap, settings: MergeSettings | None = None
+) -> SemanticMap:
+    """The labels a map keeps once the label file ``fresh`` is imported over the ``kept`` ones.
+
+    Every fresh feature stays -- a delete too, so that it holds on every later rebuild -- and
+    replaces the kept features with its id and, by rule 2, the kept features of its layer
+    that it overlaps (a kept ``human`` feature gives way to ``human`` ones only).  The rest
+    of ``kept`` stays.  Importing the same file again gives the same labels.
+    """
+    settings = settings or MergeSettings()
+    if not _same_origin(kept.origin, fresh.origin):
+        raise HdmapError(
+            f"combine_labels: the new labels' map origin {fresh.origin} differs from the kept "
+            f"labels' {kept.origin}; labels must be in the same map frame"
+        )
+    items: list[LaneMarking | LaneCenterline | ReferenceLine | TrafficSign] = [
+        *fresh.markings,
+        *fresh.centerlines,
+        *fresh.reference_lines,
+        *fresh.signs,
+    ]
+    claimed = {item.id for item in items if item.id}
+    claimed |= {str(e["id"]) for e in fresh.extras if e.get("id") is not None}
+    same = {_text_of(e) for e in fresh.extras}
+
+    def unclaimed(items: Iterable[Any]) -> tuple[Any, ...]:
+        return tuple(i for i in items if not (i.id and i.id in claimed))
+
+    rest = SemanticMap(
+        markings=unclaimed(kept.markings),
+        centerlines=unclaimed(kept.centerlines),
+        reference_lines=unclaimed(kept.reference_lines),
+        signs=unclaimed(kept.signs),
+        # an extra (a feature of another kind) gives way to a fresh one with its id or,
+        # having no id, to an identical one
+        extras=tuple(
+            e
+            for e in kept.extras
+            if (str(e["id"]) not in claimed if e.get("id") is not None else _text_of(e) not in same)
+        ),
+        origin=kept.origin,
+    )
+    human = _apply(_select(rest, ("human",)), _select(fresh, ("human",)), settings)
+    external = _apply(_select(rest, ("external",)), fresh, settings)
+    return SemanticMap(
+        markings=fresh.markings + human.markings + external.markings,
+        centerlines=fresh.centerlines + human.centerlines + external.centerlines,
+        reference_lines=fresh.reference_lines + human.reference_lines + external.reference_lines,
+        signs=fresh.signs + human.signs + external.signs,
+        extras=fresh.extras + human.extras + external.extras,
+        origin=fresh.origin if fresh.origin is not None else kept.origin,
+    )
 
 
 def merge_labels(

@@ -20,7 +20,7 @@ from scipy.spatial import cKDTree
 import adcloud.hdmap.build as build_module
 from adcloud.cli import main
 from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
-from adcloud.hdmap.errors import DriveDataError
+from adcloud.hdmap.errors import DriveDataError, MapFormatError
 from adcloud.hdmap.exchange import load_items
 from adcloud.hdmap.geotiff import read_grid_tile
 from adcloud.hdmap.lanelet import load_lanelet2, routing_graph
@@ -129,14 +129,106 @@ def version_origin(root: Path) -> tuple[float, float, float]:
     return float(lat), float(lon), float(alt)
 
 
-def test_new_drive_is_merged_into_the_previous_version(
-    spark: SparkSession, short_drives: tuple[DriveResult, DriveResult], tmp_path: Path
+def _labels_for(root: Path, tmp_path: Path) -> tuple[np.ndarray, Path]:
+    """A label file for the version at ``root``: a person deletes its first lane marking
+    and adds a stop sign; returns the deleted marking's points and the file."""
+    auto = read_geojson(root / "semantic.geojson")
+    assert auto.markings, "the build found no lane marking to delete"
+    target = auto.markings[0].points
+    lat, lon, alt = version_origin(root)
+    data = {
+        "type": "FeatureCollection",
+        "adcloud:frame": "map",
+        "adcloud:origin": {"latitude_deg": lat, "longitude_deg": lon, "height_m": alt},
+        "features": [
+            {
+                "type": "Feature",
+                "geometry": {"type": "LineString", "coordinates": target[:, :2].tolist()},
+                "properties": {"kind": "lane_marking", "source": "human", "action": "delete"},
+            },
+            {
+                "type": "Feature",
+                "id": "stop-1",
+                "geometry": {"type": "Point", "coordinates": [5.0, -6.0, 2.0]},
+                "properties": {
+                    "kind": "traffic_sign",
+                    "type": "stop",
+                    "facing_yaw_rad": 3.14,
+                    "source": "human",
+                },
+            },
+        ],
+    }
+    path = tmp_path / "fixes.geojson"
+    path.write_text(json.dumps(data))
+    return target, path
+
+
+def _holds_labels(root: Path, deleted: np.ndarray) -> None:
+    """The published map has the stop sign and no marking where the deleted one was."""
+    semantic = read_geojson(root / "semantic.geojson")
+    assert "stop-1" in [s.id for s in semantic.signs]
+    tree = cKDTree(deleted[:, :2])
+    for marking in semantic.markings:
+        assert float(tree.query(marking.points[:, :2])[0].min()) > 0.49, marking.id
+    kept = read_geojson(root / "labels" / "imported.json")
+    assert {s.id for s in kept.signs} == {"stop-1"} and len(kept.markings) == 1
+
+
+def _labels_without_new_drives(
+    first: DriveResult,
+    map_uri: str,
+    v1: Any,
+    label_file: Path,
+    deleted: np.ndarray,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Labels given with no new drive make a version of their own -- without Spark -- and
+    the same labels again make none."""
+    bad = label_file.with_name("bad.geojson")
+    bad.write_text('{"type": "FeatureCollection", "adcloud:frame": "map", "features": 3}')
+    with pytest.raises(MapFormatError, match=r"bad\.geojson: \"features\" must be a list"):
+        build_map(None, str(first.bag), map_uri, labels=str(bad))
+    summary = build_map(None, str(first.bag), map_uri, labels=str(label_file))
+    assert summary.changed and summary.counts["drives_new"] == 0
+    assert summary.counts["labels_imported"] == 2
+    version = summary.result.version
+    assert version is not None and version.path is not None and version.id != v1.id
+    assert [d.name for d in version.manifest.drives] == ["first"]
+    _holds_labels(version.path, deleted)
+    before = read_geojson(v1.path / "semantic.geojson")
+    after = read_geojson(version.path / "semantic.geojson")
+    assert len(after.markings) < len(before.markings) or len(after.signs) > len(before.signs)
+    for carried in ("trajectory/first.tum", "grid_elevation.png", "pointcloud_map_metadata.yaml"):
+        assert (version.path / carried).read_bytes() == (v1.path / carried).read_bytes()
+    # the automatic features are kept apart, untouched by the labels
+    assert (version.path / "state" / "auto_semantic.geojson").read_bytes() == (
+        v1.path / "state" / "auto_semantic.geojson"
+    ).read_bytes()
+    assert (version.path / "report" / "summary.html").is_file()
+    # the same labels again: nothing to do, from Python or the CLI
+    assert not build_map(None, str(first.bag), map_uri, labels=str(label_file)).changed
+    args = ["hdmap", "build", "--bags", str(first.bag), "--map", map_uri]
+    assert main([*args, "--labels", str(label_file)]) == 0
+    assert "the labels are in it already" in " ".join(capsys.readouterr().out.split())
+    assert MapDir(map_uri).current().id == version.id  # type: ignore[union-attr]
+
+
+def test_new_drive_is_merged_into_the_previous_version(
+    spark: SparkSession,
+    short_drives: tuple[DriveResult, DriveResult],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A second drive merged into the map; between the two builds a label file is imported
+    with no new drive, and the second build keeps the labels."""
     first, second = short_drives
     map_uri = str(tmp_path / "map")
     v1 = build_map(spark, str(first.bag), map_uri).result.version
     assert v1 is not None and v1.path is not None
     v1_files = _tree(v1.path)
+    deleted, label_file = _labels_for(v1.path, tmp_path)
+    _labels_without_new_drives(first, map_uri, v1, label_file, deleted, capsys)
     v2 = build_map(spark, [str(first.bag), str(second.bag)], map_uri)
     assert v2.counts["drives_new"] == 1  # the first drive is known by its content hash
     version = v2.result.version
@@ -189,6 +281,7 @@ def test_new_drive_is_merged_into_the_previous_version(
     )
     assert _tree(v1.path) == v1_files  # the old version is untouched
     assert MapDir(map_uri).current().id == version.id  # type: ignore[union-attr]
+    _holds_labels(version.path, deleted)  # the rebuild kept the labels
 
 
 def test_files_mode_gives_the_same_map(
@@ -266,7 +359,8 @@ def test_the_copy_of_a_remote_parent_version_is_removed(
 
     monkeypatch.setattr(build_module, "run_pipeline", pipeline)
     with pytest.raises(PipelineStoppedError):
-        build_map(None, [str(b) for b in bags], uri)  # type: ignore[arg-type]
+        no_spark: Any = object()  # the stand-in pipeline never uses it
+        build_map(no_spark, [str(b) for b in bags], uri)
     assert seen["origin"] == (48.0, 11.0, 500.0)  # read from the downloaded parent
     assert list(temp.iterdir()) == []
     assert len(seen["during"]) == 2  # the parent's copy and the new version's staging

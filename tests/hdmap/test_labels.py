@@ -33,6 +33,7 @@ from adcloud.hdmap.labels import (
 from adcloud.hdmap.semantic import (
     MergeSettings,
     SemanticMap,
+    combine_labels,
     import_labels,
     merge_labels,
     parse_geojson,
@@ -677,6 +678,59 @@ def test_human_beats_external_and_trim_keeps_long_runs(tmp_path: Path) -> None:
         merge_labels(auto, replace(labels, origin=(0.0, 0.0, 0.0)))
     with pytest.raises(HdmapError, match="source human or external"):
         merge_labels(auto, auto)
+
+
+def _feature_texts(smap: SemanticMap) -> list[str]:
+    return sorted(json.dumps(f, sort_keys=True) for f in smap.to_geojson()["features"])
+
+
+def test_a_label_file_imported_over_kept_labels() -> None:
+    def sign(x: float, source: str, fid: str) -> TrafficSign:
+        return TrafficSign(np.array([x, -4.0, 3.0]), math.pi, 0.75, 0.75, source=source, id=fid)
+
+    delete = LaneMarking(_line(0, 20, 5.25), source="human", id="", attributes={"action": "delete"})
+    crosswalk = {
+        "type": "Feature",
+        "geometry": {"type": "Point", "coordinates": [1.0, 2.0]},
+        "properties": {"kind": "crosswalk", "source": "external"},
+    }
+    kept = SemanticMap(
+        markings=(
+            LaneMarking(_line(0, 50, -1.75), source="human", id="hum-line"),
+            LaneMarking(_line(0, 50, 1.75), source="external", id="ext-line"),
+            delete,
+        ),
+        signs=(sign(10, "human", "s1"), sign(30, "external", "s2")),
+        extras=(crosswalk,),
+        origin=ORIGIN,
+    )
+    # importing the same file again changes nothing, and its delete is kept
+    assert _feature_texts(combine_labels(kept, kept)) == _feature_texts(kept)
+    fresh = SemanticMap(
+        markings=(
+            # an external line over the human one does not replace it ...
+            LaneMarking(_line(0, 50, -1.75), source="external", id="ext-over-human"),
+            # ... a human line over the external one does, where they overlap
+            LaneMarking(_line(0, 30, 1.75), source="human", id="hum-over-ext"),
+        ),
+        signs=(sign(40, "human", "s1"),),  # s1 moved: the id replaces the kept one
+        extras=(dict(crosswalk),),
+        origin=ORIGIN,
+    )
+    combined = combine_labels(kept, fresh, MergeSettings(min_remaining_m=2.0))
+    assert sorted(m.id for m in combined.markings) == [
+        "",  # the kept delete stays until a fresh label overlaps it
+        "ext-line",  # its part beyond the fresh human line (30.5..50 m)
+        "ext-over-human",
+        "hum-line",
+        "hum-over-ext",
+    ]
+    rest = next(m for m in combined.markings if m.id == "ext-line")
+    assert rest.points[:, 0].min() > 30.0
+    assert [(s.id, float(s.position[0])) for s in combined.signs] == [("s1", 40.0), ("s2", 30.0)]
+    assert len(combined.extras) == 1  # the same crosswalk, not twice
+    with pytest.raises(HdmapError, match="origin"):
+        combine_labels(kept, replace(fresh, origin=(0.0, 0.0, 0.0)))
 
 
 @pytest.mark.parametrize(
