@@ -718,6 +718,11 @@ def _same_origin(a: Origin | None, b: Origin | None) -> bool:
     return abs(a[0] - b[0]) < 1e-9 and abs(a[1] - b[1]) < 1e-9 and abs(a[2] - b[2]) < 1e-3
 
 
+def _items(smap: SemanticMap) -> list[LaneMarking | LaneCenterline | ReferenceLine | TrafficSign]:
+    """Every feature of ``smap`` but the extras."""
+    return [*smap.markings, *smap.centerlines, *smap.reference_lines, *smap.signs]
+
+
 def _text_of(feature: Mapping[str, Any]) -> str:
     return json.dumps(feature, sort_keys=True, default=str)
 
@@ -738,13 +743,7 @@ def combine_labels(
             f"combine_labels: the new labels' map origin {fresh.origin} differs from the kept "
             f"labels' {kept.origin}; labels must be in the same map frame"
         )
-    items: list[LaneMarking | LaneCenterline | ReferenceLine | TrafficSign] = [
-        *fresh.markings,
-        *fresh.centerlines,
-        *fresh.reference_lines,
-        *fresh.signs,
-    ]
-    claimed = {item.id for item in items if item.id}
+    claimed = {item.id for item in _items(fresh) if item.id}
     claimed |= {str(e["id"]) for e in fresh.extras if e.get("id") is not None}
     same = {_text_of(e) for e in fresh.extras}
 
@@ -788,13 +787,7 @@ def merge_labels(
             f"merge_labels: the labels' map origin {imported.origin} differs from the build's "
             f"{auto.origin}; labels must be in the same map frame (re-project them first)"
         )
-    items: list[LaneMarking | LaneCenterline | ReferenceLine | TrafficSign] = [
-        *imported.markings,
-        *imported.centerlines,
-        *imported.reference_lines,
-        *imported.signs,
-    ]
-    bad = [item.id or "<no id>" for item in items if item.source not in IMPORTED_SOURCES]
+    bad = [item.id or "<no id>" for item in _items(imported) if item.source not in IMPORTED_SOURCES]
     if bad:
         raise HdmapError(
             f"merge_labels: imported features must have source human or external; "
