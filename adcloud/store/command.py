@@ -233,6 +233,9 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
         max_file_bytes=args.max_file_bytes,
         max_streams=args.max_streams,
         max_connections=args.max_connections,
+        socket_timeout=args.socket_timeout,
+        header_timeout=args.header_timeout,
+        min_body_rate=args.min_rate,
     )
     store = open_store(args.store)
     server = StoreServer(store, host=args.host, port=args.port, token=token, limits=limits)
@@ -259,6 +262,23 @@ class _closing:  # noqa: N801 - used like contextlib.closing
 
     def __exit__(self, *exc: object) -> None:
         self._store.close()
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
+    return value
+
+
+def _rate(text: str) -> int:
+    value = _size(text.removesuffix("/s"))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a rate > 0, e.g. 64KiB/s")
+    return value
 
 
 def _size(text: str) -> int:
@@ -369,4 +389,24 @@ def add_parser(subparsers: Any) -> None:
     serve.add_argument("--max-file-bytes", type=_size, default="64GiB", help="largest file")
     serve.add_argument("--max-streams", type=int, default=256, help="open streams at most")
     serve.add_argument("--max-connections", type=int, default=64, help="connections at most")
+    serve.add_argument(
+        "--socket-timeout",
+        type=_seconds,
+        default=60.0,
+        help="seconds one wait for a client may take, an idle keep-alive included (60)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=_seconds,
+        default=30.0,
+        help="seconds from a request's first byte to the end of its headers (30)",
+    )
+    serve.add_argument(
+        "--min-rate",
+        type=_rate,
+        default="64KiB/s",
+        help="slowest average a request body or a response may move at, after "
+        "--socket-timeout of grace; slower clients are cut off to free their slot "
+        "(64KiB/s; lower it for clients on slow links)",
+    )
     serve.set_defaults(func=_cmd_serve)

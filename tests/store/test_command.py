@@ -11,11 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
 
-from adcloud.store import LocalStore, StoreError
+from adcloud.store import LocalStore, ServerLimits, StoreError
 from adcloud.store.command import add_parser
 from tests.store.conftest import worker_env
 
@@ -182,3 +183,35 @@ def test_serve_refuses_an_empty_token(
         value = named = str(token_file)
     with pytest.raises(StoreError, match=rf"{re.escape(named)} is empty; .*leave out {option}"):
         run("store", "serve", "--port", "0", option, value)
+
+
+def test_serve_takes_its_time_limits_from_the_command_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from adcloud.store import StoreServer  # noqa: PLC0415
+
+    seen: list[Any] = []
+
+    def ctrl_c(self: StoreServer) -> None:
+        seen.append(self.limits)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(StoreServer, "serve_forever", ctrl_c)
+    limits = ["--socket-timeout", "5", "--header-timeout", "2.5", "--min-rate", "8KiB/s"]
+    assert run("store", "serve", "--port", "0", *limits)[0] == 0
+    assert (seen[0].socket_timeout, seen[0].header_timeout) == (5.0, 2.5)
+    assert seen[0].min_body_rate == 8192
+    assert run("store", "serve", "--port", "0")[0] == 0  # the defaults are ServerLimits'
+    default = ServerLimits()
+    assert (seen[1].socket_timeout, seen[1].header_timeout, seen[1].min_body_rate) == (
+        default.socket_timeout,
+        default.header_timeout,
+        default.min_body_rate,
+    )
+    for option, value in [
+        ("--min-rate", "0"),
+        ("--socket-timeout", "-1"),
+        ("--header-timeout", "x"),
+    ]:
+        with pytest.raises(SystemExit):
+            run("store", "serve", "--port", "0", option, value)
