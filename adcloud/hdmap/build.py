@@ -76,6 +76,7 @@ from adcloud.hdmap.semantic import (
     merge_labels,
     parse_geojson,
     read_geojson,
+    same_features,
     write_geojson,
 )
 from adcloud.hdmap.signs import detect_signs
@@ -204,15 +205,6 @@ def _merged_labels(parent_root: Path | None, fresh: SemanticMap | None) -> Seman
     return imported
 
 
-def _same_features(a: SemanticMap, b: SemanticMap) -> bool:
-    """Whether two maps hold the same features, in any order."""
-
-    def features(smap: SemanticMap) -> list[str]:
-        return sorted(json.dumps(f, sort_keys=True) for f in smap.to_geojson()["features"])
-
-    return features(a) == features(b)
-
-
 def _labels_change_map(parent: MapVersion, fresh: SemanticMap) -> bool:
     """Whether merging ``fresh`` changes the labels the ``parent`` version keeps."""
     where = f"{parent.uri}/{IMPORTED_LABELS}"
@@ -223,7 +215,7 @@ def _labels_change_map(parent: MapVersion, fresh: SemanticMap) -> bool:
     except ValueError as err:
         raise HdmapError(f"{where}: not JSON ({err}); the map version is damaged") from err
     kept = parse_geojson(data, where)
-    return not _same_features(kept, combine_labels(kept, fresh))
+    return not same_features(kept, combine_labels(kept, fresh))
 
 
 def _write_semantic(

@@ -80,6 +80,7 @@ __all__ = [
     "merge_labels",
     "parse_geojson",
     "read_geojson",
+    "same_features",
     "write_geojson",
 ]
 
@@ -725,6 +726,15 @@ def _items(smap: SemanticMap) -> list[LaneMarking | LaneCenterline | ReferenceLi
 
 def _text_of(feature: Mapping[str, Any]) -> str:
     return json.dumps(feature, sort_keys=True, default=str)
+
+
+def same_features(a: SemanticMap, b: SemanticMap) -> bool:
+    """Whether two maps hold the same features (as GeoJSON), in any order."""
+
+    def texts(smap: SemanticMap) -> list[str]:
+        return sorted(_text_of(f) for f in smap.to_geojson()["features"])
+
+    return texts(a) == texts(b)
 
 
 def combine_labels(
