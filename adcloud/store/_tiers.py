@@ -30,6 +30,7 @@ __all__ = [
     "copy_file",
     "crc_text",
     "new_version_id",
+    "read_object",
     "write_new",
 ]
 
@@ -88,28 +89,32 @@ class Tier:
         # a subdirectory is made on first use and remembered by this process
         self._made: set[str] = set()
 
-    def object_path(self, obj: str) -> Path:
-        """Where version ``obj`` lives in this tier."""
-        return Path(f"{self._objects}/{obj[:2]}/{obj}")
+    # Paths in this class and below are plain strings, not ``Path`` objects: a small put or
+    # get handles three or four of them, and building ``Path`` objects cost ~10% of its time.
 
-    def new_object_path(self, obj: str) -> Path:
+    def object_path(self, obj: str) -> str:
+        """Where version ``obj`` lives in this tier."""
+        return f"{self._objects}/{obj[:2]}/{obj}"
+
+    def new_object_path(self, obj: str) -> str:
         """:meth:`object_path`, with its subdirectory made if needed (to publish into)."""
         sub = obj[:2]
         if sub not in self._made:
-            Path(f"{self._objects}/{sub}").mkdir(exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(f"{self._objects}/{sub}")
             self._made.add(sub)
-        return Path(f"{self._objects}/{sub}/{obj}")
+        return f"{self._objects}/{sub}/{obj}"
 
-    def temp_path(self) -> Path:
+    def temp_path(self) -> str:
         """A fresh staging path in this tier, tagged with this process's id."""
-        return Path(f"{self._tmp}/{os.getpid()}-{new_version_id()}")
+        return f"{self._tmp}/{os.getpid()}-{new_version_id()}"
 
 
 class Staged(NamedTuple):
     """A finished staging file: tier position, path, size and CRC-32."""
 
     pos: int
-    path: Path
+    path: str
     size: int
     crc: int
 
@@ -133,11 +138,13 @@ class StagingFile:
         self.path = tiers[pos].temp_path()
         self._fd = self._create(self.path)
 
-    def _create(self, path: Path) -> int:
+    def _create(self, path: str) -> int:
         try:
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except OSError as err:
-            raise StoreError(f"cannot create a staging file in {path.parent}: {err}") from err
+            raise StoreError(
+                f"cannot create a staging file in {os.path.dirname(path)}: {err}"
+            ) from err
 
     def write(self, view: memoryview) -> None:
         """Append ``view``; outgrowing the tier or filling its filesystem moves the file
@@ -186,7 +193,7 @@ class StagingFile:
             new_path = tiers[nxt].temp_path()
             new_fd = self._create(new_path)
             try:
-                with self.path.open("rb", buffering=0) as src:
+                with open(self.path, "rb", buffering=0) as src:
                     remaining = written
                     while remaining:
                         chunk = src.read(min(CHUNK, remaining))
@@ -199,7 +206,7 @@ class StagingFile:
             except OSError as err:
                 os.close(new_fd)
                 with contextlib.suppress(OSError):
-                    new_path.unlink()
+                    os.unlink(new_path)
                 if err.errno in (errno.ENOSPC, errno.EDQUOT):
                     cause = err
                     continue
@@ -218,7 +225,7 @@ class StagingFile:
         with contextlib.suppress(OSError):
             os.close(self._fd)
         with contextlib.suppress(OSError):
-            self.path.unlink()
+            os.unlink(self.path)
 
     def finish(self) -> Staged:
         """Close the staging file; it stays in ``tmp`` until published."""
@@ -233,7 +240,7 @@ class StagingFile:
                 os.close(self._fd)
             self._fd = -1
         with contextlib.suppress(OSError):
-            self.path.unlink()
+            os.unlink(self.path)
 
 
 class VerifyingReader(io.RawIOBase):
@@ -286,7 +293,29 @@ class VerifyingReader(io.RawIOBase):
         super().close()
 
 
-def write_new(dst: Path, chunks: Iterable[bytes]) -> int:
+def read_object(path: str, size: int) -> bytes:
+    """The bytes of the object file ``path``, which the catalog says holds ``size``.
+
+    Reads up to one byte past ``size`` so that a longer file shows up as a size mismatch,
+    with bare ``os`` calls: a 1 KB get spent as long in ``Path.open`` and the file object
+    as in reading.  Raises ``FileNotFoundError`` as ``open`` does.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, size + 1)
+        if len(data) >= size:
+            return data
+        parts = [data]
+        got = len(data)
+        while got <= size and (more := os.read(fd, size + 1 - got)):
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def write_new(dst: str, chunks: Iterable[bytes]) -> int:
     """Write ``chunks`` to the new file ``dst`` (short writes retried, ENOSPC raised);
     returns their CRC-32."""
     crc = 0
@@ -302,7 +331,7 @@ def write_new(dst: Path, chunks: Iterable[bytes]) -> int:
     return crc
 
 
-def copy_file(src: Path, dst: Path) -> int:
+def copy_file(src: str, dst: str) -> int:
     """Copy ``src`` to a new file ``dst``; returns the CRC-32 of the bytes copied."""
-    with src.open("rb", buffering=0) as fin:
+    with open(src, "rb", buffering=0) as fin:
         return write_new(dst, iter(lambda: fin.read(CHUNK), b""))

@@ -69,6 +69,7 @@ from adcloud.store._tiers import (
     copy_file,
     crc_text,
     new_version_id,
+    read_object,
     write_new,
 )
 from adcloud.store._understore import UfsStaging, UnderStore
@@ -334,7 +335,7 @@ class LocalStore(BaseStore):
         """Make the catalog agree with the objects that exist (after a reboot, say)."""
         for row in self._cat.cached_rows():
             tier = self._by_level.get(row.tier) if row.tier is not None else None
-            if tier is not None and tier.object_path(row.object).exists():
+            if tier is not None and os.path.exists(tier.object_path(row.object)):
                 continue
             with self._cat.transaction(durable=True) as c:
                 if row.persistence == PersistenceState.PERSISTED:
@@ -514,7 +515,7 @@ class LocalStore(BaseStore):
             if tier is None:
                 return self._open_ufs(row)
             try:
-                raw = tier.object_path(row.object).open("rb", buffering=0)
+                raw = open(tier.object_path(row.object), "rb", buffering=0)  # noqa: SIM115
             except FileNotFoundError:
                 continue  # moved or replaced meanwhile: read the catalog again
             self._accessed(row.id)
@@ -554,8 +555,7 @@ class LocalStore(BaseStore):
                     self._cache_bytes(row, data)
                 return data
             try:
-                with tier.object_path(row.object).open("rb", buffering=0) as stream:
-                    data = stream.read()
+                data = read_object(tier.object_path(row.object), row.size)
             except FileNotFoundError:
                 continue
             self._verify(row, data, tier.name)
@@ -592,28 +592,37 @@ class LocalStore(BaseStore):
     def _probe(
         self, c: sqlite3.Connection, key: str, tier: int | None
     ) -> tuple[FileRow | None, bool, int]:
-        """Inside a transaction, in one statement: check that ``key`` can hold a file and
-        return the version it replaces, whether its parent directory exists, and the bytes
-        used in tier level ``tier`` (0 when ``None``)."""
+        """Inside a transaction: check that ``key`` can hold a file and return the version
+        it replaces, whether its parent directory exists, and the bytes used in tier level
+        ``tier`` (0 when ``None``).
+
+        One statement when the parent directory exists (the common case): a directory row
+        implies directory rows for all its ancestors, so no ancestor can be a file.
+        """
         self._check_file_key(key)
-        ancestors = _ancestors(key) or ["/"]  # "/" is never a file: a harmless placeholder
-        marks = ",".join("?" * len(ancestors))
+        parent = parent_path(key)
         row = c.execute(
             "SELECT (SELECT used FROM tiers WHERE tier = ?), (SELECT 1 FROM dirs WHERE path = ?), "
-            f"(SELECT path FROM files WHERE path IN ({marks}) LIMIT 1), "
             f"(SELECT 1 FROM dirs WHERE path = ?), {_FILE_COLUMNS} "
             "FROM (SELECT 1) LEFT JOIN files f ON f.path = ?",
-            (tier, key, *ancestors, parent_path(key), key),
+            (tier, key, parent, key),
         ).fetchone()
-        used, is_dir, file_above, parent_known = row[:4]
+        used, is_dir, parent_known = row[:3]
         if is_dir is not None:
             raise StorePreconditionError(f"{self._rel(key)} is a directory")
-        if file_above is not None:
-            raise StorePreconditionError(
-                f"{self._rel(file_above)} is a file, so {self._rel(key)} cannot be created below it"
-            )
-        old = None if row[4] is None else FileRow(*row[4:])
-        return old, parent_known is not None or parent_path(key) == "/", int(used or 0)
+        if parent_known is None and parent != "/":
+            ancestors = _ancestors(key)
+            marks = ",".join("?" * len(ancestors))
+            above = c.execute(
+                f"SELECT path FROM files WHERE path IN ({marks}) LIMIT 1", ancestors
+            ).fetchone()
+            if above is not None:
+                raise StorePreconditionError(
+                    f"{self._rel(above[0])} is a file, so {self._rel(key)} cannot be created "
+                    "below it"
+                )
+        old = None if row[3] is None else FileRow(*row[3:])
+        return old, parent_known is not None or parent == "/", int(used or 0)
 
     def _ensure_dirs(
         self, c: sqlite3.Connection, key: str, now: int, *, itself: bool = False
@@ -685,7 +694,7 @@ class LocalStore(BaseStore):
         tier = self._by_level.get(row.tier)
         if tier is not None:
             with contextlib.suppress(OSError):
-                tier.object_path(row.object).unlink()
+                os.unlink(tier.object_path(row.object))
 
     def _commit_cached(
         self,
@@ -720,17 +729,17 @@ class LocalStore(BaseStore):
             if done is None:
                 if wt is not WriteType.CACHE_THROUGH:
                     with contextlib.suppress(OSError):
-                        path.unlink()
+                        os.unlink(path)
                     raise self._full_error(staged.size, self._rel(key))
                 log.info("%s does not fit in any tier; writing it through", self._rel(key))
                 staging = self._ufs.begin(key)
                 try:
-                    with path.open("rb", buffering=0) as src:
+                    with open(path, "rb", buffering=0) as src:
                         while chunk := src.read(CHUNK):
                             staging.write(chunk)
                 finally:
                     with contextlib.suppress(OSError):
-                        path.unlink()
+                        os.unlink(path)
                 self._commit_through(key, staging, ttl, pinned, write_type=wt)
                 return
         fid, old = done
@@ -744,7 +753,7 @@ class LocalStore(BaseStore):
     def _publish(
         self,
         key: str,
-        path: Path,
+        path: str,
         staged: Staged,
         pos: int,
         obj: str,
@@ -768,7 +777,7 @@ class LocalStore(BaseStore):
                     return None
                 if not parent_known:  # a directory row implies rows for all its ancestors
                     self._ensure_dirs(c, key, now)
-                path.rename(dest)
+                os.rename(path, dest)
                 moved = True
                 fid = self._upsert(
                     c,
@@ -794,7 +803,7 @@ class LocalStore(BaseStore):
                     )
         except BaseException:
             with contextlib.suppress(OSError):
-                (dest if moved else path).unlink()
+                os.unlink(dest if moved else path)
             raise
         return fid, old
 
@@ -840,23 +849,23 @@ class LocalStore(BaseStore):
                 raise
         self._unlink_object(old)
 
-    def _copy_to_tier(self, src: Path, pos: int, key: str, size: int) -> Path:
+    def _copy_to_tier(self, src: str, pos: int, key: str, size: int) -> str:
         """Copy a staged file into tier ``pos``'s tmp (placement chose a lower tier)."""
         dest = self._tiers[pos].temp_path()
         try:
             copy_file(src, dest)
         except OSError as err:
             with contextlib.suppress(OSError):
-                dest.unlink()
+                os.unlink(dest)
             with contextlib.suppress(OSError):
-                src.unlink()
+                os.unlink(src)
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise self._full_error(size, self._rel(key)) from err
             raise StoreError(
                 f"copying {self._rel(key)} into {self._tiers[pos].name}: {err}"
             ) from err
         with contextlib.suppress(OSError):
-            src.unlink()
+            os.unlink(src)
         return dest
 
     # -- placement, eviction, promotion (under the space lock) ------------------------------
@@ -904,12 +913,12 @@ class LocalStore(BaseStore):
             crc = copy_file(src_tier.object_path(row.object), tmp)
         except OSError as err:
             with contextlib.suppress(OSError):
-                tmp.unlink()
+                os.unlink(tmp)
             if not isinstance(err, FileNotFoundError):
                 log.warning("cannot move %s to %s: %s", row.path, dst_tier.name, err)
             return False
         if crc_text(crc) != row.checksum:
-            tmp.unlink()
+            os.unlink(tmp)
             log.error("%s: checksum mismatch in %s; not moving it", row.path, src_tier.name)
             return False
         dest = dst_tier.new_object_path(row.object)
@@ -927,12 +936,12 @@ class LocalStore(BaseStore):
                 ),
             )
             if cur.rowcount == 1:
-                tmp.rename(dest)
+                os.rename(tmp, dest)
         if cur.rowcount != 1:
-            tmp.unlink()
+            os.unlink(tmp)
             return False
         with contextlib.suppress(OSError):
-            src_tier.object_path(row.object).unlink()
+            os.unlink(src_tier.object_path(row.object))
         log.debug("moved %s from %s to %s", row.path, src_tier.name, dst_tier.name)
         return True
 
@@ -972,7 +981,7 @@ class LocalStore(BaseStore):
                     crc = write_new(tmp, iter(lambda: src.read(CHUNK), b""))
             except (OSError, StoreError) as err:
                 with contextlib.suppress(OSError):
-                    tmp.unlink()
+                    os.unlink(tmp)
                 log.warning("cannot cache %s from the under-store: %s", cur.path, err)
                 return
             self._install(cur, tmp, crc, top)
@@ -993,7 +1002,7 @@ class LocalStore(BaseStore):
                 write_new(tmp, [data])
             except OSError as err:
                 with contextlib.suppress(OSError):
-                    tmp.unlink()
+                    os.unlink(tmp)
                 log.warning("cannot promote %s: %s", row.path, err)
                 return
             old_tier = cur.tier
@@ -1001,12 +1010,12 @@ class LocalStore(BaseStore):
                 old = self._by_level.get(old_tier)
                 if old is not None:
                     with contextlib.suppress(OSError):
-                        old.object_path(cur.object).unlink()
+                        os.unlink(old.object_path(cur.object))
 
-    def _install(self, row: FileRow, tmp: Path, crc: int, tier: Tier) -> bool:
+    def _install(self, row: FileRow, tmp: str, crc: int, tier: Tier) -> bool:
         """Make ``tmp`` the cached copy of ``row`` in ``tier`` if the row did not change."""
-        if crc_text(crc) != row.checksum or tmp.stat().st_size != row.size:
-            tmp.unlink()
+        if crc_text(crc) != row.checksum or os.stat(tmp).st_size != row.size:
+            os.unlink(tmp)
             log.error("%s: the copy read does not match its checksum; not caching it", row.path)
             return False
         dest = tier.new_object_path(row.object)
@@ -1017,9 +1026,9 @@ class LocalStore(BaseStore):
                 (tier.level, row.id, row.object, row.tier, tier.level, tier.capacity),
             )
             if cur.rowcount == 1:
-                tmp.rename(dest)
+                os.rename(tmp, dest)
         if cur.rowcount != 1:
-            tmp.unlink()
+            os.unlink(tmp)
             return False
         return True
 
@@ -1260,7 +1269,7 @@ class LocalStore(BaseStore):
                     raise self._lost(again)
                 staging = self._ufs.begin(again.path)
                 try:
-                    with tier.object_path(obj).open("rb", buffering=0) as src:
+                    with open(tier.object_path(obj), "rb", buffering=0) as src:
                         while chunk := src.read(CHUNK):
                             staging.write(chunk)
                     staging.finish()

@@ -166,6 +166,8 @@ class StoreConformance:
         store.put("/c/file", b"x")
         with pytest.raises(StorePreconditionError):
             store.put("/c/file/below", b"y")
+        with pytest.raises(StorePreconditionError):
+            store.put("/c/file/deeper/below", b"y")
         store.mkdir("/c/dir")
         with pytest.raises(StorePreconditionError):
             store.put("/c/dir", b"y")

@@ -343,6 +343,9 @@ def test_default_verification_covers_disk_tiers_and_sizes(
     obj.write_bytes(b"m" * 99)  # a truncated copy is caught whatever verify_reads says
     with pytest.raises(StoreCorruptionError, match="tier MEM"):
         store.get("/in-mem")
+    obj.write_bytes(b"m" * 101)  # and so is a copy that grew
+    with pytest.raises(StoreCorruptionError, match=r"tier MEM \(101 bytes"):
+        store.get("/in-mem")
 
 
 def test_ufs_copy_verified_on_read(make_store: MakeStore, store_root: Path) -> None:
@@ -575,6 +578,8 @@ def test_errors_name_the_path(make_store: MakeStore, monkeypatch: pytest.MonkeyP
     store.put("/named/f", b"x", write_type=WriteType.MUST_CACHE)
     with pytest.raises(StoreError, match="/named/f: TTL must not be negative"):
         store.set_ttl("/named/f", -1)
+    with pytest.raises(StoreError, match="/named/f is a file, so /named/f/a/b cannot be created"):
+        store.put("/named/f/a/b", b"y")
     by_id = store._cat.file_by_id
     calls = iter(range(10**6))
 
