@@ -38,7 +38,8 @@ class HdmapSettings:
     - ``device``: ICP/raster device address (empty: adcloud.hetero's policy).
     - ``mode``: ``memory`` (one Spark job, intermediates cached) or ``files`` (stages as
       separate jobs exchanging files under ``exchange_dir``, fsync'ed: the comparison mode;
-      the stage folders made there are deleted when the build ends).
+      the stage folders made there are deleted when the build ends; on a multi-host cluster
+      ``exchange_dir`` must be a directory every host mounts).
     - ``keep_versions``: map versions kept by the nightly build's garbage collection.
     - ``mounts``: sensor mounts ``"FRAME=x,y,z,roll,pitch,yaw"`` (m, degrees; the
       ``base_link <- FRAME`` transform, rotation as extrinsic xyz Euler angles). They fill

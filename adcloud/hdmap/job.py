@@ -13,7 +13,8 @@
 2. Alignment -- executors de-skew every sweep into the map frame with the joined trajectory.
 3. Grid -- per-scan tile partials, merged by tile key (``combineByKey``, many at a time),
    finalised and written as GeoTIFF tiles by the executors; the point-cloud map tiles
-   likewise.
+   likewise.  An executor that does not see the output directory (another host, no shared
+   filesystem) returns its tiles' files to the driver, which writes them.
 4. Labels -- lane markings, centre lines and signs from the merged layers, on the driver.
 
 Intermediates go through an :class:`~adcloud.hdmap.exchange.Exchange`: cached in executor
@@ -27,11 +28,13 @@ import dataclasses
 import functools
 import logging
 import math
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -410,22 +413,83 @@ def _corridor(
     return frozenset(keys)
 
 
+#: The file the driver leaves in the output directory while executors write tiles into it.
+_MARKER = ".adcloud-driver"
+
+_T = TypeVar("_T")
+
+#: Files an executor could not write in place: (path relative to the output directory, bytes).
+Shipped = list[tuple[str, bytes]]
+
+
+def _leave_marker(out_dir: Path) -> str:
+    """Driver: a random token in the output directory, for executors to recognise it by."""
+    token = uuid.uuid4().hex
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / _MARKER).write_text(token)
+    return token
+
+
+def _write_or_ship(out: str, token: str, write: Callable[[Path], _T]) -> tuple[_T, Shipped]:
+    """Executor: run ``write`` on the output directory if this process sees the driver's
+    marker there (same host, or a filesystem both share); otherwise on a private temporary
+    directory, whose files are returned for the driver to write.
+
+    On a multi-host cluster whose map lives on the driver's disk or in remote storage
+    (staged on the driver's disk), tiles written "in place" would land on the executor's
+    own disk and never reach the map.
+    """
+    root = Path(out)
+    try:
+        here = (root / _MARKER).read_text() == token
+    except OSError:
+        here = False
+    if here:
+        return write(root), []
+    with tempfile.TemporaryDirectory(prefix="adcloud-hdmap-tile-") as tmp:
+        result = write(Path(tmp))
+        files = [
+            (path.relative_to(tmp).as_posix(), path.read_bytes())
+            for path in sorted(Path(tmp).rglob("*"))
+            if path.is_file()
+        ]
+    return result, files
+
+
+def _run_sink(rdd: RDD[Any], sink: Callable[[Any], tuple[_T, Shipped]], out_dir: Path) -> list[_T]:
+    """Driver: run an executor sink over ``rdd``, write the files it shipped (see
+    :func:`_write_or_ship`) and return its results."""
+    results = []
+    for result, shipped in rdd.map(sink).collect():
+        for rel, data in shipped:
+            dest = out_dir / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        results.append(result)
+    return results
+
+
 def _tile_sink(
     item: tuple[tuple[int, int], TilePartial],
     *,
     out: str,
+    token: str,
     grid: GridSettings,
     origin: Origin,
-) -> tuple[tuple[int, int], TransientPatches]:
+) -> tuple[tuple[tuple[int, int], TransientPatches], Shipped]:
     """Executor: keep a merged tile's statistics for later builds and write its layers;
-    returns the tile's transient patches (a few KB) for the point-cloud stage."""
+    returns the tile's transient patches (a few KB) for the point-cloud stage, and its
+    files when it could not write them in place."""
     key, partial = item
-    state = Path(out) / STATE_TILES
-    state.mkdir(parents=True, exist_ok=True)
-    dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
-    tile = finalize_tile(partial, grid)
-    write_tile_outputs(tile, Path(out), origin)
-    return key, transient_patches(partial, grid)
+
+    def write(root: Path) -> None:
+        state = root / STATE_TILES
+        state.mkdir(parents=True, exist_ok=True)
+        dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
+        write_tile_outputs(finalize_tile(partial, grid), root, origin)
+
+    _, shipped = _write_or_ship(out, token, write)
+    return (key, transient_patches(partial, grid)), shipped
 
 
 #: Rows a key's buffered partials reach before they are merged into one on the map side.
@@ -469,17 +533,16 @@ def _cloud_sink(
     item: tuple[tuple[int, int], CloudPartial],
     *,
     out: str,
+    token: str,
     settings: PointCloudMapSettings,
     grid: GridSettings,
     patches: Broadcast[dict[tuple[int, int], TransientPatches]],
-) -> tuple[str, tuple[float, float]] | None:
+) -> tuple[tuple[str, tuple[float, float]] | None, Shipped]:
     """Executor: keep a merged point-cloud tile's voxel sums, write its PCD file without
     the points that stood where the grid saw only passing things (no ghosts of moving cars;
-    the kept sums are unfiltered, so a later build judges them again with more scans)."""
+    the kept sums are unfiltered, so a later build judges them again with more scans).
+    Returns the tile's metadata entry, and its files when it could not write them in place."""
     key, partial = item
-    state = Path(out) / STATE_CLOUD
-    state.mkdir(parents=True, exist_ok=True)
-    dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
     cloud = finalize_cloud(partial)
     transient = patches.value.get(key)
     if transient is not None:
@@ -488,7 +551,14 @@ def _cloud_sink(
         )
         log.debug("point-cloud tile %s: %d transient points dropped", key, int((~keep).sum()))
         cloud = MapCloud(cloud.key, cloud.xyz[keep], cloud.intensity[keep])
-    return write_cloud_tile(cloud, Path(out), settings)
+
+    def write(root: Path) -> tuple[str, tuple[float, float]] | None:
+        state = root / STATE_CLOUD
+        state.mkdir(parents=True, exist_ok=True)
+        dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
+        return write_cloud_tile(cloud, root, settings)
+
+    return _write_or_ship(out, token, write)
 
 
 def _sign_candidates(
@@ -548,6 +618,7 @@ def run_pipeline(
     stages = stages or StageSettings.from_settings(settings)
     exchange = Exchange(settings.mode, exchange_dir)
     timings: dict[str, float] = {}
+    token = _leave_marker(Path(out_dir))
     tick = time.perf_counter()
     try:
         decoded = _etl(spark, bags, settings.topics, exchange)
@@ -593,8 +664,10 @@ def run_pipeline(
             {**(corridor_trajectories or {}), **trajectories}, grid, margin_m=corridor_m
         )
         map_origin = next(iter(drives.values())).origin
-        sink = functools.partial(_tile_sink, out=str(out_dir), grid=grid, origin=map_origin)
-        written = dict(merged.map(sink).collect())
+        sink = functools.partial(
+            _tile_sink, out=str(out_dir), token=token, grid=grid, origin=map_origin
+        )
+        written = dict(_run_sink(merged, sink, Path(out_dir)))
         exchange.drop(merged)
         keys = sorted(written)
         # The label stage reads the tiles along the roads back from the GeoTIFFs just
@@ -630,9 +703,14 @@ def run_pipeline(
             )
             patches_b = sc.broadcast({})
         cloud_sink = functools.partial(
-            _cloud_sink, out=str(out_dir), settings=cloud, grid=grid, patches=patches_b
+            _cloud_sink,
+            out=str(out_dir),
+            token=token,
+            settings=cloud,
+            grid=grid,
+            patches=patches_b,
         )
-        entries = clouds.map(cloud_sink).collect()
+        entries = _run_sink(clouds, cloud_sink, Path(out_dir))
         write_pointcloud_metadata([e for e in entries if e is not None], Path(out_dir), cloud)
         timings["cloud"] = time.perf_counter() - tick
         say(f"point-cloud map: {len(entries)} tiles")
@@ -652,3 +730,4 @@ def run_pipeline(
         )
     finally:
         exchange.release()
+        (Path(out_dir) / _MARKER).unlink(missing_ok=True)

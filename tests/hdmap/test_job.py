@@ -1,8 +1,10 @@
 """The map job's wiring, without a whole build: stage settings derived from ``hdmap``, the
-sign candidates the job ships to the sign stage, and the error of a drive without sweeps."""
+sign candidates the job ships to the sign stage, tiles written by executors that do not see
+the output directory, and the error of a drive without sweeps."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +14,24 @@ from pyspark.sql import SparkSession
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import DriveData
 from adcloud.hdmap.errors import DriveDataError
-from adcloud.hdmap.job import AlignedScan, StageSettings, _poses, _sign_points
+from adcloud.hdmap.grid import GridSettings, merge_many_partials, scan_partials
+from adcloud.hdmap.job import (
+    _MARKER,
+    AlignedScan,
+    StageSettings,
+    _cloud_sink,
+    _leave_marker,
+    _poses,
+    _run_sink,
+    _sign_points,
+    _tile_sink,
+)
 from adcloud.hdmap.model import Extrinsics, GpsFixes, ImuSamples, OdomSamples
+from adcloud.hdmap.pcmap import (
+    PointCloudMapSettings,
+    merge_many_cloud_partials,
+    scan_cloud_partials,
+)
 from adcloud.hdmap.signs import SignSettings
 
 
@@ -34,6 +52,52 @@ def test_point_cloud_tiles_follow_the_grid_tile_size(tmp_path: Path) -> None:
     assert StageSettings.load(settings, file=config, environ={}).cloud.tile_size == 20.0
     env = {"ADCLOUD_HDMAP_CLOUD_TILE_SIZE": "25"}
     assert StageSettings.load(settings, environ=env).cloud.tile_size == 25.0
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.spark
+def test_tiles_of_executors_that_do_not_see_the_output_reach_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An executor on another host (no shared filesystem) ships its tiles' files to the
+    driver, which writes them: the same files as executors writing them in place."""
+    rng = np.random.default_rng(3)
+    xy = rng.uniform(-15.0, 15.0, (20_000, 2))  # ground around the sensor, over 4 tiles
+    xyz = np.column_stack([xy, 0.02 * rng.standard_normal(len(xy))])
+    intensity = rng.uniform(0.0, 255.0, len(xy)).astype(np.float32)
+    sensor = np.array([0.0, 0.0, 1.9])
+    grid, cloud = GridSettings(), PointCloudMapSettings(tile_size=20.0)
+    sc = spark.sparkContext
+    tiles = sc.parallelize(scan_partials(xyz, intensity, grid, sensor_xyz=sensor), 2)
+    tiles = tiles.groupByKey().mapValues(lambda parts: merge_many_partials(list(parts)))
+    clouds = sc.parallelize(scan_cloud_partials(xyz, intensity, cloud, sensor_xyz=sensor), 2)
+    clouds = clouds.groupByKey().mapValues(lambda ps: merge_many_cloud_partials(list(ps)))
+    origin = (49.0, 8.4, 110.0)
+    outputs = {}
+    for where in ("in place", "shipped"):
+        out = tmp_path / where.replace(" ", "_")
+        token = _leave_marker(out)
+        # executors that do not find the driver's token in the output directory
+        seen = token if where == "in place" else "another host's view"
+        sink = functools.partial(_tile_sink, out=str(out), token=seen, grid=grid, origin=origin)
+        patches = dict(_run_sink(tiles, sink, out))
+        assert len(patches) == tiles.count() >= 4
+        no_patches = sc.broadcast({})
+        sink = functools.partial(
+            _cloud_sink, out=str(out), token=seen, settings=cloud, grid=grid, patches=no_patches
+        )
+        entries = _run_sink(clouds, sink, out)
+        assert all(e is not None for e in entries) and len(entries) == clouds.count()
+        files = _files(out)
+        assert files.pop(_MARKER) == token.encode()  # the driver removes it after the build
+        outputs[where] = files
+    in_place, shipped = outputs["in place"], outputs["shipped"]
+    assert sorted(shipped) == sorted(in_place)
+    assert {name.split("/")[0] for name in in_place} >= {"grid", "pointcloud_map", "state"}
+    assert shipped == in_place  # byte for byte
 
 
 def _aligned(intensity: list[float], z: float = 3.0) -> AlignedScan:
