@@ -110,7 +110,8 @@ class TrainConfig:
     #: Torch intra-op threads per trainer (0: torch's default).
     threads: int = 0
     #: ETL: ``memory`` | ``files`` (see :data:`ETL_MODES`); ``etl_dir`` is the files mode's
-    #: exchange directory (a ``file://`` URL or path; empty: a temporary directory).
+    #: exchange directory (a ``file://`` URL or path; empty: a temporary directory on the
+    #: driver, so on a multi-host cluster give a directory every host mounts).
     etl: str = "memory"
     etl_dir: str = ""
     #: How finely Spark splits each bag (None: about 128 MiB per partition, at least one
