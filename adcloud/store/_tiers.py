@@ -293,6 +293,10 @@ class VerifyingReader(io.RawIOBase):
         super().close()
 
 
+#: Objects from this size on are read by the file object (see :func:`read_object`).
+_ONE_READ_MAX = 1 << 30
+
+
 def read_object(path: str, size: int) -> bytes:
     """The bytes of the object file ``path``, which the catalog says holds ``size``.
 
@@ -300,6 +304,9 @@ def read_object(path: str, size: int) -> bytes:
     with bare ``os`` calls: a 1 KB get spent as long in ``Path.open`` and the file object
     as in reading.  Raises ``FileNotFoundError`` as ``open`` does.
     """
+    if size >= _ONE_READ_MAX:  # one read() returns at most ~2 GiB: the file object loops
+        with open(path, "rb", buffering=0) as stream:
+            return stream.read()
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         data = os.read(fd, size + 1)

@@ -24,6 +24,7 @@ from adcloud.store import (
     StorePreconditionError,
     StoreSettings,
     WriteType,
+    _tiers,
 )
 
 KB = 1000
@@ -571,6 +572,24 @@ def test_a_file_replaced_before_its_quick_delete_is_deleted_durably(
     assert not store.exists("/f")
     monkeypatch.undo()
     assert store.list("/") == []
+
+
+@pytest.mark.parametrize("one_read_max", [1 << 30, 64], ids=["os.read", "file object"])
+def test_read_object_returns_what_the_file_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_read_max: int
+) -> None:
+    """A get reads an object with one ``os.read`` of its catalog size plus a byte (large
+    objects through the file object); either way a file that is shorter or longer than the
+    catalog says comes back as it is, for the size check to catch."""
+    monkeypatch.setattr(_tiers, "_ONE_READ_MAX", one_read_max)
+    obj = tmp_path / "obj"
+    payload = bytes(range(256)) * 4
+    obj.write_bytes(payload)
+    assert _tiers.read_object(str(obj), len(payload)) == payload
+    assert _tiers.read_object(str(obj), len(payload) - 1) == payload  # longer than recorded
+    assert _tiers.read_object(str(obj), len(payload) + 10) == payload  # shorter
+    with pytest.raises(FileNotFoundError):
+        _tiers.read_object(str(tmp_path / "gone"), 1)
 
 
 def test_errors_name_the_path(make_store: MakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
