@@ -476,19 +476,23 @@ while IFS= read -r line; do
     g*|p*) guarded="$guarded $line" ;;
   esac
 done
-# The guarded processes' children, found before anything is signalled: roslaunch starts
+# The guarded processes' children, found before anything is signalled and again before
+# SIGKILL (a roscore still starting up may start rosout meanwhile): roslaunch starts
 # rosmaster and rosout in sessions of their own, and if roscore is SIGKILLed before it
 # stopped them, nothing else would.  They get SIGKILL only: SIGINT is roscore's to send.
 parents=" "
 for entry in $guarded; do parents="$parents${entry#?} "; done
 children=""
-for stat in /proc/[0-9]*/stat; do
-  IFS= read -r fields < "$stat" 2>/dev/null || continue
-  set -- ${fields##*) }
-  case "$parents" in
-    *" $2 "*) pid=${stat#/proc/}; children="$children g${pid%/stat} p${pid%/stat}" ;;
-  esac
-done
+find_children() {
+  for stat in /proc/[0-9]*/stat; do
+    IFS= read -r fields < "$stat" 2>/dev/null || continue
+    set -- ${fields##*) }
+    case "$parents" in
+      *" $2 "*) pid=${stat#/proc/}; children="$children g${pid%/stat} p${pid%/stat}" ;;
+    esac
+  done
+}
+find_children
 send() {
   for entry in $guarded; do
     case "$entry" in
@@ -514,6 +518,7 @@ while [ "$tries" -lt 30 ] && alive; do
   sleep 0.1
   tries=$((tries + 1))
 done
+find_children
 guarded="$guarded $children"
 send KILL
 [ -n "$tmp" ] && rm -rf -- "$tmp"
@@ -692,10 +697,13 @@ def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
     """SIGINT the process group (ROS's clean shutdown), then SIGKILL what is left.
 
     roslaunch starts rosmaster and rosout in sessions of their own: when roscore does not
-    stop them within ``grace_s`` and is SIGKILLed, they are SIGKILLed too.
+    stop them within ``grace_s`` and is SIGKILLed, they are SIGKILLed too -- those it had
+    when it was told to stop, and those it started since (a roscore still starting up).
     """
     children = _children(proc.pid)
     for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGKILL, 5.0)):
+        if sig == signal.SIGKILL:
+            children += _children(proc.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:

@@ -229,14 +229,19 @@ def test_a_killed_ros1_replay_takes_roscore_and_the_node_along(
             child.kill()
 
 
-# A group leader that ignores SIGINT and starts a child in a session of its own: roscore
-# under load, whose rosmaster and rosout survive it when it is SIGKILLed.
+# A group leader that does not stop on SIGINT and starts children in sessions of their own:
+# roscore under load, whose rosmaster and rosout survive it when it is SIGKILLed.  It starts
+# a second child when told to stop, as a roscore still starting up starts rosout; that
+# child's command line holds the marker too (the marker and a 1).
 _STUBBORN_LEADER = """
 import os, signal, subprocess, time
-signal.signal(signal.SIGINT, signal.SIG_IGN)
+def starting_up(*_):
+    subprocess.Popen(["sleep", os.environ["MARKER"] + "1"], start_new_session=True)
+signal.signal(signal.SIGINT, starting_up)
 subprocess.Popen(["sleep", os.environ["MARKER"]], start_new_session=True)
-time.sleep(600)
-"""  # the marker comes in the environment: only the child's command line shows it
+while True:
+    time.sleep(600)
+"""  # the marker comes in the environment: only the children's command lines show it
 
 
 def _stubborn_leader(marker: str) -> subprocess.Popen[bytes]:
@@ -277,6 +282,8 @@ def test_the_reaper_kills_children_a_killed_leader_left_in_sessions_of_their_own
         started = _descendants(child.pid)
         assert grandchild in started
         _kill_and_check(child, started, int(ready.read_text()))
+        # and the child the leader started once the reaper began to stop it
+        _wait_until(lambda: not _marker_processes(marker), 5, "the late child to exit")
     finally:
         if child.poll() is None:
             child.kill()
