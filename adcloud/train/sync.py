@@ -251,6 +251,17 @@ class ParameterStoreSync:
         self._published: list[int] = []
         self._peers = dict(peers or {})
         self._host = socket.gethostname()
+        hosts = sorted({host for host, _ in self._peers.values()} | {self._host})
+        if len(hosts) > 1 and store.uri.startswith("local://"):
+            # each host has its own local store: the trainers would wait for each other's
+            # parameters until sync_timeout_s, then blame a stuck parameter server
+            raise TrainError(
+                f"sync=ps: the trainers run on {len(hosts)} hosts ({', '.join(hosts[:4])}), "
+                f"but {store.uri} is a local:// store, which each machine has for itself. "
+                "Give train.store a store every host reaches: alluxio://HOST:39999/... (an "
+                "Alluxio proxy, or `adcloud store serve` on one machine), or use "
+                "sync=allreduce"
+            )
 
     def _dead(self, ranks: Iterable[int]) -> list[int]:
         """Which of ``ranks`` run on this host in a process that no longer exists."""

@@ -221,12 +221,25 @@ def test_a_dead_peer_on_this_host_fails_the_wait_at_once(tmp_path: Path) -> None
     with pytest.raises(StaleParametersError, match=r"trainer rank\(s\) \[1\] died"):
         server.step(model, opt, 0, 1.0)
     assert time.monotonic() - tick < 10  # not the 60 s timeout
-    # a peer on another host is not judged by pid: only the timeout applies there
+    # a peer on another host is not judged by pid: only the timeout applies there (through
+    # a store both hosts reach; here, for the test, an fsspec store this host shares)
+    shared = open_store(f"file://{tmp_path / 'shared'}")
     remote = ParameterStoreSync(
-        store, "run-d", 1, 2, session="s5", timeout_s=0.8, peers={0: ("elsewhere", dead)}
+        shared, "run-d", 1, 2, session="s5", timeout_s=0.8, peers={0: ("elsewhere", dead)}
     )
     with pytest.raises(StaleParametersError, match="waited 1 s"):
         remote.start(model, opt, 0)
+
+
+def test_a_local_store_is_refused_for_trainers_on_several_hosts(tmp_path: Path) -> None:
+    """Each machine has its own local:// store: ps across hosts fails at once, saying what
+    to use, instead of timing out with the blame on the parameter server."""
+    store = _store(tmp_path)
+    here = socket.gethostname()
+    with pytest.raises(TrainError, match=r"2 hosts .*local:// store.*alluxio://"):
+        ParameterStoreSync(store, "r", 1, 2, session="s", peers={0: ("elsewhere", 7)})
+    # all on this host: fine
+    ParameterStoreSync(store, "r", 1, 2, session="s", peers={0: (here, 7), 1: (here, 8)})
 
 
 def test_parameter_server_arguments_are_checked(tmp_path: Path) -> None:
