@@ -45,6 +45,7 @@ import logging
 import os
 import posixpath
 import shutil
+import socket
 import tempfile
 import time
 import uuid
@@ -379,6 +380,24 @@ def _open_sync(config: TrainConfig, context: Any, rank: int, world: int, run: st
     )
 
 
+def _check_checkpoint_store(config: TrainConfig, hosts: Iterable[str]) -> None:
+    """Refuse checkpoints in a ``local://`` store when the trainers run on several hosts.
+
+    Every trainer writes its part of a checkpoint and rank 0 publishes it once all parts
+    are there: in a store each machine has for itself, rank 0 would wait ``sync_timeout_s``
+    at every checkpoint for parts it cannot see, and a resumed run would find nothing.
+    """
+    names = sorted(set(hosts))
+    if len(names) > 1 and config.checkpoint_every > 0 and config.store.startswith("local://"):
+        raise TrainError(
+            f"the trainers run on {len(names)} hosts ({', '.join(names[:4])}), but "
+            f"checkpoints go to {config.store}, a local:// store each machine has for itself. "
+            "Give train.store a store every host reaches (alluxio://HOST:39999/...: an "
+            "Alluxio proxy, or `adcloud store serve` on one machine), or set "
+            "checkpoint_every=0"
+        )
+
+
 def _barrier_train(
     items: Iterable[tuple[int, Any]], *, task: Task, config: TrainConfig
 ) -> Iterator[dict[str, Any]]:
@@ -388,6 +407,7 @@ def _barrier_train(
     context = BarrierTaskContext.get()
     rank = context.partitionId()
     world = len(context.getTaskInfos())
+    _check_checkpoint_store(config, context.allGather(socket.gethostname()))
     shard = [sample for _, sample in sorted(items, key=lambda pair: pair[0])]
     run = config.run_id()
     sync = _open_sync(config, context, rank, world, run)

@@ -28,7 +28,8 @@ from adcloud.train.checkpoint import (
     restore_rng,
 )
 from adcloud.train.config import TrainConfig
-from adcloud.train.errors import CheckpointError
+from adcloud.train.errors import CheckpointError, TrainError
+from adcloud.train.job import _check_checkpoint_store
 from adcloud.train.loop import TrainResult, train
 from adcloud.train.tensors import decode_tree
 
@@ -328,3 +329,16 @@ def test_rank_zero_publishes_only_when_every_part_is_there(tmp_path: Path) -> No
 def test_checkpointer_arguments_are_checked(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="keep=0"):
         Checkpointer(_store(tmp_path), "x", every=1, keep=0)
+
+
+def test_checkpoints_in_a_local_store_are_refused_across_hosts() -> None:
+    """Each machine has its own local:// store: rank 0 would wait for parts it cannot see at
+    every checkpoint, and a resumed run would find nothing."""
+    config = TrainConfig(task="lidar_seg", bags=("b.bag",)).validate()
+    with pytest.raises(TrainError, match=r"2 hosts \(a, b\).*local://.*checkpoint_every=0"):
+        _check_checkpoint_store(config, ["a", "b", "a"])
+    _check_checkpoint_store(config, ["a", "a"])  # one host: fine
+    no_checkpoints = TrainConfig(task="lidar_seg", bags=("b.bag",), checkpoint_every=0)
+    _check_checkpoint_store(no_checkpoints.validate(), ["a", "b"])
+    shared = TrainConfig(task="lidar_seg", bags=("b.bag",), store="alluxio://h:39999/t")
+    _check_checkpoint_store(shared.validate(), ["a", "b"])
