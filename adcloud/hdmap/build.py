@@ -49,7 +49,14 @@ from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.exchange import dump_items, load_items
 from adcloud.hdmap.geotiff import write_mosaic
 from adcloud.hdmap.grid import GridTile, TilePartial, finalize_tile
-from adcloud.hdmap.job import STATE_CLOUD, STATE_TILES, PipelineResult, StageSettings, run_pipeline
+from adcloud.hdmap.job import (
+    STATE_CLOUD,
+    STATE_TILES,
+    PipelineResult,
+    StageSettings,
+    check_mosaic_memory,
+    run_pipeline,
+)
 from adcloud.hdmap.labels import (
     GridLayers,
     extract_lane_markings,
@@ -116,6 +123,7 @@ def mosaic_layers(tiles: Sequence[GridTile]) -> GridLayers | None:
         return None
     res = tiles[0].resolution
     rows, cols = tiles[0].shape
+    check_mosaic_memory([t.key for t in tiles], max(rows, cols), res)
     kx = [t.key[0] for t in tiles]
     ky = [t.key[1] for t in tiles]
     x0, y0 = min(kx), min(ky)

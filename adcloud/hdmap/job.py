@@ -413,6 +413,48 @@ def _corridor(
     return frozenset(keys)
 
 
+#: Bytes per cell of the label stage's mosaic (float32 reflectance and elevation, int32 count).
+MOSAIC_CELL_BYTES = 12
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory this machine can still give (``MemAvailable``), None if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_mosaic_memory(
+    keys: Iterable[tuple[int, int]], tile_cells: int, resolution: float
+) -> None:
+    """Refuse a label-stage mosaic over the tiles ``keys`` that this driver cannot hold.
+
+    The label stage lays the tiles along the roads into one array over their bounding box;
+    a map that is large in extent (a long drive, drives far apart) needs more memory than
+    the driver has, and running out of it kills the build late, after the costly stages.
+    """
+    keys = list(keys)
+    if not keys:
+        return
+    xs, ys = [k[0] for k in keys], [k[1] for k in keys]
+    nx, ny = max(xs) - min(xs) + 1, max(ys) - min(ys) + 1
+    need = nx * ny * tile_cells * tile_cells * MOSAIC_CELL_BYTES
+    have = _available_memory()
+    if have is not None and need > 0.8 * have:
+        side = tile_cells * resolution
+        raise HdmapError(
+            f"the label stage would need {need / 2**30:.1f} GiB of driver memory for one "
+            f"mosaic over {nx} x {ny} tiles ({nx * side:.0f} x {ny * side:.0f} m, {len(keys)} "
+            f"of them along the roads), and this machine has {have / 2**30:.1f} GiB available. "
+            "Build the area as several maps (group the drives by region), or run the driver "
+            "on a machine with more memory; nothing was written"
+        )
+
+
 #: The file the driver leaves in the output directory while executors write tiles into it.
 _MARKER = ".adcloud-driver"
 
@@ -663,6 +705,7 @@ def run_pipeline(
         corridor = _corridor(
             {**(corridor_trajectories or {}), **trajectories}, grid, margin_m=corridor_m
         )
+        check_mosaic_memory(corridor, grid.tile_cells, grid.resolution)  # before the grid stage
         map_origin = next(iter(drives.values())).origin
         sink = functools.partial(
             _tile_sink, out=str(out_dir), token=token, grid=grid, origin=map_origin

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import DriveData
-from adcloud.hdmap.errors import DriveDataError
+from adcloud.hdmap.errors import DriveDataError, HdmapError
 from adcloud.hdmap.grid import GridSettings, merge_many_partials, scan_partials
 from adcloud.hdmap.job import (
     _MARKER,
@@ -25,6 +25,7 @@ from adcloud.hdmap.job import (
     _run_sink,
     _sign_points,
     _tile_sink,
+    check_mosaic_memory,
 )
 from adcloud.hdmap.model import Extrinsics, GpsFixes, ImuSamples, OdomSamples
 from adcloud.hdmap.pcmap import (
@@ -144,3 +145,14 @@ def test_a_drive_without_sweeps_names_the_lidar_topic(spark: SparkSession) -> No
             lambda _: None,
             lidar_topic="/velo/points",
         )
+
+
+def test_a_label_mosaic_the_driver_cannot_hold_is_refused_up_front() -> None:
+    """Tiles along roads far apart span a bounding box no driver holds: a clear error before
+    the grid stage, not an out-of-memory kill after it."""
+    grid = GridSettings()
+    near = [(0, 0), (0, 1), (1, 1)]
+    check_mosaic_memory(near, grid.tile_cells, grid.resolution)  # 3 x 2 MB: fine
+    far = [*near, (5000, 5000)]  # 100 km away: 25 M tiles' worth of mosaic
+    with pytest.raises(HdmapError, match=r"5001 x 5001 tiles \(100020 x 100020 m, 4 of them"):
+        check_mosaic_memory(far, grid.tile_cells, grid.resolution)
