@@ -1,9 +1,15 @@
-"""Drives and misbehaving nodes shared by the sim tests (session scope)."""
+"""Drives and misbehaving nodes shared by the sim tests (session scope), and a check that
+no replay process (ROS master, rosout, the bridge, the reaper) outlives the tests."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -79,6 +85,51 @@ _NODES = {
         run_node(lambda msg: (1, 2.5))
     """,
 }
+
+
+def _stat(pid: str) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, parent, ...)."""
+    return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+
+
+def _orphaned_replay_processes(since: int) -> dict[int, str]:
+    """Processes of replay runs that outlived their owner: reparented to init, started
+    after ``since`` (clock ticks after boot), and named by a run's temporary directory
+    (``adcloud-ros1-``, in their arguments or environment) or the reaper's name."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat(entry.name)
+            if fields[0] == b"Z" or int(fields[1]) != 1 or int(fields[19]) < since:
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if b"adcloud-ros1-" in cmdline + environ or b"adcloud-reaper" in cmdline:
+            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+    return found
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _no_replay_process_outlives_the_tests() -> Iterator[None]:
+    """After the sim tests, no process a replay started is left behind (a leak that only a
+    race shows, such as a roscore stopped while it was still starting rosout)."""
+    since = int(_stat("self")[19])
+    yield
+    deadline = time.monotonic() + 15  # a reaper's teardown takes up to ~3 s
+    while (left := _orphaned_replay_processes(since)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        pytest.fail(
+            "replay processes outlived their owners (now killed): "
+            + "; ".join(f"{pid} {cmd}" for pid, cmd in sorted(left.items()))
+        )
 
 
 @pytest.fixture(scope="session")
