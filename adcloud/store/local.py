@@ -1081,13 +1081,15 @@ class LocalStore(BaseStore):
     def delete(self, path: str, *, recursive: bool = False) -> None:
         """Delete a file or a directory (non-empty ones only with ``recursive``), everywhere."""
         key = self._key(path)
-        durable = not _memory_only(self._cat.file(key))
+        row = self._cat.file(key)
+        # A directory starts on the quick path too: _delete_rows sees what is under it.
+        durable = row is not None and not _memory_only(row)
         while True:
             try:
                 gone, tree = self._delete_rows(key, recursive, durable)
                 break
             except _DurableDeleteNeededError:
-                durable = True  # the file changed since it was looked at: delete durably
+                durable = True  # not (or no longer) memory-only: delete durably
         for r in gone:
             self._unlink_object(r)
         if tree:
@@ -1102,10 +1104,12 @@ class LocalStore(BaseStore):
     ) -> tuple[builtins.list[FileRow], bool]:
         """The catalog half of :meth:`delete`: the rows removed and whether it was a tree.
 
-        A file that lives only in the MEM tier is deleted without waiting for the disk
-        (``durable=False``; parameter servers delete a consumed version every step): if the
-        machine loses power before the commit reaches the disk, the MEM tier (tmpfs) is gone
-        as well and the file comes back only as a LOST entry -- never as data.
+        A file that lives only in the MEM tier, or a directory whose files all do, is deleted
+        without waiting for the disk (``durable=False``; parameter servers delete a consumed
+        version every step): if the machine loses power before the commit reaches the disk,
+        the MEM tier (tmpfs) is gone as well and the files come back only as LOST entries --
+        never as data. Anything else (an empty directory included) raises
+        :class:`_DurableDeleteNeededError` on the quick path, for a durable retry.
         """
         gone: builtins.list[FileRow] = []
         tree = False
@@ -1113,8 +1117,6 @@ class LocalStore(BaseStore):
             row = self._cat.file(key, c)
             if row is not None and not durable and not _memory_only(row):
                 raise _DurableDeleteNeededError
-            if row is None and not durable:
-                raise _DurableDeleteNeededError  # a directory, or gone: the durable path decides
             if row is not None:
                 c.execute("DELETE FROM files WHERE id = ?", (row.id,))
                 self._cat.drop_entries(c, row.id)
@@ -1125,6 +1127,8 @@ class LocalStore(BaseStore):
                         f"{self._rel(key)} is a non-empty directory; delete it with recursive=True"
                     )
                 files, _ = self._cat.descendants(key, c)
+                if not durable and not (files and all(_memory_only(f) for f in files)):
+                    raise _DurableDeleteNeededError
                 lo, hi = _range(key)
                 c.execute("DELETE FROM files WHERE path > ? AND path < ?", (lo, hi))
                 c.execute("DELETE FROM dirs WHERE path > ? AND path < ?", (lo, hi))

@@ -21,6 +21,7 @@ from adcloud.store import (
     StoreDataLostError,
     StoreError,
     StoreFullError,
+    StoreNotFoundError,
     StorePreconditionError,
     StoreSettings,
     WriteType,
@@ -515,12 +516,18 @@ def test_deleting_a_memory_only_file_does_not_wait_for_the_disk(
     make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A parameter server deletes a consumed version every step: when the file's only copy
-    # is in the MEM tier the catalog commit is not fsynced; anything else still is.
-    store = make_store(mem_capacity="8KB", ssd_capacity="32KB", hdd_capacity="64KB")
+    # is in the MEM tier the catalog commit is not fsynced; anything else still is.  A
+    # directory goes the quick way when every file under it is memory-only; otherwise the
+    # quick attempt finds out inside its transaction, changes nothing and retries durably.
+    store = make_store(mem_capacity="16KB", ssd_capacity="64KB", hdd_capacity="128KB")
     store.put("/mem", blob(1), write_type="MUST_CACHE")
-    store.put("/ssd", blob(2, 10 * KB), write_type="MUST_CACHE")  # too big for MEM
+    store.put("/ssd", blob(2, 20 * KB), write_type="MUST_CACHE")  # too big for MEM
     store.put("/through", blob(3), write_type="CACHE_THROUGH")
     store.put("/dir/a", blob(4), write_type="MUST_CACHE")
+    store.put("/dir/sub/b", blob(5), write_type="MUST_CACHE")
+    store.put("/mixed/a", blob(6), write_type="MUST_CACHE")
+    store.put("/mixed/sub/b", blob(7), write_type="CACHE_THROUGH")
+    store.mkdir("/empty")
     assert tiers(store, "/mem", "/ssd") == ["MEM", "SSD"]
     seen: list[bool] = []
     transaction = store._cat.transaction
@@ -535,10 +542,19 @@ def test_deleting_a_memory_only_file_does_not_wait_for_the_disk(
         store.delete(path)
         assert seen == [durable], path
         assert not store.exists(path)
-    seen.clear()
-    store.delete("/dir", recursive=True)
-    assert seen == [True]
+    for path, durable_tries in (
+        ("/dir", [False]),
+        ("/mixed", [False, True]),
+        ("/empty", [False, True]),
+    ):
+        seen.clear()
+        store.delete(path, recursive=True)
+        assert seen == durable_tries, path
+        assert not store.exists(path)
     assert store.list("/") == []
+    with pytest.raises(StoreNotFoundError):
+        store.delete("/dir", recursive=True)
+    assert all(u.used == 0 and u.files == 0 for u in store.usage())
 
 
 def test_a_file_replaced_before_its_quick_delete_is_deleted_durably(
