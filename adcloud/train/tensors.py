@@ -65,6 +65,7 @@ FORMAT_VERSION = 1
 MAGIC = b"ADTENSR\x00"
 _PREFIX = struct.Struct("<8sIIII")
 _ALIGN = 64
+_OFFSET_STANDIN = 10**15  # 16 digits: any data offset fits in its place
 
 #: Stored dtype names and their torch types (bytes little-endian; ``bool`` one byte each).
 DTYPES: dict[str, torch.dtype] = {
@@ -85,6 +86,7 @@ DTYPES: dict[str, torch.dtype] = {
     "complex128": torch.complex128,
 }
 _NAME_OF = {dtype: name for name, dtype in DTYPES.items()}
+_ITEMSIZE = {dtype: dtype.itemsize for dtype in DTYPES.values()}
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("adcloud.train.tensors stores little-endian bytes; this host is big-endian")
@@ -177,20 +179,18 @@ def encode_tensors(
         "metadata": dict(metadata or {}),
         "tensors": entries,
     }
-    # The data offset depends on the header's length, which depends on the offset's digits:
-    # iterate until it is stable (twice at most in practice).
-    data_offset = 0
-    while True:
-        header["data_offset"] = data_offset
-        try:
-            text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-        except (TypeError, ValueError) as err:
-            raise TrainError(f"metadata cannot be stored as JSON: {err}") from err
-        needed = _PREFIX.size + len(text)
-        needed += (-needed) % _ALIGN
-        if needed == data_offset:
-            break
-        data_offset = needed
+    # The data offset depends on the header's length: write the header once with a 16-digit
+    # stand-in, then put the offset in its place, padded with spaces (JSON whitespace) to the
+    # same length.  "data_offset" precedes "metadata", so the first match is the header's own.
+    header["data_offset"] = _OFFSET_STANDIN
+    try:
+        text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as err:
+        raise TrainError(f"metadata cannot be stored as JSON: {err}") from err
+    data_offset = _PREFIX.size + len(text)
+    data_offset += (-data_offset) % _ALIGN
+    standin = b'"data_offset":%d' % _OFFSET_STANDIN
+    text = text.replace(standin, b'"data_offset":%-16d' % data_offset, 1)
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(text), crc32(text), 0)
     padding = b"\x00" * (data_offset - _PREFIX.size - len(text))
     return b"".join([prefix, text, padding, *chunks])
@@ -286,6 +286,9 @@ def decode_tensors(data: bytes | bytearray | memoryview, *, source: str = "<byte
             source=source,
             offset=total,
         )
+    # One writable copy of the data region for all tensors (torch.frombuffer wants a writable
+    # buffer, and a copy per tensor costs an allocation each); every tensor views it.
+    region = bytearray(view[data_offset:total])
     tensors: dict[str, torch.Tensor] = {}
     for entry in entries:
         name = str(entry.get("name"))
@@ -315,7 +318,7 @@ def decode_tensors(data: bytes | bytearray | memoryview, *, source: str = "<byte
                 offset=start,
             )
         count = math.prod(shape)
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = _ITEMSIZE[dtype]
         if count * itemsize != nbytes:
             raise TensorFormatError(
                 f"{source}: tensor {name!r} has {nbytes} bytes, not {count * itemsize} for "
@@ -326,10 +329,15 @@ def decode_tensors(data: bytes | bytearray | memoryview, *, source: str = "<byte
         if nbytes == 0:
             tensors[name] = torch.empty(shape, dtype=dtype)
             continue
+        at = start - data_offset
+        buffer = region
+        if at % _ALIGN:  # off the format's 64-byte grid: a private (aligned) copy
+            buffer, at = bytearray(raw), 0
         if dtype is torch.bool:
-            tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.bool)
+            tensor = torch.frombuffer(buffer, dtype=torch.uint8, count=count, offset=at)
+            tensor = tensor.to(torch.bool)
         else:
-            tensor = torch.frombuffer(bytearray(raw), dtype=dtype)
+            tensor = torch.frombuffer(buffer, dtype=dtype, count=count, offset=at)
         tensors[name] = tensor.reshape(shape)
     return TensorFile(tensors, metadata)
 

@@ -96,6 +96,48 @@ def test_decoded_tensors_are_writable_copies() -> None:
     assert torch.equal(decode_tensors(data).tensors["w"], torch.ones(4))
 
 
+def test_tensors_of_one_file_do_not_share_elements() -> None:
+    # every tensor views one copy of the data region: writes stay inside their own tensor
+    back = decode_tensors(encode_tensors({"a": torch.zeros(3), "b": torch.zeros(2, 2)})).tensors
+    back["a"].fill_(7)
+    assert torch.equal(back["b"], torch.zeros(2, 2))
+
+
+def test_a_file_from_another_writer_with_tensors_off_the_64_byte_grid_reads() -> None:
+    # An independent writer (struct + json here) that packs tensors back to back, with the
+    # header padded by whitespace: the reader copies such tensors out instead of viewing them.
+    a = np.arange(3, dtype="<f8")
+    b = np.array([True, False, True])
+    c = np.arange(4, dtype="<i4").reshape(2, 2)
+    blobs = [a.tobytes(), b.astype(np.uint8).tobytes(), c.tobytes()]
+    entries, cursor = [], 0
+    kinds = zip("abc", ("float64", "bool", "int32"), (a, b, c), blobs, strict=True)
+    for name, dtype, arr, raw in kinds:
+        entries.append(
+            {
+                "name": name,
+                "dtype": dtype,
+                "shape": list(arr.shape),
+                "offset": cursor,
+                "nbytes": len(raw),
+                "crc32": zlib.crc32(raw),
+            }
+        )
+        cursor += len(raw)  # 24, then 27: b and c are off the grid
+    header = {"format": "adcloud-tensors", "version": 1, "data_offset": 1024}
+    header |= {"data_size": cursor, "metadata": {}, "tensors": entries}
+    text = json.dumps(header, indent=1).encode()
+    prefix = struct.pack("<8sIIII", MAGIC, 1, len(text), zlib.crc32(text), 0)
+    data = prefix + text + bytes(1024 - len(prefix) - len(text)) + b"".join(blobs)
+    back = decode_tensors(data).tensors
+    assert back["a"].tolist() == [0.0, 1.0, 2.0]
+    assert back["b"].tolist() == [True, False, True]
+    assert back["c"].tolist() == [[0, 1], [2, 3]]
+    shared = back["a"].untyped_storage().data_ptr()
+    assert back["c"].untyped_storage().data_ptr() != shared  # a private copy
+    assert back["c"].data_ptr() % 4 == 0  # aligned for its int32 elements
+
+
 def test_truncation_is_reported_with_the_offset() -> None:
     data = encode_tensors({"w": torch.ones(100)})
     for cut in (0, 10, 30, len(data) - 1):
