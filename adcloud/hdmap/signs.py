@@ -25,8 +25,8 @@ poles and paint stay below 150). :func:`detect_signs`:
    (plate sizes are standardised: e.g. the US MUTCD's 30 x 30 in stop sign and 24 x 30 in
    speed-limit sign). When several types share the measured size the type is ``unknown``
    and ``candidates`` lists them. LiDAR cannot see what is printed on a plate; the camera
-   could, but the synthetic camera renders every plate in one label colour, so camera
-   typing is not attempted here.
+   can (the synthetic camera paints each type's face a colour of its own), but this
+   module reads LiDAR points only.
 """
 
 from __future__ import annotations

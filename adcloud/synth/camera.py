@@ -2,9 +2,10 @@
 
 A global-shutter pinhole camera (no distortion) in the ``camera_optical`` frame, one ray
 through each pixel centre.  Colour is the label's albedo (ground brightened by its
-reflectance, so paint is white and asphalt dark) shaded by a fixed sun, with distance
-haze, a sky gradient where nothing is hit and Gaussian pixel noise (2 DN).  The label
-image holds the :class:`~adcloud.synth.labels.Label` id of every pixel (0 = sky).
+reflectance, so paint is white and asphalt dark; a sign plate's face in its type's
+:data:`~adcloud.synth.world.SIGN_FACE_COLORS`, its back grey) shaded by a fixed sun, with
+distance haze, a sky gradient where nothing is hit and Gaussian pixel noise (2 DN).  The
+label image holds the :class:`~adcloud.synth.labels.Label` id of every pixel (0 = sky).
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from adcloud.synth.frames import MOUNTS, SensorMount
 from adcloud.synth.labels import LABEL_COLORS, Label
 from adcloud.synth.raycast import cast_rays
 from adcloud.synth.trajectory import Trajectory
-from adcloud.synth.world import World
+from adcloud.synth.world import (
+    SIGN_BACK_COLOR,
+    SIGN_FACE_COLORS,
+    SIGN_TYPE,
+    SIGN_X,
+    SIGN_YAW,
+    SIGN_Z,
+    World,
+)
 
 __all__ = ["CameraModel"]
 
@@ -90,6 +99,7 @@ class CameraModel:
             bins=bins,
         )
         base = LABEL_COLORS[hits.label].astype(np.float64)
+        _paint_sign_faces(base, world, origin, dirs, hits.range, hits.normal, hits.label)
         ground = np.isin(hits.label, np.array(_GROUND, dtype=np.uint8)) & (
             hits.label != Label.LANE_MARKING
         )
@@ -103,3 +113,29 @@ class CameraModel:
         img = np.clip(colour * 255 + rng.standard_normal(colour.shape) * 2.0, 0, 255)
         rgb = img.reshape(self.height, self.width, 3).round().astype(np.uint8)
         return rgb, hits.label.reshape(self.height, self.width)
+
+
+def _paint_sign_faces(
+    base: NDArray[np.float64],
+    world: World,
+    origin: NDArray[np.float64],
+    dirs: NDArray[np.float64],
+    ranges: NDArray[np.floating],
+    normals: NDArray[np.floating],
+    labels: NDArray[np.uint8],
+) -> None:
+    """Give the sign pixels of ``base`` (in place) their plate's face or back colour: the
+    plate is the sign nearest the hit point, its face the side its yaw points to."""
+    hit = np.flatnonzero((labels == Label.SIGN) & np.isfinite(ranges))
+    if hit.size == 0 or len(world.signs) == 0:
+        return
+    points = origin + dirs[hit] * ranges[hit, None].astype(np.float64)
+    centres = world.signs[:, SIGN_X : SIGN_Z + 1]
+    nearest = np.argmin(((points[:, None, :] - centres[None, :, :]) ** 2).sum(axis=2), axis=1)
+    sign = world.signs[nearest]
+    facing = np.column_stack([np.cos(sign[:, SIGN_YAW]), np.sin(sign[:, SIGN_YAW])])
+    front = (normals[hit, :2].astype(np.float64) * facing).sum(axis=1) > 0
+    faces = np.asarray(SIGN_FACE_COLORS, dtype=np.float64)
+    base[hit] = np.where(
+        front[:, None], faces[sign[:, SIGN_TYPE].astype(np.int64)], np.asarray(SIGN_BACK_COLOR)
+    )

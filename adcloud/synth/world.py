@@ -39,6 +39,8 @@ from adcloud.synth.roads import (
 from adcloud.synth.terrain import Terrain, make_terrain
 
 __all__ = [
+    "SIGN_BACK_COLOR",
+    "SIGN_FACE_COLORS",
     "SIGN_TYPES",
     "GroundSample",
     "World",
@@ -79,6 +81,19 @@ SIGN_TYPES = (
     "no_parking",
     "pedestrian_crossing",
 )
+
+#: The albedo (RGB, 0..1) the camera sees on each type's face (by :data:`SIGN_TYPES` index):
+#: the synthetic stand-in for the printed face a real sign classifier reads, one hue per
+#: type. The back of every plate is :data:`SIGN_BACK_COLOR` (grey, like bare sheet metal).
+SIGN_FACE_COLORS: tuple[tuple[float, float, float], ...] = (
+    (0.85, 0.12, 0.12),  # stop: red
+    (0.90, 0.80, 0.10),  # yield: yellow
+    (0.80, 0.15, 0.80),  # speed_limit_30: magenta
+    (0.10, 0.75, 0.80),  # speed_limit_50: cyan
+    (0.12, 0.25, 0.85),  # no_parking: blue
+    (0.15, 0.70, 0.20),  # pedestrian_crossing: green
+)
+SIGN_BACK_COLOR = (0.45, 0.45, 0.45)
 
 _CAR_HALF = (2.3, 0.95, 0.75)
 _LANE_CENTRE = LANE_WIDTH_M / 2

@@ -295,3 +295,60 @@ def test_camera_images_and_labels(small_drive: DriveResult, read_bag: Reader) ->
     assert (labels[: lab.height // 4] == 0).mean() > 0.3  # sky at the top
     assert np.isin(labels[-5:], [1, 2]).mean() > 0.8  # road right in front
     assert info.K[0] == pytest.approx(SMALL.camera_width / 2)  # 90 degrees: f = w / 2
+
+
+class _Fixed:
+    """A stand-in trajectory that holds the camera's optical frame at one pose."""
+
+    def __init__(self, position: np.ndarray, rotation: np.ndarray) -> None:
+        self.pose = (position[None], rotation[None])
+
+    def mount_pose(self, *_: Any) -> tuple[np.ndarray, np.ndarray]:
+        return self.pose
+
+
+def _look_at(eye: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """camera_optical -> map rotation: z towards ``target``, y down."""
+    z = (target - eye) / np.linalg.norm(target - eye)
+    x = np.cross(z, [0.0, 0.0, 1.0])
+    x /= np.linalg.norm(x)
+    return np.column_stack([x, np.cross(z, x), z])
+
+
+def _chromaticity(rgb: np.ndarray) -> np.ndarray:
+    rgb = np.asarray(rgb, dtype=np.float64).reshape(-1, 3)
+    return rgb / rgb.sum(axis=1, keepdims=True)
+
+
+def test_the_camera_sees_each_sign_type_face_in_its_colour_and_the_back_in_grey(
+    world: Any,
+) -> None:
+    from adcloud.synth import DriveConfig  # noqa: PLC0415
+    from adcloud.synth.camera import CameraModel  # noqa: PLC0415
+    from adcloud.synth.labels import Label  # noqa: PLC0415
+    from adcloud.synth.world import SIGN_BACK_COLOR, SIGN_FACE_COLORS, SIGN_TYPES  # noqa: PLC0415
+
+    camera = CameraModel.from_config(DriveConfig())
+    faces = _chromaticity(np.asarray(SIGN_FACE_COLORS))
+    seen_types = set()
+    for sign in world.signs:
+        centre, yaw, kind = sign[:3], float(sign[3]), int(sign[6])
+        normal = np.array([np.cos(yaw), np.sin(yaw), 0.0])
+        for side, expect_face in ((1.0, True), (-1.0, False)):
+            eye = centre + side * 5.0 * normal
+            rgb, labels = camera.render(
+                world, _Fixed(eye, _look_at(eye, centre)), 0.0, np.random.default_rng(0)
+            )
+            plate = labels == Label.SIGN
+            if plate.sum() < 20:  # something stands between the eye and this plate
+                continue
+            colour = np.median(rgb[plate].astype(np.float64), axis=0)
+            chroma = _chromaticity(colour)[0]
+            if expect_face:
+                nearest = int(np.argmin(np.linalg.norm(faces - chroma, axis=1)))
+                assert SIGN_TYPES[nearest] == SIGN_TYPES[kind], (SIGN_TYPES[kind], colour)
+                seen_types.add(kind)
+            else:
+                grey = _chromaticity(np.asarray(SIGN_BACK_COLOR))[0]
+                assert np.abs(chroma - grey).max() < 0.04, colour
+    assert len(seen_types) >= 4, seen_types
