@@ -86,7 +86,8 @@ from adcloud.hdmap.semantic import (
     same_features,
     write_geojson,
 )
-from adcloud.hdmap.signs import detect_signs
+from adcloud.hdmap.signcam import SignVote, apply_camera_types, camera_sign_votes
+from adcloud.hdmap.signs import TrafficSign, detect_signs
 from adcloud.hdmap.trajectory import Trajectory
 
 __all__ = ["BuildSummary", "bag_uris", "build_map", "mosaic_layers", "plan_build"]
@@ -97,6 +98,9 @@ Progress = Callable[[str], None]
 IMPORTED_LABELS = "labels/imported.json"
 _STATE_ORIGIN = "state/origin.json"
 _STATE_SIGNS = "state/sign_points.npz"
+#: The camera's votes on sign types, by map position: every drive's, so that a later build
+#: types its signs without reading the earlier drives' images again.
+_STATE_SIGN_VOTES = "state/sign_votes.json"
 #: The automatic features before imported labels were merged in: what a labels-only
 #: version merges its labels into (semantic.geojson holds them already trimmed).
 _STATE_AUTO = "state/auto_semantic.geojson"
@@ -174,13 +178,28 @@ def _previous_items(root: Path | None, folder: str) -> list[Any]:
     return items
 
 
+def _load_votes(path: Path) -> list[SignVote]:
+    if not path.is_file():
+        return []
+    try:
+        rows = json.loads(path.read_text())["votes"]
+        return [SignVote(*row) for row in rows]
+    except (ValueError, KeyError, TypeError) as err:
+        raise HdmapError(
+            f"{path}: unreadable sign votes ({err}); delete the file to type the signs by "
+            "LiDAR and this build's camera images only"
+        ) from err
+
+
 def _semantic(
     result: PipelineResult,
     trajectories: dict[str, Trajectory],
     imported: SemanticMap | None,
     stages: StageSettings,
+    votes_for: Callable[[list[TrafficSign]], list[SignVote]] | None = None,
 ) -> tuple[SemanticMap, SemanticMap]:
-    """The automatic features and the map published: them with ``imported`` merged in."""
+    """The automatic features and the map published: them with ``imported`` merged in.
+    ``votes_for``: the camera's votes on the types of the signs found (none: LiDAR only)."""
     layers = mosaic_layers(result.tiles)
     markings: list[Any] = []
     centers: list[Any] = []
@@ -193,6 +212,8 @@ def _semantic(
         centers = lane_centerlines(markings, driven, stages.labels)
         refs = reference_lines(markings, driven, stages.labels)
     signs = detect_signs(result.sign_points, result.sign_intensity, layers, stages.signs)
+    if votes_for is not None:
+        signs = apply_camera_types(signs, votes_for(signs), stages.signs)
     auto = SemanticMap(
         markings=tuple(markings),
         centerlines=tuple(centers),
@@ -270,6 +291,10 @@ def _semantic_counts(semantic: SemanticMap, lanelets: LaneletSummary) -> dict[st
         "lane_markings": len(semantic.markings),
         "lanes": len(semantic.centerlines),
         "signs": len(semantic.signs),
+        "signs_typed": sum(s.type != "unknown" for s in semantic.signs),
+        "signs_typed_by_camera": sum(
+            s.attributes.get("type_from") == "camera" for s in semantic.signs
+        ),
         "lanelets": lanelets.lanelets,
         "lanelet_connectors": lanelets.connectors,
     }
@@ -467,7 +492,19 @@ def build_map(
             )
         imported = _merged_labels(parent_root, fresh)
         tick = time.perf_counter()
-        auto, published = _semantic(result, trajectories, imported, stages)
+        votes = _load_votes(parent_root / _STATE_SIGN_VOTES) if parent_root is not None else []
+
+        def votes_for(signs: list[TrafficSign]) -> list[SignVote]:
+            assert spark is not None  # new drives were mapped
+            cameras = {name: (d.uri, d.extrinsics) for name, d in result.drives.items()}
+            votes.extend(
+                camera_sign_votes(spark, cameras, result.trajectories, signs, stages.signs)
+            )
+            return votes
+
+        auto, published = _semantic(result, trajectories, imported, stages, votes_for)
+        (out / "state").mkdir(exist_ok=True)
+        (out / _STATE_SIGN_VOTES).write_text(json.dumps({"votes": [list(v) for v in votes]}))
         counts.update(
             _write_version(out, result, trajectories, (auto, published, imported), settings, stages)
         )

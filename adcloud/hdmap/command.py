@@ -240,12 +240,12 @@ def run_demo(spark: Any, bag: str | None, out_dir: str, console: Console) -> Pat
 
     console.rule("adcloud hdmap: poses, ICP, 5 cm grid, lanes and signs in one Spark job")
     if bag is None:
-        config = DriveConfig(seconds=30, seed=7, lidar_beams=16, lidar_columns=512, camera=False)
+        config = DriveConfig(seconds=30, seed=7, lidar_beams=16, lidar_columns=512)
         folder = Path(out_dir) / "hdmap-drive"
         folder.mkdir(parents=True, exist_ok=True)
         with console.status("generating a 30 s drive for the map ..."):
             bag = str(generate_drive(config, folder / "drive.bag", overwrite=True).bag)
-        console.print(f"drive: {bag} (30 s, 16 beams, GPS outage from 20 s)")
+        console.print(f"drive: {bag} (30 s, 16 beams, a camera, GPS outage from 20 s)")
     map_uri = str(Path(out_dir) / "hdmap")
     with console.status("building the map ...") as status:
         summary = build_map(spark, bag, map_uri, progress=status.update)

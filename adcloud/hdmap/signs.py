@@ -25,8 +25,7 @@ poles and paint stay below 150). :func:`detect_signs`:
    (plate sizes are standardised: e.g. the US MUTCD's 30 x 30 in stop sign and 24 x 30 in
    speed-limit sign). When several types share the measured size the type is ``unknown``
    and ``candidates`` lists them. LiDAR cannot see what is printed on a plate; the camera
-   can (the synthetic camera paints each type's face a colour of its own), but this
-   module reads LiDAR points only.
+   can: :mod:`adcloud.hdmap.signcam` types the plates found here from a drive's images.
 """
 
 from __future__ import annotations
@@ -62,21 +61,24 @@ F64 = NDArray[np.float64]
 
 @dataclass(frozen=True)
 class SignShape:
-    """A sign type and its plate size (m)."""
+    """A sign type, its plate size (m) and the colour of its face (RGB 0..1, for the camera
+    pass of :mod:`adcloud.hdmap.signcam`; None: the camera cannot tell it)."""
 
     type: str
     width_m: float
     height_m: float
+    face: tuple[float, float, float] | None = None
 
 
-#: The plate sizes of the sign set the synthetic worlds use (US MUTCD-like sizes).
+#: The plate sizes (US MUTCD-like) and face colours of the sign set the synthetic worlds
+#: use (``adcloud.synth.world.SIGN_FACE_COLORS``: one hue per type).
 DEFAULT_SIGN_CATALOG: tuple[SignShape, ...] = (
-    SignShape("stop", 0.75, 0.75),
-    SignShape("yield", 0.75, 0.75),
-    SignShape("speed_limit_30", 0.75, 0.75),
-    SignShape("speed_limit_50", 0.6, 0.8),
-    SignShape("no_parking", 0.75, 0.75),
-    SignShape("pedestrian_crossing", 0.75, 0.75),
+    SignShape("stop", 0.75, 0.75, (0.85, 0.12, 0.12)),
+    SignShape("yield", 0.75, 0.75, (0.90, 0.80, 0.10)),
+    SignShape("speed_limit_30", 0.75, 0.75, (0.80, 0.15, 0.80)),
+    SignShape("speed_limit_50", 0.6, 0.8, (0.10, 0.75, 0.80)),
+    SignShape("no_parking", 0.75, 0.75, (0.12, 0.25, 0.85)),
+    SignShape("pedestrian_crossing", 0.75, 0.75, (0.15, 0.70, 0.20)),
 )
 
 
@@ -88,7 +90,8 @@ class SignSettings:
     match it (the height may also be short of it: a plate's top or bottom is often missed);
     plates with fewer than ``min_type_points`` points are too thinly sampled to measure and
     get no type candidates. ``right_hand_traffic`` orients plates without a visible post
-    (step 5).
+    (step 5). The ``camera_*`` settings are those of :mod:`adcloud.hdmap.signcam`, which
+    types the plates from camera images (``camera_topic`` empty: LiDAR only).
     """
 
     min_intensity: float = 160.0
@@ -106,6 +109,16 @@ class SignSettings:
     min_type_points: int = 60
     right_hand_traffic: bool = True
     catalog: tuple[SignShape, ...] = DEFAULT_SIGN_CATALOG
+    camera_topic: str = "/camera/image_raw"
+    camera_info_topic: str = "/camera/camera_info"
+    camera_min_distance_m: float = 2.0
+    camera_max_distance_m: float = 25.0
+    camera_max_view_angle_deg: float = 60.0
+    camera_min_pixels: int = 4
+    camera_max_chroma_distance: float = 0.15
+    camera_min_views: int = 2
+    camera_min_share: float = 0.6
+    camera_match_m: float = 0.75
 
     def __post_init__(self) -> None:
         positive = {
@@ -117,6 +130,11 @@ class SignSettings:
             "post_radius_m": self.post_radius_m,
             "post_depth_m": self.post_depth_m,
             "size_tolerance_m": self.size_tolerance_m,
+            "camera_min_distance_m": self.camera_min_distance_m,
+            "camera_max_distance_m": self.camera_max_distance_m,
+            "camera_max_view_angle_deg": self.camera_max_view_angle_deg,
+            "camera_max_chroma_distance": self.camera_max_chroma_distance,
+            "camera_match_m": self.camera_match_m,
         }
         for name, value in positive.items():
             if not (math.isfinite(value) and value > 0):
@@ -125,6 +143,14 @@ class SignSettings:
             raise HdmapError(f"SignSettings.min_points must be >= 3, got {self.min_points}")
         if not self.min_height_m < self.max_height_m:
             raise HdmapError("SignSettings.min_height_m must be below max_height_m")
+        if not self.camera_min_distance_m < self.camera_max_distance_m:
+            raise HdmapError(
+                "SignSettings.camera_min_distance_m must be below camera_max_distance_m"
+            )
+        if not 0 < self.camera_min_share <= 1:
+            raise HdmapError(
+                f"SignSettings.camera_min_share must be in (0, 1], got {self.camera_min_share}"
+            )
 
 
 @dataclass(frozen=True)
