@@ -41,7 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.spatial import cKDTree
 
-from adcloud.binpipe import BinPipeRDD, decoded_messages, image_array, read_messages
+from adcloud.binpipe import BinPipeRDD, decoded_messages, image_array, read_messages, summarize
 from adcloud.hdmap.errors import DriveDataError
 from adcloud.hdmap.model import Extrinsics
 from adcloud.hdmap.signs import SignSettings, TrafficSign
@@ -150,7 +150,7 @@ def view_votes(
     for i in np.flatnonzero(usable):
         u = camera.fx * local[i, 0] / depth[i] + camera.cx
         v = camera.fy * local[i, 1] / depth[i] + camera.cy
-        # half the plate's smaller side, projected: the middle half of the face
+        # a quarter of the plate's smaller side, projected: the patch is the face's middle
         r = 0.25 * float(np.min(sizes[i])) * camera.fx / depth[i]
         u0, u1 = math.floor(u - r), math.ceil(u + r)
         v0, v1 = math.floor(v - r), math.ceil(v + r)
@@ -164,6 +164,35 @@ def view_votes(
             c = centres[i]
             votes.append(SignVote(float(c[0]), float(c[1]), float(c[2]), kind, len(patch), stamp))
     return votes
+
+
+_IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/Image")
+_INFO_TYPES = ("sensor_msgs/msg/CameraInfo", "sensor_msgs/CameraInfo")
+
+
+def _has_camera(uri: str, settings: SignSettings) -> bool:
+    """Whether the bag's index lists the camera topics with the types the pass reads; a
+    topic of another type is reported (the map is built, its signs typed by LiDAR)."""
+    types = {t.topic: t.msgtype for t in summarize(uri).topics}
+    for topic, wanted in (
+        (settings.camera_topic, _IMAGE_TYPES),
+        (settings.camera_info_topic, _INFO_TYPES),
+    ):
+        if topic not in types:
+            log.info("%s: no %s; its signs are typed by LiDAR alone", uri, topic)
+            return False
+        if types[topic] not in wanted:
+            log.warning(
+                "%s: %s carries %s, not %s: its images cannot type signs (set "
+                'hdmap_signs.camera_topic and camera_info_topic, or camera_topic="" to '
+                "type signs by LiDAR alone)",
+                uri,
+                topic,
+                types[topic],
+                wanted[0],
+            )
+            return False
+    return True
 
 
 def _camera_info(uri: str, settings: SignSettings) -> CameraIntrinsics | None:
@@ -212,7 +241,11 @@ def _partition_votes(
         stamp = int(header.sec) * 1_000_000_000 + int(getattr(header, "nanosec", 0))
         if not trajectory.t[0] <= stamp <= trajectory.t[-1]:
             continue  # no solved pose there
-        pose = trajectory.at(stamp)[0] @ mount
+        # interpolate between the neighbouring poses only (at() over a whole long drive
+        # would build its rotation interpolator from every pose, for every image)
+        i = int(np.searchsorted(trajectory.t, stamp))
+        near = slice(max(i - 2, 0), min(i + 2, len(trajectory)))
+        pose = Trajectory(trajectory.t[near], trajectory.matrices[near]).at(stamp)[0] @ mount
         yield from view_votes(rgb, stamp, pose, camera, signs, settings)
 
 
@@ -233,9 +266,8 @@ def camera_sign_votes(
     for name, (uri, extrinsics) in sorted(drives.items()):
         if name not in trajectories:
             continue
-        camera = _camera_info(uri, settings)
+        camera = _camera_info(uri, settings) if _has_camera(uri, settings) else None
         if camera is None:
-            log.info("%s: no %s; signs are typed by LiDAR alone", uri, settings.camera_info_topic)
             continue
         try:
             mount = extrinsics.get(camera.frame)

@@ -4,6 +4,7 @@ through Spark, and how votes decide a sign's type."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,10 @@ def camera_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
 
 @pytest.mark.spark
 def test_the_camera_images_of_a_bag_type_the_signs_the_drive_passes(
-    spark: SparkSession, camera_drive: DriveResult, world: World, tmp_path: Path
+    spark: SparkSession,
+    camera_drive: DriveResult,
+    world: World,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     uri = str(camera_drive.bag)
     drive = read_drive(uri, with_scans=False)
@@ -191,14 +195,17 @@ def test_the_camera_images_of_a_bag_type_the_signs_the_drive_passes(
     ]
     assert len(by_camera) >= 2
     assert all(got == truth for got, truth in by_camera), by_camera
-    # a bag without the camera topic gives no votes, and no error
-    no_camera = SignSettings(camera_info_topic="/no/such/topic")
-    assert (
-        camera_sign_votes(
-            spark, {"cam": (uri, drive.extrinsics)}, {"cam": trajectory}, signs, no_camera
-        )
-        == []
-    )
+    # A bag without the camera topics, or with another type on them, gives no votes (the
+    # map is still built, typed by LiDAR); the wrong type is reported with what to set.
+    caplog.set_level(logging.INFO, logger="adcloud.hdmap.signcam")
+    for settings, said in (
+        (SignSettings(camera_info_topic="/no/such/topic"), "no /no/such/topic"),
+        (SignSettings(camera_topic="/imu/data"), "/imu/data carries sensor_msgs/msg/Imu"),
+    ):
+        caplog.clear()
+        cameras = {"cam": (uri, drive.extrinsics)}
+        assert camera_sign_votes(spark, cameras, {"cam": trajectory}, signs, settings) == []
+        assert said in caplog.text
 
 
 @pytest.mark.spark
