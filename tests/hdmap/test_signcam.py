@@ -246,3 +246,17 @@ def test_a_map_build_types_signs_from_the_camera_and_later_builds_keep_the_votes
     assert root is not None
     assert json.loads((root / "state" / "sign_votes.json").read_text())["votes"] == votes
     assert camera_typed(root) == typed
+
+
+def test_unreadable_kept_votes_are_reported_with_the_file(tmp_path: Path) -> None:
+    from adcloud.hdmap.build import _load_votes  # noqa: PLC0415
+    from adcloud.hdmap.errors import HdmapError  # noqa: PLC0415
+
+    path = tmp_path / "sign_votes.json"
+    assert _load_votes(path) == []  # a version written before votes were kept
+    path.write_text('{"votes": [[1.0, 2.0]]}')  # a row cut short
+    with pytest.raises(HdmapError, match=f"{path}: unreadable sign votes .*delete the file"):
+        _load_votes(path)
+    path.write_text("{not json")
+    with pytest.raises(HdmapError, match="unreadable sign votes"):
+        _load_votes(path)
