@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from adcloud.hdmap.trajectory import Trajectory
 from adcloud.synth import DriveConfig, DriveResult, World, build_world, generate_drive, read_poses
 from adcloud.synth.camera import CameraModel
 from adcloud.synth.world import SIGN_TYPES
+from tests.camera_poses import FixedPose, looking_at
 
 SETTINGS = SignSettings()
 
@@ -59,27 +59,6 @@ def _truth_signs(world: World) -> list[TrafficSign]:
     return out
 
 
-class _Fixed:
-    """A stand-in trajectory that holds the synthetic camera at one pose."""
-
-    def __init__(self, pose: np.ndarray) -> None:
-        self.pose = (pose[None, :3, 3], pose[None, :3, :3])
-
-    def mount_pose(self, *_: Any) -> tuple[np.ndarray, np.ndarray]:
-        return self.pose
-
-
-def _looking_at(eye: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """``map <- camera optical`` pose at ``eye``: z towards ``target``, y down."""
-    z = (target - eye) / np.linalg.norm(target - eye)
-    x = np.cross(z, [0.0, 0.0, 1.0])
-    x /= np.linalg.norm(x)
-    pose = np.eye(4)
-    pose[:3, :3] = np.column_stack([x, np.cross(z, x), z])
-    pose[:3, 3] = eye
-    return pose
-
-
 def test_a_view_of_a_plate_votes_for_the_type_of_its_face_and_a_view_of_its_back_does_not(
     world: World,
 ) -> None:
@@ -98,8 +77,8 @@ def test_a_view_of_a_plate_votes_for_the_type_of_its_face_and_a_view_of_its_back
         normal = np.array([np.cos(sign.facing_yaw), np.sin(sign.facing_yaw), 0.0])
         for side in (1.0, -1.0):
             eye = sign.position + side * 8.0 * normal - np.array([0.0, 0.0, 0.8])
-            pose = _looking_at(eye, sign.position)
-            rgb, _ = camera.render(world, _Fixed(pose), 0.0, np.random.default_rng(1))
+            pose = looking_at(eye, sign.position)
+            rgb, _ = camera.render(world, FixedPose(pose), 0.0, np.random.default_rng(1))
             votes = [
                 v
                 for v in view_votes(rgb, 0, pose, intrinsics, arrays, SETTINGS)

@@ -15,6 +15,7 @@ from adcloud.synth import DriveResult, read_poses
 from adcloud.synth.frames import MOUNTS, quaternion_matrix
 from adcloud.synth.gnss import VERTICAL_FACTOR, geodetic_to_enu
 from adcloud.synth.trajectory import GRAVITY
+from tests.camera_poses import FixedPose, looking_at
 from tests.synth.conftest import SMALL
 
 Reader = Callable[..., list[tuple[str, int, Any]]]
@@ -297,24 +298,6 @@ def test_camera_images_and_labels(small_drive: DriveResult, read_bag: Reader) ->
     assert info.K[0] == pytest.approx(SMALL.camera_width / 2)  # 90 degrees: f = w / 2
 
 
-class _Fixed:
-    """A stand-in trajectory that holds the camera's optical frame at one pose."""
-
-    def __init__(self, position: np.ndarray, rotation: np.ndarray) -> None:
-        self.pose = (position[None], rotation[None])
-
-    def mount_pose(self, *_: Any) -> tuple[np.ndarray, np.ndarray]:
-        return self.pose
-
-
-def _look_at(eye: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """camera_optical -> map rotation: z towards ``target``, y down."""
-    z = (target - eye) / np.linalg.norm(target - eye)
-    x = np.cross(z, [0.0, 0.0, 1.0])
-    x /= np.linalg.norm(x)
-    return np.column_stack([x, np.cross(z, x), z])
-
-
 def _chromaticity(rgb: np.ndarray) -> np.ndarray:
     rgb = np.asarray(rgb, dtype=np.float64).reshape(-1, 3)
     return rgb / rgb.sum(axis=1, keepdims=True)
@@ -336,9 +319,8 @@ def test_the_camera_sees_each_sign_type_face_in_its_colour_and_the_back_in_grey(
         normal = np.array([np.cos(yaw), np.sin(yaw), 0.0])
         for side, expect_face in ((1.0, True), (-1.0, False)):
             eye = centre + side * 5.0 * normal
-            rgb, labels = camera.render(
-                world, _Fixed(eye, _look_at(eye, centre)), 0.0, np.random.default_rng(0)
-            )
+            pose = FixedPose(looking_at(eye, centre))
+            rgb, labels = camera.render(world, pose, 0.0, np.random.default_rng(0))
             plate = labels == Label.SIGN
             if plate.sum() < 20:  # something stands between the eye and this plate
                 continue
