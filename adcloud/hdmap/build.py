@@ -463,6 +463,8 @@ def build_map(
                 f"{map_uri}: {len(plan.new_drives)} new drive(s) to build, and no Spark session "
                 "was given"
             )
+        # read before the pipeline runs: a bad file fails the build now, not after it
+        votes = _load_votes(parent_root / _STATE_SIGN_VOTES) if parent_root is not None else []
         exchange_dir = settings.exchange_dir or str(out / ".exchange")
         new = [(d.name, d.uri) for d in plan.new_drives]
         say(f"building {len(new)} new drive(s) into version {staging.version_id}")
@@ -492,10 +494,9 @@ def build_map(
             )
         imported = _merged_labels(parent_root, fresh)
         tick = time.perf_counter()
-        votes = _load_votes(parent_root / _STATE_SIGN_VOTES) if parent_root is not None else []
 
         def votes_for(signs: list[TrafficSign]) -> list[SignVote]:
-            assert spark is not None  # new drives were mapped
+            assert spark is not None  # checked above
             cameras = {name: (d.uri, d.extrinsics) for name, d in result.drives.items()}
             votes.extend(
                 camera_sign_votes(spark, cameras, result.trajectories, signs, stages.signs)
