@@ -42,6 +42,7 @@ from numpy.typing import NDArray
 from scipy.spatial import cKDTree
 
 from adcloud.binpipe import BinPipeRDD, decoded_messages, image_array, read_messages, summarize
+from adcloud.hdmap.drive import stamp_ns
 from adcloud.hdmap.errors import DriveDataError
 from adcloud.hdmap.model import Extrinsics
 from adcloud.hdmap.signs import SignSettings, TrafficSign
@@ -237,8 +238,7 @@ def _partition_votes(
         rgb = _rgb(decoded, message.topic)
         if rgb is None:
             continue
-        header = decoded.header.stamp
-        stamp = int(header.sec) * 1_000_000_000 + int(getattr(header, "nanosec", 0))
+        stamp = stamp_ns(decoded.header)
         if not trajectory.t[0] <= stamp <= trajectory.t[-1]:
             continue  # no solved pose there
         # interpolate between the neighbouring poses only (at() over a whole long drive
