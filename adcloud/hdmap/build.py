@@ -46,23 +46,19 @@ from pyspark.sql import SparkSession
 from adcloud.config import settings_dict
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.errors import HdmapError, MapFormatError
+from adcloud.hdmap.evaluate import GridLayers as ReportGrid
 from adcloud.hdmap.exchange import dump_items, load_items
-from adcloud.hdmap.geotiff import write_mosaic
-from adcloud.hdmap.grid import GridTile, TilePartial, finalize_tile
+from adcloud.hdmap.geotiff import read_grid_tile, write_mosaic
+from adcloud.hdmap.grid import GridTile, coarsen_tile, overview_factor
 from adcloud.hdmap.job import (
+    GRID_DIR,
     STATE_CLOUD,
     STATE_TILES,
     PipelineResult,
     StageSettings,
-    check_mosaic_memory,
     run_pipeline,
 )
-from adcloud.hdmap.labels import (
-    GridLayers,
-    extract_lane_markings,
-    lane_centerlines,
-    reference_lines,
-)
+from adcloud.hdmap.labels import lane_centerlines, markings_from_paint, reference_lines
 from adcloud.hdmap.lanelet import LaneletSummary, write_lanelet2, write_map_projector_info
 from adcloud.hdmap.loops import KeyframeArchive
 from adcloud.hdmap.mapdir import (
@@ -90,7 +86,7 @@ from adcloud.hdmap.signcam import SignVote, apply_camera_types, camera_sign_vote
 from adcloud.hdmap.signs import TrafficSign, detect_signs
 from adcloud.hdmap.trajectory import Trajectory
 
-__all__ = ["BuildSummary", "bag_uris", "build_map", "mosaic_layers", "plan_build"]
+__all__ = ["BuildSummary", "bag_uris", "build_map", "plan_build"]
 
 log = logging.getLogger(__name__)
 
@@ -121,30 +117,27 @@ class BuildSummary:
         return self.result.changed
 
 
-def mosaic_layers(tiles: Sequence[GridTile]) -> GridLayers | None:
-    """One :class:`GridLayers` covering ``tiles`` (the label stage's input)."""
-    if not tiles:
-        return None
-    res = tiles[0].resolution
-    rows, cols = tiles[0].shape
-    check_mosaic_memory([t.key for t in tiles], max(rows, cols), res)
-    kx = [t.key[0] for t in tiles]
-    ky = [t.key[1] for t in tiles]
-    x0, y0 = min(kx), min(ky)
-    width, height = (max(kx) - x0 + 1) * cols, (max(ky) - y0 + 1) * rows
-    refl = np.full((height, width), np.nan, np.float32)
-    elev = np.full((height, width), np.nan, np.float32)
-    count = np.zeros((height, width), np.int32)
-    for t in tiles:
-        r, c = (t.key[1] - y0) * rows, (t.key[0] - x0) * cols
-        refl[r : r + rows, c : c + cols] = t.reflectance_mean
-        elev[r : r + rows, c : c + cols] = t.elevation_mean
-        count[r : r + rows, c : c + cols] = t.count
-    origin = (
-        tiles[0].origin[0] - (tiles[0].key[0] - x0) * cols * res,
-        tiles[0].origin[1] - (tiles[0].key[1] - y0) * rows * res,
-    )
-    return GridLayers(origin=origin, resolution=res, reflectance=refl, elevation=elev, count=count)
+def _report_grid(overview: Sequence[GridTile]) -> list[ReportGrid]:
+    """The coarse tiles of a version as the report draws them."""
+    return [
+        ReportGrid(t.elevation_mean, t.origin, t.resolution, t.reflectance_mean) for t in overview
+    ]
+
+
+def _overview_of(grid_dir: Path, stages: StageSettings) -> list[GridTile]:
+    """Coarse copies of every GeoTIFF tile in ``grid_dir``, read one at a time."""
+    paths = sorted(grid_dir.glob("*.tif"))
+    keys = []
+    for path in paths:
+        x, _, y = path.stem.partition("_")
+        try:
+            keys.append((int(x), int(y)))
+        except ValueError:
+            raise MapFormatError(
+                f"{path}: not a grid tile name (<tx>_<ty>.tif); the map version is damaged"
+            ) from None
+    factor = overview_factor(keys, stages.grid.tile_cells)
+    return [coarsen_tile(read_grid_tile(path).tile, factor) for path in paths]
 
 
 def _origin_info(root: Path) -> dict[str, Any]:
@@ -200,7 +193,7 @@ def _semantic(
 ) -> tuple[SemanticMap, SemanticMap]:
     """The automatic features and the map published: them with ``imported`` merged in.
     ``votes_for``: the camera's votes on the types of the signs found (none: LiDAR only)."""
-    layers = mosaic_layers(result.tiles)
+    layers = result.layers
     markings: list[Any] = []
     centers: list[Any] = []
     refs: list[Any] = []
@@ -208,10 +201,12 @@ def _semantic(
         # All drives at once, in the order they joined the map: a road that several drives
         # covered gets its markings and lanes once, from the first of them.
         driven = list(trajectories.values())
-        markings = extract_lane_markings(layers, driven, stages.labels)
+        markings = markings_from_paint(layers, result.paint, driven, stages.labels)
         centers = lane_centerlines(markings, driven, stages.labels)
         refs = reference_lines(markings, driven, stages.labels)
     signs = detect_signs(result.sign_points, result.sign_intensity, layers, stages.signs)
+    if layers is not None:
+        log.info("labels: %d grid tiles read for lookups", layers.reads)
     if votes_for is not None:
         signs = apply_camera_types(signs, votes_for(signs), stages.signs)
     auto = SemanticMap(
@@ -268,7 +263,7 @@ def _write_semantic(
 def _write_report(
     out: Path,
     trajectories: dict[str, Trajectory],
-    layers: GridLayers | None,
+    layers: Sequence[ReportGrid],
     semantic: SemanticMap,
     lanelets: LaneletSummary,
     inputs: dict[str, str],
@@ -330,11 +325,10 @@ def _relabel(
     trajectories = {
         p.stem: Trajectory.read_tum(p) for p in sorted((parent_root / "trajectory").glob("*.tum"))
     }
-    partials: list[TilePartial] = [item for _, item in _previous_items(parent_root, STATE_TILES)]
-    layers = mosaic_layers([finalize_tile(p, stages.grid) for p in partials])
+    overview = _report_grid(_overview_of(parent_root / GRID_DIR, stages))
     shutil.rmtree(out / "report", ignore_errors=True)
     _write_report(
-        out, trajectories, layers, semantic, lanelets, {d.name: d.uri for d in plan.known_drives}
+        out, trajectories, overview, semantic, lanelets, {d.name: d.uri for d in plan.known_drives}
     )
     return {**_semantic_counts(semantic, lanelets), "labels_imported": len(imported)}
 
@@ -356,9 +350,9 @@ def _write_version(
     auto, published, imported = semantic
     lanelets = _write_semantic(out, auto, published, imported, result.origin, stages)
     write_map_projector_info(out / "map_projector_info.yaml", result.origin)
-    if result.tiles:
-        write_mosaic(result.tiles, out / "grid_elevation.png", "elevation_mean")
-        write_mosaic(result.tiles, out / "grid_reflectance.png", "reflectance_mean")
+    if result.overview:
+        write_mosaic(result.overview, out / "grid_elevation.png", "elevation_mean")
+        write_mosaic(result.overview, out / "grid_reflectance.png", "reflectance_mean")
     (out / "state").mkdir(exist_ok=True)
     lat, lon, alt = result.origin
     (out / _STATE_ORIGIN).write_text(json.dumps({"origin": [lat, lon, alt]}))
@@ -366,9 +360,8 @@ def _write_version(
     (out / "settings.json").write_text(
         json.dumps({"hdmap": settings_dict(settings)}, indent=2, default=str) + "\n"
     )
-    layers = mosaic_layers(result.tiles)
     inputs = {name: d.uri for name, d in result.drives.items()}
-    _write_report(out, trajectories, layers, published, lanelets, inputs)
+    _write_report(out, trajectories, _report_grid(result.overview), published, lanelets, inputs)
     return _semantic_counts(published, lanelets)
 
 

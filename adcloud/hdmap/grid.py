@@ -86,9 +86,11 @@ __all__ = [
     "TilePartial",
     "TransientPatches",
     "classify_points",
+    "coarsen_tile",
     "finalize_tile",
     "merge_many_partials",
     "merge_partials",
+    "overview_factor",
     "scan_partials",
     "transient_patches",
 ]
@@ -911,3 +913,52 @@ def finalize_tile(partial: TilePartial, settings: GridSettings | None = None) ->
         int(len(p) - ok.sum() - static.sum()),
     )
     return tile
+
+
+#: Layers that hold counts: a coarse cell sums them; the others are NaN-aware means.
+_SUM_LAYERS = ("count", "scans")
+
+
+def coarsen_tile(tile: GridTile, factor: int) -> GridTile:
+    """``tile`` with cells ``factor`` times larger (``factor`` must divide its side): counts
+    summed, the other layers averaged over the finer cells that have a value (NaN where
+    none has). For pictures of a whole map, where the full resolution would not fit."""
+    rows, cols = tile.shape
+    if factor < 1 or rows % factor or cols % factor:
+        raise HdmapError(
+            f"coarsen_tile: factor {factor} must be >= 1 and divide the tile's "
+            f"{rows} x {cols} cells"
+        )
+    if factor == 1:
+        return tile
+
+    def coarse(name: str) -> NDArray[Any]:
+        blocks = tile.layer(name).reshape(rows // factor, factor, cols // factor, factor)
+        if name in _SUM_LAYERS:
+            sums: NDArray[np.int32] = blocks.sum(axis=(1, 3), dtype=np.int64).astype(np.int32)
+            return sums
+        finite = np.isfinite(blocks)
+        total = np.where(finite, blocks, 0.0).sum(axis=(1, 3), dtype=np.float64)
+        n = finite.sum(axis=(1, 3))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean: F32 = np.where(n > 0, total / np.maximum(n, 1), np.nan).astype(np.float32)
+        return mean
+
+    return GridTile(
+        key=tile.key,
+        origin=tile.origin,
+        resolution=tile.resolution * factor,
+        **{name: coarse(name) for name in LAYERS},
+    )
+
+
+def overview_factor(keys: Sequence[TileKey], tile_cells: int, max_pixels: int = 2048) -> int:
+    """The coarsening (a divisor of ``tile_cells``) at which the tiles ``keys`` still give a
+    picture of at least about ``max_pixels`` along the longer side of their bounding box:
+    the largest divisor not above ``ceil(side / max_pixels)``."""
+    if not keys:
+        return 1
+    xs, ys = [k[0] for k in keys], [k[1] for k in keys]
+    side = max(max(xs) - min(xs) + 1, max(ys) - min(ys) + 1) * tile_cells
+    most = max(1, -(-side // max(1, max_pixels)))
+    return max(d for d in range(1, min(most, tile_cells) + 1) if tile_cells % d == 0)

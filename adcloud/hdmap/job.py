@@ -15,7 +15,11 @@
    finalised and written as GeoTIFF tiles by the executors; the point-cloud map tiles
    likewise.  An executor that does not see the output directory (another host, no shared
    filesystem) returns its tiles' files to the driver, which writes them.
-4. Labels -- lane markings, centre lines and signs from the merged layers, on the driver.
+   The same job finds the paint cells of the tiles along the roads: each tile, padded
+   with strips of its neighbours, is tested on an executor as it would be in one array.
+4. Labels -- lane markings, centre lines and signs, on the driver, from those paint cells
+   and point lookups on the tiles (:class:`~adcloud.hdmap.tilelayers.TileLayers`): the
+   driver never holds the grid whole, so a map's extent is not bounded by its memory.
 
 Intermediates go through an :class:`~adcloud.hdmap.exchange.Exchange`: cached in executor
 memory (``mode="memory"``, one job) or written to fsync'ed files between stages
@@ -41,6 +45,7 @@ from numpy.typing import NDArray
 from pyspark import RDD
 from pyspark.broadcast import Broadcast
 from pyspark.sql import SparkSession
+from scipy.spatial import cKDTree
 
 from adcloud.binpipe import BinPipeRDD, decoded_messages
 from adcloud.config import load_settings
@@ -48,18 +53,26 @@ from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import DriveAccumulator, DriveData, DriveTopics, drive_name
 from adcloud.hdmap.errors import DriveDataError, HdmapError
 from adcloud.hdmap.exchange import Exchange, dump_items
-from adcloud.hdmap.geotiff import read_grid_tile, tile_file_name, write_grid_tile, write_preview
+from adcloud.hdmap.geotiff import write_grid_tile, write_preview
 from adcloud.hdmap.grid import (
     GridSettings,
     GridTile,
     TilePartial,
     TransientPatches,
+    coarsen_tile,
     finalize_tile,
     merge_many_partials,
+    overview_factor,
     scan_partials,
     transient_patches,
 )
-from adcloud.hdmap.labels import LabelSettings
+from adcloud.hdmap.labels import (
+    LabelSettings,
+    PaintCells,
+    paint_mask_values,
+    paint_reach,
+    resample_polyline,
+)
 from adcloud.hdmap.lanelet import LaneletSettings
 from adcloud.hdmap.loops import Keyframe, KeyframeArchive, LoopSettings, find_loop_closures
 from adcloud.hdmap.model import Extrinsics, Scan
@@ -86,6 +99,7 @@ from adcloud.hdmap.poses import (
     split_segments,
 )
 from adcloud.hdmap.signs import SignSettings
+from adcloud.hdmap.tilelayers import TileLayers
 from adcloud.hdmap.trajectory import Trajectory
 
 __all__ = [
@@ -183,7 +197,14 @@ class PipelineResult:
 
     drives: dict[str, DriveData]
     trajectories: dict[str, Trajectory]
-    tiles: list[GridTile]
+    #: The grid along the roads, for the label stage (None: no tile there).
+    layers: TileLayers | None
+    #: Its paint cells (in ``layers``' cell indices), found on the executors.
+    paint: PaintCells
+    #: Coarse copies of the tiles along the roads (``overview_factor`` cells in one), for
+    #: the map's pictures.
+    overview: list[GridTile]
+    overview_factor: int
     tile_keys: list[tuple[int, int]]
     sign_points: NDArray[np.float64]
     sign_intensity: NDArray[np.float32]
@@ -413,48 +434,6 @@ def _corridor(
     return frozenset(keys)
 
 
-#: Bytes per cell of the label stage's mosaic (float32 reflectance and elevation, int32 count).
-MOSAIC_CELL_BYTES = 12
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory this machine can still give (``MemAvailable``), None if unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def check_mosaic_memory(
-    keys: Iterable[tuple[int, int]], tile_cells: int, resolution: float
-) -> None:
-    """Refuse a label-stage mosaic over the tiles ``keys`` that this driver cannot hold.
-
-    The label stage lays the tiles along the roads into one array over their bounding box;
-    a map that is large in extent (a long drive, drives far apart) needs more memory than
-    the driver has, and running out of it kills the build late, after the costly stages.
-    """
-    keys = list(keys)
-    if not keys:
-        return
-    xs, ys = [k[0] for k in keys], [k[1] for k in keys]
-    nx, ny = max(xs) - min(xs) + 1, max(ys) - min(ys) + 1
-    need = nx * ny * tile_cells * tile_cells * MOSAIC_CELL_BYTES
-    have = _available_memory()
-    if have is not None and need > 0.8 * have:
-        side = tile_cells * resolution
-        raise HdmapError(
-            f"the label stage would need {need / 2**30:.1f} GiB of driver memory for one "
-            f"mosaic over {nx} x {ny} tiles ({nx * side:.0f} x {ny * side:.0f} m, {len(keys)} "
-            f"of them along the roads), and this machine has {have / 2**30:.1f} GiB available. "
-            "Build the area as several maps (group the drives by region), or run the driver "
-            "on a machine with more memory; nothing was written"
-        )
-
-
 #: The file the driver leaves in the output directory while executors write tiles into it.
 _MARKER = ".adcloud-driver"
 
@@ -501,14 +480,53 @@ def _write_or_ship(out: str, token: str, write: Callable[[Path], _T]) -> tuple[_
 def _run_sink(rdd: RDD[Any], sink: Callable[[Any], tuple[_T, Shipped]], out_dir: Path) -> list[_T]:
     """Driver: run an executor sink over ``rdd``, write the files it shipped (see
     :func:`_write_or_ship`) and return its results."""
+    return _collect_shipped(rdd.map(sink), out_dir)
+
+
+def _collect_shipped(rdd: RDD[tuple[_T, Shipped]], out_dir: Path) -> list[_T]:
+    """Driver: collect ``(result, shipped files)`` pairs, write the files, return the results."""
     results = []
-    for result, shipped in rdd.map(sink).collect():
+    for result, shipped in rdd.collect():
         for rel, data in shipped:
             dest = out_dir / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
         results.append(result)
     return results
+
+
+@dataclass(frozen=True)
+class _LabelPlan:
+    """What the grid stage's executors need to find the paint cells of the tiles along the
+    roads (broadcast once): the ``corridor`` tile keys, the driven ``path`` (m, 2; map
+    frame, points at most 0.5 m apart), the label settings, the halo each tile needs from
+    its neighbours (cells) and the coarsening of the tiles' pictures."""
+
+    corridor: frozenset[tuple[int, int]]
+    path: NDArray[np.float64]
+    labels: LabelSettings
+    halo: int
+    overview: int
+
+
+#: Paint cells farther than this beyond ``max_offset_m`` from the path stay on the executors
+#: (the marking stage uses those within ``max_offset_m``, and looks 0.1 m around its lines).
+_PAINT_SLACK_M = 2.0
+
+#: What one tile's paint test returns: global cell rows and columns, ground elevation (m).
+TilePaint = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]
+
+_NEIGHBOURS = [(dx, dy) for dx in (-1, 0, 1) for dy in (-1, 0, 1) if dx or dy]
+
+
+def _halo_slices(d: int, n: int, halo: int) -> tuple[slice, slice]:
+    """Where a tile at offset ``d`` (-1, 0, 1 along one axis) from a padded tile lies:
+    (its own cells that fall in the padding, and where they go in the padded array)."""
+    if d < 0:
+        return slice(n - halo, n), slice(0, halo)
+    if d > 0:
+        return slice(0, halo), slice(halo + n, n + 2 * halo)
+    return slice(0, n), slice(halo, halo + n)
 
 
 def _tile_sink(
@@ -518,20 +536,120 @@ def _tile_sink(
     token: str,
     grid: GridSettings,
     origin: Origin,
-) -> tuple[tuple[tuple[int, int], TransientPatches], Shipped]:
-    """Executor: keep a merged tile's statistics for later builds and write its layers;
-    returns the tile's transient patches (a few KB) for the point-cloud stage, and its
-    files when it could not write them in place."""
+    plan: Broadcast[_LabelPlan],
+) -> Iterator[tuple[tuple[int, int], tuple[str, Any]]]:
+    """Executor: keep a merged tile's statistics for later builds and write its layers.
+
+    Yields records keyed by tile for :func:`_tile_labels`: the tile's own result (its
+    transient patches for the point-cloud stage, a coarse copy for the map's pictures, its
+    files when it could not write them in place) and, for a tile along the roads, its
+    reflectance and elevation, and the strips of it that its neighbours' paint tests read.
+    """
     key, partial = item
+    tile = finalize_tile(partial, grid)
 
     def write(root: Path) -> None:
         state = root / STATE_TILES
         state.mkdir(parents=True, exist_ok=True)
         dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
-        write_tile_outputs(finalize_tile(partial, grid), root, origin)
+        write_tile_outputs(tile, root, origin)
 
     _, shipped = _write_or_ship(out, token, write)
-    return (key, transient_patches(partial, grid)), shipped
+    labels = plan.value
+    along = key in labels.corridor
+    overview = coarsen_tile(tile, labels.overview) if along else None
+    yield key, ("out", (transient_patches(partial, grid), overview, shipped))
+    if not along:
+        return
+    values = np.where(tile.count > 0, tile.reflectance_mean, np.float32(np.nan))
+    yield from _paint_records(key, values, tile.elevation_mean, labels)
+
+
+def _paint_records(
+    key: tuple[int, int],
+    values: NDArray[np.float32],
+    elevation: NDArray[np.float32],
+    plan: _LabelPlan,
+) -> Iterator[tuple[tuple[int, int], tuple[str, Any]]]:
+    """A tile's records for the paint tests: its own reflectance (NaN where unobserved) and
+    elevation, and to each neighbour along the roads the strip of it that the neighbour's
+    padded test reads."""
+    yield key, ("core", (values, elevation))
+    n = len(values)
+    for dx, dy in _NEIGHBOURS:
+        other = (key[0] + dx, key[1] + dy)
+        if other in plan.corridor:
+            # seen from `other`, this tile lies at (-dx, -dy)
+            rows, _ = _halo_slices(-dy, n, plan.halo)
+            cols, _ = _halo_slices(-dx, n, plan.halo)
+            yield other, ("halo", (-dx, -dy, values[rows, cols].copy()))
+
+
+def _tile_paint(
+    key: tuple[int, int],
+    core: tuple[NDArray[np.float32], NDArray[np.float32]],
+    halos: Sequence[tuple[int, int, NDArray[np.float32]]],
+    plan: _LabelPlan,
+    grid: GridSettings,
+) -> TilePaint:
+    """The paint cells of tile ``key`` near the path, from its own reflectance and
+    elevation (``core``) and its neighbours' strips (from :func:`_paint_records`)."""
+    n, halo = grid.tile_cells, plan.halo
+    values, elevation = core
+    padded = np.full((n + 2 * halo, n + 2 * halo), np.nan, np.float32)
+    padded[halo : halo + n, halo : halo + n] = values
+    for dx, dy, strip in halos:
+        padded[_halo_slices(dy, n, halo)[1], _halo_slices(dx, n, halo)[1]] = strip
+    mask = paint_mask_values(padded, plan.labels, grid.resolution)
+    rows, cols = np.nonzero(mask[halo : halo + n, halo : halo + n])
+    x0, y0 = grid.tile_origin(key)
+    xy = np.column_stack([x0 + (cols + 0.5) * grid.resolution, y0 + (rows + 0.5) * grid.resolution])
+    reach = plan.labels.max_offset_m + _PAINT_SLACK_M
+    path = plan.path
+    close = (
+        (path[:, 0] > x0 - reach)
+        & (path[:, 0] < x0 + grid.tile_size + reach)
+        & (path[:, 1] > y0 - reach)
+        & (path[:, 1] < y0 + grid.tile_size + reach)
+    )
+    keep = np.zeros(len(xy), bool)
+    if close.any() and len(xy):
+        dist, _ = cKDTree(path[close]).query(xy, distance_upper_bound=reach)
+        keep = np.isfinite(dist)
+    rows, cols = rows[keep], cols[keep]
+    return (
+        rows.astype(np.int64) + key[1] * n,
+        cols.astype(np.int64) + key[0] * n,
+        elevation[rows, cols],
+    )
+
+
+def _tile_labels(
+    item: tuple[tuple[int, int], Iterable[tuple[str, Any]]],
+    *,
+    grid: GridSettings,
+    plan: Broadcast[_LabelPlan],
+) -> tuple[tuple[tuple[int, int], TransientPatches, GridTile | None, TilePaint | None], Shipped]:
+    """Executor: one tile's result from :func:`_tile_sink`'s records, with its paint cells
+    when it lies along the roads: the paint test of
+    :func:`~adcloud.hdmap.labels.paint_mask_values` on the tile padded with its neighbours'
+    strips, so that every cell is judged as in one array over the whole map."""
+    key, records = item
+    result: Any = None
+    core: Any = None
+    halos = []
+    for kind, value in records:
+        if kind == "out":
+            result = value
+        elif kind == "core":
+            core = value
+        else:
+            halos.append(value)
+    patches, overview, shipped = result
+    if core is None:
+        return (key, patches, overview, None), shipped
+    paint = _tile_paint(key, core, halos, plan.value, grid)
+    return (key, patches, overview, paint), shipped
 
 
 #: Rows a key's buffered partials reach before they are merged into one on the map side.
@@ -633,6 +751,94 @@ def _sign_points(
     return xyz, np.concatenate([s[1] for s in found]).astype(np.float32)
 
 
+def _label_plan(
+    driven: Mapping[str, Trajectory],
+    corridor: frozenset[tuple[int, int]],
+    grid: GridSettings,
+    labels: LabelSettings,
+) -> _LabelPlan:
+    """What the grid stage's executors need for the label stage (see :class:`_LabelPlan`)."""
+    halo = paint_reach(labels, grid.resolution)
+    if halo > grid.tile_cells:
+        raise HdmapError(
+            f"hdmap_labels.background_window_m ({labels.background_window_m} m) reaches "
+            f"{halo} cells, more than a grid tile's {grid.tile_cells}; use a window under "
+            f"{grid.tile_size / 2:g} m or larger tiles (hdmap.tile_m)"
+        )
+    parts = [resample_polyline(t.xyz[:, :2], 0.5) for t in driven.values() if len(t)]
+    path = np.concatenate(parts) if parts else np.zeros((0, 2))
+    factor = overview_factor(sorted(corridor), grid.tile_cells)
+    return _LabelPlan(corridor, path, labels, halo, factor)
+
+
+def _label_inputs(
+    paint: Sequence[tuple[tuple[int, int], TilePaint]], out_dir: Path, grid: GridSettings
+) -> tuple[TileLayers | None, PaintCells]:
+    """Driver: lookups on the tiles along the roads (read from the GeoTIFFs just written,
+    a few at a time) and their paint cells in its cell indices, in row-major order."""
+    if not paint:
+        empty = np.zeros(0, np.int64)
+        return None, PaintCells(empty, empty, np.zeros(0))
+    layers = TileLayers.from_directory(out_dir / GRID_DIR, [k for k, _ in paint], grid)
+    n = grid.tile_cells
+    kx, ky = layers.first_key
+    rows = np.concatenate([p[0] for _, p in paint]) - ky * n
+    cols = np.concatenate([p[1] for _, p in paint]) - kx * n
+    z = np.concatenate([p[2] for _, p in paint])
+    order = np.lexsort((cols, rows))
+    return layers, PaintCells(rows[order], cols[order], z[order])
+
+
+@dataclass
+class GridStageResult:
+    """What the grid stage leaves on the driver: each tile's transient patches (for the
+    point-cloud stage), coarse copies of the tiles along the roads (``overview_factor``
+    cells in one), and the label stage's lookups and paint cells."""
+
+    patches: dict[tuple[int, int], TransientPatches]
+    overview: list[GridTile]
+    overview_factor: int
+    layers: TileLayers | None
+    paint: PaintCells
+
+
+def _grid_stage(
+    merged: RDD[tuple[tuple[int, int], TilePartial]],
+    *,
+    out_dir: Path,
+    token: str,
+    origin: Origin,
+    plan: _LabelPlan,
+    grid: GridSettings,
+) -> GridStageResult:
+    """Finish the merged tiles on the executors (files, coarse copies, paint cells of the
+    tiles along the roads) in one Spark job, and gather what the driver needs of them."""
+    sc = merged.context
+    plan_b = sc.broadcast(plan)
+    try:
+        sink = functools.partial(
+            _tile_sink, out=str(out_dir), token=token, grid=grid, origin=origin, plan=plan_b
+        )
+        labelled = (
+            merged.flatMap(sink)
+            .groupByKey()
+            .map(functools.partial(_tile_labels, grid=grid, plan=plan_b))
+        )
+        tiles_out = _collect_shipped(labelled, out_dir)
+    finally:
+        plan_b.unpersist()
+    layers, paint = _label_inputs(
+        [(key, p) for key, _, _, p in tiles_out if p is not None], out_dir, grid
+    )
+    return GridStageResult(
+        patches={key: patches for key, patches, _, _ in tiles_out},
+        overview=sorted((o for _, _, o, _ in tiles_out if o is not None), key=lambda t: t.key),
+        overview_factor=plan.overview,
+        layers=layers,
+        paint=paint,
+    )
+
+
 def run_pipeline(
     spark: SparkSession,
     bags: Sequence[str | tuple[str, str]],
@@ -702,26 +908,20 @@ def run_pipeline(
         )
         partials = _with_previous(partials, list(previous_tiles))
         merged = exchange.hand_over(_merge_by_key(partials, merge_many_partials), "tiles")
-        corridor = _corridor(
-            {**(corridor_trajectories or {}), **trajectories}, grid, margin_m=corridor_m
+        driven = {**(corridor_trajectories or {}), **trajectories}
+        corridor = _corridor(driven, grid, margin_m=corridor_m)
+        tiles = _grid_stage(
+            merged,
+            out_dir=Path(out_dir),
+            token=token,
+            origin=next(iter(drives.values())).origin,
+            plan=_label_plan(driven, corridor, grid, stages.labels),
+            grid=grid,
         )
-        check_mosaic_memory(corridor, grid.tile_cells, grid.resolution)  # before the grid stage
-        map_origin = next(iter(drives.values())).origin
-        sink = functools.partial(
-            _tile_sink, out=str(out_dir), token=token, grid=grid, origin=map_origin
-        )
-        written = dict(_run_sink(merged, sink, Path(out_dir)))
         exchange.drop(merged)
-        keys = sorted(written)
-        # The label stage reads the tiles along the roads back from the GeoTIFFs just
-        # written: shipping dense layers through the driver's JVM would cost more memory.
-        tiles = [
-            read_grid_tile(Path(out_dir) / GRID_DIR / tile_file_name(key)).tile
-            for key in keys
-            if key in corridor
-        ]
+        written, keys = tiles.patches, sorted(tiles.patches)
         timings["grid"] = time.perf_counter() - tick
-        say(f"grid: {len(keys)} tiles, {len(tiles)} along the roads")
+        say(f"grid: {len(keys)} tiles, {len(tiles.overview)} along the roads")
 
         tick = time.perf_counter()
         cloud = stages.cloud
@@ -762,7 +962,10 @@ def run_pipeline(
         return PipelineResult(
             drives=drives,
             trajectories=trajectories,
-            tiles=tiles,
+            layers=tiles.layers,
+            paint=tiles.paint,
+            overview=tiles.overview,
+            overview_factor=tiles.overview_factor,
             tile_keys=sorted(keys),
             sign_points=sign_xyz,
             sign_intensity=sign_int,

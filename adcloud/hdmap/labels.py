@@ -45,7 +45,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import scipy.sparse as sp
@@ -60,14 +60,19 @@ from adcloud.hdmap.trajectory import Trajectory
 __all__ = [
     "MARKING_TYPES",
     "GridLayers",
+    "GridLookup",
     "LabelSettings",
     "LaneCenterline",
     "LaneMarking",
+    "PaintCells",
     "ReferenceLine",
     "extract_lane_markings",
     "hermite_bridge",
     "lane_centerlines",
+    "markings_from_paint",
     "paint_mask",
+    "paint_mask_values",
+    "paint_reach",
     "reference_lines",
     "resample_polyline",
 ]
@@ -155,6 +160,83 @@ class GridLayers:
         out = np.full(row.shape, np.nan)
         out[inside] = self.elevation[row[inside], col[inside]]
         return out
+
+    def observed_at(self, row: NDArray[np.int64], col: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """Whether the cells ``(row, col)`` (any shape, may be outside) were observed."""
+        rows, cols = self.shape
+        inside = (row >= 0) & (row < rows) & (col >= 0) & (col < cols)
+        out = np.zeros(np.shape(row), dtype=bool)
+        out[inside] = self.observed[row[inside], col[inside]]
+        return out
+
+
+class GridLookup(Protocol):
+    """The grid as the marking and sign stages look it up once the paint cells are found:
+    point lookups only, so that a map's layers need not be one array in memory
+    (:class:`GridLayers` is one; :class:`~adcloud.hdmap.tilelayers.TileLayers` reads
+    tiles as they are needed). Cells are indexed as in :class:`GridLayers`: ``origin``
+    is the map-frame south-west corner of cell ``(0, 0)``, rows run north, columns east."""
+
+    @property
+    def origin(self) -> tuple[float, float]: ...
+
+    @property
+    def resolution(self) -> float: ...
+
+    def cells_of(self, xy: F64) -> tuple[NDArray[np.int64], NDArray[np.int64]]: ...
+
+    def elevation_at(self, xy: F64) -> F64: ...
+
+    def observed_at(self, row: NDArray[np.int64], col: NDArray[np.int64]) -> NDArray[np.bool_]: ...
+
+
+@dataclass(frozen=True)
+class PaintCells:
+    """The paint cells of a grid (see :func:`paint_mask`), in a :class:`GridLookup`'s cell
+    indices: ``rows``, ``cols`` (n,) and the cells' ground elevation ``z`` (n,, m, NaN
+    where unknown). Lookups (:meth:`contains`) go through one sorted key per cell."""
+
+    rows: NDArray[np.int64]
+    cols: NDArray[np.int64]
+    z: F64
+
+    def __post_init__(self) -> None:
+        rows = np.asarray(self.rows, dtype=np.int64).ravel()
+        cols = np.asarray(self.cols, dtype=np.int64).ravel()
+        z = np.asarray(self.z, dtype=np.float64).ravel()
+        if not len(rows) == len(cols) == len(z):
+            raise HdmapError(
+                f"PaintCells: rows ({len(rows)}), cols ({len(cols)}) and z ({len(z)}) "
+                "must have one entry per cell"
+            )
+        object.__setattr__(self, "rows", rows)
+        object.__setattr__(self, "cols", cols)
+        object.__setattr__(self, "z", z)
+        object.__setattr__(self, "_keys", np.sort(_cell_keys(rows, cols)))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def contains(self, row: NDArray[np.int64], col: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """Whether the cells ``(row, col)`` (same shape) are paint cells."""
+        keys: NDArray[np.int64] = self._keys  # type: ignore[attr-defined]
+        if not len(keys):
+            return np.zeros(np.shape(row), dtype=bool)
+        want = _cell_keys(np.asarray(row), np.asarray(col))
+        at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+        found: NDArray[np.bool_] = keys[at] == want
+        return found
+
+
+#: Offset that keeps the cell keys of :class:`PaintCells` positive (cells within 2^30 of 0).
+_KEY_SPAN = np.int64(1 << 30)
+
+
+def _cell_keys(row: NDArray[np.int64], col: NDArray[np.int64]) -> NDArray[np.int64]:
+    r = row.astype(np.int64) + _KEY_SPAN
+    c = col.astype(np.int64) + _KEY_SPAN
+    keys: NDArray[np.int64] = r * (2 * _KEY_SPAN) + c
+    return keys
 
 
 @dataclass(frozen=True)
@@ -433,9 +515,23 @@ def _odd(n: float) -> int:
 def paint_mask(layers: GridLayers, settings: LabelSettings) -> NDArray[np.bool_]:
     """Cells whose intensity is ``paint_contrast`` times the local background (see the
     module docstring); unobserved cells are never paint."""
-    values = layers.reflectance
-    observed = layers.observed
-    size = _odd(settings.background_window_m / layers.resolution)
+    values = np.where(layers.observed, layers.reflectance, np.float32(np.nan))
+    return paint_mask_values(values, settings, layers.resolution)
+
+
+def paint_reach(settings: LabelSettings, resolution: float) -> int:
+    """How many cells away a cell's paint test looks (the opening's erosion and dilation
+    each reach half the window): a window of a larger grid that extends this far beyond a
+    region gives the region's paint cells exactly as the whole grid would."""
+    return 2 * (_odd(settings.background_window_m / resolution) // 2)
+
+
+def paint_mask_values(
+    values: NDArray[np.float32], settings: LabelSettings, resolution: float
+) -> NDArray[np.bool_]:
+    """:func:`paint_mask` of a reflectance array (rows, cols) with NaN where unobserved."""
+    observed = np.isfinite(values)
+    size = _odd(settings.background_window_m / resolution)
     # NaN-aware grey opening: unobserved cells neither lower the erosion nor raise the
     # dilation. A window with no observed cell has no background (and no paint).
     eroded = ndimage.minimum_filter(np.where(observed, values, np.inf), size=size)
@@ -574,7 +670,7 @@ def _stripe_width(xy: F64, polyline: F64) -> float:
     return float(math.sqrt(12.0 * float(np.mean(dist**2))))
 
 
-def _side_step(points: F64, layers: GridLayers) -> float:
+def _side_step(points: F64, layers: GridLookup) -> float:
     """Median over 2 m stretches of a polyline of the difference (m) between the median
     ground elevation on its left and on its right, 0.15-0.45 m to either side (local, so
     that the road's grade does not count); 0 where no stretch shows 3 values on each side."""
@@ -584,18 +680,13 @@ def _side_step(points: F64, layers: GridLayers) -> float:
     t = _tangents(dense, 2)
     n = np.column_stack([-t[:, 1], t[:, 0]])
     stretch = np.arange(len(dense)) // 40
-    rows, cols = layers.shape
+    offsets = (0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45)
+    # one lookup for both sides and every offset (a tiled grid groups it by tile)
+    probes = [dense + sign * off * n for sign in (1.0, -1.0) for off in offsets]
+    z_sides = layers.elevation_at(np.concatenate(probes)).reshape(2, -1)
+    k_all = np.tile(stretch, len(offsets))
     sides: list[tuple[F64, NDArray[np.int64]]] = []
-    for sign in (1.0, -1.0):
-        values, where = [], []
-        for off in (0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45):
-            row, col = layers.cells_of(dense + sign * off * n)
-            ok = (row >= 0) & (row < rows) & (col >= 0) & (col < cols)
-            z = np.full(len(dense), np.nan)
-            z[ok] = layers.elevation[row[ok], col[ok]]
-            values.append(z)
-            where.append(stretch)
-        z_all, k_all = np.concatenate(values), np.concatenate(where)
+    for z_all in z_sides:
         good = np.isfinite(z_all)
         sides.append((z_all[good], k_all[good]))
     (zl, kl), (zr, kr) = sides
@@ -764,23 +855,18 @@ def _chain_points(pieces: list[_Piece], chain: list[tuple[int, bool]], step: flo
 # -- coverage and orientation ------------------------------------------------------------------
 
 
-def _coverage(
-    points: F64, layers: GridLayers, paint: NDArray[np.bool_], observed: NDArray[np.bool_]
-) -> tuple[float, float]:
+def _coverage(points: F64, layers: GridLookup, paint: PaintCells) -> tuple[float, float]:
     """``(painted share of the observed length, observed share of the length)`` sampled
     every 0.1 m, looking at the 5 x 5 cells around each sample."""
     dense = resample_polyline(points[:, :2], 0.1)
     row, col = layers.cells_of(dense)
-    rows, cols = layers.shape
-    seen = np.zeros(len(dense), dtype=bool)
-    painted = np.zeros(len(dense), dtype=bool)
-    for di in range(-2, 3):
-        for dj in range(-2, 3):
-            r, c = row + di, col + dj
-            ok = (r >= 0) & (r < rows) & (c >= 0) & (c < cols)
-            rr, cc = r[ok], c[ok]
-            seen[ok] |= observed[rr, cc]
-            painted[ok] |= paint[rr, cc]
+    shifts = np.arange(-2, 3)
+    # (5, 5, n): every sample's 5 x 5 neighbourhood, looked up at once
+    r = row[None, None, :] + shifts[:, None, None]
+    c = col[None, None, :] + shifts[None, :, None]
+    r, c = np.broadcast_arrays(r, c)
+    seen = layers.observed_at(r.ravel(), c.ravel()).reshape(25, -1).any(axis=0)
+    painted = paint.contains(r.ravel(), c.ravel()).reshape(25, -1).any(axis=0)
     n_seen = int(seen.sum())
     observed_share = n_seen / max(len(dense), 1)
     if n_seen == 0:
@@ -788,7 +874,7 @@ def _coverage(
     return float((painted & seen).sum() / n_seen), float(observed_share)
 
 
-def _fill_z(points: F64, layers: GridLayers) -> F64:
+def _fill_z(points: F64, layers: GridLookup) -> F64:
     out = points.copy()
     bad = ~np.isfinite(out[:, 2])
     if bad.any():
@@ -825,18 +911,32 @@ def extract_lane_markings(
     the elevation layer), oriented along the driving direction; ids are ``marking-<n>``.
     """
     settings = settings or LabelSettings()
+    rows, cols = np.nonzero(paint_mask(layers, settings))
+    paint = PaintCells(rows, cols, layers.elevation[rows, cols].astype(np.float64))
+    return markings_from_paint(layers, paint, trajectory, settings)
+
+
+def markings_from_paint(
+    layers: GridLookup,
+    paint: PaintCells,
+    trajectory: Driven,
+    settings: LabelSettings | None = None,
+) -> list[LaneMarking]:
+    """:func:`extract_lane_markings` from paint cells found beforehand (on executors, tile
+    by tile: :mod:`adcloud.hdmap.job`), looking the grid up through ``layers``.
+
+    ``paint`` must hold at least the paint cells within ``max_offset_m`` of the trajectory
+    and the 5 x 5 cells around the lines they form; farther ones are ignored."""
+    settings = settings or LabelSettings()
     path = _driven_path(trajectory, 0.5)
     path_tree = cKDTree(path.xyz[:, :2])
-    paint = paint_mask(layers, settings)
-    rows, cols = np.nonzero(paint)
     res = layers.resolution
     xy = np.column_stack(
-        [layers.origin[0] + (cols + 0.5) * res, layers.origin[1] + (rows + 0.5) * res]
+        [layers.origin[0] + (paint.cols + 0.5) * res, layers.origin[1] + (paint.rows + 0.5) * res]
     )
     dist, _ = path_tree.query(xy, distance_upper_bound=settings.max_offset_m)
     near = np.isfinite(dist)
-    xy, rows, cols = xy[near], rows[near], cols[near]
-    z = layers.elevation[rows, cols].astype(np.float64)
+    xy, z = xy[near], paint.z[near]
     log.info(
         "labels: %d paint cells within %.1f m of the trajectory", len(xy), settings.max_offset_m
     )
@@ -855,7 +955,6 @@ def extract_lane_markings(
             pieces.append(piece)
     log.info("labels: %d paint pieces, %d bright steps (curbs) left out", len(pieces), curbs)
     chains = _link(pieces, path, path_tree, settings)
-    observed = layers.observed
     markings: list[LaneMarking] = []
     for chain in chains:
         pts = _chain_points(pieces, chain, settings.vertex_spacing_m)
@@ -863,7 +962,7 @@ def extract_lane_markings(
         if _length(pts) < settings.min_marking_length_m:
             continue
         pts = _orient(_fill_z(pts, layers), path, path_tree)
-        coverage, seen = _coverage(pts, layers, paint, observed)
+        coverage, seen = _coverage(pts, layers, paint)
         kind = "solid" if not coverage < settings.solid_coverage else "dashed"
         cells = sum(pieces[i].cells for i, _ in chain)
         width = sum(pieces[i].width * pieces[i].cells for i, _ in chain) / max(cells, 1)

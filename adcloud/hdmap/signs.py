@@ -43,7 +43,7 @@ from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
 from adcloud.hdmap.errors import HdmapError
-from adcloud.hdmap.labels import GridLayers
+from adcloud.hdmap.labels import GridLookup
 from adcloud.hdmap.trajectory import Trajectory
 
 __all__ = [
@@ -231,7 +231,7 @@ def _classify(width: float, height: float, settings: SignSettings) -> tuple[str,
 def detect_signs(
     points: F64,
     intensity: NDArray[np.floating[Any]],
-    ground: GridLayers | None = None,
+    ground: GridLookup | None = None,
     settings: SignSettings | None = None,
     *,
     trajectory: Trajectory | None = None,
@@ -348,7 +348,7 @@ def _ground_height(
     tree: cKDTree,
     centre: F64,
     plate_bottom: float,
-    ground: GridLayers | None,
+    ground: GridLookup | None,
     settings: SignSettings,
 ) -> float:
     """Ground height under a plate: the 5th percentile of the points around it that lie

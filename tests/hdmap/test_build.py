@@ -22,10 +22,13 @@ from adcloud.cli import main
 from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
 from adcloud.hdmap.errors import DriveDataError, MapFormatError
 from adcloud.hdmap.exchange import load_items
-from adcloud.hdmap.geotiff import read_grid_tile
+from adcloud.hdmap.geotiff import read_grid_tile, tile_file_name
+from adcloud.hdmap.job import PipelineResult, StageSettings, run_pipeline
+from adcloud.hdmap.labels import GridLayers, extract_lane_markings, markings_from_paint
 from adcloud.hdmap.lanelet import load_lanelet2, routing_graph
 from adcloud.hdmap.mapdir import BuildPlan, Staging
 from adcloud.hdmap.semantic import read_geojson
+from adcloud.hdmap.tilelayers import TileLayers
 from adcloud.hdmap.trajectory import Trajectory
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 
@@ -58,17 +61,55 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
     }
 
 
+def _same_markings_as_one_array(result: PipelineResult, root: Path) -> None:
+    """The build's label stage (paint found tile by tile on the executors, tiles read as
+    needed) gives exactly the markings of the same tiles as one array."""
+    assert result.layers is not None
+    grid = StageSettings().grid
+    view = TileLayers.from_directory(root / "grid", result.layers.keys, grid)
+    n = grid.tile_cells
+    (kx, ky), keys = view.first_key, result.layers.keys
+    w = (max(k[0] for k in keys) - kx + 1) * n
+    h = (max(k[1] for k in keys) - ky + 1) * n
+    refl, elev = np.full((2, h, w), np.nan, np.float32)
+    count = np.zeros((h, w), np.int32)
+    for key in keys:
+        tile = read_grid_tile(root / "grid" / tile_file_name(key)).tile
+        r, c = (key[1] - ky) * n, (key[0] - kx) * n
+        refl[r : r + n, c : c + n] = tile.reflectance_mean
+        elev[r : r + n, c : c + n] = tile.elevation_mean
+        count[r : r + n, c : c + n] = tile.count
+    dense = GridLayers(view.origin, grid.resolution, refl, elev, count)
+    driven = list(result.trajectories.values())
+    expected = extract_lane_markings(dense, driven)
+    got = markings_from_paint(view, result.paint, driven)
+    assert len(got) == len(expected) > 0
+    for a, b in zip(got, expected, strict=True):
+        assert np.array_equal(a.points, b.points) and a.type == b.type
+        assert a.coverage == b.coverage or (np.isnan(a.coverage) and np.isnan(b.coverage))
+    assert view.reads < len(keys)  # only the tiles the lines touch were read
+
+
 def test_loop_drive_meets_the_accuracy_targets(
     spark: SparkSession,
     loop_drive: DriveResult,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    results: list[PipelineResult] = []
+
+    def keep(*args: Any, **kwargs: Any) -> PipelineResult:
+        results.append(run_pipeline(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(build_module, "run_pipeline", keep)
     summary = build_map(spark, str(loop_drive.bag), str(tmp_path / "map"))
     assert summary.changed and summary.counts["loop_closures"] >= 1
     version = summary.result.version
     assert version is not None and version.path is not None
     root = version.path
+    _same_markings_as_one_array(results[0], root)
     for name in (
         "lanelet2_map.osm",
         "map_projector_info.yaml",

@@ -1,6 +1,7 @@
 """The map job's wiring, without a whole build: stage settings derived from ``hdmap``, the
 sign candidates the job ships to the sign stage, tiles written by executors that do not see
-the output directory, and the error of a drive without sweeps."""
+the output directory, and the error of a drive without sweeps (the label stage's part of
+the grid stage: ``test_tilelayers.py``)."""
 
 from __future__ import annotations
 
@@ -13,20 +14,21 @@ from pyspark.sql import SparkSession
 
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import DriveData
-from adcloud.hdmap.errors import DriveDataError, HdmapError
+from adcloud.hdmap.errors import DriveDataError
 from adcloud.hdmap.grid import GridSettings, merge_many_partials, scan_partials
 from adcloud.hdmap.job import (
     _MARKER,
     AlignedScan,
     StageSettings,
     _cloud_sink,
+    _grid_stage,
+    _label_plan,
     _leave_marker,
     _poses,
     _run_sink,
     _sign_points,
-    _tile_sink,
-    check_mosaic_memory,
 )
+from adcloud.hdmap.labels import LabelSettings
 from adcloud.hdmap.model import Extrinsics, GpsFixes, ImuSamples, OdomSamples
 from adcloud.hdmap.pcmap import (
     PointCloudMapSettings,
@@ -83,9 +85,10 @@ def test_tiles_of_executors_that_do_not_see_the_output_reach_it(
         token = _leave_marker(out)
         # executors that do not find the driver's token in the output directory
         seen = token if where == "in place" else "another host's view"
-        sink = functools.partial(_tile_sink, out=str(out), token=seen, grid=grid, origin=origin)
-        patches = dict(_run_sink(tiles, sink, out))
-        assert len(patches) == tiles.count() >= 4
+        # every tile along the roads: their paint tests and coarse copies run too
+        plan = _label_plan({}, frozenset(tiles.keys().collect()), grid, LabelSettings())
+        stage = _grid_stage(tiles, out_dir=out, token=seen, origin=origin, plan=plan, grid=grid)
+        assert len(stage.patches) == len(stage.overview) == tiles.count() >= 4
         no_patches = sc.broadcast({})
         sink = functools.partial(
             _cloud_sink, out=str(out), token=seen, settings=cloud, grid=grid, patches=no_patches
@@ -145,14 +148,3 @@ def test_a_drive_without_sweeps_names_the_lidar_topic(spark: SparkSession) -> No
             lambda _: None,
             lidar_topic="/velo/points",
         )
-
-
-def test_a_label_mosaic_the_driver_cannot_hold_is_refused_up_front() -> None:
-    """Tiles along roads far apart span a bounding box no driver holds: a clear error before
-    the grid stage, not an out-of-memory kill after it."""
-    grid = GridSettings()
-    near = [(0, 0), (0, 1), (1, 1)]
-    check_mosaic_memory(near, grid.tile_cells, grid.resolution)  # 3 x 2 MB: fine
-    far = [*near, (5000, 5000)]  # 100 km away: 25 M tiles' worth of mosaic
-    with pytest.raises(HdmapError, match=r"5001 x 5001 tiles \(100020 x 100020 m, 4 of them"):
-        check_mosaic_memory(far, grid.tile_cells, grid.resolution)
