@@ -54,6 +54,7 @@ from adcloud.hdmap.job import (
     GRID_DIR,
     STATE_CLOUD,
     STATE_TILES,
+    KeptTiles,
     PipelineResult,
     StageSettings,
     run_pipeline,
@@ -162,13 +163,11 @@ def _parent_state(staging: Staging) -> Iterator[tuple[Path | None, dict[str, Any
             yield root, _origin_info(root)
 
 
-def _previous_items(root: Path | None, folder: str) -> list[Any]:
+def _kept(root: Path | None, folder: str) -> KeptTiles:
+    """The tile statistics files a parent version keeps in ``folder`` (none: no parent)."""
     if root is None or not (root / folder).is_dir():
-        return []
-    items: list[Any] = []
-    for path in sorted((root / folder).glob("*.npz")):
-        items.extend((item.key, item) for item in load_items(path))
-    return items
+        return KeptTiles()
+    return KeptTiles(tuple(str(p) for p in sorted((root / folder).glob("*.npz"))))
 
 
 def _load_votes(path: Path) -> list[SignVote]:
@@ -441,8 +440,8 @@ def build_map(
         archive = None
         if parent_root is not None and (parent_root / STATE_KEYFRAMES).is_dir():
             archive = KeyframeArchive(parent_root / STATE_KEYFRAMES)
-        previous_tiles = _previous_items(parent_root, STATE_TILES)
-        previous_cloud = _previous_items(parent_root, STATE_CLOUD)
+        previous_tiles = _kept(parent_root, STATE_TILES)
+        previous_cloud = _kept(parent_root, STATE_CLOUD)
         previous_traj: dict[str, Trajectory] = {}
         if parent_root is not None:
             carried = [

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
 import logging
 import math
+import socket
 import tempfile
 import time
 import uuid
@@ -52,7 +54,7 @@ from adcloud.config import load_settings
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import DriveAccumulator, DriveData, DriveTopics, drive_name
 from adcloud.hdmap.errors import DriveDataError, HdmapError
-from adcloud.hdmap.exchange import Exchange, dump_items
+from adcloud.hdmap.exchange import Exchange, dump_items, load_items
 from adcloud.hdmap.geotiff import write_grid_tile, write_preview
 from adcloud.hdmap.grid import (
     GridSettings,
@@ -105,6 +107,7 @@ from adcloud.hdmap.trajectory import Trajectory
 __all__ = [
     "STATE_CLOUD",
     "STATE_TILES",
+    "KeptTiles",
     "PipelineResult",
     "StageSettings",
     "run_pipeline",
@@ -683,10 +686,60 @@ def _merge_by_key(pairs: RDD[Any], merge_many: Callable[[Sequence[Any]], Any]) -
     return pairs.combineByKey(lambda part: [part], add, join).mapValues(merge_many)
 
 
-def _with_previous(rdd: RDD[Any], previous: list[Any]) -> RDD[Any]:
-    if not previous:
+@dataclass(frozen=True)
+class KeptTiles:
+    """Tile statistics an earlier map version kept, one file per tile (what
+    :func:`~adcloud.hdmap.exchange.dump_items` wrote: ``state/tiles/*.npz``,
+    ``state/cloud/*.npz``). Executors on the driver's host read them where they merge, so
+    an incremental build's driver does not hold the statistics of the whole map."""
+
+    paths: tuple[str, ...] = ()
+
+
+def _kept_items(path: str) -> list[tuple[tuple[int, int], Any]]:
+    """The ``(key, partial)`` pairs of one kept file."""
+    return [(item.key, item) for item in load_items(path)]
+
+
+def _on_one_host(sc: Any) -> bool:
+    """Whether every executor registered so far runs on the driver's machine (local mode,
+    or a cluster on one machine): then executors read the driver's files. An executor that
+    registered with a loopback address is on it (the driver could not reach it otherwise)."""
+    driver = str(sc.getConf().get("spark.driver.host", ""))
+
+    def address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        try:
+            return ipaddress.ip_address(socket.gethostbyname(host))
+        except (OSError, ValueError):
+            return None
+
+    mine = address(driver)
+    for info in sc.statusTracker().getExecutorInfos():
+        if info.host == driver:
+            continue
+        there = address(info.host)
+        if there is None or not (there.is_loopback or there == mine):
+            return False
+    return True
+
+
+def _with_previous(rdd: RDD[Any], previous: KeptTiles | Iterable[Any]) -> RDD[Any]:
+    """``rdd`` with an earlier version's ``(key, partial)`` pairs added, for merging."""
+    sc = rdd.context
+    if isinstance(previous, KeptTiles):
+        paths = list(previous.paths)
+        if not paths:
+            return rdd
+        if _on_one_host(sc):
+            kept = sc.parallelize(paths, max(1, len(paths) // 8)).flatMap(_kept_items)
+            return rdd.union(kept)
+        # Executors on other hosts may not see the driver's disk: it reads them for them.
+        log.info("executors on other hosts: the driver reads %d kept tile files", len(paths))
+        previous = [pair for path in paths for pair in _kept_items(path)]
+    items = list(previous)
+    if not items:
         return rdd
-    return rdd.union(rdd.context.parallelize(previous, max(1, len(previous) // 8)))
+    return rdd.union(sc.parallelize(items, max(1, len(items) // 8)))
 
 
 def _cloud_sink(
@@ -848,8 +901,8 @@ def run_pipeline(
     origin: Origin | None = None,
     corridor_m: float = 15.0,
     exchange_dir: str | Path | None = None,
-    previous_tiles: Iterable[tuple[tuple[int, int], TilePartial]] = (),
-    previous_cloud: Iterable[tuple[tuple[int, int], CloudPartial]] = (),
+    previous_tiles: KeptTiles | Iterable[tuple[tuple[int, int], TilePartial]] = (),
+    previous_cloud: KeptTiles | Iterable[tuple[tuple[int, int], CloudPartial]] = (),
     corridor_trajectories: dict[str, Trajectory] | None = None,
     previous_keyframes: KeyframeArchive | None = None,
     stages: StageSettings | None = None,
@@ -858,7 +911,8 @@ def run_pipeline(
     """Run stages 0-3 over ``bags`` (URIs, or ``(drive name, URI)`` pairs) and return their
     products on the driver (see the module docstring), writing grid and point-cloud tiles
     under ``out_dir``. ``previous_tiles`` and
-    ``previous_cloud`` (an incremental build's earlier tile statistics) merge by key;
+    ``previous_cloud`` (an incremental build's earlier tile statistics: pairs, or the files
+    of :class:`KeptTiles`) merge by key;
     ``corridor_trajectories`` (earlier drives) widen the roads the label stage looks at;
     ``previous_keyframes`` (the map's keyframe archive) ties the new drives to the map by
     loop closures."""
@@ -906,7 +960,7 @@ def run_pipeline(
                 a.xyz, a.intensity, grid, sensor_xyz=a.sensor, device=device or None
             )
         )
-        partials = _with_previous(partials, list(previous_tiles))
+        partials = _with_previous(partials, previous_tiles)
         merged = exchange.hand_over(_merge_by_key(partials, merge_many_partials), "tiles")
         driven = {**(corridor_trajectories or {}), **trajectories}
         corridor = _corridor(driven, grid, margin_m=corridor_m)
@@ -930,9 +984,7 @@ def run_pipeline(
                 a.xyz, a.intensity, cloud, sensor_xyz=a.sensor, device=device or None
             )
         )
-        clouds = _merge_by_key(
-            _with_previous(clouds, list(previous_cloud)), merge_many_cloud_partials
-        )
+        clouds = _merge_by_key(_with_previous(clouds, previous_cloud), merge_many_cloud_partials)
         if math.isclose(cloud.tile_size, grid.tile_size):
             # the grid's tiles cover the same squares: its transient patches filter ghosts
             patches_b = sc.broadcast(written)

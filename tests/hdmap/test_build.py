@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from scipy.spatial import cKDTree
 
 import adcloud.hdmap.build as build_module
+import adcloud.hdmap.job as job_module
 from adcloud.cli import main
 from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
 from adcloud.hdmap.errors import DriveDataError, MapFormatError
@@ -260,9 +261,11 @@ def test_new_drive_is_merged_into_the_previous_version(
     short_drives: tuple[DriveResult, DriveResult],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A second drive merged into the map; between the two builds a label file is imported
-    with no new drive, and the second build keeps the labels."""
+    with no new drive, and the second build keeps the labels. The first version's tile
+    statistics are read by the executors, not by the driver."""
     first, second = short_drives
     map_uri = str(tmp_path / "map")
     v1 = build_map(spark, str(first.bag), map_uri).result.version
@@ -270,7 +273,14 @@ def test_new_drive_is_merged_into_the_previous_version(
     v1_files = _tree(v1.path)
     deleted, label_file = _labels_for(v1.path, tmp_path)
     _labels_without_new_drives(first, map_uri, v1, label_file, deleted, capsys)
+
+    def not_on_the_driver(path: Any) -> None:
+        raise AssertionError(f"the driver read {path}: executors read the kept tile files")
+
+    # executors import the job module afresh: only the driver's copy refuses
+    monkeypatch.setattr(job_module, "load_items", not_on_the_driver)
     v2 = build_map(spark, [str(first.bag), str(second.bag)], map_uri)
+    monkeypatch.undo()
     assert v2.counts["drives_new"] == 1  # the first drive is known by its content hash
     version = v2.result.version
     assert version is not None and version.path is not None and version.id != v1.id

@@ -7,26 +7,33 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 from pyspark.sql import SparkSession
 
+import adcloud.hdmap.job as job_module
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import DriveData
 from adcloud.hdmap.errors import DriveDataError
+from adcloud.hdmap.exchange import dump_items
 from adcloud.hdmap.grid import GridSettings, merge_many_partials, scan_partials
 from adcloud.hdmap.job import (
     _MARKER,
     AlignedScan,
+    KeptTiles,
     StageSettings,
     _cloud_sink,
     _grid_stage,
     _label_plan,
     _leave_marker,
+    _on_one_host,
     _poses,
     _run_sink,
     _sign_points,
+    _with_previous,
 )
 from adcloud.hdmap.labels import LabelSettings
 from adcloud.hdmap.model import Extrinsics, GpsFixes, ImuSamples, OdomSamples
@@ -148,3 +155,44 @@ def test_a_drive_without_sweeps_names_the_lidar_topic(spark: SparkSession) -> No
             lambda _: None,
             lidar_topic="/velo/points",
         )
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("one_host", [True, False])
+def test_kept_tile_files_reach_the_merge(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_host: bool
+) -> None:
+    """An earlier version's tile statistics, one file per tile, join the new partials: read
+    by the executors on the driver's host, by the driver when executors are elsewhere."""
+    rng = np.random.default_rng(8)
+    xy = rng.uniform(-15.0, 15.0, (5_000, 2))
+    xyz = np.column_stack([xy, 0.02 * rng.standard_normal(len(xy))])
+    pairs = scan_partials(xyz, None, GridSettings(), sensor_xyz=np.array([0.0, 0.0, 1.9]))
+    paths = []
+    for key, partial in pairs:
+        paths.append(str(tmp_path / f"{key[0]}_{key[1]}.npz"))
+        dump_items([partial], paths[-1])
+    monkeypatch.setattr(job_module, "_on_one_host", lambda sc: one_host)
+    new = spark.sparkContext.parallelize([("new", 1)], 1)
+    merged = dict(_with_previous(new, KeptTiles(tuple(paths))).collect())
+    assert merged.pop("new") == 1
+    assert sorted(merged) == sorted(k for k, _ in pairs)
+    for key, partial in pairs:
+        assert np.array_equal(merged[key].count, partial.count)
+    assert _with_previous(new, KeptTiles()).collect() == [("new", 1)]
+
+
+def test_executors_count_as_the_drivers_host_only_when_they_are(spark: SparkSession) -> None:
+    """Kept tile files are read by executors only on the driver's machine: its own host
+    name, or a loopback address; any other host gets them from the driver."""
+    assert _on_one_host(spark.sparkContext)  # local mode: the driver alone
+
+    def context(*hosts: str) -> Any:
+        infos = [SimpleNamespace(host=h) for h in ("192.0.2.2", *hosts)]
+        return SimpleNamespace(
+            getConf=lambda: {"spark.driver.host": "192.0.2.2"},
+            statusTracker=lambda: SimpleNamespace(getExecutorInfos=lambda: infos),
+        )
+
+    assert _on_one_host(context("127.0.0.1", "127.0.0.1"))  # a cluster on this machine
+    assert not _on_one_host(context("127.0.0.1", "203.0.113.7"))  # one executor elsewhere
