@@ -3,7 +3,8 @@
 :func:`build_map` plans against the map's current version (:class:`~adcloud.hdmap.mapdir.MapDir`:
 drives known by content hash are skipped; nothing new means nothing is written), runs the
 pipeline of :mod:`adcloud.hdmap.job` over the new drives only, merges their grid and
-point-cloud tiles by key into the previous version's, extracts the semantic layers from the
+point-cloud tiles by key into the previous version's (tiles out of the new drives' reach are
+copied as they are: :mod:`adcloud.hdmap.kept`), extracts the semantic layers from the
 merged grid, and commits the new version atomically. The new drives' poses are tied to the
 map by loop closures against the keyframes earlier builds kept (their poses do not move).
 
@@ -50,15 +51,8 @@ from adcloud.hdmap.evaluate import GridLayers as ReportGrid
 from adcloud.hdmap.exchange import dump_items, load_items
 from adcloud.hdmap.geotiff import read_grid_tile, write_mosaic
 from adcloud.hdmap.grid import GridTile, coarsen_tile, overview_factor
-from adcloud.hdmap.job import (
-    GRID_DIR,
-    STATE_CLOUD,
-    STATE_TILES,
-    KeptTiles,
-    PipelineResult,
-    StageSettings,
-    run_pipeline,
-)
+from adcloud.hdmap.job import PipelineResult, StageSettings, run_pipeline
+from adcloud.hdmap.kept import GRID_DIR, KeptVersion
 from adcloud.hdmap.labels import lane_centerlines, markings_from_paint, reference_lines
 from adcloud.hdmap.lanelet import LaneletSummary, write_lanelet2, write_map_projector_info
 from adcloud.hdmap.loops import KeyframeArchive
@@ -161,13 +155,6 @@ def _parent_state(staging: Staging) -> Iterator[tuple[Path | None, dict[str, Any
         with tempfile.TemporaryDirectory(prefix="hdmap-parent-", ignore_cleanup_errors=True) as tmp:
             root = parent.fetch(tmp)
             yield root, _origin_info(root)
-
-
-def _kept(root: Path | None, folder: str) -> KeptTiles:
-    """The tile statistics files a parent version keeps in ``folder`` (none: no parent)."""
-    if root is None or not (root / folder).is_dir():
-        return KeptTiles()
-    return KeptTiles(tuple(str(p) for p in sorted((root / folder).glob("*.npz"))))
 
 
 def _load_votes(path: Path) -> list[SignVote]:
@@ -440,8 +427,6 @@ def build_map(
         archive = None
         if parent_root is not None and (parent_root / STATE_KEYFRAMES).is_dir():
             archive = KeyframeArchive(parent_root / STATE_KEYFRAMES)
-        previous_tiles = _kept(parent_root, STATE_TILES)
-        previous_cloud = _kept(parent_root, STATE_CLOUD)
         previous_traj: dict[str, Trajectory] = {}
         if parent_root is not None:
             carried = [
@@ -467,8 +452,7 @@ def build_map(
             out,
             origin=origin,
             exchange_dir=exchange_dir,
-            previous_tiles=previous_tiles,
-            previous_cloud=previous_cloud,
+            previous=KeptVersion(parent_root) if parent_root is not None else None,
             corridor_trajectories=previous_traj,
             previous_keyframes=archive,
             stages=stages,

@@ -33,6 +33,7 @@ History
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
@@ -217,11 +218,13 @@ def _items(xml: str, path: Path) -> tuple[dict[str, str], dict[int, str]]:
     return items, bands
 
 
-def read_grid_tile(path: str | os.PathLike[str]) -> GeoTile:
-    """Load a tile written by :func:`write_grid_tile` (layers back to south-up rows)."""
-    path = Path(path)
+def read_grid_tile(path: str | os.PathLike[str] | bytes) -> GeoTile:
+    """Load a tile written by :func:`write_grid_tile` (layers back to south-up rows), from
+    its file or the file's bytes."""
+    source: Any = io.BytesIO(path) if isinstance(path, bytes) else Path(path)
+    path = Path("<bytes>") if isinstance(path, bytes) else Path(path)
     try:
-        with tifffile.TiffFile(path) as tif:
+        with tifffile.TiffFile(source) as tif:
             page = tif.pages.first
             tags = {tag.code: tag.value for tag in page.tags.values()}
             data = page.asarray()

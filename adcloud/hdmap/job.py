@@ -13,8 +13,11 @@
 2. Alignment -- executors de-skew every sweep into the map frame with the joined trajectory.
 3. Grid -- per-scan tile partials, merged by tile key (``combineByKey``, many at a time),
    finalised and written as GeoTIFF tiles by the executors; the point-cloud map tiles
-   likewise.  An executor that does not see the output directory (another host, no shared
-   filesystem) returns its tiles' files to the driver, which writes them.
+   likewise. An incremental build merges the previous version's statistics only into the
+   tiles within the new sweeps' reach and carries the others unchanged
+   (:mod:`adcloud.hdmap.kept`).  An executor that does not see the output directory
+   (another host, no shared filesystem) returns its tiles' files to the driver, which
+   writes them.
    The same job finds the paint cells of the tiles along the roads: each tile, padded
    with strips of its neighbours, is tested on an executor as it would be in one array.
 4. Labels -- lane markings, centre lines and signs, on the driver, from those paint cells
@@ -55,7 +58,7 @@ from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import DriveAccumulator, DriveData, DriveTopics, drive_name
 from adcloud.hdmap.errors import DriveDataError, HdmapError
 from adcloud.hdmap.exchange import Exchange, dump_items, load_items
-from adcloud.hdmap.geotiff import write_grid_tile, write_preview
+from adcloud.hdmap.geotiff import read_grid_tile, tile_file_name, write_grid_tile, write_preview
 from adcloud.hdmap.grid import (
     GridSettings,
     GridTile,
@@ -68,6 +71,7 @@ from adcloud.hdmap.grid import (
     scan_partials,
     transient_patches,
 )
+from adcloud.hdmap.kept import GRID_DIR, STATE_CLOUD, STATE_TILES, KeptVersion, keys_within
 from adcloud.hdmap.labels import (
     LabelSettings,
     PaintCells,
@@ -114,12 +118,6 @@ __all__ = [
     "write_tile_outputs",
 ]
 
-#: Where a map version keeps its merged tile statistics (for the next incremental build).
-STATE_TILES = "state/tiles"
-#: Where grid tiles (GeoTIFF) go in a map version.
-GRID_DIR = "grid"
-#: ... and its point-cloud tiles' voxel sums.
-STATE_CLOUD = "state/cloud"
 
 log = logging.getLogger(__name__)
 
@@ -519,6 +517,10 @@ _PAINT_SLACK_M = 2.0
 #: What one tile's paint test returns: global cell rows and columns, ground elevation (m).
 TilePaint = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]
 
+#: What the grid stage returns of a tile: its key, its transient patches (None: carried
+#: unchanged), its coarse copy and its paint cells (None: not along the roads).
+TileResult = tuple[tuple[int, int], TransientPatches | None, GridTile | None, TilePaint | None]
+
 _NEIGHBOURS = [(dx, dy) for dx in (-1, 0, 1) for dy in (-1, 0, 1) if dx or dy]
 
 
@@ -632,11 +634,15 @@ def _tile_labels(
     *,
     grid: GridSettings,
     plan: Broadcast[_LabelPlan],
-) -> tuple[tuple[tuple[int, int], TransientPatches, GridTile | None, TilePaint | None], Shipped]:
-    """Executor: one tile's result from :func:`_tile_sink`'s records, with its paint cells
-    when it lies along the roads: the paint test of
-    :func:`~adcloud.hdmap.labels.paint_mask_values` on the tile padded with its neighbours'
-    strips, so that every cell is judged as in one array over the whole map."""
+) -> list[
+    tuple[
+        tuple[tuple[int, int], TransientPatches | None, GridTile | None, TilePaint | None], Shipped
+    ]
+]:
+    """Executor: one tile's result from the records of :func:`_tile_sink` (or
+    :func:`_carried_records`: no patches, nothing written), with its paint cells when it lies
+    along the roads (:func:`_tile_paint`); nothing for a key that only received neighbours'
+    strips (no tile there)."""
     key, records = item
     result: Any = None
     core: Any = None
@@ -648,11 +654,24 @@ def _tile_labels(
             core = value
         else:
             halos.append(value)
+    if result is None:
+        return []
     patches, overview, shipped = result
-    if core is None:
-        return (key, patches, overview, None), shipped
-    paint = _tile_paint(key, core, halos, plan.value, grid)
-    return (key, patches, overview, paint), shipped
+    paint = None if core is None else _tile_paint(key, core, halos, plan.value, grid)
+    return [((key, patches, overview, paint), shipped)]
+
+
+def _carried_records(
+    item: tuple[tuple[int, int], str | bytes], *, plan: Broadcast[_LabelPlan]
+) -> Iterator[tuple[tuple[int, int], tuple[str, Any]]]:
+    """Executor: the records of a tile carried from the previous version (its GeoTIFF, as a
+    path or its bytes) for the label stage: a coarse copy, and its paint test's inputs."""
+    key, source = item
+    tile = read_grid_tile(source).tile
+    labels = plan.value
+    yield key, ("out", (None, coarsen_tile(tile, labels.overview), []))
+    values = np.where(tile.count > 0, tile.reflectance_mean, np.float32(np.nan))
+    yield from _paint_records(key, values, tile.elevation_mean, labels)
 
 
 #: Rows a key's buffered partials reach before they are merged into one on the map side.
@@ -723,23 +742,18 @@ def _on_one_host(sc: Any) -> bool:
     return True
 
 
-def _with_previous(rdd: RDD[Any], previous: KeptTiles | Iterable[Any]) -> RDD[Any]:
+def _with_previous(rdd: RDD[Any], previous: KeptTiles) -> RDD[Any]:
     """``rdd`` with an earlier version's ``(key, partial)`` pairs added, for merging."""
     sc = rdd.context
-    if isinstance(previous, KeptTiles):
-        paths = list(previous.paths)
-        if not paths:
-            return rdd
-        if _on_one_host(sc):
-            kept = sc.parallelize(paths, max(1, len(paths) // 8)).flatMap(_kept_items)
-            return rdd.union(kept)
-        # Executors on other hosts may not see the driver's disk: it reads them for them.
-        log.info("executors on other hosts: the driver reads %d kept tile files", len(paths))
-        previous = [pair for path in paths for pair in _kept_items(path)]
-    items = list(previous)
-    if not items:
+    paths = list(previous.paths)
+    if not paths:
         return rdd
-    return rdd.union(sc.parallelize(items, max(1, len(items) // 8)))
+    slices = max(1, len(paths) // 8)
+    if _on_one_host(sc):
+        return rdd.union(sc.parallelize(paths, slices).flatMap(_kept_items))
+    # Executors on other hosts may not see the driver's disk: it reads them for them.
+    log.info("executors on other hosts: the driver reads %d kept tile files", len(paths))
+    return rdd.union(sc.parallelize([p for path in paths for p in _kept_items(path)], slices))
 
 
 def _cloud_sink(
@@ -842,10 +856,51 @@ def _label_inputs(
     return layers, PaintCells(rows[order], cols[order], z[order])
 
 
+#: Beyond ``max_range``, how far a tile may lie from a sensor position and still get its
+#: points (m): none, since points are kept by their horizontal distance to the same sensor
+#: position; the margin only absorbs rounding.
+_REACH_MARGIN_M = 1.0
+
+
+@dataclass(frozen=True)
+class _Reach:
+    """Which of the previous version's tiles an incremental build merges (those within
+    ``max_range`` of a new sweep's sensor: :data:`kept_tiles`, :data:`kept_clouds`) and which
+    it carries unchanged."""
+
+    kept_tiles: KeptTiles
+    carried_tiles: frozenset[tuple[int, int]]
+    kept_clouds: KeptTiles
+    carried_clouds: frozenset[tuple[int, int]]
+
+    @classmethod
+    def of(
+        cls,
+        aligned: RDD[AlignedScan],
+        previous: KeptVersion | None,
+        grid: GridSettings,
+        cloud: PointCloudMapSettings,
+    ) -> _Reach:
+        if previous is None:
+            return cls(KeptTiles(), frozenset(), KeptTiles(), frozenset())
+        sensors = np.array(aligned.map(lambda a: a.sensor[:2]).collect(), np.float64)
+
+        def split(
+            state: dict[tuple[int, int], Path], size: float, radius: float
+        ) -> tuple[KeptTiles, frozenset[tuple[int, int]]]:
+            near = keys_within(sensors, size, radius + _REACH_MARGIN_M)
+            kept = KeptTiles(tuple(str(state[k]) for k in sorted(state) if k in near))
+            return kept, frozenset(k for k in state if k not in near)
+
+        tiles, carried_tiles = split(previous.tile_state(), grid.tile_size, grid.max_range)
+        clouds, carried_clouds = split(previous.cloud_state(), cloud.tile_size, cloud.max_range)
+        return cls(tiles, carried_tiles, clouds, carried_clouds)
+
+
 @dataclass
 class GridStageResult:
-    """What the grid stage leaves on the driver: each tile's transient patches (for the
-    point-cloud stage), coarse copies of the tiles along the roads (``overview_factor``
+    """What the grid stage leaves on the driver: the transient patches of each tile it wrote
+    (for the point-cloud stage), coarse copies of the tiles along the roads (``overview_factor``
     cells in one), and the label stage's lookups and paint cells."""
 
     patches: dict[tuple[int, int], TransientPatches]
@@ -863,19 +918,31 @@ def _grid_stage(
     origin: Origin,
     plan: _LabelPlan,
     grid: GridSettings,
+    carried: Sequence[tuple[int, int]] = (),
 ) -> GridStageResult:
     """Finish the merged tiles on the executors (files, coarse copies, paint cells of the
-    tiles along the roads) in one Spark job, and gather what the driver needs of them."""
+    tiles along the roads) in one Spark job, and gather what the driver needs of them.
+    ``carried``: tiles along the roads copied unchanged from the previous version into
+    ``out_dir`` (their GeoTIFFs give their paint cells and coarse copies)."""
     sc = merged.context
     plan_b = sc.broadcast(plan)
     try:
         sink = functools.partial(
             _tile_sink, out=str(out_dir), token=token, grid=grid, origin=origin, plan=plan_b
         )
-        labelled = (
-            merged.flatMap(sink)
-            .groupByKey()
-            .map(functools.partial(_tile_labels, grid=grid, plan=plan_b))
+        records = merged.flatMap(sink)
+        if carried:
+            sources: list[tuple[tuple[int, int], str | bytes]]
+            tifs = [(key, out_dir / GRID_DIR / tile_file_name(key)) for key in carried]
+            if _on_one_host(sc):
+                sources = [(key, str(path)) for key, path in tifs]
+            else:  # executors elsewhere may not see the driver's disk
+                sources = [(key, path.read_bytes()) for key, path in tifs]
+            reader = functools.partial(_carried_records, plan=plan_b)
+            slices = max(1, len(sources) // 8)
+            records = records.union(sc.parallelize(sources, slices).flatMap(reader))
+        labelled = records.groupByKey().flatMap(
+            functools.partial(_tile_labels, grid=grid, plan=plan_b)
         )
         tiles_out = _collect_shipped(labelled, out_dir)
     finally:
@@ -884,7 +951,7 @@ def _grid_stage(
         [(key, p) for key, _, _, p in tiles_out if p is not None], out_dir, grid
     )
     return GridStageResult(
-        patches={key: patches for key, patches, _, _ in tiles_out},
+        patches={key: patches for key, patches, _, _ in tiles_out if patches is not None},
         overview=sorted((o for _, _, o, _ in tiles_out if o is not None), key=lambda t: t.key),
         overview_factor=plan.overview,
         layers=layers,
@@ -901,8 +968,7 @@ def run_pipeline(
     origin: Origin | None = None,
     corridor_m: float = 15.0,
     exchange_dir: str | Path | None = None,
-    previous_tiles: KeptTiles | Iterable[tuple[tuple[int, int], TilePartial]] = (),
-    previous_cloud: KeptTiles | Iterable[tuple[tuple[int, int], CloudPartial]] = (),
+    previous: KeptVersion | None = None,
     corridor_trajectories: dict[str, Trajectory] | None = None,
     previous_keyframes: KeyframeArchive | None = None,
     stages: StageSettings | None = None,
@@ -910,9 +976,9 @@ def run_pipeline(
 ) -> PipelineResult:
     """Run stages 0-3 over ``bags`` (URIs, or ``(drive name, URI)`` pairs) and return their
     products on the driver (see the module docstring), writing grid and point-cloud tiles
-    under ``out_dir``. ``previous_tiles`` and
-    ``previous_cloud`` (an incremental build's earlier tile statistics: pairs, or the files
-    of :class:`KeptTiles`) merge by key;
+    under ``out_dir``. ``previous`` (an incremental build's previous version): the tiles
+    within the new drives' reach merge its statistics by key, the others are carried into
+    ``out_dir`` as they are (:mod:`adcloud.hdmap.kept`);
     ``corridor_trajectories`` (earlier drives) widen the roads the label stage looks at;
     ``previous_keyframes`` (the map's keyframe archive) ties the new drives to the map by
     loop closures."""
@@ -954,16 +1020,18 @@ def run_pipeline(
         timings["align"] = time.perf_counter() - tick
 
         tick = time.perf_counter()
-        grid = stages.grid
+        grid, cloud = stages.grid, stages.cloud
+        reach = _Reach.of(aligned, previous, grid, cloud)
         partials = aligned.flatMap(
             lambda a: scan_partials(
                 a.xyz, a.intensity, grid, sensor_xyz=a.sensor, device=device or None
             )
         )
-        partials = _with_previous(partials, previous_tiles)
+        partials = _with_previous(partials, reach.kept_tiles)
         merged = exchange.hand_over(_merge_by_key(partials, merge_many_partials), "tiles")
         driven = {**(corridor_trajectories or {}), **trajectories}
         corridor = _corridor(driven, grid, margin_m=corridor_m)
+        carried = previous.carry_grid(reach.carried_tiles, Path(out_dir)) if previous else []
         tiles = _grid_stage(
             merged,
             out_dir=Path(out_dir),
@@ -971,20 +1039,30 @@ def run_pipeline(
             origin=next(iter(drives.values())).origin,
             plan=_label_plan(driven, corridor, grid, stages.labels),
             grid=grid,
+            carried=[key for key in carried if key in corridor],
         )
         exchange.drop(merged)
-        written, keys = tiles.patches, sorted(tiles.patches)
+        both = sorted(set(tiles.patches) & set(carried))
+        if both:  # the reach is a superset of the tiles points can land in: never expected
+            raise HdmapError(
+                f"grid tiles {both[:5]} got new points but were carried from the previous "
+                "version unchanged; nothing is committed. Report this, and build the map "
+                "again from its bags in the meantime"
+            )
+        written, keys = tiles.patches, sorted({*tiles.patches, *carried})
         timings["grid"] = time.perf_counter() - tick
-        say(f"grid: {len(keys)} tiles, {len(tiles.overview)} along the roads")
+        say(
+            f"grid: {len(keys)} tiles ({len(carried)} carried unchanged), "
+            f"{len(tiles.overview)} along the roads"
+        )
 
         tick = time.perf_counter()
-        cloud = stages.cloud
         clouds = aligned.flatMap(
             lambda a: scan_cloud_partials(
                 a.xyz, a.intensity, cloud, sensor_xyz=a.sensor, device=device or None
             )
         )
-        clouds = _merge_by_key(_with_previous(clouds, previous_cloud), merge_many_cloud_partials)
+        clouds = _merge_by_key(_with_previous(clouds, reach.kept_clouds), merge_many_cloud_partials)
         if math.isclose(cloud.tile_size, grid.tile_size):
             # the grid's tiles cover the same squares: its transient patches filter ghosts
             patches_b = sc.broadcast(written)
@@ -1006,9 +1084,14 @@ def run_pipeline(
             patches=patches_b,
         )
         entries = _run_sink(clouds, cloud_sink, Path(out_dir))
-        write_pointcloud_metadata([e for e in entries if e is not None], Path(out_dir), cloud)
+        if previous is not None:
+            kept = previous.carry_clouds(reach.carried_clouds, cloud.tile_size, Path(out_dir))
+        else:
+            kept = []
+        listed = [e for e in entries if e is not None] + kept
+        write_pointcloud_metadata(listed, Path(out_dir), cloud)
         timings["cloud"] = time.perf_counter() - tick
-        say(f"point-cloud map: {len(entries)} tiles")
+        say(f"point-cloud map: {len(listed)} tiles ({len(kept)} carried unchanged)")
 
         sign_xyz, sign_int = _sign_points(aligned, stages.signs)
         return PipelineResult(

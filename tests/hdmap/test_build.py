@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -333,6 +334,72 @@ def test_new_drive_is_merged_into_the_previous_version(
     assert _tree(v1.path) == v1_files  # the old version is untouched
     assert MapDir(map_uri).current().id == version.id  # type: ignore[union-attr]
     _holds_labels(version.path, deleted)  # the rebuild kept the labels
+
+
+def _same_items(a: Path, b: Path) -> bool:
+    """Whether two kept statistics files hold the same arrays (zip members carry times)."""
+    (x,), (y,) = load_items(a), load_items(b)
+    return all(
+        np.array_equal(getattr(x, f), getattr(y, f), equal_nan=True)
+        for f in x.__dataclass_fields__
+        if isinstance(getattr(x, f), np.ndarray)
+    )
+
+
+def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
+    spark: SparkSession,
+    short_drives: tuple[DriveResult, DriveResult],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The 30 s drive's map, then the 20 s drive along its first part: the tiles out of the
+    new drive's reach are copied into the new version as they are, and hold what a build
+    merging every tile again writes."""
+    first, second = short_drives
+    uri, full_uri = tmp_path / "map", tmp_path / "full"
+    v1 = build_map(spark, str(second.bag), str(uri)).result.version
+    assert v1 is not None and v1.path is not None
+    shutil.copytree(uri, full_uri)
+    bags = [str(second.bag), str(first.bag)]
+    v2 = build_map(spark, bags, str(uri)).result.version
+
+    # the same build, with every tile in reach: all of them merged and written again
+    class Everywhere:
+        def __contains__(self, key: object) -> bool:
+            return True
+
+    monkeypatch.setattr(job_module, "keys_within", lambda *args: Everywhere())
+    full = build_map(spark, bags, str(full_uri)).result.version
+    assert v2 is not None and v2.path is not None and full is not None and full.path is not None
+    old, new, again = _tree(v1.path), _tree(v2.path), _tree(full.path)
+    tiles = [k for k in old if k.startswith("grid/") and k.endswith(".tif")]
+    carried = [k for k in tiles if new[k] == old[k]]  # copies keep their time stamps
+    assert 0 < len(carried) < len(tiles)
+    assert not [k for k in tiles if again[k] == old[k]]  # the full build wrote every tile
+    for rel in carried:
+        name = Path(rel).name
+        stem = Path(rel).stem
+        for same in (rel, f"grid/preview/{stem}.png"):
+            assert (v2.path / same).read_bytes() == (full.path / same).read_bytes(), same
+        state = f"state/tiles/{stem}.npz"
+        assert new[state] == old[state] and _same_items(v2.path / state, full.path / state)
+        assert name in {Path(k).name for k in new}
+    # the point-cloud map lists every tile, carried or written, and holds each file
+    meta = yaml.safe_load((v2.path / "pointcloud_map_metadata.yaml").read_text())
+    assert meta == yaml.safe_load((full.path / "pointcloud_map_metadata.yaml").read_text())
+    pcds = [k for k in meta if k.endswith(".pcd")]
+    assert all((v2.path / "pointcloud_map" / k).is_file() for k in pcds)
+    kept_pcds = [k for k in pcds if new[f"pointcloud_map/{k}"] == old[f"pointcloud_map/{k}"]]
+    assert kept_pcds and all(
+        (v2.path / "pointcloud_map" / k).read_bytes()
+        == (full.path / "pointcloud_map" / k).read_bytes()
+        for k in kept_pcds
+    )
+    # the labels still cover the stretch only the first build's drive saw
+    end = Trajectory.read_tum(v2.path / "trajectory" / "second.tum").xyz[-20:, :2]
+    markings = read_geojson(v2.path / "semantic.geojson").markings
+    near = [m for m in markings if cKDTree(end).query(m.points[:, :2])[0].min() < 10]
+    assert near
 
 
 def test_files_mode_gives_the_same_map(

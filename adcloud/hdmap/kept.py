@@ -1,0 +1,153 @@
+"""What a map version keeps for the next build, and what a build carries over unchanged.
+
+An incremental build merges the new drives' tile statistics into the previous version's.
+A tile can change only where a new drive's sensor came within the grid's or the point-cloud
+map's ``max_range`` of it (points farther away are not used); every other tile is *carried*:
+its files are copied into the new version as they are, without merging, finishing or
+writing it again. A nightly build's tile work therefore follows the new drives, not the
+size of the map. (The label stage still reads the tiles along every drive's roads, and
+extracts the labels of the whole map again.)
+
+A version keeps, per grid tile ``<x>_<y>``: ``grid/<x>_<y>.tif`` and its preview
+``grid/preview/<x>_<y>.png``, and its statistics ``state/tiles/<x>_<y>.npz``; per
+point-cloud tile: ``pointcloud_map/<name>.pcd`` (listed in ``pointcloud_map_metadata.yaml``)
+and ``state/cloud/<x>_<y>.npz``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from adcloud.hdmap.errors import MapFormatError
+from adcloud.hdmap.geotiff import tile_file_name
+from adcloud.hdmap.grid import TileKey
+from adcloud.hdmap.pcmap import METADATA_FILE, TILE_DIR, read_pointcloud_metadata
+
+__all__ = ["GRID_DIR", "STATE_CLOUD", "STATE_TILES", "KeptVersion", "keys_within"]
+
+log = logging.getLogger(__name__)
+
+#: Where grid tiles (GeoTIFF) go in a map version.
+GRID_DIR = "grid"
+#: Where a map version keeps its merged tile statistics (for the next incremental build).
+STATE_TILES = "state/tiles"
+#: ... and its point-cloud tiles' voxel sums.
+STATE_CLOUD = "state/cloud"
+
+
+def keys_within(xy: NDArray[np.float64], tile_size: float, reach: float) -> frozenset[TileKey]:
+    """Keys of the ``tile_size`` tiles that hold a point within ``reach`` m (horizontally) of
+    any of the map-frame positions ``xy`` (n, 2): every tile meeting the square of side
+    ``2 * reach`` around one (a superset of the disk)."""
+    pts = np.asarray(xy, dtype=np.float64).reshape(-1, 2)
+    if not len(pts):
+        return frozenset()
+    lo = np.floor((pts - reach) / tile_size).astype(np.int64)
+    hi = np.floor((pts + reach) / tile_size).astype(np.int64)
+    span = int((hi - lo).max()) + 1
+    steps = np.arange(span)
+    keys: set[TileKey] = set()
+    for dx in steps:
+        for dy in steps:
+            cand = lo + np.array([dx, dy])
+            ok = (cand <= hi).all(axis=1)
+            keys.update(map(tuple, np.unique(cand[ok], axis=0).tolist()))
+    return frozenset(keys)
+
+
+def _key_of(stem: str, path: Path) -> TileKey:
+    x, _, y = stem.partition("_")
+    try:
+        return int(x), int(y)
+    except ValueError:
+        raise MapFormatError(
+            f"{path}: not a tile file name (<x>_<y>); the map version is damaged"
+        ) from None
+
+
+@dataclass(frozen=True)
+class KeptVersion:
+    """The previous version of a map, in a local directory ``root`` (its own directory for
+    a map on a local filesystem, a downloaded copy otherwise)."""
+
+    root: Path
+
+    def tile_state(self) -> dict[TileKey, Path]:
+        """Each grid tile's kept statistics file, by key."""
+        return self._state(STATE_TILES)
+
+    def cloud_state(self) -> dict[TileKey, Path]:
+        """Each point-cloud tile's kept voxel sums file, by key."""
+        return self._state(STATE_CLOUD)
+
+    def _state(self, folder: str) -> dict[TileKey, Path]:
+        where = self.root / folder
+        if not where.is_dir():
+            return {}
+        return {_key_of(p.stem, p): p for p in sorted(where.glob("*.npz"))}
+
+    def grid_tile(self, key: TileKey) -> Path:
+        """The GeoTIFF of grid tile ``key``."""
+        return self.root / GRID_DIR / tile_file_name(key)
+
+    def carry_grid(self, keys: Iterable[TileKey], out_dir: Path) -> list[TileKey]:
+        """Copy the files of grid tiles ``keys`` into the version being built in ``out_dir``;
+        returns the keys carried (sorted)."""
+        carried = sorted(keys)
+        for key in carried:
+            name = tile_file_name(key)
+            preview = Path(name).with_suffix(".png").name
+            for rel in (
+                f"{GRID_DIR}/{name}",
+                f"{GRID_DIR}/preview/{preview}",
+                f"{STATE_TILES}/{key[0]}_{key[1]}.npz",
+            ):
+                self._copy(rel, out_dir)
+        if carried:
+            log.info("%d grid tiles out of the new drives' reach carried as they are", len(carried))
+        return carried
+
+    def carry_clouds(
+        self, keys: Iterable[TileKey], tile_size: float, out_dir: Path
+    ) -> list[tuple[str, tuple[float, float]]]:
+        """Copy the files of point-cloud tiles ``keys`` (of ``tile_size`` m) into ``out_dir``;
+        returns their metadata entries ``(file name, (x_min, y_min))``."""
+        wanted = set(keys)
+        if not wanted:
+            return []
+        meta_path = self.root / METADATA_FILE
+        meta = read_pointcloud_metadata(meta_path)
+        if not math.isclose(meta.x_resolution, tile_size):
+            raise MapFormatError(
+                f"{meta_path}: point-cloud tiles of {meta.x_resolution:g} m, and this build's "
+                f"are {tile_size:g} m; build the map again from its bags to change the size"
+            )
+        entries = []
+        for name, (x_min, y_min) in meta.tiles.items():
+            key = (math.floor(x_min / tile_size + 0.5), math.floor(y_min / tile_size + 0.5))
+            if key in wanted:
+                self._copy(f"{TILE_DIR}/{name}", out_dir)
+                entries.append((name, (x_min, y_min)))
+        for key in sorted(wanted):
+            self._copy(f"{STATE_CLOUD}/{key[0]}_{key[1]}.npz", out_dir)
+        log.info("%d point-cloud tiles out of the new drives' reach carried", len(wanted))
+        return entries
+
+    def _copy(self, rel: str, out_dir: Path) -> None:
+        source = self.root / rel
+        if not source.is_file():
+            raise MapFormatError(
+                f"{source}: missing from the previous version; the map version is damaged "
+                "(build the map again from its bags)"
+            )
+        target = out_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)

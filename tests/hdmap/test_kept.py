@@ -1,0 +1,79 @@
+"""What a map version keeps for the next build: the tiles within a new drive's reach, and
+the files of the others carried into a new version (the whole build:
+``test_build.py::test_a_new_drive_rewrites_only_the_tiles_it_reaches``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adcloud.hdmap.errors import MapFormatError
+from adcloud.hdmap.kept import KeptVersion, keys_within
+from adcloud.hdmap.pcmap import MapCloud, PointCloudMapSettings, write_pointcloud_map
+
+
+def test_keys_within_reach_are_every_tile_the_square_around_a_point_meets() -> None:
+    rng = np.random.default_rng(6)
+    xy = rng.uniform(-100.0, 100.0, (40, 2))
+    size, reach = 20.0, 31.0
+    got = keys_within(xy, size, reach)
+    expected = set()
+    for kx in range(-10, 10):
+        for ky in range(-10, 10):
+            x0, y0 = kx * size, ky * size
+            meets = (
+                (xy[:, 0] + reach >= x0)
+                & (xy[:, 0] - reach < x0 + size)
+                & (xy[:, 1] + reach >= y0)
+                & (xy[:, 1] - reach < y0 + size)
+            )
+            if meets.any():
+                expected.add((kx, ky))
+    assert got == expected
+    assert keys_within(np.array([[10.0, 10.0]]), 20.0, 5.0) == {(0, 0)}
+    assert keys_within(np.zeros((0, 2)), 20.0, 5.0) == frozenset()
+
+
+def _version(root: Path) -> KeptVersion:
+    """A version with two grid tiles and two point-cloud tiles (one without points)."""
+    for key in ((0, 0), (3, -2)):
+        name = f"{key[0]}_{key[1]}"
+        for rel in (f"grid/{name}.tif", f"grid/preview/{name}.png", f"state/tiles/{name}.npz"):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(f"{rel} of the old version".encode())
+        (root / "state" / "cloud").mkdir(parents=True, exist_ok=True)
+        (root / "state" / "cloud" / f"{name}.npz").write_bytes(b"voxel sums")
+    clouds = {
+        (0, 0): MapCloud((0, 0), np.ones((3, 3)), np.ones(3, np.float32)),
+        (3, -2): MapCloud((3, -2), np.zeros((0, 3)), np.zeros(0, np.float32)),
+    }
+    write_pointcloud_map(clouds, root, PointCloudMapSettings())
+    return KeptVersion(root)
+
+
+def test_carried_tiles_are_copied_with_their_state(tmp_path: Path) -> None:
+    kept = _version(tmp_path / "old")
+    assert sorted(kept.tile_state()) == [(0, 0), (3, -2)]
+    out = tmp_path / "new"
+    assert kept.carry_grid([(3, -2)], out) == [(3, -2)]
+    copied = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert copied == ["grid/3_-2.tif", "grid/preview/3_-2.png", "state/tiles/3_-2.npz"]
+    assert (out / "grid" / "3_-2.tif").read_bytes() == b"grid/3_-2.tif of the old version"
+    entries = kept.carry_clouds([(0, 0), (3, -2)], 20.0, out)
+    assert entries == [("0_0.pcd", (0.0, 0.0))]  # the empty tile has state and no file
+    assert (out / "pointcloud_map" / "0_0.pcd").is_file()
+    assert (out / "state" / "cloud" / "3_-2.npz").read_bytes() == b"voxel sums"
+
+
+def test_a_damaged_previous_version_is_named(tmp_path: Path) -> None:
+    kept = _version(tmp_path / "old")
+    (tmp_path / "old" / "grid" / "preview" / "0_0.png").unlink()
+    with pytest.raises(MapFormatError, match=r"preview/0_0\.png: missing from the previous"):
+        kept.carry_grid([(0, 0)], tmp_path / "new")
+    with pytest.raises(MapFormatError, match="point-cloud tiles of 20 m, and this build's are 25"):
+        kept.carry_clouds([(0, 0)], 25.0, tmp_path / "new")
+    (tmp_path / "old" / "state" / "tiles" / "x_y.npz").write_bytes(b"")
+    with pytest.raises(MapFormatError, match=r"x_y\.npz: not a tile file name"):
+        kept.tile_state()
