@@ -52,7 +52,7 @@ from adcloud.hdmap.exchange import dump_items, load_items
 from adcloud.hdmap.geotiff import read_grid_tile, write_mosaic
 from adcloud.hdmap.grid import GridTile, coarsen_tile, overview_factor
 from adcloud.hdmap.job import PipelineResult, StageSettings, run_pipeline
-from adcloud.hdmap.kept import GRID_DIR, KeptVersion
+from adcloud.hdmap.kept import GRID_DIR, TILE_SETTINGS, KeptVersion, tile_settings
 from adcloud.hdmap.labels import lane_centerlines, markings_from_paint, reference_lines
 from adcloud.hdmap.lanelet import LaneletSummary, write_lanelet2, write_map_projector_info
 from adcloud.hdmap.loops import KeyframeArchive
@@ -346,6 +346,7 @@ def _write_version(
     (out / "settings.json").write_text(
         json.dumps({"hdmap": settings_dict(settings)}, indent=2, default=str) + "\n"
     )
+    (out / TILE_SETTINGS).write_text(json.dumps(tile_settings(stages.grid, stages.cloud)))
     inputs = {name: d.uri for name, d in result.drives.items()}
     _write_report(out, trajectories, _report_grid(result.overview), published, lanelets, inputs)
     return _semantic_counts(published, lanelets)
@@ -452,7 +453,11 @@ def build_map(
             out,
             origin=origin,
             exchange_dir=exchange_dir,
-            previous=KeptVersion(parent_root) if parent_root is not None else None,
+            previous=(
+                KeptVersion.of(parent_root, stages.grid, stages.cloud, carry=settings.carry_tiles)
+                if parent_root is not None
+                else None
+            ),
             corridor_trajectories=previous_traj,
             previous_keyframes=archive,
             stages=stages,

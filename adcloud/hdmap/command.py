@@ -48,6 +48,8 @@ def _settings(args: argparse.Namespace) -> Any:
         overrides["mode"] = args.mode
     if args.device:
         overrides["device"] = args.device
+    if getattr(args, "merge_all_tiles", False):
+        overrides["carry_tiles"] = False
     return load_settings(HdmapSettings, "hdmap", file=args.config, **overrides)
 
 
@@ -195,6 +197,13 @@ def add_parser(subparsers: Any) -> None:
     build.add_argument("--mode", choices=["memory", "files"], help="stage hand-over (memory)")
     build.add_argument("--device", help="OpenCL device address for ICP and rasterizing")
     build.add_argument("--config", help="YAML/JSON settings file (section hdmap)")
+    build.add_argument(
+        "--merge-all-tiles",
+        action="store_true",
+        help="merge and write every tile again, not only those the new drives reach "
+        "(hdmap.carry_tiles=false; done by itself when the grid or point-cloud settings "
+        "changed since the previous version)",
+    )
     build.add_argument(
         "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
     )

@@ -41,6 +41,9 @@ class HdmapSettings:
       the stage folders made there are deleted when the build ends; on a multi-host cluster
       ``exchange_dir`` must be a directory every host mounts).
     - ``keep_versions``: map versions kept by the nightly build's garbage collection.
+    - ``carry_tiles``: an incremental build copies the tiles out of the new drives' reach
+      as they are (:mod:`adcloud.hdmap.kept`); False merges and writes every tile again
+      (as a build does by itself when the grid or point-cloud settings changed).
     - ``mounts``: sensor mounts ``"FRAME=x,y,z,roll,pitch,yaw"`` (m, degrees; the
       ``base_link <- FRAME`` transform, rotation as extrinsic xyz Euler angles). They fill
       in for ``/tf_static`` and override its chains of the same frames (see
@@ -63,6 +66,7 @@ class HdmapSettings:
     exchange_dir: str = ""
     keep_versions: int = 5
     mounts: tuple[str, ...] = ()
+    carry_tiles: bool = True
 
     def __post_init__(self) -> None:
         # The settings loader splits a string on commas, which also separate the values

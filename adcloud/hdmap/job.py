@@ -883,11 +883,15 @@ class _Reach:
     ) -> _Reach:
         if previous is None:
             return cls(KeptTiles(), frozenset(), KeptTiles(), frozenset())
-        sensors = np.array(aligned.map(lambda a: a.sensor[:2]).collect(), np.float64)
+        sensors = np.zeros((0, 2))
+        if previous.carry:
+            sensors = np.array(aligned.map(lambda a: a.sensor[:2]).collect(), np.float64)
 
         def split(
             state: dict[tuple[int, int], Path], size: float, radius: float
         ) -> tuple[KeptTiles, frozenset[tuple[int, int]]]:
+            if not previous.carry:
+                return KeptTiles(tuple(str(state[k]) for k in sorted(state))), frozenset()
             near = keys_within(sensors, size, radius + _REACH_MARGIN_M)
             kept = KeptTiles(tuple(str(state[k]) for k in sorted(state) if k in near))
             return kept, frozenset(k for k in state if k not in near)

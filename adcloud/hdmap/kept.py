@@ -16,22 +16,38 @@ and ``state/cloud/<x>_<y>.npz``.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from adcloud.config import settings_dict
 from adcloud.hdmap.errors import MapFormatError
 from adcloud.hdmap.geotiff import tile_file_name
-from adcloud.hdmap.grid import TileKey
-from adcloud.hdmap.pcmap import METADATA_FILE, TILE_DIR, read_pointcloud_metadata
+from adcloud.hdmap.grid import GridSettings, TileKey
+from adcloud.hdmap.pcmap import (
+    METADATA_FILE,
+    TILE_DIR,
+    PointCloudMapSettings,
+    read_pointcloud_metadata,
+)
 
-__all__ = ["GRID_DIR", "STATE_CLOUD", "STATE_TILES", "KeptVersion", "keys_within"]
+__all__ = [
+    "GRID_DIR",
+    "STATE_CLOUD",
+    "STATE_TILES",
+    "TILE_SETTINGS",
+    "KeptVersion",
+    "keys_within",
+    "tile_settings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +89,56 @@ def _key_of(stem: str, path: Path) -> TileKey:
         ) from None
 
 
+#: The settings the tiles of a version were finished with: a later build carries tiles only
+#: when its own are the same.
+TILE_SETTINGS = "state/tile_settings.json"
+
+
+def tile_settings(grid: GridSettings, cloud: PointCloudMapSettings) -> dict[str, Any]:
+    """The settings that shape finished tiles, as :data:`TILE_SETTINGS` keeps them."""
+    return {"grid": settings_dict(grid), "cloud": settings_dict(cloud)}
+
+
 @dataclass(frozen=True)
 class KeptVersion:
     """The previous version of a map, in a local directory ``root`` (its own directory for
-    a map on a local filesystem, a downloaded copy otherwise)."""
+    a map on a local filesystem, a downloaded copy otherwise). ``carry``: whether a build
+    may carry its tiles (False: every tile is merged again)."""
 
     root: Path
+    carry: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        root: Path,
+        grid: GridSettings,
+        cloud: PointCloudMapSettings,
+        *,
+        carry: bool = True,
+    ) -> KeptVersion:
+        """The version at ``root``, carrying tiles only if ``carry`` and its tiles were
+        finished with the settings ``grid`` and ``cloud`` (read from :data:`TILE_SETTINGS`;
+        a version written before it was kept carries nothing)."""
+        if not carry:
+            log.info("every tile is merged again (hdmap.carry_tiles is off)")
+            return cls(root, carry=False)
+        path = root / TILE_SETTINGS
+        try:
+            kept = json.loads(path.read_text())
+        except FileNotFoundError:
+            log.info("%s: no record of the tiles' settings; every tile is merged again", root)
+            return cls(root, carry=False)
+        except ValueError as err:
+            raise MapFormatError(f"{path}: not JSON ({err}); the map version is damaged") from err
+        if kept != json.loads(json.dumps(tile_settings(grid, cloud))):
+            log.warning(
+                "the grid or point-cloud settings changed since %s: every tile is merged and "
+                "written again with the new ones",
+                root,
+            )
+            return cls(root, carry=False)
+        return cls(root)
 
     def tile_state(self) -> dict[TileKey, Path]:
         """Each grid tile's kept statistics file, by key."""

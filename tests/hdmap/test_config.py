@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
+from adcloud.cli import build_parser
 from adcloud.config import load_settings
 from adcloud.errors import ConfigError
+from adcloud.hdmap.command import _settings
 from adcloud.hdmap.config import HdmapSettings, parse_mounts
 
 
@@ -71,3 +73,14 @@ def test_mounts_from_the_environment_and_a_file(tmp_path: Path) -> None:
 
 def test_default_has_no_mounts() -> None:
     assert HdmapSettings().mounts == () and HdmapSettings().extrinsics == {}
+
+
+def test_merge_all_tiles_turns_carrying_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--merge-all-tiles`` and ``ADCLOUD_HDMAP_CARRY_TILES`` both reach the setting."""
+    monkeypatch.delenv("ADCLOUD_HDMAP_CARRY_TILES", raising=False)
+    build = ["hdmap", "build", "--bags", "drives/", "--map", "maps/city"]
+    assert _settings(build_parser().parse_args(build)).carry_tiles is True
+    args = build_parser().parse_args([*build, "--merge-all-tiles"])
+    assert _settings(args).carry_tiles is False
+    monkeypatch.setenv("ADCLOUD_HDMAP_CARRY_TILES", "false")
+    assert _settings(build_parser().parse_args(build)).carry_tiles is False

@@ -4,13 +4,17 @@ the files of the others carried into a new version (the whole build:
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from adcloud.hdmap.errors import MapFormatError
-from adcloud.hdmap.kept import KeptVersion, keys_within
+from adcloud.hdmap.grid import GridSettings
+from adcloud.hdmap.kept import TILE_SETTINGS, KeptVersion, keys_within, tile_settings
 from adcloud.hdmap.pcmap import MapCloud, PointCloudMapSettings, write_pointcloud_map
 
 
@@ -77,3 +81,21 @@ def test_a_damaged_previous_version_is_named(tmp_path: Path) -> None:
     (tmp_path / "old" / "state" / "tiles" / "x_y.npz").write_bytes(b"")
     with pytest.raises(MapFormatError, match=r"x_y\.npz: not a tile file name"):
         kept.tile_state()
+
+
+def test_tiles_are_carried_only_with_the_settings_they_were_finished_with(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    grid, cloud = GridSettings(), PointCloudMapSettings()
+    root = tmp_path / "old"
+    assert not KeptVersion.of(root, grid, cloud).carry  # written before the record was kept
+    (root / "state").mkdir(parents=True)
+    (root / TILE_SETTINGS).write_text(json.dumps(tile_settings(grid, cloud)))
+    assert KeptVersion.of(root, grid, cloud).carry
+    assert not KeptVersion.of(root, grid, cloud, carry=False).carry
+    with caplog.at_level(logging.WARNING, logger="adcloud.hdmap.kept"):
+        assert not KeptVersion.of(root, dataclasses.replace(grid, max_spread=0.2), cloud).carry
+    assert "every tile is merged and written again" in caplog.text
+    (root / TILE_SETTINGS).write_text("{")
+    with pytest.raises(MapFormatError, match=r"tile_settings\.json: not JSON"):
+        KeptVersion.of(root, grid, cloud)
