@@ -8,16 +8,21 @@ Baselines, in the same run and on the same data:
   at equal or better error (target >= 1x);
 - KISS-ICP LiDAR odometry: its ATE next to the build's trajectory ATE;
 - the whole build of a one-minute 32-beam drive (target <= 60 s on 2 cores);
-- the build on a standalone cluster with 2 executors against 1 (target >= 1.7x).
+- the build on a standalone cluster with 2 executors against 1 (target >= 1.7x);
+- a nightly build adding a short drive to the map of the long one: tiles out of the new
+  drive's reach carried as they are, against the same build merging every tile again
+  (``hdmap.carry_tiles=false``, what every build did before) -- reported.
 
     .venv/bin/python benchmarks/bench_hdmap.py              # everything (~10 min on 2 cores)
     .venv/bin/python benchmarks/bench_hdmap.py --beams 16   # a cheaper drive
     .venv/bin/python benchmarks/bench_hdmap.py --skip-cluster --skip-modes
+    .venv/bin/python benchmarks/bench_hdmap.py --nightly-only
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
 import shutil
@@ -216,6 +221,44 @@ def bench_cluster(bag: Path, work: Path, rounds: int) -> None:
     )
 
 
+def bench_nightly(cfg: DriveConfig, bag: Path, work: Path, seconds: float) -> None:
+    """The map of ``bag``, then a nightly build adding a ``seconds`` drive of the same world
+    (its first stretch): carrying the tiles out of its reach against merging them all."""
+    night = generate_drive(dataclasses.replace(cfg, seconds=seconds), work / "night.bag")
+    spark = _session("local[2]")
+    base = work / "nightly-base"
+    build_map(spark, str(bag), str(base))
+    times: dict[bool, float] = {}
+    for carry in (True, False):
+        target = work / f"nightly-{carry}"
+        shutil.copytree(base, target)
+        started = time.perf_counter()
+        summary = build_map(
+            spark, [str(bag), str(night.bag)], str(target), HdmapSettings(carry_tiles=carry)
+        )
+        times[carry] = time.perf_counter() - started
+        t = summary.timings
+        before = {p.name: p.stat().st_mtime_ns for p in (base / "versions").rglob("grid/*.tif")}
+        version = summary.result.version
+        assert version is not None and version.path is not None
+        grid = sorted(version.path.glob("grid/*.tif"))
+        carried = sum(before.get(p.name) == p.stat().st_mtime_ns for p in grid)
+        print(
+            f"nightly build, {'carrying' if carry else 'merging every tile'}: "
+            f"{times[carry]:.1f} s (grid {t['grid']:.1f}, cloud {t['cloud']:.1f}, labels and "
+            f"outputs {t['labels+outputs']:.1f}); {carried} of {len(grid)} grid tiles carried; "
+            f"load {_load()}",
+            flush=True,
+        )
+        shutil.rmtree(target, ignore_errors=True)
+    print(
+        f"nightly build of a {seconds:.0f} s drive into the map: {times[True]:.1f} s carrying "
+        f"vs {times[False]:.1f} s merging every tile -> {times[False] / times[True]:.2f}x "
+        "(reported)"
+    )
+    spark.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--beams", type=int, default=32, help="LiDAR beams of the drive (32)")
@@ -227,7 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-kiss", action="store_true", help="no KISS-ICP baseline")
     parser.add_argument("--skip-build", action="store_true", help="no build/accuracy/modes")
     parser.add_argument("--skip-icp", action="store_true", help="no OpenCL vs Open3D ICP")
+    parser.add_argument("--skip-nightly", action="store_true", help="no nightly-build figure")
+    parser.add_argument("--nightly-only", action="store_true", help="only the nightly-build figure")
+    parser.add_argument(
+        "--night-seconds", type=float, default=10.0, help="the nightly drive's length (10 s)"
+    )
     args = parser.parse_args(argv)
+    if args.nightly_only:
+        args.skip_build = args.skip_icp = args.skip_kiss = args.skip_cluster = True
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bench-hdmap-") as tmp:
         work = Path(tmp)
@@ -250,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_kiss(drive.bag, drive.truth, figures.get("ate_m", float("nan")))
         if not args.skip_cluster:
             bench_cluster(drive.bag, work, args.rounds)
+        if not args.skip_nightly:
+            bench_nightly(cfg, drive.bag, work, args.night_seconds)
     return 0
 
 
