@@ -634,11 +634,7 @@ def _tile_labels(
     *,
     grid: GridSettings,
     plan: Broadcast[_LabelPlan],
-) -> list[
-    tuple[
-        tuple[tuple[int, int], TransientPatches | None, GridTile | None, TilePaint | None], Shipped
-    ]
-]:
+) -> list[tuple[TileResult, Shipped]]:
     """Executor: one tile's result from the records of :func:`_tile_sink` (or
     :func:`_carried_records`: no patches, nothing written), with its paint cells when it lies
     along the roads (:func:`_tile_paint`); nothing for a key that only received neighbours'

@@ -40,6 +40,7 @@ from adcloud.hdmap.labels import (
 )
 from adcloud.hdmap.tilelayers import TileLayers
 from adcloud.hdmap.trajectory import Trajectory
+from tests.hdmap.test_evaluate import grid_tile
 
 ORIGIN = (37.3875, -122.0575, 12.0)
 
@@ -48,21 +49,11 @@ def _tile(key: tuple[int, int], grid: GridSettings, rng: np.random.Generator) ->
     """A tile with random ground: 30 % of its cells unobserved."""
     n = grid.tile_cells
     seen = rng.random((n, n)) > 0.3
-    count = np.where(seen, rng.integers(1, 6, (n, n)), 0).astype(np.int32)
     elevation = np.where(seen, rng.normal(0.0, 0.2, (n, n)), np.nan).astype(np.float32)
     reflectance = np.where(seen, rng.uniform(5, 200, (n, n)), np.nan).astype(np.float32)
-    return GridTile(
-        key=key,
-        origin=grid.tile_origin(key),
-        resolution=grid.resolution,
-        elevation_mean=elevation,
-        elevation_min=elevation,
-        elevation_max=elevation,
-        count=count,
-        reflectance_mean=reflectance,
-        scans=count,
-        obstacle_top=np.full((n, n), np.nan, np.float32),
-    )
+    tile = grid_tile(key, elevation, reflectance)
+    assert tile.origin == grid.tile_origin(key) and tile.resolution == grid.resolution
+    return tile
 
 
 def _one_array(tiles: dict[tuple[int, int], GridTile], grid: GridSettings) -> GridLayers:
