@@ -360,11 +360,12 @@ def write_mosaic(
     path: str | os.PathLike[str],
     layer: str = "elevation_mean",
     *,
-    max_pixels: int = 2048,
+    max_pixels: int = 1024,
     title: str | None = None,
 ) -> Path:
     """One PNG of ``layer`` over all ``tiles`` (north up, axes in map-frame metres, with a
-    colorbar), block-averaged so its larger side is at most ``max_pixels`` cells."""
+    colorbar), block-averaged so its larger side is at most ``max_pixels`` cells (the
+    figure is 960 pixels wide: finer cells would be dropped unaveraged)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
 

@@ -952,7 +952,7 @@ def coarsen_tile(tile: GridTile, factor: int) -> GridTile:
     )
 
 
-def overview_factor(keys: Sequence[TileKey], tile_cells: int, max_pixels: int = 2048) -> int:
+def overview_factor(keys: Sequence[TileKey], tile_cells: int, max_pixels: int = 1024) -> int:
     """The coarsening (a divisor of ``tile_cells``) at which the tiles ``keys`` still give a
     picture of at least about ``max_pixels`` along the longer side of their bounding box:
     the largest divisor not above ``ceil(side / max_pixels)``."""

@@ -56,7 +56,9 @@ PREVIEW_NAME = "map_preview.png"
 ATE_NAME = "ate.png"
 ELEVATION_NAME = "elevation_error.png"
 EVAL_JSON_NAME = "eval.json"
-_MAX_PIXELS = 1600  # longest side of a mosaic as drawn; larger grids are block-averaged
+# Longest side of a mosaic as drawn; larger grids are block-averaged (a panel is ~600 px
+# wide on the page: more cells would only be dropped by matplotlib, unaveraged).
+_MAX_PIXELS = 1024
 _DPI = 110
 
 _STYLE = """

@@ -189,7 +189,8 @@ def test_coarse_tiles_keep_counts_and_means() -> None:
     with pytest.raises(HdmapError, match="must be >= 1 and divide"):
         coarsen_tile(tile, 3)
     assert overview_factor([(0, 0)], 400) == 1
-    assert overview_factor([(0, 0), (10, 0)], 400) == 2  # 4400 cells: at least 2048 px
+    assert overview_factor([(0, 0), (10, 0)], 400) == 5  # 4400 cells: at least 1024 px
+    assert overview_factor([(0, 0), (10, 0)], 400, max_pixels=2048) == 2
     assert overview_factor([(0, 0), (5000, 0)], 400) == 400
 
 
