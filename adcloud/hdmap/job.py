@@ -760,11 +760,12 @@ def _cloud_sink(
     settings: PointCloudMapSettings,
     grid: GridSettings,
     patches: Broadcast[dict[tuple[int, int], TransientPatches]],
-) -> tuple[tuple[str, tuple[float, float]] | None, Shipped]:
+) -> tuple[tuple[tuple[int, int], tuple[str, tuple[float, float]] | None], Shipped]:
     """Executor: keep a merged point-cloud tile's voxel sums, write its PCD file without
     the points that stood where the grid saw only passing things (no ghosts of moving cars;
     the kept sums are unfiltered, so a later build judges them again with more scans).
-    Returns the tile's metadata entry, and its files when it could not write them in place."""
+    Returns the tile's key and metadata entry (None: no points), and its files when it could
+    not write them in place."""
     key, partial = item
     cloud = finalize_cloud(partial)
     transient = patches.value.get(key)
@@ -775,11 +776,11 @@ def _cloud_sink(
         log.debug("point-cloud tile %s: %d transient points dropped", key, int((~keep).sum()))
         cloud = MapCloud(cloud.key, cloud.xyz[keep], cloud.intensity[keep])
 
-    def write(root: Path) -> tuple[str, tuple[float, float]] | None:
+    def write(root: Path) -> tuple[tuple[int, int], tuple[str, tuple[float, float]] | None]:
         state = root / STATE_CLOUD
         state.mkdir(parents=True, exist_ok=True)
         dump_items([partial], state / f"{key[0]}_{key[1]}.npz")
-        return write_cloud_tile(cloud, root, settings)
+        return key, write_cloud_tile(cloud, root, settings)
 
     return _write_or_ship(out, token, write)
 
@@ -895,6 +896,19 @@ class _Reach:
         tiles, carried_tiles = split(previous.tile_state(), grid.tile_size, grid.max_range)
         clouds, carried_clouds = split(previous.cloud_state(), cloud.tile_size, cloud.max_range)
         return cls(tiles, carried_tiles, clouds, carried_clouds)
+
+
+def _check_carried(written: Iterable[tuple[int, int]], carried: Iterable[Any], what: str) -> None:
+    """Fail the build if a tile was written although it was carried unchanged (the reach is
+    a superset of the tiles new points can land in, so this is never expected: loud, and
+    before anything is committed, rather than a tile that silently lost data)."""
+    both = sorted(set(written) & set(carried))
+    if both:
+        raise HdmapError(
+            f"{what} tiles {both[:5]} got new points but were carried from the previous "
+            "version unchanged; nothing is committed. Report this, and build the map again "
+            "with --merge-all-tiles (hdmap.carry_tiles=false) in the meantime"
+        )
 
 
 @dataclass
@@ -1042,13 +1056,7 @@ def run_pipeline(
             carried=[key for key in carried if key in corridor],
         )
         exchange.drop(merged)
-        both = sorted(set(tiles.patches) & set(carried))
-        if both:  # the reach is a superset of the tiles points can land in: never expected
-            raise HdmapError(
-                f"grid tiles {both[:5]} got new points but were carried from the previous "
-                "version unchanged; nothing is committed. Report this, and build the map "
-                "again from its bags in the meantime"
-            )
+        _check_carried(tiles.patches, carried, "grid")
         written, keys = tiles.patches, sorted({*tiles.patches, *carried})
         timings["grid"] = time.perf_counter() - tick
         say(
@@ -1083,7 +1091,9 @@ def run_pipeline(
             grid=grid,
             patches=patches_b,
         )
-        entries = _run_sink(clouds, cloud_sink, Path(out_dir))
+        sunk = _run_sink(clouds, cloud_sink, Path(out_dir))
+        _check_carried([key for key, _ in sunk], reach.carried_clouds, "point-cloud")
+        entries = [entry for _, entry in sunk]
         if previous is not None:
             kept = previous.carry_clouds(reach.carried_clouds, cloud.tile_size, Path(out_dir))
         else:

@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 import adcloud.hdmap.job as job_module
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import DriveData
-from adcloud.hdmap.errors import DriveDataError
+from adcloud.hdmap.errors import DriveDataError, HdmapError
 from adcloud.hdmap.exchange import dump_items
 from adcloud.hdmap.grid import GridSettings, merge_many_partials, scan_partials
 from adcloud.hdmap.job import (
@@ -25,6 +25,7 @@ from adcloud.hdmap.job import (
     AlignedScan,
     KeptTiles,
     StageSettings,
+    _check_carried,
     _cloud_sink,
     _grid_stage,
     _label_plan,
@@ -101,7 +102,8 @@ def test_tiles_of_executors_that_do_not_see_the_output_reach_it(
             _cloud_sink, out=str(out), token=seen, settings=cloud, grid=grid, patches=no_patches
         )
         entries = _run_sink(clouds, sink, out)
-        assert all(e is not None for e in entries) and len(entries) == clouds.count()
+        assert all(e is not None for _, e in entries) and len(entries) == clouds.count()
+        assert sorted(k for k, _ in entries) == sorted(clouds.keys().collect())
         files = _files(out)
         assert files.pop(_MARKER) == token.encode()  # the driver removes it after the build
         outputs[where] = files
@@ -196,3 +198,11 @@ def test_executors_count_as_the_drivers_host_only_when_they_are(spark: SparkSess
 
     assert _on_one_host(context("127.0.0.1", "127.0.0.1"))  # a cluster on this machine
     assert not _on_one_host(context("127.0.0.1", "203.0.113.7"))  # one executor elsewhere
+
+
+def test_a_tile_both_carried_and_written_fails_the_build() -> None:
+    """New points in a tile the build carried unchanged would lose its earlier data: never
+    expected (the reach is a superset), and an error naming the tiles if it happens."""
+    _check_carried([(0, 0), (1, 0)], frozenset({(5, 5)}), "grid")  # disjoint: fine
+    with pytest.raises(HdmapError, match=r"point-cloud tiles \[\(1, 0\)\] got new points"):
+        _check_carried([(0, 0), (1, 0)], frozenset({(1, 0), (7, 7)}), "point-cloud")
