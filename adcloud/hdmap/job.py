@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
-from pyspark import RDD
+from pyspark import RDD, StorageLevel
 from pyspark.broadcast import Broadcast
 from pyspark.sql import SparkSession
 from scipy.spatial import cKDTree
@@ -485,14 +485,30 @@ def _run_sink(rdd: RDD[Any], sink: Callable[[Any], tuple[_T, Shipped]], out_dir:
 
 
 def _collect_shipped(rdd: RDD[tuple[_T, Shipped]], out_dir: Path) -> list[_T]:
-    """Driver: collect ``(result, shipped files)`` pairs, write the files, return the results."""
+    """Driver: collect ``(result, shipped files)`` pairs, write the files, return the results.
+
+    Executors on the driver's machine write their files in place and ship none, so their
+    pairs are collected at once. Executors on other hosts ship every file they write: their
+    pairs are computed in parallel and kept by Spark, then fetched one partition at a time,
+    so that the driver holds one partition's files, not the whole map's."""
+    if _on_one_host(rdd.context):
+        pairs: Iterable[tuple[_T, Shipped]] = rdd.collect()
+        kept = None
+    else:
+        kept = rdd.persist(StorageLevel.MEMORY_AND_DISK)
+        kept.count()
+        pairs = kept.toLocalIterator()
     results = []
-    for result, shipped in rdd.collect():
-        for rel, data in shipped:
-            dest = out_dir / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
-        results.append(result)
+    try:
+        for result, shipped in pairs:
+            for rel, data in shipped:
+                dest = out_dir / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(data)
+            results.append(result)
+    finally:
+        if kept is not None:
+            kept.unpersist()
     return results
 
 

@@ -70,11 +70,15 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("elsewhere", [False, True])
 def test_tiles_of_executors_that_do_not_see_the_output_reach_it(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, elsewhere: bool
 ) -> None:
     """An executor on another host (no shared filesystem) ships its tiles' files to the
-    driver, which writes them: the same files as executors writing them in place."""
+    driver, which writes them: the same files as executors writing them in place. With
+    executors registered on other hosts the driver fetches them a partition at a time."""
+    if elsewhere:
+        monkeypatch.setattr(job_module, "_on_one_host", lambda sc: False)
     rng = np.random.default_rng(3)
     xy = rng.uniform(-15.0, 15.0, (20_000, 2))  # ground around the sensor, over 4 tiles
     xyz = np.column_stack([xy, 0.02 * rng.standard_normal(len(xy))])
