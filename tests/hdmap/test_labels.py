@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from scipy import ndimage
+from scipy import ndimage, sparse
+from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
 from adcloud.hdmap.drive import read_drive
@@ -40,7 +41,7 @@ from adcloud.hdmap.semantic import (
     read_geojson,
     write_geojson,
 )
-from adcloud.hdmap.signs import SignSettings, TrafficSign, detect_signs
+from adcloud.hdmap.signs import SignSettings, TrafficSign, _clusters, detect_signs
 from adcloud.hdmap.trajectory import Trajectory
 from adcloud.synth import DriveConfig, Label, generate_drive, read_map, read_poses, read_raster
 
@@ -809,3 +810,28 @@ def test_bad_features_are_named(tmp_path: Path, feature: Any, message: str) -> N
 def test_parse_geojson_names_its_source() -> None:
     with pytest.raises(MapFormatError, match=r"^upload 7: "):
         parse_geojson({"type": "FeatureCollection"}, "upload 7")
+
+
+def _clusters_by_all_pairs(xyz: np.ndarray, radius: float) -> list[np.ndarray]:
+    """The reference: every pair of points within ``radius`` joined, components in order."""
+    close = np.linalg.norm(xyz[:, None, :] - xyz[None, :, :], axis=2) <= radius
+    _, labels = connected_components(sparse.csr_matrix(close), directed=False)
+    order = np.argsort(labels, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(labels[order])) + 1)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_sign_point_clusters_join_exactly_the_points_within_the_radius(seed: int) -> None:
+    """Clusters built from cubes are those of all point pairs: on clouds of scattered,
+    dense (a plate seen many times) and lattice points, whose distances hit the radius."""
+    rng = np.random.default_rng(seed)
+    radius = [0.3, 0.2, 0.1, 0.45][seed % 4]
+    plate = rng.normal([2.0, 0.0, 2.0], [0.01, 0.2, 0.2], (150, 3))
+    scattered = rng.uniform(0.0, 3.0, (120, 3))
+    lattice = np.round(rng.uniform(0.0, 2.0, (100, 3)), 1)
+    xyz = np.concatenate([plate, scattered, lattice])[rng.permutation(370)]
+    got = _clusters(xyz, radius)
+    expected = _clusters_by_all_pairs(xyz, radius)
+    assert len(got) == len(expected) > 1
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert _clusters(np.zeros((0, 3)), radius) == []
