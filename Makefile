@@ -15,9 +15,12 @@ demo: install
 	$(VENV)/bin/adcloud demo
 
 # Lint first (ruff, formatting, mypy --strict: ~1 min), then pytest, which exits non-zero on
-# failures and with 5 when no test was collected: any of them fails `make`.
+# failures and with 5 when no test was collected: any of them fails `make`. Two pytest-xdist
+# workers keep both cores busy (most tests use one); tests/conftest.py groups the tests so a
+# file's tests share a worker and the cluster's tests run last, in one worker.
+PYTEST_PARALLEL ?= -n 2 --dist loadgroup --no-loadscope-reorder
 test: install lint
-	$(PYTHON) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -q $(PYTEST_PARALLEL) --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check adcloud tests benchmarks

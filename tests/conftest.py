@@ -25,6 +25,14 @@ Markers
     Tests that use ``spark`` are marked ``spark`` and tests that use ``cluster`` or
     ``cluster_spark`` are marked ``cluster`` automatically, so ``-m "not cluster"`` works.
 
+Parallel runs
+    ``make test`` runs the suite in two pytest-xdist worker processes (``-n 2 --dist
+    loadgroup --no-loadscope-reorder``): each worker is one process with its own sessions,
+    so "one session per run" holds per worker.  Every test is put in an ``xdist_group``:
+    its file (module fixtures are built once), or ``cluster`` for every test that uses
+    ``cluster`` or ``cluster_spark``.  That group is collected last, so the worker that
+    takes it has run all its other tests by then, and the cluster starts once.
+
 Data
     ``shared_data`` is the directory of real third-party recordings next to the checkout
     (``../shared/data``; ``ADCLOUD_SHARED_DATA`` overrides it).  A missing directory fails
@@ -71,20 +79,33 @@ def _register_by_value(module: ModuleType | None) -> None:
     _PICKLED_BY_VALUE.add(module.__name__)
 
 
+def _uses_cluster(item: pytest.Item) -> int:
+    """0: no cluster; 1: ``cluster`` alone; 2: ``cluster_spark`` (runs after the others)."""
+    fixtures = getattr(item, "fixturenames", ())
+    if _CLUSTER_SESSION_FIXTURE in fixtures:
+        return 2
+    return int(any(name in fixtures for name in _CLUSTER_FIXTURES))
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     fixtures = getattr(item, "fixturenames", ())
     if _LOCAL_FIXTURE in fixtures:
         item.add_marker(pytest.mark.spark)
-    if any(name in fixtures for name in _CLUSTER_FIXTURES):
+    cluster = _uses_cluster(item)
+    if cluster:
         item.add_marker(pytest.mark.cluster)
+    # pytest-xdist's loadgroup: a file's tests stay together, the cluster's run last
+    group = "cluster" if cluster else item.nodeid.split("::", 1)[0]
+    item.add_marker(pytest.mark.xdist_group(group))
     if _LOCAL_FIXTURE in fixtures or _CLUSTER_SESSION_FIXTURE in fixtures:
         _register_by_value(getattr(item, "module", None))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Stable: everything else keeps its order; cluster-session tests go last (see above).
-    items.sort(key=lambda item: _CLUSTER_SESSION_FIXTURE in getattr(item, "fixturenames", ()))
+    # Stable: everything else keeps its order; cluster tests go last, those of the cluster
+    # session after those that use the cluster alone (see above).
+    items.sort(key=_uses_cluster)
 
 
 @pytest.hookimpl(tryfirst=True)
