@@ -100,6 +100,7 @@ METADATA_FILE = "pointcloud_map_metadata.yaml"
 _XY_BITS = 16
 _HUBER = 0.1  # m, adcloud.hetero.align's default
 _Z_OFFSET = 1 << 31
+_TILE_OFFSET = 1 << 30  # tile keys packed into one int64: tiles within +-2^30 of the origin
 
 
 # -- deskew -----------------------------------------------------------------------------------
@@ -394,17 +395,31 @@ def scan_cloud_partials(
     iy = np.clip(np.floor(local[:, 1] / v).astype(np.int64), 0, limit)
     iz = np.floor(centroids[:, 2] / v).astype(np.int64) + _Z_OFFSET
     packed = (iz << (2 * _XY_BITS)) | (iy << _XY_BITS) | ix
-    out: list[tuple[TileKey, CloudPartial]] = []
-    tiles, tile_of = np.unique(np.stack([tx, ty], axis=1), axis=0, return_inverse=True)
+    # One sort by (tile, voxel) for the whole scan instead of a np.unique per tile (a scan
+    # touches tens of tiles): each voxel gets its slot in the scan, and one bincount per
+    # column sums every tile at once. bincount adds a slot's values in the points' order,
+    # as a per-tile bincount did, so the sums are the same to the bit.
+    tiles, tile_of = np.unique(
+        ((tx + _TILE_OFFSET) << 32) | (ty + _TILE_OFFSET), return_inverse=True
+    )
     tile_of = tile_of.reshape(-1)
-    for i, (kx, ky) in enumerate(tiles.tolist()):
-        mine = tile_of == i
-        keys, slot = np.unique(packed[mine], return_inverse=True)
-        weights = counts[mine]
-        sums = np.zeros((len(keys), 4))
-        for c in range(4):
-            sums[:, c] = np.bincount(slot, weights=local[mine, c] * weights, minlength=len(keys))
-        key = (int(kx), int(ky))
+    order = np.lexsort((packed, tile_of))
+    sorted_tile, sorted_voxel = tile_of[order], packed[order]
+    first = np.ones(len(order), bool)
+    first[1:] = (sorted_tile[1:] != sorted_tile[:-1]) | (sorted_voxel[1:] != sorted_voxel[:-1])
+    slot = np.empty(len(order), np.int64)
+    slot[order] = np.cumsum(first) - 1
+    n_slots = int(first.sum())
+    voxel_keys = sorted_voxel[first]
+    count = np.bincount(slot, weights=counts, minlength=n_slots).astype(np.int64)
+    sums = np.empty((n_slots, 4))
+    for c in range(4):
+        sums[:, c] = np.bincount(slot, weights=local[:, c] * counts, minlength=n_slots)
+    bounds = np.searchsorted(sorted_tile[first], np.arange(len(tiles) + 1))
+    out: list[tuple[TileKey, CloudPartial]] = []
+    for i, packed_tile in enumerate(tiles.tolist()):
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        key = ((packed_tile >> 32) - _TILE_OFFSET, (packed_tile & 0xFFFFFFFF) - _TILE_OFFSET)
         out.append(
             (
                 key,
@@ -412,9 +427,9 @@ def scan_cloud_partials(
                     key=key,
                     tile_size=size,
                     voxel_size=v,
-                    voxels=keys,
-                    count=np.bincount(slot, weights=weights, minlength=len(keys)).astype(np.int64),
-                    sums=sums,
+                    voxels=voxel_keys[lo:hi],
+                    count=count[lo:hi],
+                    sums=sums[lo:hi],
                 ),
             )
         )

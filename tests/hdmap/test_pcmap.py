@@ -39,6 +39,7 @@ from adcloud.hdmap.pcmap import (
     write_pointcloud_map,
 )
 from adcloud.hdmap.trajectory import Trajectory
+from adcloud.hetero.voxel import voxel_downsample
 from adcloud.synth import (
     DriveConfig,
     Label,
@@ -252,6 +253,44 @@ def test_registration_rejects_bad_input() -> None:
 
 
 # -- the stitched map and its files --------------------------------------------------------------
+
+
+def test_scan_partials_hold_each_tiles_voxel_sums(
+    clouds: list[tuple[F64, NDArray[np.float32], F64]],
+) -> None:
+    """The partials of a scan are, tile by tile, the sums of its downsampled points grouped
+    by voxel key, to the bit (a plain per-tile reference with np.unique, in the points'
+    order), on tiles small enough that a scan touches tens of them."""
+    settings = PointCloudMapSettings(tile_size=7.0, voxel_size=0.2, min_range=0.0)
+    for xyz, intensity, sensor in clouds[::25]:
+        parts = scan_cloud_partials(xyz, intensity, settings, sensor_xyz=sensor, device="numpy")
+        assert len(parts) > 10
+        reach = np.hypot(*(xyz[:, :2] - sensor[:2]).T) <= settings.max_range
+        rows = np.column_stack([xyz[reach], intensity[reach].astype(np.float64)])
+        voxels = voxel_downsample(rows, settings.voxel_size, device="numpy")
+        pts, weights = voxels.points.astype(np.float64), voxels.counts.astype(np.int64)
+        tile = np.floor(pts[:, :2] / settings.tile_size).astype(np.int64)
+        expected = {}
+        for kx, ky in sorted(set(map(tuple, tile.tolist()))):
+            mine = (tile[:, 0] == kx) & (tile[:, 1] == ky)
+            local = pts[mine] - [kx * settings.tile_size, ky * settings.tile_size, 0, 0]
+            cell = np.floor(local[:, :3] / settings.voxel_size).astype(np.int64)
+            _, slot = np.unique(cell, axis=0, return_inverse=True)
+            slot = slot.reshape(-1)
+            sums = np.stack(
+                [np.bincount(slot, weights=local[:, c] * weights[mine]) for c in range(4)], 1
+            )
+            expected[(kx, ky)] = (np.bincount(slot, weights=weights[mine]), sums)
+        assert [key for key, _ in parts] == list(expected)
+        for key, part in parts:
+            assert part.key == key and all(type(k) is int for k in key)
+            count, sums = expected[key]
+            # the same voxels (the keys pack z, y, x; compare as sets of sums)
+            assert np.array_equal(np.sort(part.count), np.sort(count.astype(np.int64)))
+            order_a = np.lexsort(part.sums.T[::-1])
+            order_b = np.lexsort(sums.T[::-1])
+            assert np.array_equal(part.sums[order_a], sums[order_b])
+            assert np.all(part.voxels[1:] > part.voxels[:-1])  # sorted, each voxel once
 
 
 def test_cloud_merge_order_does_not_matter(
