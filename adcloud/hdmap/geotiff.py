@@ -193,7 +193,10 @@ def write_grid_tile(tile: GridTile, path: str | os.PathLike[str], origin: MapOri
         bands,
         photometric="minisblack",
         planarconfig="separate",
+        # zlib level 1: on the loop drive's tiles 48 ms a tile against 111 ms at zlib's
+        # default 6, for files ~10% larger (0.97 vs 0.88 MB); any reader inflates either
         compression="zlib",
+        compressionargs={"level": 1},
         metadata=None,
         extratags=extratags,
     )
