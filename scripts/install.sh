@@ -124,6 +124,11 @@ else
     echo "$stamp_value" >"$STAMP"
 fi
 
+# Byte-compile the checkout: Spark's Python workers and every CLI process import adcloud, and
+# where PYTHONDONTWRITEBYTECODE is set (as on CI machines) nothing else writes these caches, so
+# each process would compile the sources again. Files already up to date are skipped.
+quietly "$VENV/bin/python" -m compileall -q -j 0 "$ROOT/adcloud"
+
 # -- summary ----------------------------------------------------------------------------------------
 ros="not installed (ADCLOUD_SKIP_APT=1)"
 if installed python3-rospy 2>/dev/null; then

@@ -14,19 +14,49 @@
 
 from __future__ import annotations
 
-from adcloud.hdmap.build import BuildSummary, build_map
-from adcloud.hdmap.config import HdmapSettings
-from adcloud.hdmap.drive import DriveData, DriveTopics, read_drive
-from adcloud.hdmap.errors import BuildError, DriveDataError, HdmapError, MapFormatError
-from adcloud.hdmap.evaluate import EvalResult, evaluate_map
-from adcloud.hdmap.grid import GridSettings, GridTile, finalize_tile, merge_partials, scan_partials
-from adcloud.hdmap.job import PipelineResult, StageSettings, run_pipeline
-from adcloud.hdmap.labels import GridLayers, extract_lane_markings, lane_centerlines
-from adcloud.hdmap.mapdir import MapDir, MapVersion
-from adcloud.hdmap.poses import PoseSettings, estimate_trajectory
-from adcloud.hdmap.semantic import SemanticMap, import_labels, merge_labels
-from adcloud.hdmap.signs import detect_signs
-from adcloud.hdmap.trajectory import Trajectory, absolute_trajectory_error
+from typing import TYPE_CHECKING
+
+from adcloud._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from adcloud.hdmap.build import BuildSummary, build_map
+    from adcloud.hdmap.config import HdmapSettings
+    from adcloud.hdmap.drive import DriveData, DriveTopics, read_drive
+    from adcloud.hdmap.errors import BuildError, DriveDataError, HdmapError, MapFormatError
+    from adcloud.hdmap.evaluate import EvalResult, evaluate_map
+    from adcloud.hdmap.grid import (
+        GridSettings,
+        GridTile,
+        finalize_tile,
+        merge_partials,
+        scan_partials,
+    )
+    from adcloud.hdmap.job import PipelineResult, StageSettings, run_pipeline
+    from adcloud.hdmap.labels import GridLayers, extract_lane_markings, lane_centerlines
+    from adcloud.hdmap.mapdir import MapDir, MapVersion
+    from adcloud.hdmap.poses import PoseSettings, estimate_trajectory
+    from adcloud.hdmap.semantic import SemanticMap, import_labels, merge_labels
+    from adcloud.hdmap.signs import detect_signs
+    from adcloud.hdmap.trajectory import Trajectory, absolute_trajectory_error
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "build": ("BuildSummary", "build_map"),
+        "config": ("HdmapSettings",),
+        "drive": ("DriveData", "DriveTopics", "read_drive"),
+        "errors": ("BuildError", "DriveDataError", "HdmapError", "MapFormatError"),
+        "evaluate": ("EvalResult", "evaluate_map"),
+        "grid": ("GridSettings", "GridTile", "finalize_tile", "merge_partials", "scan_partials"),
+        "job": ("PipelineResult", "StageSettings", "run_pipeline"),
+        "labels": ("GridLayers", "extract_lane_markings", "lane_centerlines"),
+        "mapdir": ("MapDir", "MapVersion"),
+        "poses": ("PoseSettings", "estimate_trajectory"),
+        "semantic": ("SemanticMap", "import_labels", "merge_labels"),
+        "signs": ("detect_signs",),
+        "trajectory": ("Trajectory", "absolute_trajectory_error"),
+    },
+)
 
 __all__ = [
     "BuildError",

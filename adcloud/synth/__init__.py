@@ -16,12 +16,29 @@ give the same bytes.
 
 from __future__ import annotations
 
-from adcloud.synth.config import DriveConfig
-from adcloud.synth.drive import DriveResult, generate_drive
-from adcloud.synth.errors import SynthError
-from adcloud.synth.labels import Label
-from adcloud.synth.truth import Raster, read_map, read_poses, read_raster, truth_dir_for
-from adcloud.synth.world import World, build_world
+from typing import TYPE_CHECKING
+
+from adcloud._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from adcloud.synth.config import DriveConfig
+    from adcloud.synth.drive import DriveResult, generate_drive
+    from adcloud.synth.errors import SynthError
+    from adcloud.synth.labels import Label
+    from adcloud.synth.truth import Raster, read_map, read_poses, read_raster, truth_dir_for
+    from adcloud.synth.world import World, build_world
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "config": ("DriveConfig",),
+        "drive": ("DriveResult", "generate_drive"),
+        "errors": ("SynthError",),
+        "labels": ("Label",),
+        "truth": ("Raster", "read_map", "read_poses", "read_raster", "truth_dir_for"),
+        "world": ("World", "build_world"),
+    },
+)
 
 __all__ = [
     "DriveConfig",

@@ -8,15 +8,35 @@ and :func:`~adcloud.train.export.inspect_model` reads it back.
 
 from __future__ import annotations
 
-from adcloud.train.errors import (
-    CheckpointError,
-    DataError,
-    ExportError,
-    StaleParametersError,
-    TrainError,
+from typing import TYPE_CHECKING
+
+from adcloud._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from adcloud.train.errors import (
+        CheckpointError,
+        DataError,
+        ExportError,
+        StaleParametersError,
+        TrainError,
+    )
+    from adcloud.train.export import ExportedModel, export_model, inspect_model
+    from adcloud.train.task import Batch, ImageSample, PointCloudSample, Sample, Task, get_task
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "errors": (
+            "CheckpointError",
+            "DataError",
+            "ExportError",
+            "StaleParametersError",
+            "TrainError",
+        ),
+        "export": ("ExportedModel", "export_model", "inspect_model"),
+        "task": ("Batch", "ImageSample", "PointCloudSample", "Sample", "Task", "get_task"),
+    },
 )
-from adcloud.train.export import ExportedModel, export_model, inspect_model
-from adcloud.train.task import Batch, ImageSample, PointCloudSample, Sample, Task, get_task
 
 __all__ = [
     "Batch",
