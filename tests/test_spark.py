@@ -223,6 +223,37 @@ def test_the_worker_daemon_ends_quietly_when_spark_closed_the_socket(
         _pyspark_daemon.worker(None, True)
 
 
+def test_the_daemon_loads_the_installed_pyspark_instead_of_its_zipped_copy(
+    tmp_path: Path,
+) -> None:
+    from adcloud._pyspark_daemon import _prefer_installed_pyspark  # noqa: PLC0415
+
+    site = tmp_path / "site"
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    shipped, py4j = str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")
+    # pip's pyspark: the zip inside the installed package goes after it
+    assert _prefer_installed_pyspark([shipped, py4j, str(site)]) == [py4j, str(site), shipped]
+    # a Spark distribution elsewhere keeps its zip first, as Spark intends
+    other = tmp_path / "spark-4.0.0" / "python" / "lib" / "pyspark.zip"
+    assert _prefer_installed_pyspark([str(other), str(site)]) == [str(other), str(site)]
+    # the installed package is not on the path: nothing moves
+    assert _prefer_installed_pyspark([shipped, py4j]) == [shipped, py4j]
+
+
+def test_python_workers_import_pyspark_with_cached_bytecode(spark: SparkSession) -> None:
+    import pyspark  # noqa: PLC0415
+
+    def where(_: int) -> str:
+        import pyspark  # noqa: PLC0415
+
+        return str(pyspark.__file__)
+
+    files = set(spark.sparkContext.parallelize(range(2), 2).map(where).collect())
+    assert files == {pyspark.__file__}, files  # not .../pyspark.zip/pyspark/__init__.py
+
+
 def test_a_fresh_local_session_starts_without_chatter() -> None:
     """A newcomer's first job: Spark's start-up notices (default log4j profile, host name
     resolving to loopback, no native Hadoop) do not reach the terminal; the job runs."""
