@@ -1,4 +1,5 @@
-"""Voxel-grid downsampling on every OpenCL device against the NumPy reference."""
+"""Voxel-grid downsampling on every OpenCL device (both strategies) against the NumPy
+reference."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from adcloud.hetero import HeteroError, voxel_downsample
 from adcloud.hetero.devices import ComputeDevice
 
 pytestmark = pytest.mark.opencl
+
+STRATEGIES = ("atomic", "binned")
 
 
 def brute_force(points: np.ndarray, size: float) -> dict[tuple[int, int, int], np.ndarray]:
@@ -22,16 +25,44 @@ def brute_force(points: np.ndarray, size: float) -> dict[tuple[int, int, int], n
     return {k: np.mean(v, axis=0) for k, v in groups.items()}
 
 
-def test_matches_the_reference_on_a_cloud_with_intensity(device: ComputeDevice) -> None:
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_matches_the_reference_on_a_cloud_with_intensity(
+    device: ComputeDevice, strategy: str
+) -> None:
     rng = np.random.default_rng(2)
     points = np.concatenate(
         [rng.normal(0, 5, (20_000, 4)), rng.uniform(-40, 40, (20_000, 4))]
     ).astype(np.float32)
-    got = voxel_downsample(points, 0.5, device=device)
+    got = voxel_downsample(points, 0.5, device=device, strategy=strategy)
     want = voxel_downsample(points, 0.5, device="numpy")
     np.testing.assert_array_equal(got.counts, want.counts)
     np.testing.assert_allclose(got.points, want.points, atol=2e-5)
     assert got.counts.sum() == len(points)
+
+
+def test_binned_sums_give_the_same_bits_every_run(device: ComputeDevice) -> None:
+    # Every voxel's points are added in input order: a cloud gives the same centroids, to
+    # the bit, however the work-items were scheduled (ICP and the maps built on it are
+    # reproducible).  Dense voxels (~40 points each) give the float32 sums many chances to
+    # differ.
+    rng = np.random.default_rng(7)
+    points = np.column_stack(
+        [rng.uniform(-20, 20, (60_000, 2)), rng.normal(0, 0.3, 60_000), rng.random(60_000)]
+    )
+    runs = [voxel_downsample(points, 1.0, device=device, strategy="binned") for _ in range(4)]
+    for run in runs[1:]:
+        np.testing.assert_array_equal(run.counts, runs[0].counts)
+        np.testing.assert_array_equal(run.points, runs[0].points)
+    # the same points in another order regroup identically (the sums may differ in bits)
+    order = rng.permutation(len(points))
+    shuffled = voxel_downsample(points[order], 1.0, device=device, strategy="binned")
+    np.testing.assert_array_equal(shuffled.counts, runs[0].counts)
+    np.testing.assert_allclose(shuffled.points, runs[0].points, atol=1e-5)
+
+
+def test_an_unknown_strategy_is_an_error() -> None:
+    with pytest.raises(HeteroError, match="strategy must be one of auto, atomic, binned"):
+        voxel_downsample(np.zeros((3, 3)), 1.0, strategy="fast", device="numpy")
 
 
 def test_reference_agrees_with_a_dictionary_of_voxels() -> None:
@@ -44,34 +75,42 @@ def test_reference_agrees_with_a_dictionary_of_voxels() -> None:
         np.testing.assert_allclose(centroid, expected[key], atol=1e-6)  # float32 on the way
 
 
-def test_nan_rows_are_dropped_and_output_sorted_by_cell(device: ComputeDevice) -> None:
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_nan_rows_are_dropped_and_output_sorted_by_cell(
+    device: ComputeDevice, strategy: str
+) -> None:
     points = np.array(
         [[0.1, 0.1, 0.1], [np.nan, 1, 1], [0.3, 0.2, 0.1], [5.5, 0.5, 0.5], [0.5, 5.5, 0.5]],
         np.float32,
     )
-    result = voxel_downsample(points, 1.0, device=device)
+    result = voxel_downsample(points, 1.0, device=device, strategy=strategy)
     np.testing.assert_array_equal(result.counts, [2, 1, 1])
     np.testing.assert_allclose(
         result.points, [[0.2, 0.15, 0.1], [5.5, 0.5, 0.5], [0.5, 5.5, 0.5]], atol=1e-6
     )
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("count", [0, 1])
-def test_empty_and_single_point(device: ComputeDevice, count: int) -> None:
+def test_empty_and_single_point(device: ComputeDevice, count: int, strategy: str) -> None:
     points = np.full((count, 4), 2.5, np.float32)
-    result = voxel_downsample(points, 0.25, device=device)
+    result = voxel_downsample(points, 0.25, device=device, strategy=strategy)
     assert result.points.shape == (count, 4)
     np.testing.assert_allclose(result.points, points, atol=1e-6)
 
 
-def test_all_nan_gives_nothing(device: ComputeDevice) -> None:
-    result = voxel_downsample(np.full((10, 3), np.nan, np.float32), 1.0, device=device)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_all_nan_gives_nothing(device: ComputeDevice, strategy: str) -> None:
+    result = voxel_downsample(
+        np.full((10, 3), np.nan, np.float32), 1.0, device=device, strategy=strategy
+    )
     assert result.points.shape == (0, 3)
 
 
-def test_geo_referenced_float64(device: ComputeDevice) -> None:
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_geo_referenced_float64(device: ComputeDevice, strategy: str) -> None:
     points = np.random.default_rng(4).uniform(0, 50, (5000, 3)) + np.array([6.1e5, 4.2e6, 30.0])
-    got = voxel_downsample(points, 1.0, device=device)
+    got = voxel_downsample(points, 1.0, device=device, strategy=strategy)
     want = voxel_downsample(points, 1.0, device="numpy")
     assert got.points.dtype == np.float64
     np.testing.assert_array_equal(got.counts, want.counts)
