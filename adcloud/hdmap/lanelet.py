@@ -38,6 +38,7 @@ What goes in (Lanelet2 tagging; ``adcloud:id``/``adcloud:source`` tag every elem
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -154,7 +155,11 @@ def _projector(ll2: Any, origin: Origin) -> Any:
 
 
 class _Builder:
-    """Turns semantic features into Lanelet2 primitives with fresh ids."""
+    """Turns semantic features into Lanelet2 primitives with ids numbered from 1.
+
+    Not lanelet2's ``getId()``: its counter is global to the process, so the second map
+    built in a driver or notebook would number its primitives on from the first, and two
+    builds of the same drives would write different files."""
 
     def __init__(self, ll2: Any, semantic_map: SemanticMap, settings: LaneletSettings) -> None:
         self.ll2 = ll2
@@ -167,6 +172,10 @@ class _Builder:
         self.connector_lines: list[F64] = []
         self.lanelets: list[tuple[Any, LaneCenterline]] = []
         self.line_strings = 0
+        self.ids = itertools.count(1)
+
+    def new_id(self) -> int:
+        return next(self.ids)
 
     def road_tags(self, element_id: str, source: str, **extra: str) -> dict[str, str]:
         """The tags of a one-way road lanelet for vehicles (``extra``: e.g. its turn)."""
@@ -189,7 +198,7 @@ class _Builder:
         pts = []
         for x, y, z in points:
             zz = float(z) if math.isfinite(z) else 0.0
-            p = core.Point3d(core.getId(), float(x), float(y), zz)
+            p = core.Point3d(self.new_id(), float(x), float(y), zz)
             p.attributes["local_x"] = f"{x:.4f}"
             p.attributes["local_y"] = f"{y:.4f}"
             pts.append(p)
@@ -197,7 +206,7 @@ class _Builder:
 
     def line(self, points: F64, tags: dict[str, str]) -> Any:
         self.line_strings += 1
-        return self.core.LineString3d(self.core.getId(), self.points(points), self.attrs(tags))
+        return self.core.LineString3d(self.new_id(), self.points(points), self.attrs(tags))
 
     def bridge(self, ends: Any, starts: Any) -> Any:
         """A ``virtual`` line string from the last point of ``ends`` to the first point of
@@ -213,7 +222,7 @@ class _Builder:
         inner = hermite_bridge(a[-1], ta, b[0], tb, BRIDGE_STEP_M)
         self.line_strings += 1
         line = self.core.LineString3d(
-            self.core.getId(), [first, *self.points(inner), last], self.attrs({"type": "virtual"})
+            self.new_id(), [first, *self.points(inner), last], self.attrs({"type": "virtual"})
         )
         self.bridges[(first.id, last.id)] = line
         return line
@@ -227,7 +236,7 @@ class _Builder:
         straight = math.radians(self.settings.straight_max_turn_deg)
         direction = "straight" if abs(turn) <= straight else ("left" if turn > 0 else "right")
         tags = self.road_tags(f"{lane.id}>{nxt.id}", "connector", turn_direction=direction)
-        ll = self.core.Lanelet(self.core.getId(), left, right, self.attrs(tags))
+        ll = self.core.Lanelet(self.new_id(), left, right, self.attrs(tags))
         pa, pb = lane.points[-1], nxt.points[0]
         ta = _direction(lane.points, at_start=False)
         tb = _direction(nxt.points, at_start=True)
@@ -281,7 +290,7 @@ class _Builder:
         else:
             left, right = self.virtual_bounds(lane)
         tags = self.road_tags(lane.id, lane.source)
-        ll = self.core.Lanelet(self.core.getId(), left, right, self.attrs(tags))
+        ll = self.core.Lanelet(self.new_id(), left, right, self.attrs(tags))
         ll.centerline = self.line(lane.points, {"type": "centerline"})
         self.lanelets.append((ll, lane))
         return ll
@@ -316,7 +325,7 @@ class _Builder:
             "adcloud:source": sign.source,
         }
         regelem = self.core.TrafficSign(
-            self.core.getId(), self.attrs(tags), self.core.TrafficSignsWithType([plate], kind)
+            self.new_id(), self.attrs(tags), self.core.TrafficSignsWithType([plate], kind)
         )
         facing = np.array([math.cos(yaw), math.sin(yaw)])
         regulated = []

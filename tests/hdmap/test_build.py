@@ -32,6 +32,7 @@ from adcloud.hdmap.mapdir import BuildPlan, Staging
 from adcloud.hdmap.semantic import read_geojson
 from adcloud.hdmap.tilelayers import TileLayers
 from adcloud.hdmap.trajectory import Trajectory
+from adcloud.hetero.devices import DeviceKind, OpenCLDevice, select_device
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 
 pytestmark = pytest.mark.spark
@@ -404,19 +405,33 @@ def test_files_mode_gives_the_same_map(
         assert summary.result.version is not None
         maps[mode] = summary.result.version.path
     assert maps["memory"] is not None and maps["files"] is not None
-    a = Trajectory.read_tum(maps["memory"] / "trajectory" / "first.tum")
-    b = Trajectory.read_tum(maps["files"] / "trajectory" / "first.tum")
-    # OpenCL reductions sum in varying order, which moves poses by millimetres between any
-    # two runs (seen up to 2.2 mm): far below the map's accuracy, far above a real difference
-    np.testing.assert_allclose(a.xyz, b.xyz, atol=1e-2)
-    # ... so a far point may land in a neighbouring edge tile: compare the tiles both have
-    names_a = {p.name for p in (maps["memory"] / "grid").glob("*.tif")}
-    names_b = {p.name for p in (maps["files"] / "grid").glob("*.tif")}
-    assert len(names_a ^ names_b) <= 0.05 * len(names_a)
-    both = sorted(names_a & names_b)
-    count_a = sum(int(read_grid_tile(maps["memory"] / "grid" / n).tile.count.sum()) for n in both)
-    count_b = sum(int(read_grid_tile(maps["files"] / "grid" / n).tile.count.sum()) for n in both)
-    assert count_a > 0 and abs(count_a - count_b) <= 0.01 * count_a
+    a, b = _tree(maps["memory"]), _tree(maps["files"])
+    assert a.keys() == b.keys()
+    # what differs: when and how fast each build ran, and the mode in the settings
+    varying = {"manifest.json", "report/summary.html", "settings.json"}
+    files = [rel for rel in a if rel not in varying]
+    assert len(files) > 100 and any(rel.endswith(".tif") for rel in files)
+    if _sums_in_any_order():
+        # a GPU's float atomics add voxel centroids in whatever order work-items finish,
+        # which moves poses by fractions of a millimetre between any two runs
+        ta = Trajectory.read_tum(maps["memory"] / "trajectory" / "first.tum")
+        tb = Trajectory.read_tum(maps["files"] / "trajectory" / "first.tum")
+        np.testing.assert_allclose(ta.xyz, tb.xyz, atol=1e-2)
+        return
+    # CPUs and NumPy sum in input order and tiles merge exactly: the same drive gives the
+    # same map, byte for byte, whichever way the stages hand over
+    differ = [
+        rel
+        for rel in files
+        if (maps["memory"] / rel).read_bytes() != (maps["files"] / rel).read_bytes()
+    ]
+    assert differ == []
+
+
+def _sums_in_any_order() -> bool:
+    """Whether this process's default device sums voxels with float atomics (GPUs)."""
+    device = select_device()
+    return isinstance(device, OpenCLDevice) and device.info.kind != DeviceKind.CPU
 
 
 def test_a_bag_without_lidar_fails_and_leaves_the_map_alone(

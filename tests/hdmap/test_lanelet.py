@@ -267,6 +267,20 @@ def test_lanelet2_round_trip(
     assert kinds.count("traffic_sign") == 3
 
 
+def test_the_same_map_gives_the_same_file_in_one_process(
+    road: tuple[np.ndarray, Trajectory, SemanticMap], tmp_path: Path
+) -> None:
+    # Ids are the map's own (from 1), not lanelet2's process-wide counter: a second build in
+    # the same driver or notebook writes the same bytes.
+    _, _, smap = road
+    first, second = tmp_path / "a.osm", tmp_path / "b.osm"
+    write_lanelet2(first, smap)
+    write_lanelet2(second, smap)
+    assert first.read_bytes() == second.read_bytes()
+    ids = [int(e.get("id")) for e in ET.parse(first).getroot() if e.get("id")]
+    assert min(ids) == 1 and len(set(ids)) == len(ids)
+
+
 def test_the_projection_is_the_map_frame(
     road: tuple[np.ndarray, Trajectory, SemanticMap], tmp_path: Path
 ) -> None:
