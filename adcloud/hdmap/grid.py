@@ -483,13 +483,31 @@ def _near_obstacle(
     pts: F64, ground: NDArray[np.bool_], standing: NDArray[np.bool_], settings: GridSettings
 ) -> NDArray[np.bool_]:
     """Ground candidates within ``mask_radius`` (horizontally) of a point standing above."""
-    tree = cKDTree(pts[standing, :2])
+    radius = settings.mask_radius
+    # Only ground points in the 3 x 3 cells of edge `radius` around a standing point's cell
+    # can be that close: most of a sweep's ground is far from anything standing, and is
+    # settled by a sorted lookup instead of a tree query (the same answer, in half the time).
+    # (cells a hair wider than the radius, so rounding cannot put a pair at the radius two
+    # cells apart)
+    cell = np.floor(pts[:, :2] / (radius * 1.001)).astype(np.int64)
+    packed = (cell[:, 0] << 32) + cell[:, 1]
+    occupied = np.unique(packed[standing])
     idx = np.flatnonzero(ground)
+    candidate = np.zeros(len(idx), bool)
+    for dx in (-1, 0, 1):
+        for dy in (-1, 0, 1):
+            key = packed[idx] + ((dx << 32) + dy)
+            at = np.minimum(np.searchsorted(occupied, key), len(occupied) - 1)
+            candidate |= occupied[at] == key
+    idx = idx[candidate]
+    near = np.zeros(len(pts), bool)
+    if not len(idx):
+        return near
+    tree = cKDTree(pts[standing, :2])
     # the nearest standing point within the radius (inclusive) -- twice as fast as
     # counting every neighbour with query_ball_point
-    bound = np.nextafter(settings.mask_radius, np.inf)
+    bound = np.nextafter(radius, np.inf)
     dist, _ = tree.query(pts[idx, :2], k=1, distance_upper_bound=bound)
-    near = np.zeros(len(pts), bool)
     near[idx[np.isfinite(dist)]] = True
     return near
 

@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 from pyspark.sql import SparkSession
 from scipy.spatial import cKDTree
 
+from adcloud.hdmap import grid as hdmap_grid
 from adcloud.hdmap import job as hdmap_job
 from adcloud.hdmap.drive import DriveData, read_drive
 from adcloud.hdmap.errors import HdmapError, MapFormatError
@@ -215,6 +216,35 @@ def test_objects_are_classified_off_the_ground(drive: Drive) -> None:
     assert on_ground[:, GROUND].sum() > 0.9 * on_ground.sum()
     assert of_objects[:, GROUND].sum() < 0.03 * of_objects.sum()
     assert of_objects[:, OBSTACLE].sum() > 0.2 * of_objects.sum()
+
+
+def test_ground_near_a_standing_point_is_masked_exactly_within_the_radius() -> None:
+    # The cell pre-filter in front of the tree query must not lose a pair: ground points at
+    # exactly the radius (inclusive), just beyond it, and far from anything, around clusters
+    # of standing points far from the origin.
+    rng = np.random.default_rng(5)
+    settings = GridSettings()
+    radius = settings.mask_radius
+    far = np.array([5.1e3, -2.7e3])  # float rounding of map-frame metres far from the origin
+    poles = rng.uniform(-40, 40, (30, 2)) + far
+    standing_xy = np.repeat(poles, 8, axis=0) + rng.normal(0, 0.2, (240, 2))
+    angle = rng.uniform(0, 2 * np.pi, 240)
+    ring = np.column_stack([np.cos(angle), np.sin(angle)])
+    ground_xy = np.concatenate(
+        [
+            standing_xy + radius * ring,  # at the radius
+            standing_xy + np.nextafter(radius, np.inf) * 1.0001 * ring,  # just beyond
+            rng.uniform(-45, 45, (3000, 2)) + far,
+        ]
+    )
+    xy = np.concatenate([standing_xy, ground_xy])
+    pts = np.column_stack([xy, np.zeros(len(xy))])
+    standing = np.arange(len(xy)) < len(standing_xy)
+    got = hdmap_grid._near_obstacle(pts, ~standing, standing, settings)
+    dist = cKDTree(standing_xy).query(ground_xy)[0]
+    want = np.concatenate([np.zeros(len(standing_xy), bool), dist <= radius])
+    np.testing.assert_array_equal(got, want)
+    assert want.sum() >= 240 and (~want[len(standing_xy) :]).sum() > 1000
 
 
 def test_a_flat_plane_across_a_tile_edge_is_exact() -> None:
