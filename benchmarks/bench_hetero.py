@@ -164,6 +164,15 @@ def bench_kernels(device: ComputeDevice, repeat: int, quick: bool) -> Table:
         grid = GridSpec(0.0, 0.0, 0.1, 1000, 1000)
         other = "atomic" if device.info.kind == DeviceKind.CPU else "binned"
         table.add(
+            f"voxel downsample ({other} strategy)",
+            f"{n:,} points, 0.25 m voxels",
+            *compare(
+                lambda: voxel_downsample(cloud, 0.25, strategy=other, device=device),
+                lambda: voxel_downsample(cloud, 0.25, device="numpy"),
+                repeat,
+            ),
+        )
+        table.add(
             f"rasterize ({other} strategy)",
             f"{n:,} points -> 1000x1000 cells of 0.1 m",
             *compare(
