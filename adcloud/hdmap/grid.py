@@ -548,26 +548,25 @@ def scan_partials(
     # bins a place identically; tiles are numbered in this scan by their packed key.
     gx, gy = _lattice(pts[:, :2], res)
     fx, fy = _lattice(free, res)
-    tile_key = _pack(np.floor_divide(gx, n), np.floor_divide(gy, n))
-    free_tile = _pack(np.floor_divide(fx, n), np.floor_divide(fy, n))
-    tiles = np.union1d(tile_key, free_tile)
-    tile_of = np.searchsorted(tiles, tile_key)
+    tx, ty = np.floor_divide(gx, n), np.floor_divide(gy, n)
+    ftx, fty = np.floor_divide(fx, n), np.floor_divide(fy, n)
+    tiles, (tile_of, free_tile_of) = _number_tiles((tx, ty), (ftx, fty))
     local = np.mod(gy, n) * n + np.mod(gx, n)
     cell_keys, slot = np.unique(tile_of * (n * n) + local, return_inverse=True)
     slot = slot.reshape(-1)
     ground_layers, obstacle_layers = _reduce_cells(pts, vals, cls, slot, len(cell_keys), dev)
     # Patches: where this scan saw ground or empty air, and where it saw something standing.
+    # A scan's tiles hold a few thousand patches: marks over all of them, not sorts.
     patch = tile_of * per_side**2 + (np.mod(gy, n) // m) * per_side + np.mod(gx, n) // m
-    free_patch = (
-        np.searchsorted(tiles, free_tile) * per_side**2
-        + (np.mod(fy, n) // m) * per_side
-        + np.mod(fx, n) // m
-    )
-    seen = np.union1d(patch[cls == GROUND], free_patch)
-    occupied = np.unique(patch[cls == OBSTACLE])
-    patch_keys = np.union1d(seen, occupied)
-    patch_seen = np.isin(patch_keys, seen).astype(np.int32)
-    patch_occupied = np.isin(patch_keys, occupied).astype(np.int32)
+    free_patch = free_tile_of * per_side**2 + (np.mod(fy, n) // m) * per_side + np.mod(fx, n) // m
+    seen = np.zeros(len(tiles) * per_side**2, bool)
+    seen[patch[cls == GROUND]] = True
+    seen[free_patch] = True
+    occupied = np.zeros_like(seen)
+    occupied[patch[cls == OBSTACLE]] = True
+    patch_keys = np.flatnonzero(seen | occupied)
+    patch_seen = seen[patch_keys].astype(np.int32)
+    patch_occupied = occupied[patch_keys].astype(np.int32)
     cell_bounds = np.searchsorted(cell_keys // (n * n), np.arange(len(tiles) + 1))
     patch_bounds = np.searchsorted(patch_keys // per_side**2, np.arange(len(tiles) + 1))
     out: list[tuple[TileKey, TilePartial]] = []
@@ -604,6 +603,26 @@ def scan_partials(
             )
         )
     return out
+
+
+def _number_tiles(
+    *parts: tuple[NDArray[np.int64], NDArray[np.int64]],
+) -> tuple[NDArray[np.int64], list[NDArray[np.int64]]]:
+    """The packed keys (sorted) of the tiles ``(tx, ty)`` in ``parts``, and each part's
+    index into them.  A scan spans a few tiles: they are marked in their bounding box (row
+    major in x, as the packed keys sort) instead of sorting every point's key."""
+    xs = np.concatenate([tx for tx, _ in parts])
+    ys = np.concatenate([ty for _, ty in parts])
+    if not len(xs):
+        return np.zeros(0, np.int64), [np.zeros(0, np.int64) for _ in parts]
+    x0, y0 = int(xs.min()), int(ys.min())
+    height = int(ys.max()) - y0 + 1
+    box = np.zeros((int(xs.max()) - x0 + 1) * height, bool)
+    box[(xs - x0) * height + (ys - y0)] = True
+    present = np.flatnonzero(box)
+    number = np.cumsum(box) - 1
+    keys = _pack(present // height + x0, present % height + y0)
+    return keys, [number[(tx - x0) * height + (ty - y0)] for tx, ty in parts]
 
 
 def _lattice(xy: F64, res: float) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
