@@ -32,8 +32,8 @@ from adcloud.hdmap.mapdir import BuildPlan, Staging
 from adcloud.hdmap.semantic import read_geojson
 from adcloud.hdmap.tilelayers import TileLayers
 from adcloud.hdmap.trajectory import Trajectory
-from adcloud.hetero.devices import DeviceKind, OpenCLDevice, select_device
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
+from tests.device_order import sums_in_any_order
 
 pytestmark = pytest.mark.spark
 
@@ -411,7 +411,7 @@ def test_files_mode_gives_the_same_map(
     varying = {"manifest.json", "report/summary.html", "settings.json"}
     files = [rel for rel in a if rel not in varying]
     assert len(files) > 100 and any(rel.endswith(".tif") for rel in files)
-    if _sums_in_any_order():
+    if sums_in_any_order():
         # a GPU's float atomics add voxel centroids in whatever order work-items finish,
         # which moves poses by fractions of a millimetre between any two runs
         ta = Trajectory.read_tum(maps["memory"] / "trajectory" / "first.tum")
@@ -426,12 +426,6 @@ def test_files_mode_gives_the_same_map(
         if (maps["memory"] / rel).read_bytes() != (maps["files"] / rel).read_bytes()
     ]
     assert differ == []
-
-
-def _sums_in_any_order() -> bool:
-    """Whether this process's default device sums voxels with float atomics (GPUs)."""
-    device = select_device()
-    return isinstance(device, OpenCLDevice) and device.info.kind != DeviceKind.CPU
 
 
 def test_a_bag_without_lidar_fails_and_leaves_the_map_alone(

@@ -49,8 +49,8 @@ from adcloud.hdmap.poses import (
     split_segments,
 )
 from adcloud.hdmap.trajectory import Trajectory, absolute_trajectory_error
-from adcloud.hetero.devices import DeviceKind, OpenCLDevice, select_device
 from adcloud.synth import DriveResult, read_poses
+from tests.device_order import sums_in_any_order
 
 NS = 1_000_000_000
 ATE_TARGET_M = 0.05
@@ -121,12 +121,6 @@ def _cut(drive: DriveData, name: str, start_s: float, end_s: float) -> DriveData
         gps=GpsFixes(drive.gps.frame, drive.gps.t[g], drive.gps.enu[g], drive.gps.sigma[g]),
         scans=[dataclasses.replace(s, drive=name) for s in drive.scans if lo <= s.stamp <= hi],
     )
-
-
-def _sums_in_any_order() -> bool:
-    """Whether this process's default device sums voxels with float atomics (GPUs)."""
-    device = select_device()
-    return isinstance(device, OpenCLDevice) and device.info.kind != DeviceKind.CPU
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -458,7 +452,7 @@ def test_estimate_trajectory_runs_the_same_steps(drive: DriveData, truth: Trajec
     assert len(solutions) == 2
     by_hand = join_segments(solutions, {short.name: short.gps}, (), settings)[short.name]
     assert np.array_equal(estimate.t, by_hand.t)
-    if _sums_in_any_order():
+    if sums_in_any_order():
         # a GPU's float atomics add voxel centroids in whatever order work-items finish,
         # which moves the result by fractions of a millimetre
         assert np.abs(estimate.matrices - by_hand.matrices).max() < 2e-3

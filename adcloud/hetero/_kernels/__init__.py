@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyopencl as cl
@@ -182,6 +182,30 @@ class Output:
             mapped.base.release(queue)
             queue.finish()
         return self.array
+
+
+class Bands(NamedTuple):
+    """How a binned reduction splits its work: ``n`` points into ``chunks`` of ``chunk``
+    (one work-item each, in input order), and its outputs into ``number`` bands of ``size``
+    consecutive outputs (one work-item each; ``size`` a power of two, ``1 << shift``, so
+    a point's band is a shift, not a division)."""
+
+    chunks: int
+    chunk: int
+    size: int
+    shift: int
+    number: int
+
+    @classmethod
+    def plan(cls, device: OpenCLDevice, n: int, outputs: int, max_size: int) -> Bands:
+        """At most four chunks and at least four bands per compute unit (for balance), bands
+        of at most ``max_size`` outputs (their accumulators stay in cache)."""
+        units = device.info.compute_units
+        chunks = max(1, min(4 * units, -(-n // 4096)))
+        size = 1 << (max(1, -(-outputs // (4 * units))) - 1).bit_length()
+        while size > max(1, max_size):
+            size //= 2
+        return cls(chunks, -(-n // chunks), size, size.bit_length() - 1, -(-outputs // size))
 
 
 def default_local_size(device: OpenCLDevice) -> int:

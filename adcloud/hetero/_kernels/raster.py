@@ -8,7 +8,7 @@ import numpy as np
 import pyopencl as cl
 from numpy.typing import NDArray
 
-from adcloud.hetero._kernels import Output, filled, from_device, launch, to_device
+from adcloud.hetero._kernels import Bands, Output, filled, from_device, launch, to_device
 
 if TYPE_CHECKING:
     from adcloud.hetero.devices import OpenCLDevice
@@ -70,18 +70,9 @@ def rasterize(
             "mean_intensity": mean_v.result(),
         }
         return _without_values(out, with_values)
-    units = device.info.compute_units
-    chunks = max(1, min(4 * units, -(-n // 4096)))
-    chunk = -(-n // chunks)
-    # Bands of accumulators (20 bytes a cell) that fit in local memory and in L2, at least
-    # four per compute unit for balance.
-    # Bands are powers of two (a shift, not a division, per point).
-    band_limit = max(1, min(4096, device.info.local_mem_bytes // 64))
-    band_cells = 1 << (max(1, -(-cells // (4 * units))) - 1).bit_length()
-    while band_cells > band_limit:
-        band_cells //= 2
-    band_shift = band_cells.bit_length() - 1
-    bands = -(-cells // band_cells)
+    # Bands of accumulators (20 bytes a cell) that fit in local memory and in L2.
+    limit = min(4096, device.info.local_mem_bytes // 64)
+    chunks, chunk, band_cells, band_shift, bands = Bands.plan(device, n, cells, limit)
     cell = device.scratch("raster.cell", n * 4)
     hist = device.scratch("raster.hist", chunks * bands * 4)
     band_start = device.scratch("raster.band_start", (bands + 1) * 4)

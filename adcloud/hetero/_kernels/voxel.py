@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from adcloud.hetero._kernels import filled, from_device, launch, scratch, to_device
+from adcloud.hetero._kernels import Bands, filled, from_device, launch, scratch, to_device
 from adcloud.hetero.errors import HeteroError
 from adcloud.hetero.lattice import EMPTY_KEY, table_bits
 
@@ -90,14 +90,8 @@ def _binned_sums(
     passes), then one work-item per band (see ``voxel.cl``)."""
     if m == 0:
         return filled(device, np.int32(0), 1), filled(device, np.float32(0), 1)
-    units = device.info.compute_units
-    chunks = max(1, min(4 * units, -(-n // 4096)))
-    chunk = -(-n // chunks)
-    # at least four bands per compute unit, at most 4096 voxels (their sums stay in cache)
-    band_voxels = 1 << (max(1, -(-m // (4 * units))) - 1).bit_length()
-    band_voxels = min(band_voxels, 4096)
-    band_shift = band_voxels.bit_length() - 1
-    bands = -(-m // band_voxels)
+    # bands of at most 4096 voxels: their sums stay in cache
+    chunks, chunk, band_voxels, band_shift, bands = Bands.plan(device, n, m, 4096)
     out = device.scratch("voxel.point_out", n * 4)
     hist = device.scratch("voxel.hist", chunks * bands * 4)
     band_start = device.scratch("voxel.band_start", (bands + 1) * 4)
