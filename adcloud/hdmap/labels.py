@@ -723,6 +723,11 @@ def _link_cost(
     limit = math.radians(settings.max_link_angle_deg)
     if gap > 1.0 and (abs(alpha1) > limit or abs(alpha2) > limit):
         return None
+    if gap > settings.link_radius_m and max(abs(alpha1), abs(alpha2)) > math.pi / 2:
+        # Up to 1 m a short piece's heading is too noisy to hold to the angle limit, but an
+        # end whose partner lies behind it would fold the line back on itself (a 0.5 m piece
+        # in a gap would take the far piece's end and leave the near one unlinked).
+        return None
     if road_normal is not None and abs(float(c @ road_normal)) < math.sin(limit):
         # Along the road: both ends must keep the same offset from the driven path, which
         # follows the road's curves (and its transitions from arcs to straights).

@@ -18,6 +18,7 @@ from scipy import ndimage, sparse
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial import cKDTree
 
+import adcloud.hdmap.labels as labels_module
 from adcloud.hdmap.drive import read_drive
 from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.labels import (
@@ -280,6 +281,30 @@ def test_markings_from_the_drives_lidar_meet_the_targets(drive: Drive, lidar_cas
     for m in markings:
         d, _ = tree.query(m.points[:, :2])
         assert np.median(d) < 0.1, m.id
+
+
+def test_a_short_piece_in_a_gap_is_linked_between_its_neighbours() -> None:
+    # Ends of pieces (position, outward direction) from a real build: a solid marking at
+    # x = 80 m broken at y = 37.2..39.2 m with a 0.5 m piece in the gap, slightly skewed.
+    # The piece's near end must not link to the far piece (that end lies behind it, and
+    # the line would fold back, leaving the near piece unlinked and the marking split).
+    settings = LabelSettings()
+    normal = np.array([-0.999, -0.042])  # the driven path's, beside the gap
+    near_end = (np.array([79.98, 37.23]), np.array([-0.043, 0.999]))
+    piece_start = (np.array([79.97, 38.22]), np.array([0.154, -0.988]))
+    piece_end = (np.array([79.90, 38.73]), np.array([-0.154, 0.988]))
+    far_start = (np.array([79.96, 39.17]), np.array([0.048, -0.999]))
+
+    def cost(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float | None:
+        return labels_module._link_cost(*a, *b, normal, settings)
+
+    assert cost(piece_start, far_start) is None  # behind: 0.95 m back along the piece
+    assert cost(near_end, piece_start) is not None
+    assert cost(piece_end, far_start) is not None
+    assert cost(near_end, far_start) is not None  # the gap alone still links
+    # ends within the link radius join whatever their headings (overlapping pieces)
+    overlap = (np.array([79.98, 37.10]), np.array([0.0, -1.0]))
+    assert cost(near_end, overlap) is not None
 
 
 def test_paint_contrast_matters(drive: Drive, truth_case: Case) -> None:
