@@ -484,19 +484,19 @@ def _near_obstacle(
 ) -> NDArray[np.bool_]:
     """Ground candidates within ``mask_radius`` (horizontally) of a point standing above."""
     radius = settings.mask_radius
-    # Only ground points in the 3 x 3 cells of edge `radius` around a standing point's cell
-    # can be that close: most of a sweep's ground is far from anything standing, and is
-    # settled by a sorted lookup instead of a tree query (the same answer, in half the time).
-    # (cells a hair wider than the radius, so rounding cannot put a pair at the radius two
-    # cells apart)
+    # Only ground points in the 3 x 3 cells around a standing point's cell can be that
+    # close: most of a sweep's ground is far from anything standing, and is settled by a
+    # sorted lookup instead of a tree query (the same answer, in half the time).  Cells are
+    # a hair wider than the radius, so rounding cannot put a pair at the radius two apart.
     cell = np.floor(pts[:, :2] / (radius * 1.001)).astype(np.int64)
     packed = (cell[:, 0] << 32) + cell[:, 1]
     occupied = np.unique(packed[standing])
     idx = np.flatnonzero(ground)
+    own = packed[idx]
     candidate = np.zeros(len(idx), bool)
     for dx in (-1, 0, 1):
         for dy in (-1, 0, 1):
-            key = packed[idx] + ((dx << 32) + dy)
+            key = own + ((dx << 32) + dy)
             at = np.minimum(np.searchsorted(occupied, key), len(occupied) - 1)
             candidate |= occupied[at] == key
     idx = idx[candidate]

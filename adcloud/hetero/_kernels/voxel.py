@@ -96,8 +96,8 @@ def _binned_sums(
     hist = device.scratch("voxel.hist", chunks * bands * 4)
     band_start = device.scratch("voxel.band_start", (bands + 1) * 4)
     rec_point = device.scratch("voxel.rec_point", n * 4)
-    counts = scratch(device, max(m, 1) * 4)
-    sums = scratch(device, max(m * channels, 1) * 4)
+    counts = scratch(device, m * 4)
+    sums = scratch(device, m * channels * 4)
     bins = [np.int32(n), np.int32(chunk), np.int32(band_shift), np.int32(bands)]
     launch(device, "voxel", "voxel_point_out", n, None, np.int32(n), slots, out_index, out)
     launch(device, "raster", "raster_bin_count", chunks, 1, *bins, out, hist)
