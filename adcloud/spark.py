@@ -45,6 +45,7 @@ import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from adcloud import _jvm_archive
 from adcloud.config import load_settings
 from adcloud.errors import AdcloudError, ConfigError, MissingComponentError
 
@@ -54,6 +55,7 @@ __all__ = [
     "SparkSettings",
     "StandaloneCluster",
     "WorkerInfo",
+    "class_archive_options",
     "find_java",
     "get_session",
     "spark_conf",
@@ -216,17 +218,42 @@ def spark_conf(
     merged.update({key: _conf_value(value) for key, value in (conf or {}).items()})
     # Quiet start-up (see the properties file) and G1 regions that fit Spark's cache chunks
     # (see _G1_REGION); a user's own JVM options win.
+    # The class archive (see adcloud._jvm_archive) where install.sh built one: the driver
+    # starts on this machine; executors too when the master is local or on loopback.
+    archive = class_archive_options()
     driver = [
         f"-Dlog4j2.configurationFile={_LOG4J2}",
         *_heap_options(merged["spark.driver.memory"]),
+        *archive,
     ]
     merged.setdefault("spark.driver.extraJavaOptions", " ".join(driver))
     executor = _heap_options(merged["spark.executor.memory"])
+    if _executors_here(settings.master):
+        executor += archive
     if executor:
         merged.setdefault("spark.executor.extraJavaOptions", " ".join(executor))
     # PySpark's daemon without a traceback whenever an idle worker is closed (see the module).
     merged.setdefault("spark.python.daemon.module", "adcloud._pyspark_daemon")
     return merged
+
+
+def class_archive_options() -> list[str]:
+    """JVM options that map the class archive ``scripts/install.sh`` built for this Java and
+    this Spark (:mod:`adcloud._jvm_archive`): faster start-up of any Spark JVM on this
+    machine. None when there is no archive for them, or no usable Java."""
+    try:
+        java, _ = find_java()
+        return _jvm_archive.java_options(java, spark_home())
+    except MissingComponentError:
+        return []
+
+
+def _executors_here(master: str) -> bool:
+    """Whether ``master``'s executors are JVMs on this machine (local mode runs none)."""
+    if master.startswith("local-cluster"):
+        return True
+    match = re.fullmatch(r"spark://([^:/]+)(:\d+)?/?", master)
+    return match is not None and match.group(1) in (_LOOPBACK, "localhost")
 
 
 def _heap_options(memory: str) -> list[str]:
@@ -660,8 +687,15 @@ class StandaloneCluster:
                 "SPARK_HOME": str(home),
                 "SPARK_LOCAL_IP": _LOOPBACK,
                 "SPARK_DAEMON_MEMORY": self.daemon_memory,
+                # the class archive: a master or worker up in ~2.5 s instead of ~4 s here
                 "SPARK_DAEMON_JAVA_OPTS": " ".join(
-                    o for o in (env.get("SPARK_DAEMON_JAVA_OPTS", ""), self.daemon_java_opts) if o
+                    o
+                    for o in (
+                        env.get("SPARK_DAEMON_JAVA_OPTS", ""),
+                        self.daemon_java_opts,
+                        *class_archive_options(),
+                    )
+                    if o
                 ),
                 "SPARK_LAUNCHER_OPTS": env.get("SPARK_LAUNCHER_OPTS", _LIGHT_JVM_OPTS),
                 "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),

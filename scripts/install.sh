@@ -11,6 +11,8 @@
 #   3. .venv (python3 -m venv), torch==2.13.0 first (the CPU wheel; any other spec pulls
 #      several GB of CUDA wheels), then `pip install -e '.[dev]'`. A stamp in .venv records
 #      the hash of pyproject.toml so unchanged dependencies are not re-resolved.
+#   4. Byte-compiled sources and a JVM class archive for Spark (faster start-up of every
+#      Python worker and every Spark JVM).
 # Environment: PYTHON (interpreter for the venv, default python3), ADCLOUD_SKIP_APT=1 (skip
 # step 2, e.g. on a machine without Debian packages; ROS features then say what is missing).
 set -euo pipefail
@@ -128,6 +130,14 @@ fi
 # where PYTHONDONTWRITEBYTECODE is set (as on CI machines) nothing else writes these caches, so
 # each process would compile the sources again. Files already up to date are skipped.
 quietly "$VENV/bin/python" -m compileall -q -j 0 "$ROOT/adcloud"
+
+# A class-data-sharing archive of the classes Spark's JVMs load (adcloud/_jvm_archive.py): a
+# session starts ~3 s sooner and its first jobs run ~2 s sooner. Built once per Java and
+# pyspark (about a minute); kept in .venv/share/adcloud/jvm.
+if ! "$VENV/bin/python" -m adcloud._jvm_archive --check; then
+    say "building the JVM class archive for Spark (once per Java and pyspark, about a minute)"
+    quietly "$VENV/bin/python" -m adcloud._jvm_archive
+fi
 
 # -- summary ----------------------------------------------------------------------------------------
 ros="not installed (ADCLOUD_SKIP_APT=1)"

@@ -26,6 +26,7 @@ from adcloud.spark import (
     SparkClusterError,
     SparkSettings,
     StandaloneCluster,
+    class_archive_options,
     find_java,
     get_session,
     spark_conf,
@@ -424,6 +425,10 @@ def test_cluster_job_runs_on_two_executors(
     # The executors are children of the cluster's worker JVMs, one per worker.
     workers = {w.pid for w in cluster.worker_infos}
     assert {parent_pid(pid) for pid in jvm_pids} == workers
+    # Every JVM of the cluster started from the class archive (adcloud._jvm_archive).
+    archive = class_archive_options()[0].removeprefix("-XX:SharedArchiveFile=")
+    for pid in [*jvm_pids, *cluster.pids]:
+        assert archive in Path(f"/proc/{pid}/maps").read_text(), pid
 
 
 GPU_DISCOVERY = """#!/bin/sh
