@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,6 +43,9 @@ from adcloud.hetero.lattice import (
 from adcloud.hetero.transform import as_points, as_rigid
 from adcloud.hetero.voxel import voxel_downsample
 
+if TYPE_CHECKING:
+    from adcloud.hetero._kernels.icp import GridOnDevice
+
 __all__ = [
     "Alignment",
     "Matches",
@@ -57,6 +60,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: Neighbours a point needs within the radius for a normal (estimate_normals, align).
+_NORMAL_NEIGHBORS = 5
 
 _OFFSETS = np.array(
     [(dx, dy, dz) for dz in (-1, 0, 1) for dy in (-1, 0, 1) for dx in (-1, 0, 1)], np.int64
@@ -270,7 +275,7 @@ def estimate_normals(
     points: NDArray[Any],
     radius: float,
     *,
-    min_neighbors: int = 5,
+    min_neighbors: int = _NORMAL_NEIGHBORS,
     viewpoint: NDArray[Any] | None = None,
     device: ComputeDevice | str | None = None,
 ) -> NDArray[np.float32]:
@@ -289,19 +294,33 @@ def estimate_normals(
     grid = build_grid(array, radius)
     if len(grid.points) == 0:
         return out
-    dev = as_device(device)
-    if isinstance(dev, OpenCLDevice):
+    out[grid.order] = _grid_normals(grid, radius, min_neighbors, viewpoint, as_device(device))
+    return out
+
+
+def _grid_normals(
+    grid: PointGrid,
+    radius: float,
+    min_neighbors: int,
+    viewpoint: NDArray[Any] | None,
+    device: ComputeDevice,
+    on_device: GridOnDevice | None = None,
+) -> NDArray[np.float32]:
+    """:func:`estimate_normals` of ``grid``'s own points, in its sorted order (any cell
+    size of at least ``radius``: the search reads the neighbouring cells). ``on_device``:
+    the grid already in the device's buffers."""
+    if isinstance(device, OpenCLDevice):
         from adcloud.hetero._kernels.icp import GridOnDevice  # noqa: PLC0415
 
-        normals = GridOnDevice(dev, grid).normals_of_grid(radius, min_neighbors)
+        uploaded = on_device or GridOnDevice(device, grid)
+        normals = uploaded.normals_of_grid(radius, min_neighbors)
     else:
         normals = _normals_numpy(grid, radius, min_neighbors)
     view = np.zeros(3) if viewpoint is None else np.asarray(viewpoint, np.float64)
     towards = (view - grid.origin).astype(np.float32) - grid.points
     flip = np.einsum("ij,ij->i", normals, towards) < 0
     normals[flip] *= -1
-    out[grid.order] = normals
-    return out
+    return normals
 
 
 def normal_equations(
@@ -556,19 +575,27 @@ def align(
         src = voxel_downsample(src, voxel_size, device=dev).points
         tgt = voxel_downsample(tgt, voxel_size, device=dev).points
     radius = normal_radius if normal_radius is not None else max(2.5 * voxel_size, 0.3)
-    normals = estimate_normals(tgt, radius, device=dev)
     grid = build_grid(tgt, max_distance)
-    sorted_normals = np.ascontiguousarray(normals[grid.order])
+    on_device = None
+    if isinstance(dev, OpenCLDevice):
+        from adcloud.hetero._kernels.icp import GridOnDevice, MatchOnDevice  # noqa: PLC0415
+
+        on_device = GridOnDevice(dev, grid)
+    if radius == max_distance:
+        # One grid serves the normals and the matching (the same cells, the same order).
+        sorted_normals = _grid_normals(grid, radius, _NORMAL_NEIGHBORS, None, dev, on_device)
+    else:
+        normals = estimate_normals(tgt, radius, device=dev)
+        sorted_normals = np.ascontiguousarray(normals[grid.order])
     src = src[np.isfinite(src).all(axis=1)]
     if len(src) < 6 or len(grid.points) < 6:
         raise HeteroError(f"too few points to align ({len(src)} source, {len(grid.points)} target)")
     source_origin = lattice_origin(src, voxel_size or 1.0)
     rows = local_float32(src, source_origin)
     matcher: _Matcher
-    if isinstance(dev, OpenCLDevice):
-        from adcloud.hetero._kernels.icp import GridOnDevice, MatchOnDevice  # noqa: PLC0415
-
-        matcher = MatchOnDevice(GridOnDevice(dev, grid, sorted_normals), rows)
+    if on_device is not None:
+        on_device.set_normals(sorted_normals)
+        matcher = MatchOnDevice(on_device, rows)
     else:
         matcher = _NumpyMatcher(grid, sorted_normals, rows)
     # Work in the grid frame with source rows relative to their own origin: small numbers.

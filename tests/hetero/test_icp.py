@@ -196,6 +196,19 @@ def test_reference_align_recovers_it_too(scan_pair: tuple) -> None:
     assert translation < 0.03 and rotation < 0.3
 
 
+def test_one_grid_for_normals_and_matches_gives_the_alignment_of_two(
+    device: ComputeDevice, scan_pair: tuple
+) -> None:
+    # With the normal radius equal to the match distance, align estimates the normals on
+    # its matching grid; a radius a hair larger takes the separate grid of estimate_normals.
+    source, target, _ = scan_pair
+    guess = rigid(0.01, (0.2, -0.1, 0.0))
+    one = align(source, target, guess, max_distance=1.0, normal_radius=1.0, device=device)
+    two = align(source, target, guess, max_distance=1.0, normal_radius=1.0 + 1e-9, device=device)
+    np.testing.assert_allclose(one.transform, two.transform, atol=1e-6)
+    assert (one.iterations, one.inliers) == (two.iterations, two.inliers)
+
+
 def test_align_a_synthetic_scene_with_a_known_motion(device: ComputeDevice) -> None:
     rng = np.random.default_rng(9)
     floor = np.column_stack([rng.uniform(-10, 10, (3000, 2)), rng.normal(0, 0.003, 3000)])

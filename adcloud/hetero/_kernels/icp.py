@@ -44,6 +44,10 @@ class GridOnDevice:
         self.inv = np.float32(1.0) / np.float32(grid.cell)
         self.normals = None if normals is None else self._upload(_as_float4(normals))
 
+    def set_normals(self, normals: NDArray[np.float32]) -> None:
+        """Upload the (M, 3) normals of the grid's points (sorted order) for matching."""
+        self.normals = self._upload(_as_float4(normals))
+
     def _upload(self, array: NDArray[Any]) -> cl.Buffer:
         array = np.ascontiguousarray(array)
         self._keep.append(array)
