@@ -153,7 +153,10 @@ java, ros = sys.argv[1:3]
 print("adcloud is installed:")
 print(f"  python  {platform.python_version()} ({sys.prefix})")
 print(f"  java    {java}")
-print(f"  spark   {version('pyspark')} (pyspark)")
+from adcloud._jvm_archive import main as archive_check
+
+archive = "built" if archive_check(["--check"]) == 0 else "missing"
+print(f"  spark   {version('pyspark')} (pyspark; JVM class archive {archive})")
 print(f"  torch   {version('torch')}")
 print(f"  ros     {ros}")
 EOF
