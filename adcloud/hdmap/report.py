@@ -43,6 +43,7 @@ from adcloud.hdmap.evaluate import (
     load_map_products,
     mosaic,
 )
+from adcloud.hdmap.geotiff import PNG_OPTIONS
 from adcloud.hdmap.mapdir import MapDir, MapVersion
 from adcloud.hdmap.trajectory import Trajectory
 
@@ -209,7 +210,7 @@ def _preview(path: Path, tiles: Sequence[GridLayers], layers: _Overlays) -> None
             ax.set_ylim(grid.extent[2], grid.extent[3])
             ax.set_title(f"{name} ({tiles[0].resolution * 100:g} cm cells, drawn 1:{factor})")
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    fig.savefig(path, dpi=_DPI, pil_kwargs=PNG_OPTIONS)
 
 
 def _ate_plot(path: Path, result: EvalResult) -> None:
@@ -228,7 +229,7 @@ def _ate_plot(path: Path, result: EvalResult) -> None:
     ax.grid(True, color="#ddd", lw=0.5)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    fig.savefig(path, dpi=_DPI, pil_kwargs=PNG_OPTIONS)
 
 
 def _elevation_plot(path: Path, result: EvalResult) -> None:
@@ -254,7 +255,7 @@ def _elevation_plot(path: Path, result: EvalResult) -> None:
     )
     ax.grid(True, color="#ddd", lw=0.5)
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    fig.savefig(path, dpi=_DPI, pil_kwargs=PNG_OPTIONS)
 
 
 def _format_value(metric: Metric) -> str:
