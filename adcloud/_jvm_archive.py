@@ -126,9 +126,17 @@ def build_archive(*, force: bool = False, timeout: float = 900.0) -> Path:
     path = archive_path(java, home)
     if path.is_file() and not force:
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        building = tempfile.TemporaryDirectory(prefix=".build-", dir=path.parent)
+    except OSError as err:
+        msg = (
+            f"cannot write the JVM class archive into {path.parent} ({err.strerror}); set "
+            f"{ENV_DIR} to a writable directory"
+        )
+        raise MissingComponentError(msg) from err
     # Built beside its final name (then renamed), by a process that finds no archive to map.
-    with tempfile.TemporaryDirectory(prefix=".build-", dir=path.parent) as tmp:
+    with building as tmp:
         dump = Path(tmp) / path.name
         try:
             proc = subprocess.run(

@@ -136,3 +136,14 @@ def test_a_failed_build_says_so_and_leaves_no_archive(
     assert str(_jvm_archive.archive_path(java, spark_home())) in str(err.value)
     assert "Spark still works without it" in str(err.value)
     assert list(archives.iterdir()) == []
+
+
+def test_an_unwritable_archive_directory_is_named_with_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv(_jvm_archive.ENV_DIR, str(blocked / "jvm"))
+    with pytest.raises(MissingComponentError, match="cannot write the JVM class archive") as err:
+        _jvm_archive.build_archive()
+    assert str(blocked / "jvm") in str(err.value) and _jvm_archive.ENV_DIR in str(err.value)
