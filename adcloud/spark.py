@@ -218,20 +218,25 @@ def spark_conf(
     merged.update({key: _conf_value(value) for key, value in (conf or {}).items()})
     # Quiet start-up (see the properties file) and G1 regions that fit Spark's cache chunks
     # (see _G1_REGION); a user's own JVM options win.
-    # The class archive (see adcloud._jvm_archive) where install.sh built one: the driver
-    # starts on this machine; executors too when the master is local or on loopback.
-    archive = class_archive_options()
-    driver = [
-        f"-Dlog4j2.configurationFile={_LOG4J2}",
-        *_heap_options(merged["spark.driver.memory"]),
-        *archive,
-    ]
-    merged.setdefault("spark.driver.extraJavaOptions", " ".join(driver))
+    merged.setdefault(
+        "spark.driver.extraJavaOptions",
+        " ".join(
+            [f"-Dlog4j2.configurationFile={_LOG4J2}", *_heap_options(merged["spark.driver.memory"])]
+        ),
+    )
     executor = _heap_options(merged["spark.executor.memory"])
-    if _executors_here(settings.master):
-        executor += archive
     if executor:
         merged.setdefault("spark.executor.extraJavaOptions", " ".join(executor))
+    # The class archive (adcloud._jvm_archive), added to the user's options too (it only
+    # changes how fast a JVM starts): the driver starts on this machine, and the executors
+    # do when the master is local or on loopback.
+    archive = class_archive_options()
+    roles = ("driver", "executor") if _executors_here(settings.master) else ("driver",)
+    for role in roles:
+        key = f"spark.{role}.extraJavaOptions"
+        merged[key] = _with_archive(merged.get(key, ""), archive)
+        if not merged[key]:
+            del merged[key]
     # PySpark's daemon without a traceback whenever an idle worker is closed (see the module).
     merged.setdefault("spark.python.daemon.module", "adcloud._pyspark_daemon")
     return merged
@@ -246,6 +251,14 @@ def class_archive_options() -> list[str]:
         return _jvm_archive.java_options(java, spark_home())
     except MissingComponentError:
         return []
+
+
+def _with_archive(options: str, archive: Sequence[str]) -> str:
+    """``options`` with the class archive's, unless they choose class sharing themselves."""
+    own = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")
+    if not archive or any(word in options for word in own):
+        return options
+    return " ".join([options, *archive]).strip()
 
 
 def _executors_here(master: str) -> bool:

@@ -50,13 +50,7 @@ import pytest
 from pyspark import SparkContext, cloudpickle
 from pyspark.sql import SparkSession
 
-from adcloud.spark import (
-    SparkSettings,
-    StandaloneCluster,
-    class_archive_options,
-    get_session,
-    wait_for_executors,
-)
+from adcloud.spark import SparkSettings, StandaloneCluster, get_session, wait_for_executors
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,8 +60,7 @@ _CLUSTER_SESSION_FIXTURE = "cluster_spark"
 # Test JVMs live for seconds to minutes and run small jobs: the C1 compiler and the serial
 # collector start them faster and ran small jobs faster too (measured on 2 busy cores:
 # local[2] start 8.7-9.2 s -> 5.7-7.5 s, a 3M-row groupBy 5.1 s -> 2.5-3.5 s).
-# The class archive (adcloud._jvm_archive) as every adcloud session has it.
-_TEST_JVM_OPTS = " ".join(["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", *class_archive_options()])
+_TEST_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 class _SessionSwitch:

@@ -81,8 +81,14 @@ def test_spark_conf_maps_the_archive_for_the_jvms_of_this_machine(
     for master in ("spark://127.0.0.1:7077", "spark://localhost:7077", "local-cluster[2,1,1024]"):
         assert "-XX:SharedArchiveFile=a" in jvm_options(master)[1].split(), master
     assert "SharedArchiveFile" not in jvm_options("spark://node7.fleet:7077")[1]
+    # a user's own options keep the archive beside them, unless they choose class sharing
     own = jvm_options("local[2]", **{"spark.driver.extraJavaOptions": "-Xss4m"})[0]
-    assert own == "-Xss4m"
+    assert own == "-Xss4m -XX:SharedArchiveFile=a"
+    for theirs in ("-Xshare:off", "-XX:SharedArchiveFile=mine.jsa"):
+        assert jvm_options("local[2]", **{"spark.driver.extraJavaOptions": theirs})[0] == theirs
+    light = "-XX:+UseSerialGC"
+    executor = jvm_options("spark://127.0.0.1:7077", **{"spark.executor.extraJavaOptions": light})
+    assert executor[1] == f"{light} -XX:SharedArchiveFile=a"
 
 
 def run_java(*options: str, first: Path | None = None) -> subprocess.CompletedProcess[str]:
