@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -303,11 +304,13 @@ def get_session(
                 f'**{{"spark.x": ...}} and adcloud settings through SparkSettings'
             )
             raise ConfigError(msg)
-    merged = spark_conf(settings, conf)
-
     # Under spark-submit the cluster manager's master (and deploy mode) come from the
     # submit command line; the Python driver must not override them.
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if under_submit and SparkContext._active_spark_context is None:
+        merged = _under_submit(settings, conf)
+    else:
+        merged = spark_conf(settings, conf)
     active = SparkContext._active_spark_context
     if active is not None:
         if active.master != settings.master and not under_submit:
@@ -342,6 +345,23 @@ def get_session(
         time.monotonic() - started,
     )
     return session
+
+
+def _under_submit(
+    settings: SparkSettings, conf: Mapping[str, str | int | float | bool]
+) -> dict[str, str]:
+    """:func:`spark_conf` for a driver that spark-submit started: what the submit command
+    line set (``--executor-memory``, ``--conf``...) wins over adcloud's defaults and
+    settings -- the session would otherwise set them back -- and ``conf`` (the program's
+    own) wins over both, as in Spark. The master is the submitted one."""
+    from pyspark import SparkConf  # noqa: PLC0415
+
+    SparkContext._ensure_initialized()  # attach to spark-submit's JVM
+    submitted = dict(SparkConf().getAll())
+    settings = dataclasses.replace(settings, master=submitted.get("spark.master", settings.master))
+    ours = spark_conf(settings, conf)
+    kept = {key: submitted[key] for key in ours if key in submitted and key not in conf}
+    return spark_conf(settings, {**kept, **conf})
 
 
 def _conf_value(value: str | int | float | bool) -> str:

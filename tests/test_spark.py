@@ -315,6 +315,45 @@ def test_the_default_local_master_retries_a_failed_task_as_a_cluster_does(
     assert marker.exists() and "a passing infrastructure failure" in done.stderr
 
 
+SUBMITTED_JOB = """
+import json
+from adcloud.spark import get_session
+spark = get_session(**{"spark.sql.shuffle.partitions": "7"})
+conf = spark.sparkContext.getConf()
+keys = ["spark.executor.memory", "spark.executor.extraJavaOptions", "spark.sql.shuffle.partitions"]
+print("CONF " + json.dumps({key: conf.get(key) for key in keys}))
+spark.stop()
+"""
+
+
+def test_under_spark_submit_the_submit_line_wins_over_adcloud_defaults(tmp_path: Path) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(SUBMITTED_JOB)
+    done = subprocess.run(
+        [
+            str(spark_home() / "bin" / "spark-submit"),
+            *("--master", "local[2]", "--conf", "spark.executor.memory=3g"),
+            *("--conf", "spark.executor.extraJavaOptions=-Xss4m"),
+            *("--conf", "spark.sql.shuffle.partitions=3"),
+            str(job),
+        ],
+        env=python_env(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("CONF "))
+    conf = json.loads(line.removeprefix("CONF "))
+    # adcloud's default executor memory (1g) and JVM options no longer replace the user's
+    assert conf["spark.executor.memory"] == "3g"
+    assert conf["spark.executor.extraJavaOptions"].split()[-1] == "-Xss4m"
+    assert "G1HeapRegionSize" not in conf["spark.executor.extraJavaOptions"]
+    # what the program itself asks for still wins, as in Spark
+    assert conf["spark.sql.shuffle.partitions"] == "7"
+
+
 def test_find_java_reports_java_17_or_newer() -> None:
     java, major = find_java()
     assert java.name == "java"
