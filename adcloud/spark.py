@@ -720,15 +720,14 @@ class StandaloneCluster:
                 "SPARK_HOME": str(home),
                 "SPARK_LOCAL_IP": _LOOPBACK,
                 "SPARK_DAEMON_MEMORY": self.daemon_memory,
-                # the class archive: a master or worker up in ~2.5 s instead of ~4 s here
-                "SPARK_DAEMON_JAVA_OPTS": " ".join(
-                    o
-                    for o in (
-                        env.get("SPARK_DAEMON_JAVA_OPTS", ""),
-                        self.daemon_java_opts,
-                        *class_archive_options(),
-                    )
-                    if o
+                # with the class archive: a master or worker up in ~2.5 s instead of ~4 s here
+                "SPARK_DAEMON_JAVA_OPTS": _with_archive(
+                    " ".join(
+                        o
+                        for o in (env.get("SPARK_DAEMON_JAVA_OPTS", ""), self.daemon_java_opts)
+                        if o
+                    ),
+                    class_archive_options(),
                 ),
                 "SPARK_LAUNCHER_OPTS": env.get("SPARK_LAUNCHER_OPTS", _LIGHT_JVM_OPTS),
                 "PYSPARK_PYTHON": env.get("PYSPARK_PYTHON", sys.executable),
