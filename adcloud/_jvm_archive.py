@@ -182,13 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             _exercise(args.exercise, Path(work))
         return 0
     from adcloud.errors import AdcloudError  # noqa: PLC0415
-    from adcloud.spark import find_java, spark_home  # noqa: PLC0415
+    from adcloud.spark import class_archive_options  # noqa: PLC0415
 
     if args.check:
-        try:
-            return 0 if archive_path(find_java()[0], spark_home()).is_file() else 1
-        except (AdcloudError, OSError):
-            return 1
+        return 0 if class_archive_options() else 1
     started = time.monotonic()
     try:
         path = build_archive(force=args.force)

@@ -235,9 +235,9 @@ def spark_conf(
     roles = ("driver", "executor") if _executors_here(settings.master) else ("driver",)
     for role in roles:
         key = f"spark.{role}.extraJavaOptions"
-        merged[key] = _with_archive(merged.get(key, ""), archive)
-        if not merged[key]:
-            del merged[key]
+        options = _with_archive(merged.get(key, ""), archive)
+        if options:
+            merged[key] = options
     # PySpark's daemon without a traceback whenever an idle worker is closed (see the module).
     merged.setdefault("spark.python.daemon.module", "adcloud._pyspark_daemon")
     return merged
