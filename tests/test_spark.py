@@ -237,6 +237,12 @@ def test_the_daemon_loads_the_installed_pyspark_instead_of_its_zipped_copy(
     shipped, py4j = str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")
     # pip's pyspark: the zip inside the installed package goes after it
     assert _prefer_installed_pyspark([shipped, py4j, str(site)]) == [py4j, str(site), shipped]
+    # py4j's zip goes after the installed py4j only when that is the same version
+    (site / "py4j").mkdir()
+    (site / "py4j" / "version.py").write_text("__version__ = '0.10.9.8'\n")
+    assert _prefer_installed_pyspark([shipped, py4j, str(site)]) == [py4j, str(site), shipped]
+    (site / "py4j" / "version.py").write_text("__version__ = '0.10.9.9'\n")
+    assert _prefer_installed_pyspark([shipped, py4j, str(site)]) == [str(site), shipped, py4j]
     # a Spark distribution elsewhere keeps its zip first, as Spark intends
     other = tmp_path / "spark-4.0.0" / "python" / "lib" / "pyspark.zip"
     assert _prefer_installed_pyspark([str(other), str(site)]) == [str(other), str(site)]
@@ -248,12 +254,16 @@ def test_python_workers_import_pyspark_with_cached_bytecode(spark: SparkSession)
     import pyspark  # noqa: PLC0415
 
     def where(_: int) -> str:
+        import py4j  # noqa: PLC0415
         import pyspark  # noqa: PLC0415
 
-        return str(pyspark.__file__)
+        return f"{pyspark.__file__} {py4j.__file__}"
+
+    import py4j  # noqa: PLC0415
 
     files = set(spark.sparkContext.parallelize(range(2), 2).map(where).collect())
-    assert files == {pyspark.__file__}, files  # not .../pyspark.zip/pyspark/__init__.py
+    # not .../pyspark.zip/pyspark/__init__.py nor .../py4j-*-src.zip/py4j/__init__.py
+    assert files == {f"{pyspark.__file__} {py4j.__file__}"}, files
 
 
 def test_a_fresh_local_session_starts_without_chatter() -> None:
