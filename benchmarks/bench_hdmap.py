@@ -11,7 +11,8 @@ Baselines, in the same run and on the same data:
 - the build on a standalone cluster with 2 executors against 1 (target >= 1.7x);
 - a nightly build adding a short drive to the map of the long one: tiles out of the new
   drive's reach carried as they are, against the same build merging every tile again
-  (``hdmap.carry_tiles=false``, what every build did before) -- reported.
+  (``hdmap.carry_tiles=false``, what every build did before) -- time and the disk the new
+  version takes, reported.
 
     .venv/bin/python benchmarks/bench_hdmap.py              # everything (~10 min on 2 cores)
     .venv/bin/python benchmarks/bench_hdmap.py --beams 16   # a cheaper drive
@@ -243,11 +244,17 @@ def bench_nightly(cfg: DriveConfig, bag: Path, work: Path, seconds: float) -> No
         assert version is not None and version.path is not None
         grid = sorted(version.path.glob("grid/*.tif"))
         carried = sum(before.get(p.name) == p.stat().st_mtime_ns for p in grid)
+        # the disk the new version took: its files that are not the parent's (hard links)
+        older = [d for d in (target / "versions").iterdir() if d != version.path]
+        parent = {p.stat().st_ino for d in older for p in d.rglob("*") if p.is_file()}
+        files = [p.stat() for p in version.path.rglob("*") if p.is_file()]
+        whole = sum(f.st_size for f in files)
+        own = sum(f.st_size for f in files if f.st_nlink == 1 or f.st_ino not in parent)
         print(
             f"nightly build, {'carrying' if carry else 'merging every tile'}: "
             f"{times[carry]:.1f} s (grid {t['grid']:.1f}, cloud {t['cloud']:.1f}, labels and "
             f"outputs {t['labels+outputs']:.1f}); {carried} of {len(grid)} grid tiles carried; "
-            f"load {_load()}",
+            f"new disk {own / 2**20:.0f} of {whole / 2**20:.0f} MiB; load {_load()}",
             flush=True,
         )
         shutil.rmtree(target, ignore_errors=True)

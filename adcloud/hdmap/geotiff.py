@@ -359,14 +359,19 @@ def write_preview(
     cmap = mpl.colormaps[_CMAPS[layer]].with_extremes(bad=(0, 0, 0, 0))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside and renamed into place, as the tiles are: a carried preview is a hard
+    # link to the previous version's file, which must never be rewritten through it.
+    partial = path.with_name(f".{path.name}.partial")
     imsave(
-        path,
+        partial,
         np.ma.masked_invalid(np.flipud(small)),
         cmap=cmap,
         vmin=lo,
         vmax=hi,
+        format="png",
         pil_kwargs=PNG_OPTIONS,
     )
+    partial.replace(path)
     return path
 
 

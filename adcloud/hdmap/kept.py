@@ -3,10 +3,11 @@
 An incremental build merges the new drives' tile statistics into the previous version's.
 A tile can change only where a new drive's sensor came within the grid's or the point-cloud
 map's ``max_range`` of it (points farther away are not used); every other tile is *carried*:
-its files are copied into the new version as they are, without merging, finishing or
-writing it again. A nightly build's tile work therefore follows the new drives, not the
-size of the map. (The label stage still reads the tiles along every drive's roads, and
-extracts the labels of the whole map again.)
+its files go into the new version as they are (hard links on one file system, else copies),
+without merging, finishing or writing it again. A nightly build's tile work, and the disk a
+new version takes, therefore follow the new drives, not the size of the map. (The label
+stage still reads the tiles along every drive's roads, and extracts the labels of the whole
+map again.)
 
 A version keeps, per grid tile ``<x>_<y>``: ``grid/<x>_<y>.tif`` and its preview
 ``grid/preview/<x>_<y>.png``, and its statistics ``state/tiles/<x>_<y>.npz``; per
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +32,7 @@ from adcloud.config import settings_dict
 from adcloud.hdmap.errors import MapFormatError
 from adcloud.hdmap.geotiff import tile_file_name
 from adcloud.hdmap.grid import GridSettings, TileKey
+from adcloud.hdmap.mapdir import link_or_copy
 from adcloud.hdmap.pcmap import (
     METADATA_FILE,
     TILE_DIR,
@@ -210,4 +211,4 @@ class KeptVersion:
             )
         target = out_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
+        link_or_copy(source, target)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +39,7 @@ from scipy.spatial import cKDTree
 from adcloud.config import load_settings
 from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.exchange import dump_items, load_items
+from adcloud.hdmap.mapdir import link_or_copy
 from adcloud.hetero import HeteroError, align
 from adcloud.hetero.devices import ComputeDevice, as_device
 
@@ -346,15 +346,6 @@ def find_loop_closures(
     return closures
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
-    """A hard link where both lie on one file system (archive files are never rewritten in
-    place: a new version writes new files), else a copy."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
-
-
 class KeyframeArchive:
     """The keyframes of a map's drives, kept in its version for the next incremental build:
     ``<drive>.npz`` per drive (:func:`~adcloud.hdmap.exchange.dump_items`) and
@@ -414,7 +405,7 @@ class KeyframeArchive:
         if carry is not None:
             for drive, b in carry.bounds.items():
                 if drive not in by_drive:
-                    _link_or_copy(carry.folder / f"{drive}.npz", root / f"{drive}.npz")
+                    link_or_copy(carry.folder / f"{drive}.npz", root / f"{drive}.npz")
                     bounds[drive] = list(b)
         for drive, frames in sorted(by_drive.items()):
             frames.sort(key=lambda k: k.stamp)

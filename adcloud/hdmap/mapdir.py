@@ -92,6 +92,7 @@ __all__ = [
     "content_hash",
     "drive_name",
     "find_bags",
+    "link_or_copy",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -236,6 +237,21 @@ def _fsync_path(path: Path, *, directory: bool = False) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` where both lie on one file system, else a copy
+    (with its time stamps).
+
+    For the files a new map version carries unchanged from its parent (tiles out of the new
+    drives' reach, the keyframes of old drives): a nightly build then neither copies nor
+    stores the parts of the map it did not change.  It is safe because no version's file is
+    rewritten in place -- every writer writes beside and renames over (a new inode), and
+    versions, once committed, are only read and deleted."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 class _LocalFiles(_Files):

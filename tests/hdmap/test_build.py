@@ -376,6 +376,9 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
             assert (v2.path / same).read_bytes() == (full.path / same).read_bytes(), same
         state = f"state/tiles/{stem}.npz"
         assert new[state] == old[state] and _same_items(v2.path / state, full.path / state)
+        # the new version shares the old one's files: it takes no disk for what it carried
+        for same in (rel, f"grid/preview/{stem}.png", state):
+            assert (v2.path / same).samefile(v1.path / same), same
         assert name in {Path(k).name for k in new}
     # the point-cloud map lists every tile, carried or written, and holds each file
     meta = yaml.safe_load((v2.path / "pointcloud_map_metadata.yaml").read_text())

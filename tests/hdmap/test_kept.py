@@ -5,15 +5,19 @@ the files of the others carried into a new version (the whole build:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from adcloud.hdmap.errors import MapFormatError
-from adcloud.hdmap.grid import GridSettings
+from adcloud.hdmap.exchange import dump_items
+from adcloud.hdmap.geotiff import write_grid_tile, write_preview
+from adcloud.hdmap.grid import GridSettings, GridTile
 from adcloud.hdmap.kept import TILE_SETTINGS, KeptVersion, keys_within, tile_settings
 from adcloud.hdmap.pcmap import MapCloud, PointCloudMapSettings, write_pointcloud_map
 
@@ -69,6 +73,48 @@ def test_carried_tiles_are_copied_with_their_state(tmp_path: Path) -> None:
     assert entries == [("0_0.pcd", (0.0, 0.0))]  # the empty tile has state and no file
     assert (out / "pointcloud_map" / "0_0.pcd").is_file()
     assert (out / "state" / "cloud" / "3_-2.npz").read_bytes() == b"voxel sums"
+    # on one file system the new version shares the old one's files instead of copying them
+    for rel in (*copied, "pointcloud_map/0_0.pcd", "state/cloud/3_-2.npz"):
+        assert (out / rel).samefile(tmp_path / "old" / rel), rel
+
+
+def test_carried_tiles_are_copied_where_they_cannot_be_linked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept = _version(tmp_path / "old")
+    old = tmp_path / "old" / "grid" / "3_-2.tif"
+    os.utime(old, (1_000_000_000, 1_000_000_000))
+
+    def other_file_system(source: object, target: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", other_file_system)
+    out = tmp_path / "new"
+    kept.carry_grid([(3, -2)], out)
+    new = out / "grid" / "3_-2.tif"
+    assert not new.samefile(old) and new.read_bytes() == old.read_bytes()
+    assert new.stat().st_mtime == old.stat().st_mtime  # a copy keeps its time stamps
+
+
+def test_a_preview_written_over_a_carried_link_leaves_the_old_version_alone(
+    tmp_path: Path,
+) -> None:
+    """Every tile writer writes beside and renames: writing a tile whose file is a link to
+    the previous version's gives the new version a new file and the old one keeps its own."""
+    old_root, new_root = tmp_path / "old", tmp_path / "new"
+    kept = _version(old_root)
+    kept.carry_grid([(0, 0)], new_root)
+    layer = np.arange(64, dtype=np.float32).reshape(8, 8)
+    count = np.ones((8, 8), np.int32)
+    tile = GridTile((0, 0), (0.0, 0.0), 0.05, layer, layer, layer, count, layer, count, layer)
+    write_preview(tile, new_root / "grid" / "preview" / "0_0.png")
+    write_grid_tile(tile, new_root / "grid" / "0_0.tif", (49.0, 8.4, 0.0))
+    dump_items([], new_root / "state" / "tiles" / "0_0.npz")
+    for rel in ("grid/preview/0_0.png", "grid/0_0.tif", "state/tiles/0_0.npz"):
+        assert (old_root / rel).read_bytes() == f"{rel} of the old version".encode(), rel
+        assert not (new_root / rel).samefile(old_root / rel)
+    assert (new_root / "grid" / "preview" / "0_0.png").read_bytes().startswith(b"\x89PNG")
+    assert not list(new_root.rglob(".*partial*"))
 
 
 def test_a_damaged_previous_version_is_named(tmp_path: Path) -> None:
