@@ -160,6 +160,30 @@ def bench_kernels(device: ComputeDevice, repeat: int, quick: bool) -> Table:
                 f"{len(points):,} points -> {cells}x{cells} cells of {size} m",
                 lambda d, grid=grid, points=points: rasterize(points, grid, device=d),
             )
+    if isinstance(device, OpenCLDevice) and device.info.kind == DeviceKind.CPU:
+        # One LiDAR sweep's reduction, as the map's grid stage runs it per sweep: on a CPU
+        # device the kernels' launches cost more than NumPy's whole reduction, so ``auto``
+        # gives rasters under HOST_BELOW points and cells to the host.
+        sweep = synthetic_scene(22_000, seed=7)
+        cells = GridSpec(0.0, 0.0, 1.0, 100, 100)
+        table.add(
+            "rasterize, one sweep (binned kernels)",
+            f"{len(sweep):,} points -> 100x100 cells of 1 m",
+            *compare(
+                lambda: rasterize(sweep, cells, strategy="binned", device=device),
+                lambda: rasterize(sweep, cells, device="numpy"),
+                repeat,
+            ),
+        )
+        table.add(
+            "rasterize, one sweep (auto: on the host)",
+            f"{len(sweep):,} points -> 100x100 cells of 1 m",
+            *compare(
+                lambda: rasterize(sweep, cells, device=device),
+                lambda: rasterize(sweep, cells, device="numpy"),
+                repeat,
+            ),
+        )
     if isinstance(device, OpenCLDevice):
         grid = GridSpec(0.0, 0.0, 0.1, 1000, 1000)
         other = "atomic" if device.info.kind == DeviceKind.CPU else "binned"

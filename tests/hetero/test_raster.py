@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from adcloud.hetero import GridSpec, HeteroError, Raster, rasterize
 from adcloud.hetero.devices import ComputeDevice
+from adcloud.hetero.raster import HOST_BELOW
 
 pytestmark = pytest.mark.opencl
 
@@ -80,12 +83,13 @@ def test_empty_one_point_and_all_outside(device: ComputeDevice, strategy: str) -
     assert not outside.count.any()
 
 
-def test_intensity_array_and_float64_geo_coordinates(device: ComputeDevice) -> None:
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_intensity_array_and_float64_geo_coordinates(device: ComputeDevice, strategy: str) -> None:
     rng = np.random.default_rng(12)
     xyz = rng.uniform(0, 20, (50_000, 3)) + np.array([3.2e5, 5.6e6, 0.0])
     intensity = rng.uniform(0, 1, 50_000)
     grid = GridSpec(3.2e5, 5.6e6, 0.1, 200, 200)
-    got = rasterize(xyz, grid, intensity=intensity, device=device)
+    got = rasterize(xyz, grid, intensity=intensity, strategy=strategy, device=device)
     assert_same(got, rasterize(xyz, grid, intensity=intensity, device="numpy"))
     assert got.count.sum() == 50_000
 
@@ -98,6 +102,42 @@ def test_a_dense_cell(device: ComputeDevice) -> None:
         assert r.count[0, 0] == 100_000
         assert r.mean_z[0, 0] == pytest.approx(float(z.astype(np.float64).mean()), abs=1e-4)
         assert r.min_z[0, 0] == z.min() and r.max_z[0, 0] == z.max()
+
+
+def test_auto_gives_a_cpu_device_small_rasters_to_the_host(
+    cpu_device: ComputeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PoCL the kernels would run on the cores NumPy uses, and their launches cost more
+    than a sweep's reduction: ``auto`` rasterizes small inputs with the reference."""
+    from adcloud.hetero._kernels import raster as kernels  # noqa: PLC0415
+
+    launched: list[tuple[int, str]] = []
+    run = kernels.rasterize
+
+    def counted(device: Any, points: Any, *args: Any) -> Any:
+        launched.append((len(points), args[-1]))
+        return run(device, points, *args)
+
+    monkeypatch.setattr(kernels, "rasterize", counted)
+    rng = np.random.default_rng(14)
+    sweep = rng.uniform(0, 20, (HOST_BELOW - 1, 4)).astype(np.float32)
+    small = GridSpec(0.0, 0.0, 0.2, 100, 100)
+    got = rasterize(sweep, small, device=cpu_device)
+    assert not launched
+    want = rasterize(sweep, small, device="numpy")
+    for name in ("count", "mean_z", "min_z", "max_z", "mean_intensity"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    # as many points as that, or cells: the binned kernels
+    rasterize(np.vstack([sweep, sweep[:1]]), small, device=cpu_device)
+    rasterize(sweep, GridSpec(0.0, 0.0, 0.05, 400, 400), device=cpu_device)
+    assert launched == [(HOST_BELOW, "binned"), (HOST_BELOW - 1, "binned")]
+    # an explicit strategy is obeyed, however small the raster
+    launched.clear()
+    rasterize(sweep[:10], small, strategy="binned", device=cpu_device)
+    assert launched == [(10, "binned")]
+    launched.clear()
+    rasterize(sweep, GridSpec(0.0, 0.0, 0.05, 400, 400), strategy="host", device=cpu_device)
+    assert not launched
 
 
 def test_grid_spec_checks_and_covering() -> None:
