@@ -34,6 +34,9 @@ ENV_DIR = "ADCLOUD_JVM_ARCHIVE_DIR"
 
 _PREFIX = "spark-"
 _SUFFIX = ".jsa"
+# Beside where an archive would be: why building it failed for this JVM and these jars, so
+# that every later install does not spend its minute failing again (``--force`` retries).
+_FAILED = ".failed"
 # A mismatched archive (another class path, a changed jar) only costs the speed-up; the
 # JVM's warnings about it would land in every job's output.
 _QUIET = ("-Xshare:auto", "-Xlog:cds=off", "-Xlog:cds+dynamic=off")
@@ -126,6 +129,14 @@ def build_archive(*, force: bool = False, timeout: float = 900.0) -> Path:
     path = archive_path(java, home)
     if path.is_file() and not force:
         return path
+    failed_before = path.with_suffix(_FAILED)
+    if failed_before.is_file() and not force:
+        msg = (
+            f"the JVM class archive {path} could not be built for this Java and Spark before "
+            f"(why: {failed_before}); Spark works without it, only slower to start. Run "
+            "`python -m adcloud._jvm_archive --force` to try again"
+        )
+        raise MissingComponentError(msg)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         building = tempfile.TemporaryDirectory(prefix=".build-", dir=path.parent)
@@ -157,9 +168,11 @@ def build_archive(*, force: bool = False, timeout: float = 900.0) -> Path:
                 f"{failed[-2000:] or 'the JVM wrote no archive'}; Spark still works without "
                 "it, only slower to start"
             )
+            failed_before.write_text(msg + "\n", encoding="utf-8")
             raise MissingComponentError(msg)
         dump.replace(path)
-    for stale in path.parent.glob(f"{_PREFIX}*{_SUFFIX}"):
+    failed_before.unlink(missing_ok=True)
+    for stale in [*path.parent.glob(f"{_PREFIX}*{_SUFFIX}"), *path.parent.glob(f"*{_FAILED}")]:
         if stale != path:
             stale.unlink(missing_ok=True)
     return path

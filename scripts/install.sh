@@ -133,10 +133,13 @@ quietly "$VENV/bin/python" -m compileall -q -j 0 "$ROOT/adcloud"
 
 # A class-data-sharing archive of the classes Spark's JVMs load (adcloud/_jvm_archive.py): a
 # session starts ~3 s sooner and its first jobs run ~2 s sooner. Built once per Java and
-# pyspark (about a minute); kept in .venv/share/adcloud/jvm.
+# pyspark (about a minute); kept in .venv/share/adcloud/jvm. Only a speed-up: a JVM that
+# cannot build one (not HotSpot 13+) gets a warning, and Spark runs without it.
 if ! "$VENV/bin/python" -m adcloud._jvm_archive --check; then
     say "building the JVM class archive for Spark (once per Java and pyspark, about a minute)"
-    quietly "$VENV/bin/python" -m adcloud._jvm_archive
+    if ! "$VENV/bin/python" -m adcloud._jvm_archive >/dev/null; then
+        say "no JVM class archive (above: why); Spark works without it, ~6 s slower to start a session"
+    fi
 fi
 
 # -- summary ----------------------------------------------------------------------------------------
@@ -155,7 +158,7 @@ print(f"  python  {platform.python_version()} ({sys.prefix})")
 print(f"  java    {java}")
 from adcloud._jvm_archive import main as archive_check
 
-archive = "built" if archive_check(["--check"]) == 0 else "missing"
+archive = "built" if archive_check(["--check"]) == 0 else "not built"
 print(f"  spark   {version('pyspark')} (pyspark; JVM class archive {archive})")
 print(f"  torch   {version('torch')}")
 print(f"  ros     {ros}")

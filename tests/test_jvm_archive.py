@@ -128,9 +128,11 @@ def test_a_failed_build_says_so_and_leaves_no_archive(
     jdk = tmp_path / "jdk"
     (jdk / "bin").mkdir(parents=True)
     java = jdk / "bin" / "java"
+    launches = tmp_path / "launches"
     java.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = -version ]; then echo \'openjdk version "17.0.9"\' >&2; exit 0; fi\n'
+        f"echo launched >> {launches}\n"
         "echo 'Error: could not create the Java Virtual Machine' >&2; exit 1\n"
     )
     java.chmod(0o755)
@@ -139,9 +141,19 @@ def test_a_failed_build_says_so_and_leaves_no_archive(
     monkeypatch.setenv(_jvm_archive.ENV_DIR, str(archives))
     with pytest.raises(MissingComponentError, match="could not build the JVM class archive") as err:
         _jvm_archive.build_archive(timeout=300)
-    assert str(_jvm_archive.archive_path(java, spark_home())) in str(err.value)
+    path = _jvm_archive.archive_path(java, spark_home())
+    assert str(path) in str(err.value)
     assert "Spark still works without it" in str(err.value)
-    assert list(archives.iterdir()) == []
+    # no archive, only the note of why, so the next install does not spend a minute again
+    assert [p.name for p in archives.iterdir()] == [path.with_suffix(".failed").name]
+    assert "could not create the Java Virtual Machine" in path.with_suffix(".failed").read_text()
+    tries = launches.read_text().count("launched")
+    with pytest.raises(MissingComponentError, match=r"could not be built .* before .*--force"):
+        _jvm_archive.build_archive(timeout=300)
+    assert launches.read_text().count("launched") == tries  # no JVM started
+    with pytest.raises(MissingComponentError, match="could not build the JVM class archive"):
+        _jvm_archive.build_archive(force=True, timeout=300)
+    assert launches.read_text().count("launched") > tries
 
 
 def test_an_unwritable_archive_directory_is_named_with_what_to_do(
