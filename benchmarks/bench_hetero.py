@@ -165,25 +165,17 @@ def bench_kernels(device: ComputeDevice, repeat: int, quick: bool) -> Table:
         # device the kernels' launches cost more than NumPy's whole reduction, so ``auto``
         # gives rasters under HOST_BELOW points and cells to the host.
         sweep = synthetic_scene(22_000, seed=7)
-        cells = GridSpec(0.0, 0.0, 1.0, 100, 100)
-        table.add(
-            "rasterize, one sweep (binned kernels)",
-            f"{len(sweep):,} points -> 100x100 cells of 1 m",
-            *compare(
-                lambda: rasterize(sweep, cells, strategy="binned", device=device),
-                lambda: rasterize(sweep, cells, device="numpy"),
-                repeat,
-            ),
-        )
-        table.add(
-            "rasterize, one sweep (auto: on the host)",
-            f"{len(sweep):,} points -> 100x100 cells of 1 m",
-            *compare(
-                lambda: rasterize(sweep, cells, device=device),
-                lambda: rasterize(sweep, cells, device="numpy"),
-                repeat,
-            ),
-        )
+        sweep_grid = GridSpec(0.0, 0.0, 1.0, 100, 100)
+        for strategy, what in (("binned", "binned kernels"), ("auto", "auto: on the host")):
+            table.add(
+                f"rasterize, one sweep ({what})",
+                f"{len(sweep):,} points -> 100x100 cells of 1 m",
+                *compare(
+                    lambda s=strategy: rasterize(sweep, sweep_grid, strategy=s, device=device),
+                    lambda: rasterize(sweep, sweep_grid, device="numpy"),
+                    repeat,
+                ),
+            )
     if isinstance(device, OpenCLDevice):
         grid = GridSpec(0.0, 0.0, 0.1, 1000, 1000)
         other = "atomic" if device.info.kind == DeviceKind.CPU else "binned"
