@@ -12,7 +12,8 @@ Baselines, in the same run and on the same data:
 - a nightly build adding a short drive to the map of the long one: tiles out of the new
   drive's reach carried as they are, against the same build merging every tile again
   (``hdmap.carry_tiles=false``, what every build did before) -- time and the disk the new
-  version takes, reported.
+  version takes, and the bytes the same build moves on a map kept on an object store,
+  reported.
 
     .venv/bin/python benchmarks/bench_hdmap.py              # everything (~10 min on 2 cores)
     .venv/bin/python benchmarks/bench_hdmap.py --beams 16   # a cheaper drive
@@ -33,8 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import fsspec
 import numpy as np
 from _cpu import CpuShare
+from fsspec.implementations.memory import MemoryFileSystem
 
 from adcloud.hdmap import HdmapSettings, build_map, evaluate_map, read_drive
 from adcloud.hdmap.baseline import kiss_icp_trajectory
@@ -263,7 +266,55 @@ def bench_nightly(cfg: DriveConfig, bag: Path, work: Path, seconds: float) -> No
         f"vs {times[False]:.1f} s merging every tile -> {times[False] / times[True]:.2f}x "
         "(reported)"
     )
+    _nightly_on_a_store(spark, base, [str(bag), str(night.bag)])
     spark.stop()
+
+
+def _nightly_on_a_store(spark: object, base: Path, bags: list[str]) -> None:
+    """The carrying nightly build of the map ``base`` kept on an object store (fsspec's
+    in-memory one): the bytes it reads from and writes to the store, against the whole
+    parent downloaded and the whole new version uploaded (what such builds did before)."""
+    fs = fsspec.filesystem("memory")
+    bucket = f"/bench-nightly-{time.monotonic_ns()}/map"
+    for path in sorted(base.rglob("*")):
+        if path.is_file():
+            fs.pipe_file(f"{bucket}/{path.relative_to(base).as_posix()}", path.read_bytes())
+    moved = {"read": 0, "written": 0, "copied": 0}
+    store_open, store_copy = MemoryFileSystem._open, MemoryFileSystem.cp_file
+
+    def opened(self: MemoryFileSystem, path: str, mode: str = "rb", **kw: object) -> object:
+        f = store_open(self, path, mode, **kw)
+        if mode == "rb":
+            moved["read"] += int(self.size(path))
+        return f
+
+    def copied(self: MemoryFileSystem, path1: str, path2: str, **kw: object) -> None:
+        moved["copied"] += int(self.size(path1))
+        store_copy(self, path1, path2, **kw)
+
+    written_before = sum(fs.du(bucket, total=False).values())
+    MemoryFileSystem._open, MemoryFileSystem.cp_file = opened, copied  # type: ignore[method-assign]
+    try:
+        started = time.perf_counter()
+        summary = build_map(spark, bags, f"memory://{bucket}")  # type: ignore[arg-type]
+        seconds = time.perf_counter() - started
+    finally:
+        MemoryFileSystem._open, MemoryFileSystem.cp_file = store_open, store_copy  # type: ignore[method-assign]
+    version = summary.result.version
+    assert version is not None
+    sizes = fs.du(bucket, total=False)
+    moved["written"] = sum(sizes.values()) - written_before - moved["copied"]
+    parent = sum(v for k, v in sizes.items() if "/versions/000001/" in k)
+    new = sum(v for k, v in sizes.items() if f"/versions/{version.id}/" in k)
+    mib = 2**20
+    print(
+        f"nightly build of the map on an object store: {seconds:.1f} s; read "
+        f"{moved['read'] / mib:.0f} MiB from it, wrote {moved['written'] / mib:.0f} MiB, had it "
+        f"copy {moved['copied'] / mib:.0f} MiB; a whole download and upload would move "
+        f"{parent / mib:.0f} + {new / mib:.0f} MiB (reported)",
+        flush=True,
+    )
+    fs.rm(bucket.rsplit("/", 1)[0], recursive=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,7 +52,14 @@ from adcloud.hdmap.exchange import dump_items, load_items
 from adcloud.hdmap.geotiff import read_grid_tile, write_mosaic
 from adcloud.hdmap.grid import GridTile, coarsen_tile, overview_factor
 from adcloud.hdmap.job import PipelineResult, StageSettings, run_pipeline
-from adcloud.hdmap.kept import GRID_DIR, TILE_SETTINGS, KeptVersion, tile_settings
+from adcloud.hdmap.kept import (
+    GRID_DIR,
+    TILE_FOLDERS,
+    TILE_SETTINGS,
+    KeptVersion,
+    VersionFiles,
+    tile_settings,
+)
 from adcloud.hdmap.labels import lane_centerlines, markings_from_paint, reference_lines
 from adcloud.hdmap.lanelet import LaneletSummary, write_lanelet2, write_map_projector_info
 from adcloud.hdmap.loops import KeyframeArchive
@@ -142,19 +149,24 @@ def _origin_info(root: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _parent_state(staging: Staging) -> Iterator[tuple[Path | None, dict[str, Any]]]:
-    """The parent version's local directory (None for a first build) and its
-    ``state/origin.json``. A map that is not on a local filesystem is downloaded into a
-    temporary directory, removed when the block ends (a whole version, every build)."""
+def _parent_state(
+    staging: Staging, *, whole: bool
+) -> Iterator[tuple[Path | None, dict[str, Any], VersionFiles | None]]:
+    """The parent version's local directory (None for a first build), its
+    ``state/origin.json``, and how its tiles are read and carried (None: all in the
+    directory). A map that is not on a local filesystem is downloaded into a temporary
+    directory, removed when the block ends: the whole version if ``whole``, else all but the
+    tile folders, whose files the build downloads as it merges or reads them and has copied
+    on the map's storage as it carries them."""
     parent = staging.parent
     if parent is None:
-        yield None, {}
+        yield None, {}, None
     elif parent.path is not None:
-        yield parent.path, _origin_info(parent.path)
+        yield parent.path, _origin_info(parent.path), None
     else:
         with tempfile.TemporaryDirectory(prefix="hdmap-parent-", ignore_cleanup_errors=True) as tmp:
-            root = parent.fetch(tmp)
-            yield root, _origin_info(root)
+            root = parent.fetch(tmp, skip=() if whole else TILE_FOLDERS)
+            yield root, _origin_info(root), None if whole else staging.parent_files(root)
 
 
 def _load_votes(path: Path) -> list[SignVote]:
@@ -404,11 +416,17 @@ def build_map(
                 say(f"{map_uri}: no new drive, and the labels are in the map already")
 
     def build(plan: BuildPlan, staging: Staging) -> None:
-        with _parent_state(staging) as (parent_root, info):
-            build_on(plan, staging, parent_root, info)
+        # a labels-only version copies every file of its parent
+        relabel_only = not plan.new_drives and fresh is not None
+        with _parent_state(staging, whole=relabel_only) as (parent_root, info, files):
+            build_on(plan, staging, parent_root, info, files)
 
     def build_on(
-        plan: BuildPlan, staging: Staging, parent_root: Path | None, info: dict[str, Any]
+        plan: BuildPlan,
+        staging: Staging,
+        parent_root: Path | None,
+        info: dict[str, Any],
+        files: VersionFiles | None,
     ) -> None:
         out = staging.path
         origin = tuple(info["origin"]) if "origin" in info else settings.origin
@@ -454,7 +472,9 @@ def build_map(
             origin=origin,
             exchange_dir=exchange_dir,
             previous=(
-                KeptVersion.of(parent_root, stages.grid, stages.cloud, carry=settings.carry_tiles)
+                KeptVersion.of(
+                    parent_root, stages.grid, stages.cloud, carry=settings.carry_tiles, files=files
+                )
                 if parent_root is not None
                 else None
             ),

@@ -869,14 +869,23 @@ def _label_plan(
 
 
 def _label_inputs(
-    paint: Sequence[tuple[tuple[int, int], TilePaint]], out_dir: Path, grid: GridSettings
+    paint: Sequence[tuple[tuple[int, int], TilePaint]],
+    out_dir: Path,
+    grid: GridSettings,
+    carried: Mapping[tuple[int, int], Path],
 ) -> tuple[TileLayers | None, PaintCells]:
-    """Driver: lookups on the tiles along the roads (read from the GeoTIFFs just written,
-    a few at a time) and their paint cells in its cell indices, in row-major order."""
+    """Driver: lookups on the tiles along the roads (read from the GeoTIFFs just written or
+    ``carried``, a few at a time) and their paint cells in its cell indices, in row-major
+    order."""
     if not paint:
         empty = np.zeros(0, np.int64)
         return None, PaintCells(empty, empty, np.zeros(0))
-    layers = TileLayers.from_directory(out_dir / GRID_DIR, [k for k, _ in paint], grid)
+
+    def load(key: tuple[int, int]) -> GridTile:
+        path = carried.get(key) or out_dir / GRID_DIR / tile_file_name(key)
+        return read_grid_tile(path).tile
+
+    layers = TileLayers([k for k, _ in paint], grid, load)
     n = grid.tile_cells
     kx, ky = layers.first_key
     rows = np.concatenate([p[0] for _, p in paint]) - ky * n
@@ -918,13 +927,13 @@ class _Reach:
             sensors = np.array(aligned.map(lambda a: a.sensor[:2]).collect(), np.float64)
 
         def split(
-            state: dict[tuple[int, int], Path], size: float, radius: float
+            state: dict[tuple[int, int], str], size: float, radius: float
         ) -> tuple[KeptTiles, frozenset[tuple[int, int]]]:
-            if not previous.carry:
-                return KeptTiles(tuple(str(state[k]) for k in sorted(state))), frozenset()
             near = keys_within(sensors, size, radius + _REACH_MARGIN_M)
-            kept = KeptTiles(tuple(str(state[k]) for k in sorted(state) if k in near))
-            return kept, frozenset(k for k in state if k not in near)
+            merged = sorted(k for k in state if k in near or not previous.carry)
+            # local paths (a map off the local filesystem downloads only these)
+            kept = KeptTiles(tuple(str(previous.local(state[k])) for k in merged))
+            return kept, frozenset(state) - frozenset(merged)
 
         tiles, carried_tiles = split(previous.tile_state(), grid.tile_size, grid.max_range)
         clouds, carried_clouds = split(previous.cloud_state(), cloud.tile_size, cloud.max_range)
@@ -965,12 +974,13 @@ def _grid_stage(
     origin: Origin,
     plan: _LabelPlan,
     grid: GridSettings,
-    carried: Sequence[tuple[int, int]] = (),
+    carried: Mapping[tuple[int, int], Path] | None = None,
 ) -> GridStageResult:
     """Finish the merged tiles on the executors (files, coarse copies, paint cells of the
     tiles along the roads) in one Spark job, and gather what the driver needs of them.
-    ``carried``: tiles along the roads copied unchanged from the previous version into
-    ``out_dir`` (their GeoTIFFs give their paint cells and coarse copies)."""
+    ``carried``: tiles along the roads carried unchanged from the previous version, and a
+    local path of each one's GeoTIFF (which gives its paint cells and coarse copy)."""
+    carried = carried or {}
     sc = merged.context
     plan_b = sc.broadcast(plan)
     try:
@@ -980,7 +990,7 @@ def _grid_stage(
         records = merged.flatMap(sink)
         if carried:
             sources: list[tuple[tuple[int, int], str | bytes]]
-            tifs = [(key, out_dir / GRID_DIR / tile_file_name(key)) for key in carried]
+            tifs = sorted(carried.items())
             if _on_one_host(sc):
                 sources = [(key, str(path)) for key, path in tifs]
             else:  # executors elsewhere may not see the driver's disk
@@ -995,7 +1005,7 @@ def _grid_stage(
     finally:
         plan_b.unpersist()
     layers, paint = _label_inputs(
-        [(key, p) for key, _, _, p in tiles_out if p is not None], out_dir, grid
+        [(key, p) for key, _, _, p in tiles_out if p is not None], out_dir, grid, carried
     )
     return GridStageResult(
         patches={key: patches for key, patches, _, _ in tiles_out if patches is not None},
@@ -1090,7 +1100,9 @@ def run_pipeline(
             origin=next(iter(drives.values())).origin,
             plan=_label_plan(driven, corridor, grid, stages.labels),
             grid=grid,
-            carried=[key for key in carried if key in corridor],
+            carried={key: previous.grid_tile(key) for key in carried if key in corridor}
+            if previous is not None
+            else None,
         )
         exchange.drop(merged)
         _check_carried(tiles.patches, carried, "grid")

@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -44,8 +44,11 @@ __all__ = [
     "GRID_DIR",
     "STATE_CLOUD",
     "STATE_TILES",
+    "TILE_FOLDERS",
     "TILE_SETTINGS",
     "KeptVersion",
+    "LocalFiles",
+    "VersionFiles",
     "keys_within",
     "tile_settings",
 ]
@@ -100,14 +103,72 @@ def tile_settings(grid: GridSettings, cloud: PointCloudMapSettings) -> dict[str,
     return {"grid": settings_dict(grid), "cloud": settings_dict(cloud)}
 
 
+#: The folders of a version that hold one file per tile. A build on a map that is not on a
+#: local filesystem downloads from them only the files it merges or reads, and the new
+#: version gets the others by copies on the map's own storage (:class:`VersionFiles`).
+TILE_FOLDERS = (GRID_DIR, TILE_DIR, STATE_TILES, STATE_CLOUD)
+
+
+class VersionFiles(Protocol):
+    """The previous version's files as a build reads and carries them. ``root``, a local
+    directory, holds every file but, on a map off the local filesystem, the files of
+    :data:`TILE_FOLDERS`, which :meth:`local` downloads when asked for."""
+
+    root: Path
+
+    def names(self, folder: str) -> list[str]:
+        """The names of the files directly in ``folder`` (a ``/``-separated relative path)."""
+
+    def local(self, rel: str) -> Path:
+        """A local path holding the version's file ``rel``."""
+
+    def carry(self, rel: str, out_dir: Path) -> None:
+        """Give the version being built in ``out_dir`` the file ``rel`` as it is."""
+
+
+class LocalFiles:
+    """:class:`VersionFiles` of a version in a local directory: carried files are hard links
+    (copies across file systems)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def names(self, folder: str) -> list[str]:
+        where = self.root / folder
+        return sorted(p.name for p in where.iterdir() if p.is_file()) if where.is_dir() else []
+
+    def local(self, rel: str) -> Path:
+        path = self.root / rel
+        if not path.is_file():
+            raise _missing(str(path))
+        return path
+
+    def carry(self, rel: str, out_dir: Path) -> None:
+        target = out_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        link_or_copy(self.local(rel), target)
+
+
+def _missing(where: str) -> MapFormatError:
+    return MapFormatError(
+        f"{where}: missing from the previous version; the map version is damaged "
+        "(build the map again from its bags)"
+    )
+
+
 @dataclass(frozen=True)
 class KeptVersion:
     """The previous version of a map, in a local directory ``root`` (its own directory for
-    a map on a local filesystem, a downloaded copy otherwise). ``carry``: whether a build
-    may carry its tiles (False: every tile is merged again)."""
+    a map on a local filesystem, a download otherwise, which ``files`` completes on demand).
+    ``carry``: whether a build may carry its tiles (False: every tile is merged again)."""
 
     root: Path
     carry: bool = True
+    files: VersionFiles | None = None
+
+    @property
+    def _files(self) -> VersionFiles:
+        return self.files if self.files is not None else LocalFiles(self.root)
 
     @classmethod
     def of(
@@ -117,19 +178,21 @@ class KeptVersion:
         cloud: PointCloudMapSettings,
         *,
         carry: bool = True,
+        files: VersionFiles | None = None,
     ) -> KeptVersion:
         """The version at ``root``, carrying tiles only if ``carry`` and its tiles were
         finished with the settings ``grid`` and ``cloud`` (read from :data:`TILE_SETTINGS`;
-        a version written before it was kept carries nothing)."""
+        a version written before it was kept carries nothing). ``files``: how its files are
+        read and carried (default: all of them in ``root``)."""
         if not carry:
             log.info("every tile is merged again (hdmap.carry_tiles is off)")
-            return cls(root, carry=False)
+            return cls(root, carry=False, files=files)
         path = root / TILE_SETTINGS
         try:
             kept = json.loads(path.read_text())
         except FileNotFoundError:
             log.info("%s: no record of the tiles' settings; every tile is merged again", root)
-            return cls(root, carry=False)
+            return cls(root, carry=False, files=files)
         except ValueError as err:
             raise MapFormatError(f"{path}: not JSON ({err}); the map version is damaged") from err
         if kept != json.loads(json.dumps(tile_settings(grid, cloud))):
@@ -138,26 +201,31 @@ class KeptVersion:
                 "written again with the new ones",
                 root,
             )
-            return cls(root, carry=False)
-        return cls(root)
+            return cls(root, carry=False, files=files)
+        return cls(root, files=files)
 
-    def tile_state(self) -> dict[TileKey, Path]:
-        """Each grid tile's kept statistics file, by key."""
+    def tile_state(self) -> dict[TileKey, str]:
+        """Each grid tile's kept statistics file (relative to the version), by key."""
         return self._state(STATE_TILES)
 
-    def cloud_state(self) -> dict[TileKey, Path]:
-        """Each point-cloud tile's kept voxel sums file, by key."""
+    def cloud_state(self) -> dict[TileKey, str]:
+        """Each point-cloud tile's kept voxel sums file (relative to the version), by key."""
         return self._state(STATE_CLOUD)
 
-    def _state(self, folder: str) -> dict[TileKey, Path]:
-        where = self.root / folder
-        if not where.is_dir():
-            return {}
-        return {_key_of(p.stem, p): p for p in sorted(where.glob("*.npz"))}
+    def _state(self, folder: str) -> dict[TileKey, str]:
+        out = {}
+        for name in self._files.names(folder):
+            if name.endswith(".npz"):
+                out[_key_of(name[: -len(".npz")], self.root / folder / name)] = f"{folder}/{name}"
+        return out
+
+    def local(self, rel: str) -> Path:
+        """A local path of the version's file ``rel`` (downloaded if it must be)."""
+        return self._files.local(rel)
 
     def grid_tile(self, key: TileKey) -> Path:
-        """The GeoTIFF of grid tile ``key``."""
-        return self.root / GRID_DIR / tile_file_name(key)
+        """A local path of the GeoTIFF of grid tile ``key``."""
+        return self.local(f"{GRID_DIR}/{tile_file_name(key)}")
 
     def carry_grid(self, keys: Iterable[TileKey], out_dir: Path) -> list[TileKey]:
         """Copy the files of grid tiles ``keys`` into the version being built in ``out_dir``;
@@ -171,7 +239,7 @@ class KeptVersion:
                 f"{GRID_DIR}/preview/{preview}",
                 f"{STATE_TILES}/{key[0]}_{key[1]}.npz",
             ):
-                self._copy(rel, out_dir)
+                self._files.carry(rel, out_dir)
         if carried:
             log.info("%d grid tiles out of the new drives' reach carried as they are", len(carried))
         return carried
@@ -184,7 +252,7 @@ class KeptVersion:
         wanted = set(keys)
         if not wanted:
             return []
-        meta_path = self.root / METADATA_FILE
+        meta_path = self.local(METADATA_FILE)
         meta = read_pointcloud_metadata(meta_path)
         if not math.isclose(meta.x_resolution, tile_size):
             raise MapFormatError(
@@ -195,20 +263,9 @@ class KeptVersion:
         for name, (x_min, y_min) in meta.tiles.items():
             key = (math.floor(x_min / tile_size + 0.5), math.floor(y_min / tile_size + 0.5))
             if key in wanted:
-                self._copy(f"{TILE_DIR}/{name}", out_dir)
+                self._files.carry(f"{TILE_DIR}/{name}", out_dir)
                 entries.append((name, (x_min, y_min)))
         for key in sorted(wanted):
-            self._copy(f"{STATE_CLOUD}/{key[0]}_{key[1]}.npz", out_dir)
+            self._files.carry(f"{STATE_CLOUD}/{key[0]}_{key[1]}.npz", out_dir)
         log.info("%d point-cloud tiles out of the new drives' reach carried", len(wanted))
         return entries
-
-    def _copy(self, rel: str, out_dir: Path) -> None:
-        source = self.root / rel
-        if not source.is_file():
-            raise MapFormatError(
-                f"{source}: missing from the previous version; the map version is damaged "
-                "(build the map again from its bags)"
-            )
-        target = out_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        link_or_copy(source, target)

@@ -89,6 +89,7 @@ __all__ = [
     "MapDirSettings",
     "MapVersion",
     "Staging",
+    "StoredParent",
     "content_hash",
     "drive_name",
     "find_bags",
@@ -204,8 +205,13 @@ class _Files(abc.ABC):
         """Copy the files below ``local_dir`` to ``path``; the file ``last`` goes last."""
 
     @abc.abstractmethod
-    def get_tree(self, path: str, local_dir: Path) -> None:
-        """Copy the files below ``path`` into ``local_dir``."""
+    def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
+        """Copy the files below ``path`` into ``local_dir``, but those below the relative
+        folders ``skip``."""
+
+    def copy(self, source: str, target: str) -> None:
+        """Copy one file on the backend (through this process unless the backend can)."""
+        self.write_atomic(target, self.read_bytes(source))
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing
         """Release connections and threads (nothing by default)."""
@@ -252,6 +258,11 @@ def link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copy2(source, target)
+
+
+def _below(rel: str, folders: Sequence[str]) -> bool:
+    """Whether the relative path ``rel`` lies below one of ``folders``."""
+    return any(rel.startswith(folder.rstrip("/") + "/") for folder in folders)
 
 
 class _LocalFiles(_Files):
@@ -344,8 +355,12 @@ class _LocalFiles(_Files):
     def put_tree(self, local_dir: Path, path: str, *, last: str | None = None) -> None:
         shutil.copytree(local_dir, path, dirs_exist_ok=True)
 
-    def get_tree(self, path: str, local_dir: Path) -> None:
-        shutil.copytree(path, local_dir, dirs_exist_ok=True)
+    def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
+        for rel, _ in self.find(path):
+            if not _below(rel, skip):
+                target = local_dir / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(path) / rel, target)
 
 
 class _FsspecFiles(_Files):
@@ -437,11 +452,17 @@ class _FsspecFiles(_Files):
             self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
             self.fs.put_file(str(p), target)
 
-    def get_tree(self, path: str, local_dir: Path) -> None:
+    def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
         for rel, _ in self.find(path):
-            target = local_dir / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(posixpath.join(path, rel), str(target))
+            if not _below(rel, skip):
+                target = local_dir / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.fs.get_file(posixpath.join(path, rel), str(target))
+
+    def copy(self, source: str, target: str) -> None:
+        # on object stores a copy made by the store itself (S3 CopyObject): no bytes here
+        self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
+        self.fs.copy(source, target)
 
 
 class _StoreFiles(_Files):
@@ -533,8 +554,10 @@ class _StoreFiles(_Files):
             ):
                 shutil.copyfileobj(src, dst, 8 << 20)
 
-    def get_tree(self, path: str, local_dir: Path) -> None:
+    def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
         for rel, _ in self.find(path):
+            if _below(rel, skip):
+                continue
             target = local_dir / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             with self.store.open(posixpath.join(path, rel), "rb") as src, target.open("wb") as dst:
@@ -839,15 +862,17 @@ class MapVersion:
         except FileNotFoundError as err:
             raise MapFormatError(f"{self.uri}/{relpath}: no such file in map version") from err
 
-    def fetch(self, dest: str | os.PathLike[str] | None = None) -> Path:
+    def fetch(
+        self, dest: str | os.PathLike[str] | None = None, *, skip: Sequence[str] = ()
+    ) -> Path:
         """A local directory with the version's files: the version's own directory for local
         maps, else a copy downloaded into ``dest`` (a new temporary directory if None, which
-        the caller removes)."""
+        the caller removes), without the files below the relative folders ``skip``."""
         if self.path is not None:
             return self.path
         target = Path(dest) if dest is not None else Path(tempfile.mkdtemp(prefix="hdmap-"))
         target.mkdir(parents=True, exist_ok=True)
-        self._files.get_tree(self._root, target)
+        self._files.get_tree(self._root, target, skip=skip)
         return target
 
 
@@ -1105,6 +1130,8 @@ class Staging:
         self._lock = lock
         self._owns_lock = owns_lock
         self._done = False
+        # files of the parent that the new version gets by a copy on the map's storage
+        self._carried: set[str] = set()
         files = mapdir._files
         if files.local:
             self.path = Path(mapdir._path(VERSIONS_DIR, f"{_STAGING_PREFIX}{version_id}"))
@@ -1145,6 +1172,13 @@ class Staging:
             )
         return copied
 
+    def parent_files(self, root: Path) -> StoredParent:
+        """The parent version's files for a map off the local filesystem, ``root`` being
+        where :meth:`MapVersion.fetch` downloaded it (see :class:`StoredParent`)."""
+        if self.parent is None or self.parent.path is not None:
+            raise HdmapError("internal: parent_files is for a parent version off the local disk")
+        return StoredParent(self, root)
+
     def commit(self, manifest: Manifest) -> MapVersion:
         """Write ``manifest.json`` (stamped with this version id, the parent id and the time),
         flush everything, and make this version current in one atomic step."""
@@ -1167,9 +1201,15 @@ class Staging:
                 for d in manifest.drives
             ),
         )
-        (self.path / MANIFEST_NAME).write_text(stamped.to_json(), encoding="utf-8")
         final = md._path(VERSIONS_DIR, self.version_id)
+        written = [rel for rel in sorted(self._carried) if (self.path / rel).exists()]
+        if written:
+            raise BuildError(
+                f"{md.uri}: {', '.join(written[:5])} were both written and carried from the "
+                "parent version; the version is discarded"
+            )
         if md._files.local:
+            (self.path / MANIFEST_NAME).write_text(stamped.to_json(), encoding="utf-8")
             if md.settings.fsync:
                 for dirpath, _dirs, names in os.walk(self.path):
                     for name in names:
@@ -1180,7 +1220,11 @@ class Staging:
                 _fsync_path(Path(final).parent, directory=True)
         else:
             # the manifest goes last: a version directory without it is an interrupted upload
-            md._files.put_tree(self.path, final, last=MANIFEST_NAME)
+            md._files.put_tree(self.path, final)
+            source = self.parent._root if self.parent is not None else ""
+            for rel in sorted(self._carried):
+                md._files.copy(posixpath.join(source, rel), posixpath.join(final, rel))
+            md._files.write_atomic(posixpath.join(final, MANIFEST_NAME), stamped.to_json().encode())
             shutil.rmtree(self.path, ignore_errors=True)
         md._files.write_atomic(md._path(CURRENT_NAME), f"{self.version_id}\n".encode())
         self._done = True
@@ -1227,6 +1271,52 @@ class Staging:
     ) -> None:
         if not self._done:
             self.abort()
+
+
+class StoredParent:
+    """A build's parent version on a map off the local filesystem (an object store, HDFS, an
+    adcloud store), as :class:`adcloud.hdmap.kept.VersionFiles`: ``root`` holds what
+    :meth:`MapVersion.fetch` downloaded; the files it left out are downloaded into it when
+    :meth:`local` asks for one, and a file the new version carries unchanged is copied on the
+    storage when the version is committed, never downloaded and uploaded again."""
+
+    def __init__(self, staging: Staging, root: Path) -> None:
+        assert staging.parent is not None
+        self.root = root
+        self._staging = staging
+        self._parent = staging.parent
+        self._listing = frozenset(staging.parent.files())
+
+    def names(self, folder: str) -> list[str]:
+        prefix = folder.rstrip("/") + "/"
+        return sorted(
+            rel[len(prefix) :]
+            for rel in self._listing
+            if rel.startswith(prefix) and "/" not in rel[len(prefix) :]
+        )
+
+    def local(self, rel: str) -> Path:
+        path = self.root / rel
+        if not path.is_file():
+            self._check(rel)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.partial")
+            partial.write_bytes(self._parent.read_bytes(rel))
+            partial.replace(path)
+        return path
+
+    def carry(self, rel: str, out_dir: Path) -> None:
+        if out_dir.resolve() != self._staging.path.resolve():
+            raise HdmapError(f"internal: {out_dir} is not the staging {self._staging.path}")
+        self._check(rel)
+        self._staging._carried.add(rel)
+
+    def _check(self, rel: str) -> None:
+        if rel not in self._listing:
+            raise MapFormatError(
+                f"{self._parent.uri}/{rel}: missing from the previous version; the map version "
+                "is damaged (build the map again from its bags)"
+            )
 
 
 # --------------------------------------------------------------------------- map directory

@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 import yaml
+from fsspec.implementations.memory import MemoryFileSystem
 from pyspark.sql import SparkSession
 from scipy.spatial import cKDTree
 
@@ -337,6 +339,16 @@ def test_new_drive_is_merged_into_the_previous_version(
     _holds_labels(version.path, deleted)  # the rebuild kept the labels
 
 
+def _upload(local: Path, bucket: str) -> str:
+    """A copy of the local map directory ``local`` on fsspec's in-memory store (what an
+    object store is to a map); returns its path there."""
+    fs = fsspec.filesystem("memory")
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            fs.pipe_file(f"/{bucket}/map/{path.relative_to(local).as_posix()}", path.read_bytes())
+    return f"{bucket}/map"
+
+
 def _same_items(a: Path, b: Path) -> bool:
     """Whether two kept statistics files hold the same arrays (zip members carry times)."""
     (x,), (y,) = load_items(a), load_items(b)
@@ -358,6 +370,7 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
     v1 = build_map(spark, str(second.bag), str(uri)).result.version
     assert v1 is not None and v1.path is not None
     shutil.copytree(uri, full_uri)
+    remote = _upload(uri, f"hdmap-carry-{os.getpid()}-{time.monotonic_ns()}")
     bags = [str(second.bag), str(first.bag)]
     v2 = build_map(spark, bags, str(uri)).result.version
 
@@ -396,6 +409,35 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
     markings = read_geojson(v2.path / "semantic.geojson").markings
     near = [m for m in markings if cKDTree(end).query(m.points[:, :2])[0].min() < 10]
     assert near
+
+    # The same build of the map on an object store: the parent is downloaded without its
+    # tile folders, the build reads only the tiles it merges or labels, the carried ones are
+    # copied on the store, and the new version is the same, byte for byte.
+    opened: list[str] = []
+    store_open = MemoryFileSystem._open
+
+    def spy(self: MemoryFileSystem, path: str, mode: str = "rb", **kw: Any) -> Any:
+        opened.append(f"{mode} {self._strip_protocol(path)}")
+        return store_open(self, path, mode, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MemoryFileSystem, "_open", spy)
+        on_store = build_map(spark, bags, f"memory://{remote}").result.version
+    assert on_store is not None and on_store.id == v2.id
+    varying = {"manifest.json", "report/summary.html"}
+    assert sorted(on_store.files()) == sorted(new)
+    differ = [
+        rel
+        for rel in new
+        if rel not in varying and on_store.read_bytes(rel) != (v2.path / rel).read_bytes()
+    ]
+    assert differ == [] or sums_in_any_order(), differ
+    read = {line.split(" ", 1)[1] for line in opened if line.startswith("rb ")}
+    old_tiles = [f"/{remote}/versions/{v1.id}/{k}" for k in old if k.endswith((".npz", ".pcd"))]
+    state_read = [p for p in old_tiles if p in read]
+    carried_state = [f"/{remote}/versions/{v1.id}/state/tiles/{Path(k).stem}.npz" for k in carried]
+    assert not set(carried_state) & read  # carried tiles' statistics: copied, never downloaded
+    assert 0 < len(state_read) < len(old_tiles)  # the tiles it merges are downloaded
 
 
 def test_files_mode_gives_the_same_map(

@@ -468,6 +468,96 @@ def test_local_store_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         assert again.versions() == ["000001", "000002"]
 
 
+def tile_build(files: dict[str, bytes]):  # type: ignore[no-untyped-def]
+    """A build step that writes ``files`` into the new version."""
+
+    def build(plan: BuildPlan, staging: Staging) -> None:
+        for rel, data in files.items():
+            (staging.path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging.path / rel).write_bytes(data)
+
+    return build
+
+
+@pytest.mark.parametrize("backend", ["memory", "store"])
+def test_a_parent_off_the_local_disk_is_read_and_carried_without_its_tile_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """A nightly build of a map on an object store downloads the parent version but its
+    tile folders; it downloads a tile file only when it reads one, and the tiles it carries
+    unchanged are copied on the storage at commit, never downloaded and uploaded again."""
+    if backend == "memory":
+        uri = f"memory://hdmap-test-{os.getpid()}-{time.monotonic_ns()}/map"
+    else:
+        monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(tmp_path / "store"))
+        uri = "local:///maps/carry"
+    bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
+    old = {
+        "state/origin.json": b"{}",
+        "grid/0_0.tif": b"tile 0_0",
+        "grid/1_0.tif": b"tile 1_0",
+        "grid/preview/1_0.png": b"preview 1_0",
+        "state/tiles/0_0.npz": b"sums 0_0",
+        "state/tiles/1_0.npz": b"sums 1_0",
+    }
+    with MapDir(uri) as md:
+        md.update(bags[:1], tile_build(old))
+        read: list[str] = []
+        files_type = type(md._files)
+        reading = files_type.open_read
+
+        def spy(self: object, path: str):  # type: ignore[no-untyped-def]
+            read.append(path)
+            return reading(self, path)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(files_type, "open_read", spy)
+        parent = md.current()
+        assert parent is not None
+        with md.begin(parent) as staging:
+            root = parent.fetch(tmp_path / "parent", skip=("grid", "state/tiles"))
+            got = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+            assert got == ["manifest.json", "state/origin.json"]
+            files = staging.parent_files(root)
+            assert files.names("grid") == ["0_0.tif", "1_0.tif"]
+            assert files.names("state/tiles") == ["0_0.npz", "1_0.npz"]
+            # a tile the build merges is downloaded when asked for
+            assert files.local("state/tiles/0_0.npz").read_bytes() == b"sums 0_0"
+            # the others are carried
+            for rel in ("grid/1_0.tif", "grid/preview/1_0.png", "state/tiles/1_0.npz"):
+                files.carry(rel, staging.path)
+            with pytest.raises(MapFormatError, match=r"grid/2_0\.tif: missing from the previous"):
+                files.carry("grid/2_0.tif", staging.path)
+            (staging.path / "grid").mkdir()
+            (staging.path / "grid" / "0_0.tif").write_bytes(b"tile 0_0, merged")
+            staging.commit(md.plan(bags).manifest())
+        new = md.current()
+        assert new is not None and new.id == "000002"
+        assert new.files() == [
+            "grid/0_0.tif",
+            "grid/1_0.tif",
+            "grid/preview/1_0.png",
+            "manifest.json",
+            "state/tiles/1_0.npz",
+        ]
+        assert new.read_bytes("grid/1_0.tif") == b"tile 1_0"
+        assert new.read_bytes("state/tiles/1_0.npz") == b"sums 1_0"
+        assert new.read_bytes("grid/0_0.tif") == b"tile 0_0, merged"
+        carried_reads = [p for p in read if "1_0" in p and "/000001/" in p]
+        if backend == "memory":  # fsspec copies on the store itself
+            assert carried_reads == []
+        assert not [p for p in read if p.endswith("/000001/grid/0_0.tif")]  # never read
+
+        # a file both carried and written: nothing is committed
+        with md.begin(new) as staging:
+            files = staging.parent_files(new.fetch(tmp_path / "again", skip=("grid",)))
+            files.carry("grid/1_0.tif", staging.path)
+            (staging.path / "grid").mkdir()
+            (staging.path / "grid" / "1_0.tif").write_bytes(b"written too")
+            with pytest.raises(BuildError, match=r"grid/1_0\.tif were both written and carried"):
+                staging.commit(md.plan(bags).manifest())
+        assert md.current().id == "000002"  # type: ignore[union-attr]
+
+
 # --------------------------------------------------------------------------- SIGKILL
 
 
