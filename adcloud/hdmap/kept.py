@@ -3,11 +3,12 @@
 An incremental build merges the new drives' tile statistics into the previous version's.
 A tile can change only where a new drive's sensor came within the grid's or the point-cloud
 map's ``max_range`` of it (points farther away are not used); every other tile is *carried*:
-its files go into the new version as they are (hard links on one file system, else copies),
-without merging, finishing or writing it again. A nightly build's tile work, and the disk a
-new version takes, therefore follow the new drives, not the size of the map. (The label
-stage still reads the tiles along every drive's roads, and extracts the labels of the whole
-map again.)
+its files go into the new version as they are (hard links on one file system, else copies;
+on a map off the local filesystem, copies the storage makes at commit, see
+:class:`VersionFiles`), without merging, finishing or writing it again. A nightly build's
+tile work, and the disk a new version takes, therefore follow the new drives, not the size
+of the map. (The label stage still reads the tiles along every drive's roads, and extracts
+the labels of the whole map again.)
 
 A version keeps, per grid tile ``<x>_<y>``: ``grid/<x>_<y>.tif`` and its preview
 ``grid/preview/<x>_<y>.png``, and its statistics ``state/tiles/<x>_<y>.npz``; per
