@@ -26,8 +26,10 @@ examples:
   adcloud submit --master spark://127.0.0.1:7077 -- hdmap build --bags drives/ --map maps/city
 
 Re-running with the same bags changes nothing (drives are known by content hash); new bags
-are processed alone and merged into the map's tiles; a killed build leaves the previous
-version current. Settings: --config YAML (section hdmap, and one per stage: hdmap_poses,
+are processed alone and merged into the map's tiles, and tiles out of their reach are carried
+as they are (hard links on disk; on an object store, copies the store makes, so a build
+downloads only the tiles it merges or labels); a killed build leaves the previous version
+current. Settings: --config YAML (section hdmap, and one per stage: hdmap_poses,
 hdmap_loops, hdmap_grid, hdmap_cloud, hdmap_labels, hdmap_signs, hdmap_lanelet) or
 ADCLOUD_HDMAP_<FIELD> and ADCLOUD_HDMAP_<STAGE>_<FIELD>.
 """
