@@ -338,6 +338,12 @@ def get_session(
     started = time.monotonic()
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(settings.log_level)
+    unused = _ignored_executor_memory(
+        str(session.sparkContext.master),
+        session.sparkContext.getConf().get("spark.executor.memory"),
+    )
+    if unused:
+        logger.warning("%s", unused)
     logger.info(
         "SparkSession %s on %s started in %.1f s",
         settings.app_name,
@@ -345,6 +351,21 @@ def get_session(
         time.monotonic() - started,
     )
     return session
+
+
+def _ignored_executor_memory(master: str, executor_memory: str | None) -> str | None:
+    """What to tell a user who gave a local master an executor memory: Spark ignores it
+    there (the tasks run in the driver's JVM), so the job would not get the memory asked
+    for; None when there is nothing to say (another master, or adcloud's default)."""
+    local = master == "local" or master.startswith("local[")
+    if not local or executor_memory in (None, SparkSettings.executor_memory):
+        return None
+    return (
+        f"spark.executor.memory={executor_memory} has no effect with master {master}: its tasks "
+        "run inside the driver's JVM. Give the driver the memory instead (--driver-memory, "
+        "spark.driver.memory or ADCLOUD_SPARK_DRIVER_MEMORY), or use a cluster master "
+        "(local-cluster[...], spark://...)"
+    )
 
 
 def _under_submit(

@@ -286,8 +286,27 @@ def test_a_fresh_local_session_starts_without_chatter() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "4950"
-    for chatter in ("default log4j profile", "loopback address", "NativeCodeLoader", "Traceback"):
+    for chatter in (
+        "default log4j profile",
+        "loopback address",
+        "NativeCodeLoader",
+        "Traceback",
+        "spark.executor.memory",  # adcloud's own default is not worth a warning
+    ):
         assert chatter not in done.stderr, done.stderr
+
+
+def test_an_executor_memory_a_local_master_ignores_is_pointed_out() -> None:
+    from adcloud.spark import _ignored_executor_memory  # noqa: PLC0415
+
+    said = _ignored_executor_memory("local[2]", "6g")
+    assert said is not None and "spark.executor.memory=6g has no effect" in said
+    assert "--driver-memory" in said
+    assert _ignored_executor_memory("local", "6g") is not None
+    assert _ignored_executor_memory("local[*,4]", "1g") is None  # adcloud's default
+    assert _ignored_executor_memory("local[2]", None) is None
+    for cluster in ("local-cluster[2,1,1024]", "spark://127.0.0.1:7077", "yarn"):
+        assert _ignored_executor_memory(cluster, "6g") is None
 
 
 def test_the_default_local_master_retries_a_failed_task_as_a_cluster_does(
