@@ -239,6 +239,20 @@ def test_propagate_follows_a_circle_through_a_rotated_imu_mount() -> None:
     assert tilt.max() < 0.05  # the centripetal acceleration is not mistaken for a tilt
 
 
+def test_propagate_turns_by_the_rotation_vector_of_each_step() -> None:
+    """Its per-step rotation on Python floats is Rodrigues' formula: SciPy's rotation of the
+    same vector, composed on the right."""
+    from adcloud.hdmap.poses import _times_exp  # noqa: PLC0415
+
+    rng = np.random.default_rng(3)
+    start = Rotation.from_rotvec(rng.normal(0, 1, 3)).as_matrix()
+    for vector in [*rng.normal(0, 0.05, (20, 3)), [1e-9, 0.0, 0.0], [0.0, 0.0, np.pi / 2]]:
+        got = np.array(_times_exp(start.tolist(), *map(float, vector)))
+        want = start @ Rotation.from_rotvec(vector).as_matrix()
+        np.testing.assert_allclose(got, want, atol=1e-14)
+    assert _times_exp(start.tolist(), 0.0, 0.0, 1e-13) == start.tolist()  # below 1e-12 rad
+
+
 def test_propagate_on_the_drive_is_locally_accurate(
     propagated: Trajectory, truth: Trajectory
 ) -> None:
