@@ -57,6 +57,7 @@ from adcloud.hdmap.kept import (
     TILE_FOLDERS,
     TILE_SETTINGS,
     KeptVersion,
+    LocalFiles,
     VersionFiles,
     tile_settings,
 )
@@ -64,6 +65,7 @@ from adcloud.hdmap.labels import lane_centerlines, markings_from_paint, referenc
 from adcloud.hdmap.lanelet import LaneletSummary, write_lanelet2, write_map_projector_info
 from adcloud.hdmap.loops import KeyframeArchive
 from adcloud.hdmap.mapdir import (
+    MANIFEST_NAME,
     BuildPlan,
     BuildResult,
     MapDir,
@@ -126,20 +128,24 @@ def _report_grid(overview: Sequence[GridTile]) -> list[ReportGrid]:
     ]
 
 
-def _overview_of(grid_dir: Path, stages: StageSettings) -> list[GridTile]:
-    """Coarse copies of every GeoTIFF tile in ``grid_dir``, read one at a time."""
-    paths = sorted(grid_dir.glob("*.tif"))
+def _overview_of(files: VersionFiles, stages: StageSettings) -> list[GridTile]:
+    """Coarse copies of every GeoTIFF tile of a version's ``grid/``, read one at a time."""
+    names = [name for name in files.names(GRID_DIR) if name.endswith(".tif")]
     keys = []
-    for path in paths:
-        x, _, y = path.stem.partition("_")
+    for name in names:
+        x, _, y = name.removesuffix(".tif").partition("_")
         try:
             keys.append((int(x), int(y)))
         except ValueError:
             raise MapFormatError(
-                f"{path}: not a grid tile name (<tx>_<ty>.tif); the map version is damaged"
+                f"{files.root / GRID_DIR / name}: not a grid tile name (<tx>_<ty>.tif); the map "
+                "version is damaged"
             ) from None
     factor = overview_factor(keys, stages.grid.tile_cells)
-    return [coarsen_tile(read_grid_tile(path).tile, factor) for path in paths]
+    return [
+        coarsen_tile(read_grid_tile(files.local(f"{GRID_DIR}/{name}")).tile, factor)
+        for name in names
+    ]
 
 
 def _origin_info(root: Path) -> dict[str, Any]:
@@ -150,23 +156,22 @@ def _origin_info(root: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _parent_state(
-    staging: Staging, *, whole: bool
+    staging: Staging,
 ) -> Iterator[tuple[Path | None, dict[str, Any], VersionFiles | None]]:
     """The parent version's local directory (None for a first build), its
-    ``state/origin.json``, and how its tiles are read and carried (None: all in the
-    directory). A map that is not on a local filesystem is downloaded into a temporary
-    directory, removed when the block ends: the whole version if ``whole``, else all but the
-    tile folders, whose files the build downloads as it merges or reads them and has copied
-    on the map's storage as it carries them."""
+    ``state/origin.json``, and how its files are read and carried. A map that is not on a
+    local filesystem is downloaded into a temporary directory, removed when the block ends:
+    all but the tile folders, whose files the build downloads as it merges or reads them
+    and has copied on the map's storage as it carries them."""
     parent = staging.parent
     if parent is None:
         yield None, {}, None
     elif parent.path is not None:
-        yield parent.path, _origin_info(parent.path), None
+        yield parent.path, _origin_info(parent.path), LocalFiles(parent.path)
     else:
         with tempfile.TemporaryDirectory(prefix="hdmap-parent-", ignore_cleanup_errors=True) as tmp:
-            root = parent.fetch(tmp, skip=() if whole else TILE_FOLDERS)
-            yield root, _origin_info(root), None if whole else staging.parent_files(root)
+            root = parent.fetch(tmp, skip=TILE_FOLDERS)
+            yield root, _origin_info(root), staging.parent_files(root)
 
 
 def _load_votes(path: Path) -> list[SignVote]:
@@ -296,15 +301,26 @@ def _semantic_counts(semantic: SemanticMap, lanelets: LaneletSummary) -> dict[st
 def _relabel(
     plan: BuildPlan,
     staging: Staging,
+    files: VersionFiles,
     parent_root: Path,
     origin: tuple[float, float, float],
     fresh: SemanticMap,
     stages: StageSettings,
 ) -> dict[str, int]:
     """A version that differs from its parent only by ``fresh`` labels merged in: the
-    parent's files, with the semantic outputs and the report made again."""
+    parent's files, with the semantic outputs and the report made again. The tiles are
+    carried (links, or copies on the map's storage); the other files are copied, since
+    some are written again."""
     out = staging.path
-    staging.copy_from_parent()
+    assert staging.parent is not None
+    others = []
+    for rel in staging.parent.files():
+        if any(rel.startswith(f"{folder}/") for folder in TILE_FOLDERS):
+            files.carry(rel, out)
+        elif rel != MANIFEST_NAME:
+            others.append(rel)
+    if others:
+        staging.copy_from_parent(*others)
     imported = _merged_labels(parent_root, fresh)
     assert imported is not None
     if (parent_root / _STATE_AUTO).is_file():
@@ -323,7 +339,7 @@ def _relabel(
     trajectories = {
         p.stem: Trajectory.read_tum(p) for p in sorted((parent_root / "trajectory").glob("*.tum"))
     }
-    overview = _report_grid(_overview_of(parent_root / GRID_DIR, stages))
+    overview = _report_grid(_overview_of(files, stages))
     shutil.rmtree(out / "report", ignore_errors=True)
     _write_report(
         out, trajectories, overview, semantic, lanelets, {d.name: d.uri for d in plan.known_drives}
@@ -416,9 +432,7 @@ def build_map(
                 say(f"{map_uri}: no new drive, and the labels are in the map already")
 
     def build(plan: BuildPlan, staging: Staging) -> None:
-        # a labels-only version copies every file of its parent
-        relabel_only = not plan.new_drives and fresh is not None
-        with _parent_state(staging, whole=relabel_only) as (parent_root, info, files):
+        with _parent_state(staging) as (parent_root, info, files):
             build_on(plan, staging, parent_root, info, files)
 
     def build_on(
@@ -439,7 +453,10 @@ def build_map(
                     f"{_STATE_ORIGIN}; build it again from its bags to import labels into it"
                 )
             lat, lon, alt = (float(v) for v in info["origin"])
-            counts.update(_relabel(plan, staging, parent_root, (lat, lon, alt), fresh, stages))
+            assert files is not None  # a parent exists
+            counts.update(
+                _relabel(plan, staging, files, parent_root, (lat, lon, alt), fresh, stages)
+            )
             timings["labels+outputs"] = time.perf_counter() - tick
             counts["drives_new"] = 0
             return

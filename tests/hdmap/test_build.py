@@ -247,6 +247,11 @@ def _labels_without_new_drives(
     assert len(after.markings) < len(before.markings) or len(after.signs) > len(before.signs)
     for carried in ("trajectory/first.tum", "grid_elevation.png", "pointcloud_map_metadata.yaml"):
         assert (version.path / carried).read_bytes() == (v1.path / carried).read_bytes()
+    # the tiles are the first version's own files (links), the rest copies
+    tiles = [p.relative_to(v1.path) for p in (v1.path / "grid").glob("*.tif")]
+    tiles += [p.relative_to(v1.path) for p in (v1.path / "state" / "tiles").glob("*.npz")]
+    assert tiles and all((version.path / rel).samefile(v1.path / rel) for rel in tiles)
+    assert not (version.path / "semantic.geojson").samefile(v1.path / "semantic.geojson")
     # the automatic features are kept apart, untouched by the labels
     assert (version.path / "state" / "auto_semantic.geojson").read_bytes() == (
         v1.path / "state" / "auto_semantic.geojson"
@@ -438,6 +443,21 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
     carried_state = [f"/{remote}/versions/{v1.id}/state/tiles/{Path(k).stem}.npz" for k in carried]
     assert not set(carried_state) & read  # carried tiles' statistics: copied, never downloaded
     assert 0 < len(state_read) < len(old_tiles)  # the tiles it merges are downloaded
+
+    # labels with no new drive: a version of their own on the store, its tiles copied there
+    _, label_file = _labels_for(v2.path, tmp_path)
+    opened.clear()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MemoryFileSystem, "_open", spy)
+        relabelled = build_map(None, bags, f"memory://{remote}", labels=str(label_file))
+    v3 = relabelled.result.version
+    assert v3 is not None and relabelled.counts["labels_imported"] == 2
+    read = {line.split(" ", 1)[1] for line in opened if line.startswith("rb ")}
+    for rel in on_store.files():
+        if rel.startswith(("state/tiles/", "state/cloud/", "pointcloud_map/")):
+            assert f"/{remote}/versions/{on_store.id}/{rel}" not in read, rel
+            assert v3.read_bytes(rel) == on_store.read_bytes(rel), rel
+    assert v3.read_bytes("semantic.geojson") != on_store.read_bytes("semantic.geojson")
 
 
 def test_files_mode_gives_the_same_map(
