@@ -9,6 +9,7 @@ from functools import reduce
 from pathlib import Path
 
 import numpy as np
+import open3d as o3d
 import pytest
 import yaml
 from numpy.typing import NDArray
@@ -29,6 +30,7 @@ from adcloud.hdmap.pcmap import (
     merge_cloud_partials,
     merge_many_cloud_partials,
     open3d_register,
+    pcd_bytes,
     read_pointcloud_map,
     read_pointcloud_metadata,
     register_scan,
@@ -359,6 +361,37 @@ def test_stitched_map_round_trips_through_autoware_files(
     for key, tile in tiles.items():
         np.testing.assert_allclose(back[key].xyz, tile.xyz, atol=1e-4)
         np.testing.assert_allclose(back[key].intensity, tile.intensity, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5000])
+def test_pcd_tiles_are_what_open3d_writes_and_reads(tmp_path: Path, n: int) -> None:
+    rng = np.random.default_rng(n)
+    xyz = rng.uniform(-500, 500, (n, 3))
+    intensity = rng.uniform(0, 255, n).astype(np.float32)
+    pcd = o3d.t.geometry.PointCloud()
+    pcd.point.positions = o3d.core.Tensor.from_numpy(xyz.astype(np.float32))
+    pcd.point.intensity = o3d.core.Tensor.from_numpy(intensity.reshape(-1, 1))
+    assert o3d.t.io.write_point_cloud(str(tmp_path / "ref.pcd"), pcd, write_ascii=False)
+    assert pcd_bytes(xyz, intensity) == (tmp_path / "ref.pcd").read_bytes()
+
+    settings = PointCloudMapSettings()
+    entry = write_cloud_tile(MapCloud((3, -2), xyz, intensity), tmp_path, settings)
+    assert entry is not None
+    back = o3d.t.io.read_point_cloud(str(tmp_path / TILE_DIR / entry[0]))
+    np.testing.assert_array_equal(back.point.positions.numpy(), xyz.astype(np.float32))
+    np.testing.assert_array_equal(back.point.intensity.numpy().ravel(), intensity)
+    assert sorted(p.name for p in (tmp_path / TILE_DIR).iterdir()) == [entry[0]]
+
+
+def test_a_tile_that_cannot_be_written_leaves_nothing(tmp_path: Path) -> None:
+    settings = PointCloudMapSettings()
+    cloud = MapCloud((0, 0), np.ones((4, 3)), np.ones(4, np.float32))
+    name = write_cloud_tile(cloud, tmp_path, settings)
+    assert name is not None
+    (tmp_path / TILE_DIR / f".{name[0]}.partial.pcd").mkdir()  # the write beside fails
+    with pytest.raises(MapFormatError, match=rf"{name[0]}: cannot write the tile"):
+        write_cloud_tile(MapCloud((0, 0), np.zeros((2, 3)), np.ones(2, np.float32)), tmp_path)
+    assert (tmp_path / TILE_DIR / name[0]).read_bytes() == pcd_bytes(cloud.xyz, cloud.intensity)
 
 
 def test_map_files_that_are_not_right_fail_clearly(tmp_path: Path) -> None:
