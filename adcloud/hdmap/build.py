@@ -320,7 +320,7 @@ def _relabel(
         elif rel != MANIFEST_NAME:
             others.append(rel)
     if others:
-        staging.copy_from_parent(*others)
+        staging.copy_from_parent(*others, local=parent_root)
     imported = _merged_labels(parent_root, fresh)
     assert imported is not None
     if (parent_root / _STATE_AUTO).is_file():
@@ -468,7 +468,7 @@ def build_map(
             carried = [
                 f"trajectory/{p.name}" for p in sorted((parent_root / "trajectory").iterdir())
             ]
-            staging.copy_from_parent(*carried)
+            staging.copy_from_parent(*carried, local=parent_root)
             for path in sorted((parent_root / "trajectory").glob("*.tum")):
                 previous_traj[path.stem] = Trajectory.read_tum(path)
         if spark is None:

@@ -1147,30 +1147,31 @@ class Staging:
         """Whether the staging was committed or aborted."""
         return self._done
 
-    def copy_from_parent(self, *relpaths: str) -> list[str]:
+    def copy_from_parent(self, *relpaths: str, local: Path | None = None) -> list[str]:
         """Copy files of the parent version into the staging directory (all of them when no
         path is given) and return their relative paths.  Copies, never links: the build may
-        rewrite them in place without touching the parent."""
+        rewrite them in place without touching the parent.  ``local``: a local copy of the
+        parent (what :meth:`MapVersion.fetch` downloaded) to copy from, so a parent on a
+        store is not downloaded twice."""
         if self.parent is None:
             return []
-        wanted = set(relpaths)
-        copied = []
-        for rel in self.parent.files():
-            if rel == MANIFEST_NAME or (wanted and rel not in wanted):
-                continue
+        names = list(relpaths) or [rel for rel in self.parent.files() if rel != MANIFEST_NAME]
+        source = local if local is not None else self.parent.path
+        if source is not None:
+            missing = [rel for rel in names if not (source / rel).is_file()]
+            if missing:
+                raise MapFormatError(
+                    f"{self.parent.uri}: no file(s) {', '.join(sorted(missing))} in the parent "
+                    "version"
+                )
+        for rel in names:
             target = self.path / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            if self.parent.path is not None:
-                shutil.copy2(self.parent.path / rel, target)
+            if source is not None:
+                shutil.copy2(source / rel, target)
             else:
                 target.write_bytes(self.parent.read_bytes(rel))
-            copied.append(rel)
-        missing = wanted - set(copied)
-        if missing:
-            raise MapFormatError(
-                f"{self.parent.uri}: no file(s) {', '.join(sorted(missing))} in the parent version"
-            )
-        return copied
+        return names
 
     def parent_files(self, root: Path) -> StoredParent:
         """The parent version's files for a map off the local filesystem, ``root`` being
