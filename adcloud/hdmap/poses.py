@@ -118,7 +118,14 @@ class PoseSettings:
     Gravity: every keyframe's roll and pitch are held to the propagated tilt (the
     accelerometer's gravity) by an attitude factor of ``attitude_sigma_rad``; without it
     the graph's roll and pitch are set only by the GPS heights, and a map can come out
-    tilted by a degree.
+    tilted by a degree. That gravity is off by a few milliradians in the body frame (the
+    accelerometer's bias, the IMU's mounting, acceleration the propagation does not take
+    out), the same all along a drive: each graph estimates this offset (2 DoF, one per
+    segment and one per drive in the join, prior ``tilt_bias_sigma_rad``) with the poses.
+    Where the car turns, scan matching ties keyframes of different headings, which a
+    body-frame offset tilts different ways, and the offset comes out; without it, strong
+    attitude factors would pull each heading towards its own wrong tilt. 0 takes gravity
+    as measured.
 
     Solver: at most ``max_iterations`` Levenberg-Marquardt iterations. Loop closures are
     looked for when ``loop_closure`` is on (see :class:`~adcloud.hdmap.loops.LoopSettings`).
@@ -158,7 +165,8 @@ class PoseSettings:
     gps_gate_m: float = 6.0
     gps_min_fixes: int = 5
     gps_min_extent_m: float = 20.0
-    attitude_sigma_rad: float = 0.03
+    attitude_sigma_rad: float = 0.005
+    tilt_bias_sigma_rad: float = 0.01
     max_iterations: int = 100
     loop_closure: bool = True
     device: str | None = None
@@ -197,6 +205,7 @@ class PoseSettings:
             "icp_huber_m",
             "odom_sigma_fraction",
             "odom_sigma_rotation_rate",
+            "tilt_bias_sigma_rad",
         )
         for name in non_negative:
             value = getattr(self, name)
@@ -717,14 +726,57 @@ def _gravity_in_body(poses: F64) -> F64:
     return out
 
 
-def _attitude_factor(key: int, up_body: F64, cfg: PoseSettings) -> Any:
-    """Roll and pitch of ``key`` held to the gravity direction ``up_body`` (2 DoF)."""
-    return gtsam.AttitudeFactorPose3(
-        key,
-        gtsam.Unit3(np.array([0.0, 0.0, 1.0])),
-        gtsam.noiseModel.Isotropic.Sigma(2, cfg.attitude_sigma_rad),
-        gtsam.Unit3(np.asarray(up_body, dtype=np.float64)),
-    )
+def _skew(v: F64) -> F64:
+    return np.array([[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1], v[0], 0.0]])
+
+
+#: How a tilt offset (x, y) enters the 3-vector residual of :func:`_attitude_factor`.
+_OFFSET_ROWS = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+
+
+def _attitude_factor(key: int, up_body: F64, cfg: PoseSettings, offset_key: int) -> Any:
+    """Roll and pitch of ``key`` held to the gravity direction ``up_body`` (2 DoF), measured
+    with the graph's tilt offset ``offset_key`` (see :func:`_tilt_offset`)."""
+    noise = gtsam.noiseModel.Isotropic.Sigma(3, cfg.attitude_sigma_rad)
+    if cfg.tilt_bias_sigma_rad == 0:
+        return gtsam.AttitudeFactorPose3(
+            key,
+            gtsam.Unit3(np.array([0.0, 0.0, 1.0])),
+            gtsam.noiseModel.Isotropic.Sigma(2, cfg.attitude_sigma_rad),
+            gtsam.Unit3(np.asarray(up_body, dtype=np.float64)),
+        )
+    measured = np.asarray(up_body, dtype=np.float64)
+
+    # GTSAM has no attitude factor with a bias; this one predicts the measured up
+    # direction as the pose's (R^T e_z) plus the offset's (x, y).
+    def error(this: Any, values: Any, jacobians: Any) -> F64:
+        pose_key, bias_key = this.keys()
+        up = values.atPose3(pose_key).rotation().matrix()[2, :].copy()
+        offset = values.atVector(bias_key)
+        residual: F64 = up + np.array([offset[0], offset[1], 0.0]) - measured
+        if jacobians is not None:
+            # Pose3 moves its rotation on the right, R exp([w]x): R^T e_z becomes
+            # exp(-[w]x) R^T e_z = up + up x w; translation does not enter.
+            jacobian = np.zeros((3, 6))
+            jacobian[:, :3] = _skew(up)
+            jacobians[0] = jacobian
+            jacobians[1] = _OFFSET_ROWS
+        return residual
+
+    return gtsam.CustomFactor(noise, [key, offset_key], error)
+
+
+def _tilt_offset(
+    graph: gtsam.NonlinearFactorGraph, values: gtsam.Values, index: int, cfg: PoseSettings
+) -> int:
+    """Add the ``index``-th tilt offset of a graph (x, y of the up direction in the body
+    frame, zero-mean prior of ``tilt_bias_sigma_rad``) and return its key."""
+    key = int(gtsam.symbol("b", index))
+    if cfg.tilt_bias_sigma_rad > 0:
+        values.insert(key, np.zeros(2))
+        prior = gtsam.noiseModel.Isotropic.Sigma(2, cfg.tilt_bias_sigma_rad)
+        graph.add(gtsam.PriorFactorVector(key, np.zeros(2), prior))
+    return key
 
 
 def _optimize(graph: gtsam.NonlinearFactorGraph, values: gtsam.Values, cfg: PoseSettings) -> Any:
@@ -997,8 +1049,9 @@ def solve_segment(
         )
         used += 1
     up = _gravity_in_body(dr)
+    offset = _tilt_offset(graph, values, 0, cfg)
     for j in range(k):
-        graph.add(_attitude_factor(_key(j), up[j], cfg))
+        graph.add(_attitude_factor(_key(j), up[j], cfg, offset))
     result = _optimize(graph, values, cfg)
     poses = np.array([result.atPose3(_key(j)).matrix() for j in range(k)])
     dense = _dense_from_keyframes(stamps, poses, dr, motion)
@@ -1163,6 +1216,8 @@ def join_segments(
     graph = gtsam.NonlinearFactorGraph()
     initial: dict[int, F64] = {}
     gps_factors: dict[str, int] = {}
+    values = gtsam.Values()
+    offsets: list[int] = []
     for drive, group in groups.items():
         _place(group, initial)
         for (a, b), rels in _pair_measurements(group, cfg).items():
@@ -1196,12 +1251,14 @@ def join_segments(
                     used += 1
         gps_factors[drive] = used
         tilted: set[int] = set()
+        offset = _tilt_offset(graph, values, len(offsets), cfg)
+        offsets.append(offset)
         for o, sol in enumerate(group.solutions):
             for r, up in enumerate(sol.gravity_body):
                 node = int(group.nodes[o][r])
                 if node not in tilted:
                     tilted.add(node)
-                    graph.add(_attitude_factor(_key(node), up, cfg))
+                    graph.add(_attitude_factor(_key(node), up, cfg, offset))
 
     loop_noise = gtsam.noiseModel.Robust.Create(
         gtsam.noiseModel.mEstimator.Cauchy.Create(loops_cfg.robust_k),
@@ -1240,7 +1297,6 @@ def join_segments(
         graph.add(
             gtsam.PriorFactorPose3(_key(first), _pose(initial[first]), _between_noise(sigma, sigma))
         )
-    values = gtsam.Values()
     for n, pose in initial.items():
         values.insert(_key(n), _pose(pose))
     result = _optimize(graph, values, cfg)
