@@ -1301,8 +1301,12 @@ def join_segments(
         values.insert(_key(n), _pose(pose))
     result = _optimize(graph, values, cfg)
     out: dict[str, Trajectory] = {}
-    for drive, group in groups.items():
+    for (drive, group), offset in zip(groups.items(), offsets, strict=True):
         out[drive] = _dense_of_drive(group, result)
+        if cfg.tilt_bias_sigma_rad > 0:
+            # A few mrad is an accelerometer's bias; tens suggest a wrong IMU mount.
+            x, y = 1e3 * result.atVector(offset)
+            log.info("join: drive %s: gravity's tilt offset (%.1f, %.1f) mrad", drive, x, y)
     log.info(
         "join: %d keyframes (%d of the map, fixed), %d drives, %d GPS fixes, %d loop closures",
         len(node_of),

@@ -390,13 +390,22 @@ def test_join_needs_solutions() -> None:
 
 
 def test_join_does_not_depend_on_the_order_solutions_arrive_in(
-    drive: DriveData, solutions: list[SegmentSolution], final: Trajectory
+    drive: DriveData,
+    solutions: list[SegmentSolution],
+    final: Trajectory,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     closures = find_loop_closures(solution_keyframes(solutions, {drive.name: final}))
-    forward = join_segments(solutions, {drive.name: drive.gps}, closures)[drive.name]
+    with caplog.at_level("INFO", logger="adcloud.hdmap.poses"):
+        forward = join_segments(solutions, {drive.name: drive.gps}, closures)[drive.name]
     backward = join_segments(solutions[::-1], {drive.name: drive.gps}, closures)[drive.name]
     assert np.array_equal(forward.t, backward.t)
     assert np.abs(forward.matrices - backward.matrices).max() < 1e-6
+    # the drive's gravity offset is reported: a few mrad, as the synthetic IMU's bias gives
+    said = [r.getMessage() for r in caplog.records if "tilt offset" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"join: drive {drive.name}: gravity's")
+    x, y = (float(v) for v in said[0].split("(")[1].split(")")[0].split(","))
+    assert 0.5 < np.hypot(x, y) < 15
 
 
 # -- gravity's tilt offset ---------------------------------------------------------------------
