@@ -139,6 +139,8 @@ def test_settings_reject_nonsense_and_load_from_the_environment() -> None:
         PoseSettings(segment_seconds=2, segment_overlap_s=3)
     with pytest.raises(HdmapError, match="min_fitness"):
         LoopSettings(min_fitness=1.5)
+    with pytest.raises(HdmapError, match="tilt_bias_sigma_rad must be >= 0"):
+        PoseSettings(tilt_bias_sigma_rad=float("nan"))
     loaded = PoseSettings.load(
         environ={"ADCLOUD_HDMAP_POSES_VOXEL_M": "0.3", "ADCLOUD_HDMAP_POSES_GPS_ROBUST": "huber"}
     )
