@@ -737,7 +737,6 @@ _OFFSET_ROWS = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
 def _attitude_factor(key: int, up_body: F64, cfg: PoseSettings, offset_key: int) -> Any:
     """Roll and pitch of ``key`` held to the gravity direction ``up_body`` (2 DoF), measured
     with the graph's tilt offset ``offset_key`` (see :func:`_tilt_offset`)."""
-    noise = gtsam.noiseModel.Isotropic.Sigma(3, cfg.attitude_sigma_rad)
     if cfg.tilt_bias_sigma_rad == 0:
         return gtsam.AttitudeFactorPose3(
             key,
@@ -763,6 +762,7 @@ def _attitude_factor(key: int, up_body: F64, cfg: PoseSettings, offset_key: int)
             jacobians[1] = _OFFSET_ROWS
         return residual
 
+    noise = gtsam.noiseModel.Isotropic.Sigma(3, cfg.attitude_sigma_rad)
     return gtsam.CustomFactor(noise, [key, offset_key], error)
 
 
