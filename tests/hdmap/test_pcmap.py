@@ -383,7 +383,7 @@ def test_pcd_tiles_are_what_open3d_writes_and_reads(tmp_path: Path, n: int) -> N
     assert sorted(p.name for p in (tmp_path / TILE_DIR).iterdir()) == [entry[0]]
 
 
-def test_a_tile_that_cannot_be_written_leaves_nothing(tmp_path: Path) -> None:
+def test_a_tile_that_cannot_be_written_keeps_the_old_one(tmp_path: Path) -> None:
     settings = PointCloudMapSettings()
     cloud = MapCloud((0, 0), np.ones((4, 3)), np.ones(4, np.float32))
     name = write_cloud_tile(cloud, tmp_path, settings)
