@@ -205,9 +205,17 @@ class _Files(abc.ABC):
         """Copy the files below ``local_dir`` to ``path``; the file ``last`` goes last."""
 
     @abc.abstractmethod
+    def get_file(self, path: str, local: Path) -> None:
+        """Copy the file ``path`` to the local path ``local`` (its folder exists)."""
+
     def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
         """Copy the files below ``path`` into ``local_dir``, but those below the relative
         folders ``skip``."""
+        for rel, _ in self.find(path):
+            if not _below(rel, skip):
+                target = local_dir / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.get_file(posixpath.join(path, rel), target)
 
     def copy(self, source: str, target: str) -> None:
         """Copy one file on the backend (through this process unless the backend can)."""
@@ -355,12 +363,8 @@ class _LocalFiles(_Files):
     def put_tree(self, local_dir: Path, path: str, *, last: str | None = None) -> None:
         shutil.copytree(local_dir, path, dirs_exist_ok=True)
 
-    def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
-        for rel, _ in self.find(path):
-            if not _below(rel, skip):
-                target = local_dir / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(Path(path) / rel, target)
+    def get_file(self, path: str, local: Path) -> None:
+        shutil.copy2(path, local)
 
 
 class _FsspecFiles(_Files):
@@ -452,12 +456,8 @@ class _FsspecFiles(_Files):
             self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
             self.fs.put_file(str(p), target)
 
-    def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
-        for rel, _ in self.find(path):
-            if not _below(rel, skip):
-                target = local_dir / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(posixpath.join(path, rel), str(target))
+    def get_file(self, path: str, local: Path) -> None:
+        self.fs.get_file(path, str(local))
 
     def copy(self, source: str, target: str) -> None:
         # on object stores a copy made by the store itself (S3 CopyObject): no bytes here
@@ -554,14 +554,9 @@ class _StoreFiles(_Files):
             ):
                 shutil.copyfileobj(src, dst, 8 << 20)
 
-    def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
-        for rel, _ in self.find(path):
-            if _below(rel, skip):
-                continue
-            target = local_dir / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with self.store.open(posixpath.join(path, rel), "rb") as src, target.open("wb") as dst:
-                shutil.copyfileobj(src, dst, 8 << 20)
+    def get_file(self, path: str, local: Path) -> None:
+        with self.store.open(path, "rb") as src, local.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
 
     def close(self) -> None:
         self.store.close()
