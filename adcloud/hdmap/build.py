@@ -73,6 +73,7 @@ from adcloud.hdmap.mapdir import (
     MapVersion,
     Staging,
     find_bags,
+    lies_below,
 )
 from adcloud.hdmap.report import write_report
 from adcloud.hdmap.semantic import (
@@ -315,7 +316,7 @@ def _relabel(
     assert staging.parent is not None
     others = []
     for rel in staging.parent.files():
-        if any(rel.startswith(f"{folder}/") for folder in TILE_FOLDERS):
+        if lies_below(rel, TILE_FOLDERS):
             files.carry(rel, out)
         elif rel != MANIFEST_NAME:
             others.append(rel)

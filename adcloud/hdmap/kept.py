@@ -33,7 +33,7 @@ from adcloud.config import settings_dict
 from adcloud.hdmap.errors import MapFormatError
 from adcloud.hdmap.geotiff import tile_file_name
 from adcloud.hdmap.grid import GridSettings, TileKey
-from adcloud.hdmap.mapdir import link_or_copy
+from adcloud.hdmap.mapdir import link_or_copy, missing_from_previous
 from adcloud.hdmap.pcmap import (
     METADATA_FILE,
     TILE_DIR,
@@ -141,20 +141,13 @@ class LocalFiles:
     def local(self, rel: str) -> Path:
         path = self.root / rel
         if not path.is_file():
-            raise _missing(str(path))
+            raise missing_from_previous(str(path))
         return path
 
     def carry(self, rel: str, out_dir: Path) -> None:
         target = out_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         link_or_copy(self.local(rel), target)
-
-
-def _missing(where: str) -> MapFormatError:
-    return MapFormatError(
-        f"{where}: missing from the previous version; the map version is damaged "
-        "(build the map again from its bags)"
-    )
 
 
 @dataclass(frozen=True)

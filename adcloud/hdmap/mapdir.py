@@ -93,7 +93,9 @@ __all__ = [
     "content_hash",
     "drive_name",
     "find_bags",
+    "lies_below",
     "link_or_copy",
+    "missing_from_previous",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -212,7 +214,7 @@ class _Files(abc.ABC):
         """Copy the files below ``path`` into ``local_dir``, but those below the relative
         folders ``skip``."""
         for rel, _ in self.find(path):
-            if not _below(rel, skip):
+            if not lies_below(rel, skip):
                 target = local_dir / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.get_file(posixpath.join(path, rel), target)
@@ -268,9 +270,17 @@ def link_or_copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-def _below(rel: str, folders: Sequence[str]) -> bool:
+def lies_below(rel: str, folders: Sequence[str]) -> bool:
     """Whether the relative path ``rel`` lies below one of ``folders``."""
     return any(rel.startswith(folder.rstrip("/") + "/") for folder in folders)
+
+
+def missing_from_previous(where: str) -> MapFormatError:
+    """The error for a file that the previous map version lists or needs but lacks."""
+    return MapFormatError(
+        f"{where}: missing from the previous version; the map version is damaged "
+        "(build the map again from its bags)"
+    )
 
 
 class _LocalFiles(_Files):
@@ -1309,10 +1319,7 @@ class StoredParent:
 
     def _check(self, rel: str) -> None:
         if rel not in self._listing:
-            raise MapFormatError(
-                f"{self._parent.uri}/{rel}: missing from the previous version; the map version "
-                "is damaged (build the map again from its bags)"
-            )
+            raise missing_from_previous(f"{self._parent.uri}/{rel}")
 
 
 # --------------------------------------------------------------------------- map directory
