@@ -122,8 +122,11 @@ def main(argv: list[str]) -> int:
         rounds, nkeys = int(argv[1]), int(argv[2])
         store = LocalStore("local://")
         rng = random.Random(os.getpid())
-        seen = 0
-        for _ in range(rounds):
+        seen = done = 0
+        # until the first key appears, rounds do not count: a reader that starts before the
+        # writers (a loaded machine starts processes slowly) would otherwise read nothing
+        deadline = time.monotonic() + 60
+        while done < rounds:
             key = f"/shared/k{rng.randrange(nkeys)}"
             try:
                 if rng.random() < 0.5:
@@ -133,6 +136,10 @@ def main(argv: list[str]) -> int:
                         data = stream.read()
             except StoreError as err:
                 if "does not exist" in str(err):
+                    if seen == 0 and time.monotonic() < deadline:
+                        time.sleep(0.002)
+                    else:
+                        done += 1
                     continue
                 print(f"error {type(err).__name__}: {err}", flush=True)
                 return 2
@@ -141,6 +148,7 @@ def main(argv: list[str]) -> int:
                 print(f"torn read of {key}: {problem} (crc {zlib.crc32(data):08x})", flush=True)
                 return 2
             seen += 1
+            done += 1
         store.close()
         print(f"done {seen}", flush=True)
         return 0
