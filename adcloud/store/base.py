@@ -24,6 +24,7 @@ import dataclasses
 import enum
 import importlib
 import re
+import shutil
 import urllib.parse
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -58,6 +59,9 @@ __all__ = [
 
 MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255
+
+#: Bytes per read and write of a copy that streams through this process.
+_COPY_CHUNK = 8 << 20
 
 CAPABILITIES = frozenset({"tiers", "pin", "free", "persist", "ttl"})
 """What a backend can do beyond plain bytes: ``tiers`` (data lives in MEM/SSD/HDD tiers and
@@ -329,6 +333,19 @@ class Store(Protocol):
         """Move ``src`` to ``dst``; ``dst`` must not exist."""
         ...
 
+    def copy(
+        self,
+        src: str,
+        dst: str,
+        *,
+        write_type: WriteType | str | None = None,
+        ttl: float | None = None,
+        pinned: bool | None = None,
+    ) -> None:
+        """Copy the file ``src`` to ``dst``, as a ``put`` of its bytes would (``dst`` is
+        overwritten atomically; its write type, TTL and pin as ``put`` takes them)."""
+        ...
+
     def pin(self, path: str) -> None:
         """Keep ``path`` (a file, or every file below a directory) in its cache tier."""
         ...
@@ -426,6 +443,23 @@ class BaseStore(abc.ABC):
         pinned: bool | None = None,
     ) -> BinaryIO:
         """A stream to read or write ``path`` (see :class:`Store`)."""
+
+    def copy(
+        self,
+        src: str,
+        dst: str,
+        *,
+        write_type: WriteType | str | None = None,
+        ttl: float | None = None,
+        pinned: bool | None = None,
+    ) -> None:
+        """Copy the file ``src`` to ``dst`` by streaming its bytes through this process;
+        backends that can copy without moving the bytes here override it."""
+        with (
+            self.open(src, "rb") as source,
+            self.open(dst, "wb", write_type=write_type, ttl=ttl, pinned=pinned) as target,
+        ):
+            shutil.copyfileobj(source, target, _COPY_CHUNK)
 
     def set_ttl(
         self, path: str, ttl: float | None, *, action: TtlAction | str = TtlAction.DELETE

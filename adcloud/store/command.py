@@ -1,7 +1,7 @@
 """``adcloud store``: look into and move data through any store from the shell.
 
-``add_parser`` registers ``store`` and its subcommands (``ls``, ``cat``, ``put``, ``stat``,
-``free``, ``persist``, ``serve``) on the main parser's subparsers; each sets
+``add_parser`` registers ``store`` and its subcommands (``ls``, ``cat``, ``put``, ``cp``,
+``stat``, ``free``, ``persist``, ``serve``) on the main parser's subparsers; each sets
 ``func(args, console) -> int``.  Library code raises; only this module prints.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from adcloud.store.base import FileStatus, Store, WriteType, format_size, locate
+from adcloud.store.base import FileStatus, Store, WriteType, format_size, join_path, locate
 from adcloud.store.errors import StoreError
 
 __all__ = ["add_parser"]
@@ -28,6 +28,7 @@ _EPILOG = """examples:
   adcloud store ls local:///drives -r
   adcloud store put params.bin local:///models/m1/params.bin --write-type CACHE_THROUGH --pin
   adcloud store cat alluxio://127.0.0.1:39999/models/m1/params.bin > params.bin
+  adcloud store cp -r local:///maps/city/versions/000003 file:///backup/city-000003
   adcloud store stat local:///models/m1/params.bin
   adcloud store serve --port 39999 --token-file ~/.adcloud-token
 
@@ -159,6 +160,50 @@ def _cmd_put(args: argparse.Namespace, console: Console) -> int:
         f"(tier {status.tier or 'under-store'}, {status.persistence})"
     )
     return 0
+
+
+def _cmd_cp(args: argparse.Namespace, console: Console) -> int:
+    src_store, src = locate(args.source)
+    dst_store, dst = locate(args.target)
+    with _closing(src_store), _closing(dst_store):
+        status = src_store.stat(src)
+        if not status.is_dir:
+            files = [status]
+        elif args.recursive:
+            files = [e for e in src_store.list(src, recursive=True) if not e.is_dir]
+        else:
+            raise StoreError(f"{args.source} is a directory; copy it with -r")
+        # within one store the store copies (a local:// tier links the object, an object
+        # store copies on its side); between stores the bytes stream through this process
+        same = src_store.uri == dst_store.uri
+        options: dict[str, Any] = {"write_type": args.write_type, "pinned": args.pin or None}
+        for entry in _maybe_progress(files, args.quiet):
+            target = dst if not status.is_dir else join_path(dst, entry.path[len(src) :] or "/")
+            if same:
+                dst_store.copy(entry.path, target, **options)
+                continue
+            with (
+                src_store.open(entry.path, "rb") as source,
+                dst_store.open(target, "wb", **options) as stream,
+            ):
+                shutil.copyfileobj(source, stream, 8 << 20)
+        flush = getattr(dst_store, "flush", None)
+        if flush is not None and not args.no_wait:
+            flush(timeout=args.wait_timeout)
+    total = sum(e.size for e in files)
+    console.print(
+        f"copied {len(files):,} file(s), {format_size(total)}, from {args.source} to {args.target}"
+    )
+    return 0
+
+
+def _maybe_progress(files: list[FileStatus], quiet: bool) -> Any:
+    """``files``, with a progress bar on stderr when there are many to copy."""
+    if quiet or len(files) < 2:
+        return files
+    from tqdm import tqdm  # noqa: PLC0415
+
+    return tqdm(files, desc="copying", unit="file", file=sys.stderr)
 
 
 def _cmd_stat(args: argparse.Namespace, console: Console) -> int:
@@ -341,6 +386,31 @@ def add_parser(subparsers: Any) -> None:
         "--wait-timeout", type=float, default=600.0, help="seconds to wait for persists"
     )
     put.set_defaults(func=_cmd_put)
+
+    cp = sub.add_parser(
+        "cp",
+        help="copy a file (or a directory, with -r) within a store or between stores",
+        description="Copy a file, or everything below a directory with -r. Within one "
+        "store the store copies by itself where it can (local:// links the cached object "
+        "in its tier, so the bytes are held once; object stores copy on their side); "
+        "between stores the bytes stream through this process. Each file appears "
+        "atomically; an existing target file is replaced.",
+    )
+    cp.add_argument("source", help=_URL_HELP)
+    cp.add_argument("target", help=_URL_HELP)
+    cp.add_argument("-r", "--recursive", action="store_true", help="copy a whole directory")
+    cp.add_argument(
+        "--write-type",
+        type=WriteType.parse,
+        help="MUST_CACHE, CACHE_THROUGH, THROUGH or ASYNC_THROUGH (default: the store's)",
+    )
+    cp.add_argument("--pin", action="store_true", help="never evict the copies from their tier")
+    cp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    cp.add_argument("--no-wait", action="store_true", help="do not wait for async persists")
+    cp.add_argument(
+        "--wait-timeout", type=float, default=600.0, help="seconds to wait for persists"
+    )
+    cp.set_defaults(func=_cmd_cp)
 
     stat = sub.add_parser(
         "stat",

@@ -149,15 +149,20 @@ class FsspecStore(BaseStore):
             try:
                 return StagingWriter(self._ufs.begin(key), key)
             except (StoreError, OSError):
-                parts = key.strip("/").split("/")[:-1]
-                for i in range(len(parts)):
-                    above = "/" + "/".join(parts[: i + 1])
-                    found = self._info(above)
-                    if found is not None and found.get("type") != "directory":
-                        raise StorePreconditionError(
-                            f"{above} is a file, so {key} cannot be created below it"
-                        ) from None
+                self._check_parents(key)
                 raise
+
+    def _check_parents(self, key: str) -> None:
+        """Raise :class:`StorePreconditionError` if a file stands where a parent directory
+        of ``key`` would be."""
+        parts = key.strip("/").split("/")[:-1]
+        for i in range(len(parts)):
+            above = "/" + "/".join(parts[: i + 1])
+            found = self._info(above)
+            if found is not None and found.get("type") != "directory":
+                raise StorePreconditionError(
+                    f"{above} is a file, so {key} cannot be created below it"
+                ) from None
 
     def put(
         self,
@@ -220,6 +225,41 @@ class FsspecStore(BaseStore):
             raise StorePreconditionError(f"{key} is a directory, not a file")
         with self._errors(key):
             return bytes(self._fs.cat_file(self._full(key)))
+
+    def copy(
+        self,
+        src: str,
+        dst: str,
+        *,
+        write_type: WriteType | str | None = None,
+        ttl: float | None = None,
+        pinned: bool | None = None,
+    ) -> None:
+        """Copy the file ``src`` to ``dst``.  Object stores copy it themselves (S3's
+        CopyObject: atomic, and no bytes through this process); a ``file://`` store
+        streams it through a staged, fsynced file like :meth:`put`."""
+        if self._local:
+            super().copy(src, dst, write_type=write_type, ttl=ttl, pinned=pinned)
+            return
+        if write_type is not None:
+            WriteType.parse(write_type)
+        if ttl is not None:
+            self.set_ttl(dst, ttl)  # raises: this backend has no TTL
+        s, d = normalize_path(src), normalize_path(dst)
+        info = self._info(s)
+        if info is None:
+            raise StoreNotFoundError(f"{s} does not exist in {self.uri}")
+        if info.get("type") == "directory":
+            raise StorePreconditionError(f"{s} is a directory, not a file")
+        if d == "/":
+            raise StorePreconditionError("/ is the root directory, not a file")
+        target = self._info(d)
+        if target is not None and target.get("type") == "directory":
+            raise StorePreconditionError(f"{d} is a directory")
+        self._check_parents(d)
+        with self._errors(d):
+            self._fs.makedirs(self._full(d.rsplit("/", 1)[0] or "/"), exist_ok=True)
+            self._fs.copy(self._full(s), self._full(d))
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists."""

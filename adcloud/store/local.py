@@ -489,6 +489,50 @@ class LocalStore(BaseStore):
         staging_file.write(view)
         self._commit_cached(key, staging_file.finish(), wt, ttl, pinned)
 
+    def copy(
+        self,
+        src: str,
+        dst: str,
+        *,
+        write_type: WriteType | str | None = None,
+        ttl: float | None = None,
+        pinned: bool | None = None,
+    ) -> None:
+        """Copy the file ``src`` to ``dst`` (see :class:`~adcloud.store.base.Store`).
+
+        A source cached in a tier is not read: the copy is a hard link to its object in the
+        same tier, published as a new version with the source's size and CRC-32, so the
+        tier holds the bytes once.  Objects are never changed in place (every write, move
+        and delete makes or unlinks a whole object), so neither file can change through the
+        other.  The tier's capacity counts both, since either may later move or go alone.
+        A source held only by the under-store, a ``THROUGH`` copy, or a tier whose file
+        system has no hard links streams the bytes like :meth:`put`.
+        """
+        wt = self._write_type if write_type is None else WriteType.parse(write_type)
+        dst_key = self._key(dst)
+        self._check_file_key(dst_key)
+        src_key = self._key(src)
+        if wt is not WriteType.THROUGH:
+            for _ in range(_READ_RETRIES):
+                row = self._visible(src_key)
+                tier = self._by_level.get(row.tier) if row.tier is not None else None
+                if tier is None:
+                    break
+                link = tier.temp_path()
+                try:
+                    os.link(tier.object_path(row.object), link)
+                except FileNotFoundError:
+                    continue  # moved or replaced meanwhile: read the catalog again
+                except OSError as err:
+                    log.debug("cannot link %s in %s (%s); copying it", row.path, tier.name, err)
+                    break
+                self._accessed(row.id)
+                crc = int(row.checksum.removeprefix("crc32:"), 16)
+                staged = Staged(self._tiers.index(tier), link, row.size, crc)
+                self._commit_cached(dst_key, staged, wt, ttl, pinned)
+                return
+        super().copy(src, dst, write_type=wt, ttl=ttl, pinned=pinned)
+
     def open(
         self,
         path: str,

@@ -213,6 +213,40 @@ class StoreConformance:
         assert store.get("/moved/b/2") == b"2"
         assert not store.exists("/tree/a")
 
+    def test_copy_file(self, store: Store) -> None:
+        data = bytes(range(256)) * 4001
+        store.put("/c/src", data)
+        store.copy("/c/src", "/c2/deep/dst")  # parents are made
+        assert store.get("/c2/deep/dst") == data
+        assert store.stat("/c2/deep/dst").size == len(data)
+        store.put("/c/other", b"older")
+        store.copy("/c/src", "/c/other")  # overwrites, as a put
+        assert store.get("/c/other") == data
+        # the two files are independent afterwards
+        store.put("/c/src", b"new source")
+        assert store.get("/c2/deep/dst") == data
+        store.delete("/c/src")
+        assert store.get("/c/other") == data
+        store.copy("/c/other", "/c/other")  # onto itself: unchanged
+        assert store.get("/c/other") == data
+
+    def test_copy_errors(self, store: Store) -> None:
+        store.put("/ce/file", b"x")
+        store.mkdir("/ce/dir")
+        with pytest.raises(StoreNotFoundError):
+            store.copy("/ce/missing", "/ce/to")
+        assert not store.exists("/ce/to")
+        with pytest.raises(StorePreconditionError):
+            store.copy("/ce/dir", "/ce/to")
+        with pytest.raises(StorePreconditionError):
+            store.copy("/ce/file", "/ce/dir")
+        with pytest.raises(StorePreconditionError):
+            store.copy("/ce/file", "/ce/file/below")
+        with pytest.raises(StorePreconditionError):
+            store.copy("/ce/file", "/")
+        assert store.get("/ce/file") == b"x"
+        assert store.stat("/ce/dir").is_dir
+
     # -- caching attributes ----------------------------------------------------------------
 
     def test_pin_free_persist_keep_data(self, store: Store) -> None:

@@ -34,7 +34,7 @@ def run(*argv: str) -> tuple[int, str]:
     return code, console.file.getvalue()  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("sub", ["", "ls", "cat", "put", "stat", "free", "persist", "serve"])
+@pytest.mark.parametrize("sub", ["", "ls", "cat", "put", "cp", "stat", "free", "persist", "serve"])
 def test_help_everywhere(sub: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         parser().parse_args(["store", *([sub] if sub else []), "--help"])
@@ -93,6 +93,32 @@ def test_cat(tmp_path: Path, store_root: Path, capsysbinary: pytest.CaptureFixtu
     assert out_file.read_bytes() == bytes(range(256))
     assert run("store", "cat", "local:///c/bytes")[0] == 0
     assert capsysbinary.readouterr().out == bytes(range(256))
+
+
+def test_cp_within_a_store_and_between_stores(tmp_path: Path, store_root: Path) -> None:
+    store = LocalStore("local://", background=False)
+    tree = {"/v1/grid/0_0.tif": b"t" * 3000, "/v1/grid/1_0.tif": b"u" * 10, "/v1/m.json": b"{}"}
+    for path, data in tree.items():
+        store.put(path, data, write_type="MUST_CACHE")
+    with pytest.raises(StoreError, match=r"local:///v1 is a directory; copy it with -r"):
+        run("store", "cp", "local:///v1", "local:///v2")
+    code, out = run("store", "cp", "-r", "-q", "local:///v1", "local:///v2")
+    assert code == 0 and "copied 3 file(s), 2.9 KiB, from local:///v1 to local:///v2" in out
+    for path, data in tree.items():
+        copy = "/v2" + path[len("/v1") :]
+        assert store.get(copy) == data
+        assert store.stat(copy).checksum == store.stat(path).checksum
+    # within the local store the copies share the cached objects
+    shared = [p for p in store_root.rglob("objects/*/*") if p.stat().st_nlink == 2]
+    assert len(shared) == 2 * len(tree)
+
+    code, out = run("store", "cp", "local:///v1/grid/0_0.tif", f"file://{tmp_path}/one.tif")
+    assert code == 0 and (tmp_path / "one.tif").read_bytes() == tree["/v1/grid/0_0.tif"]
+    code, out = run("store", "cp", "-r", "-q", "local:///v1", f"file://{tmp_path}/backup")
+    assert code == 0
+    got = {p.relative_to(tmp_path / "backup").as_posix() for p in (tmp_path / "backup").rglob("*")}
+    assert got == {"grid", "grid/0_0.tif", "grid/1_0.tif", "m.json"}
+    store.close()
 
 
 def test_ls_of_an_fsspec_store(tmp_path: Path) -> None:

@@ -650,3 +650,69 @@ def test_a_tier_directory_another_user_owns_is_refused(
         store.put("/x", b"ok")
         assert store.stat("/x").tier == "MEM"
         assert (planted.stat().st_mode & 0o777) == 0o700  # made private once it is ours
+
+
+def objects(root: Path, tier: str) -> list[os.stat_result]:
+    return [p.stat() for p in (root / tier / "objects").rglob("*") if p.is_file()]
+
+
+def test_a_copy_in_a_tier_links_the_object(make_store: MakeStore, store_root: Path) -> None:
+    """A cached source is copied by a hard link in its tier: the bytes are there once,
+    the copy is a version of its own, and the source may change or go without it."""
+    store = make_store(
+        mem_capacity="4KB", ssd_capacity="16KB", promote_on_read=False, verify_reads="all"
+    )
+    store.put("/in-mem", blob(1), write_type=WriteType.MUST_CACHE)
+    store.put("/on-ssd", blob(2, 6000), write_type=WriteType.MUST_CACHE)  # too big for MEM
+    store.copy("/in-mem", "/copies/mem")
+    store.copy("/on-ssd", "/copies/ssd", write_type=WriteType.MUST_CACHE)
+    (mem,) = {(s.st_ino, s.st_nlink) for s in objects(store_root, "mem")}
+    assert mem[1] == 2  # one object, two names
+    (ssd,) = {(s.st_ino, s.st_nlink) for s in objects(store_root, "ssd")}
+    assert ssd[1] == 2
+    assert tiers(store, "/copies/mem", "/copies/ssd") == ["MEM", "SSD"]
+    for src, dst in (("/in-mem", "/copies/mem"), ("/on-ssd", "/copies/ssd")):
+        assert store.stat(dst).checksum == store.stat(src).checksum
+        assert store.get(dst) == store.get(src)  # verified against the catalog's CRC
+    # the tiers count both files: either may later move or go alone
+    assert used(store) == {"MEM": 1500 * 2, "SSD": 6000 * 2, "HDD": 0}
+    store.put("/in-mem", blob(3), write_type=WriteType.MUST_CACHE)
+    store.delete("/on-ssd")
+    assert store.get("/copies/mem") == blob(1)
+    assert store.get("/copies/ssd") == blob(2, 6000)
+    assert all(s.st_nlink == 1 for s in objects(store_root, "mem") + objects(store_root, "ssd"))
+
+
+def test_a_copy_follows_its_write_type(make_store: MakeStore, store_root: Path) -> None:
+    store = make_store()
+    store.put("/src", blob(4), write_type=WriteType.MUST_CACHE)
+    store.copy("/src", "/through", write_type=WriteType.CACHE_THROUGH)
+    status = store.stat("/through")
+    assert (status.tier, status.persistence) == ("MEM", PersistenceState.PERSISTED)
+    assert (store_root / "ufs/through").read_bytes() == blob(4)
+    store.copy("/src", "/ufs-only", write_type=WriteType.THROUGH)
+    assert store.stat("/ufs-only").tier is None
+    assert (store_root / "ufs/ufs-only").read_bytes() == blob(4)
+    # a source only the under-store holds is streamed from it
+    store.free("/through")
+    assert store.stat("/through").tier is None
+    store.copy("/through", "/from-ufs", write_type=WriteType.MUST_CACHE, pinned=True)
+    status = store.stat("/from-ufs")
+    assert (status.tier, status.pinned) == ("MEM", True)
+    assert store.get("/from-ufs") == blob(4)
+
+
+def test_a_copy_that_does_not_fit_leaves_the_target_alone(
+    make_store: MakeStore, store_root: Path
+) -> None:
+    store = make_store(mem_capacity="4KB", ssd_capacity="0", hdd_capacity="0")
+    store.put("/a", blob(5, 2000), write_type=WriteType.MUST_CACHE, pinned=True)
+    store.put("/b", b"old b", write_type=WriteType.MUST_CACHE, pinned=True)
+    with pytest.raises(StoreFullError):
+        store.copy("/a", "/b2", write_type=WriteType.MUST_CACHE)
+    store.put("/b2", b"kept", write_type=WriteType.MUST_CACHE)
+    with pytest.raises(StoreFullError):
+        store.copy("/a", "/b2", write_type=WriteType.MUST_CACHE)
+    assert store.get("/b2") == b"kept"
+    assert not list((store_root / "mem/tmp").iterdir())  # no link left behind
+    assert [s.st_nlink for s in objects(store_root, "mem")] == [1, 1, 1]
