@@ -156,7 +156,8 @@ def _matrix(translation: Any, rotation: Any) -> NDArray[np.float64]:
 class StreamChunk:
     """The low-rate streams one partition of a drive gathered: rows of IMU (t, accel,
     gyro), odometry (t, speed, yaw rate) and GPS (t, lat, lon, alt, variances), with exact
-    int64 times beside them, and the ``/tf_static`` edges (child: (parent, 4x4))."""
+    int64 times beside them, the ``/tf_static`` edges (child: (parent, 4x4)), and the stamp
+    and frame of every LiDAR sweep it saw (the sweeps themselves stay on the executors)."""
 
     name: str
     uri: str
@@ -169,6 +170,8 @@ class StreamChunk:
     imu_frame: str
     gps_frame: str
     tf: dict[str, tuple[str, NDArray[np.float64]]]
+    sweep_t: NDArray[np.int64]
+    sweep_frames: tuple[str, ...]
 
 
 class DriveAccumulator:
@@ -208,6 +211,7 @@ class DriveAccumulator:
         self._gps: list[tuple[int, float, float, float, float, float, float]] = []
         self._gps_frame = "gps"
         self._tf: dict[str, tuple[str, NDArray[np.float64]]] = {}
+        self._sweeps: list[tuple[int, str]] = []
 
     def add(self, topic: str, msgtype: str, msg: Any) -> Scan | None:
         """Take one decoded message; a LiDAR sweep comes back as a :class:`Scan`."""
@@ -221,7 +225,9 @@ class DriveAccumulator:
                 f"{role}_topic) or fix the recording"
             )
         if role == "lidar":
-            return scan_from_msg(self.name, msg, topic=topic)
+            scan = scan_from_msg(self.name, msg, topic=topic)
+            self._sweeps.append((scan.stamp, scan.frame))
+            return scan
         if role == "imu":
             a, w = msg.linear_acceleration, msg.angular_velocity
             self._imu.append((stamp_ns(msg.header), a.x, a.y, a.z, w.x, w.y, w.z))
@@ -260,6 +266,8 @@ class DriveAccumulator:
             imu_frame=self._imu_frame,
             gps_frame=self._gps_frame,
             tf={child: (parent, mat) for child, (parent, mat) in self._tf.items()},
+            sweep_t=np.asarray([t for t, _ in self._sweeps], dtype=np.int64),
+            sweep_frames=tuple(frame for _, frame in self._sweeps),
         )
 
     def absorb(self, chunk: StreamChunk) -> None:
@@ -271,8 +279,14 @@ class DriveAccumulator:
         for t, row in zip(chunk.gps_t.tolist(), chunk.gps.tolist(), strict=True):
             self._gps.append((int(t), *row[1:]))
         self._tf.update(chunk.tf)
+        self._sweeps.extend(zip(chunk.sweep_t.tolist(), chunk.sweep_frames, strict=True))
         self._imu_frame = chunk.imu_frame if len(chunk.imu) else self._imu_frame
         self._gps_frame = chunk.gps_frame if len(chunk.gps) else self._gps_frame
+
+    @property
+    def sweeps(self) -> list[tuple[int, str]]:
+        """``(stamp, frame)`` of every LiDAR sweep taken or absorbed so far, by stamp."""
+        return sorted(self._sweeps)
 
     def _extrinsics(self) -> Extrinsics:
         frames: dict[str, NDArray[np.float64]] = {}

@@ -21,7 +21,7 @@ import os
 import shutil
 import uuid
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +113,20 @@ def load_items(path: str | os.PathLike[str]) -> list[Any]:
     return [_decode(item, arrays) for item in header["items"]]
 
 
-def _write_partition(index: int, items: Iterable[Any], root: str) -> Iterator[str]:
+def _write_partition(
+    index: int, items: Iterable[Any], root: str, pick: Callable[[Any], bool] | None
+) -> Iterator[tuple[str, list[Any]]]:
     path = Path(root) / f"part-{index:05d}.npz"
-    dump_items(items, path)
-    yield str(path)
+    picked: list[Any] = []
+
+    def noting() -> Iterator[Any]:
+        for item in items:
+            if pick is not None and pick(item):
+                picked.append(item)
+            yield item
+
+    dump_items(noting(), path)
+    yield str(path), picked
 
 
 class Exchange:
@@ -138,23 +148,40 @@ class Exchange:
 
     def hand_over(self, rdd: RDD[Any], name: str) -> RDD[Any]:
         """Materialise ``rdd`` as stage ``name``'s output and return what the next stage reads."""
+        return self.hand_over_picking(rdd, name, None)[0]
+
+    def hand_over_picking(
+        self, rdd: RDD[Any], name: str, pick: Callable[[Any], bool] | None
+    ) -> tuple[RDD[Any], list[Any]]:
+        """:meth:`hand_over`, and the items of ``rdd`` for which ``pick`` is true, gathered on
+        the driver by the job that materialises the stage: a stage's small products (a
+        drive's low-rate streams beside its sweeps) cost no second pass over its output."""
         if self.mode == "memory":
             rdd = rdd.persist(StorageLevel.MEMORY_AND_DISK)
-            rdd.count()  # the stage runs now, as it would when its files were written
+            # the stage runs now, as it would when its files were written
+            picked: list[Any] = []
+            if pick is None:
+                rdd.count()
+            else:
+                picked = rdd.filter(pick).collect()
             self.cached.append(rdd)
-            return rdd
+            return rdd, picked
         assert self.root is not None
         folder = self.root / name
         if not folder.is_dir():
             folder.mkdir(parents=True)
             self._made.append(folder)
         root = str(folder)
-        paths = rdd.mapPartitionsWithIndex(lambda i, it: _write_partition(i, it, root)).collect()
+        written = rdd.mapPartitionsWithIndex(
+            lambda i, it: _write_partition(i, it, root, pick)
+        ).collect()
+        paths = [path for path, _ in written]
         if folder not in self._made:
             self._written.extend(Path(p) for p in paths)
         self.bytes_written += sum(Path(p).stat().st_size for p in paths)
         context = rdd.context
-        return context.parallelize(paths, max(1, len(paths))).flatMap(load_items)
+        loaded = context.parallelize(paths, max(1, len(paths))).flatMap(load_items)
+        return loaded, [item for _, items in written for item in items]
 
     def drop(self, rdd: RDD[Any]) -> None:
         """Free what memory mode cached for ``rdd`` once no later stage reads it: on a small

@@ -55,7 +55,13 @@ from scipy.spatial import cKDTree
 from adcloud.binpipe import BinPipeRDD, decoded_messages
 from adcloud.config import load_settings
 from adcloud.hdmap.config import HdmapSettings
-from adcloud.hdmap.drive import DriveAccumulator, DriveData, DriveTopics, drive_name
+from adcloud.hdmap.drive import (
+    DriveAccumulator,
+    DriveData,
+    DriveTopics,
+    StreamChunk,
+    drive_name,
+)
 from adcloud.hdmap.errors import DriveDataError, HdmapError
 from adcloud.hdmap.exchange import Exchange, dump_items, load_items
 from adcloud.hdmap.geotiff import read_grid_tile, tile_file_name, write_grid_tile, write_preview
@@ -237,12 +243,18 @@ def _etl_partition(
     yield "streams", acc.chunk()
 
 
+def _is_streams(item: tuple[str, Any]) -> bool:
+    return item[0] == "streams"
+
+
 def _etl(
     spark: SparkSession,
     bags: Sequence[str | tuple[str, str]],
     topics: DriveTopics,
     exchange: Exchange,
-) -> RDD[Any]:
+) -> tuple[RDD[Any], list[StreamChunk]]:
+    """Decode the bags on the executors: the decoded items, handed over for the later
+    stages, and every partition's stream chunk, gathered by the same job."""
     rdds: list[RDD[Any]] = []
     names: set[str] = set()
     for bag in bags:
@@ -256,33 +268,38 @@ def _etl(
         part = functools.partial(_etl_partition, drive=name, uri=uri, topics=topics)
         rdds.append(pipe.rdd.mapPartitions(part))
     union = spark.sparkContext.union(rdds) if len(rdds) > 1 else rdds[0]
-    return exchange.hand_over(union, "decoded")
+    decoded, streams = exchange.hand_over_picking(union, "decoded", _is_streams)
+    return decoded, [chunk for _, chunk in streams]
 
 
 def _drives(
-    decoded: RDD[Any],
+    chunks: Iterable[StreamChunk],
     origin: Origin | None,
     topics: DriveTopics,
     mounts: Mapping[str, NDArray[np.float64]] | None = None,
-) -> dict[str, DriveData]:
-    """Driver: merge the executors' stream chunks per drive. ``mounts`` (hdmap.mounts) are
-    applied here, by :meth:`DriveAccumulator.finish`: the executors' accumulators only
-    gather ``/tf_static`` edges, so the settings need not cross the closure."""
+) -> tuple[dict[str, DriveData], dict[str, list[tuple[int, str]]]]:
+    """Driver: merge the executors' stream chunks per drive; returns the drives and the
+    ``(stamp, frame)`` of each one's sweeps. ``mounts`` (hdmap.mounts) are applied here, by
+    :meth:`DriveAccumulator.finish`: the executors' accumulators only gather ``/tf_static``
+    edges, so the settings need not cross the closure."""
     merged: dict[str, DriveAccumulator] = {}
-    for _, chunk in decoded.filter(lambda kv: kv[0] == "streams").collect():
+    for chunk in chunks:
         if chunk.name not in merged:
             merged[chunk.name] = DriveAccumulator(
                 chunk.name, chunk.uri, topics=topics, mounts=mounts
             )
         merged[chunk.name].absorb(chunk)
     out: dict[str, DriveData] = {}
+    sweeps: dict[str, list[tuple[int, str]]] = {}
     for name in sorted(merged):
         acc = merged[name]
         acc.origin = origin
         drive = acc.finish()
         origin = drive.origin  # every drive of a map shares the first one's origin
         out[name] = drive
-    return out
+        if acc.sweeps:
+            sweeps[name] = acc.sweeps
+    return out, sweeps
 
 
 def _on_task_device(
@@ -324,6 +341,7 @@ def _solve(
 def _poses(
     scans: RDD[Scan],
     drives: dict[str, DriveData],
+    stamps: Mapping[str, Sequence[tuple[int, str]]],
     stages: StageSettings,
     device: str,
     progress: Progress,
@@ -332,9 +350,6 @@ def _poses(
     lidar_topic: str,
 ) -> tuple[dict[str, Trajectory], int, list[Keyframe]]:
     sc = scans.context
-    stamps: dict[str, list[tuple[int, str]]] = {}
-    for owner, stamp, frame in scans.map(lambda s: (s.drive, s.stamp, s.frame)).collect():
-        stamps.setdefault(owner, []).append((stamp, frame))
     segments: dict[tuple[str, int], SegmentInput] = {}
     membership: dict[tuple[str, int], list[tuple[str, int]]] = {}
     for name, drive in drives.items():
@@ -1046,8 +1061,10 @@ def run_pipeline(
     token = _leave_marker(Path(out_dir))
     tick = time.perf_counter()
     try:
-        decoded = _etl(spark, bags, settings.topics, exchange)
-        drives = _drives(decoded, origin or settings.origin, settings.topics, settings.extrinsics)
+        decoded, chunks = _etl(spark, bags, settings.topics, exchange)
+        drives, stamps = _drives(
+            chunks, origin or settings.origin, settings.topics, settings.extrinsics
+        )
         scans = decoded.filter(lambda kv: kv[0] == "scan").map(lambda kv: kv[1])
         timings["etl"] = time.perf_counter() - tick
         say(f"etl: {len(drives)} drive(s) decoded")
@@ -1056,6 +1073,7 @@ def run_pipeline(
         trajectories, loops, keyframes = _poses(
             scans,
             drives,
+            stamps,
             stages,
             settings.device,
             say,

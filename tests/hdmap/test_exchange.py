@@ -67,6 +67,41 @@ def test_both_modes_hand_over_the_same_items(
     exchange.release()
 
 
+def _odd(scan: Scan) -> bool:
+    return scan.stamp % 2 == 1
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["memory", "files"])
+def test_the_picked_items_come_with_the_stage_in_one_pass(
+    spark: SparkSession, tmp_path: Path, mode: str
+) -> None:
+    """``hand_over_picking`` gathers a stage's small items on the driver in the job that
+    materialises the stage: its items are computed once, and the next stage reads them
+    from memory or the files without computing them again."""
+    sc = spark.sparkContext
+    computed = sc.accumulator(0)
+
+    def make(i: int) -> Scan:
+        computed.add(1)
+        return _scan(i)
+
+    exchange = Exchange(mode, tmp_path / "x")
+    group = f"picking-{mode}"
+    sc.setJobGroup(group, "hand_over_picking")
+    try:
+        stage, picked = exchange.hand_over_picking(sc.parallelize(range(8), 4).map(make), "s", _odd)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert len(sc.statusTracker().getJobIdsForGroup(group)) == 1  # one Spark job for both
+    assert sorted(s.stamp for s in picked) == [1, 3, 5, 7]
+    np.testing.assert_array_equal(picked[0].xyz, _scan(picked[0].stamp).xyz)
+    assert computed.value == 8
+    assert sorted(s.stamp for s in stage.collect()) == list(range(8))
+    assert computed.value == 8  # read back, not computed again
+    exchange.release()
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["memory", "files"])
 def test_a_stage_no_later_stage_reads_is_dropped_and_the_rest_stays(

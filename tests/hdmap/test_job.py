@@ -156,6 +156,7 @@ def test_a_drive_without_sweeps_names_the_lidar_topic(spark: SparkSession) -> No
         _poses(
             no_scans,
             {"d": drive},
+            {},
             StageSettings(),
             "",
             lambda _: None,
