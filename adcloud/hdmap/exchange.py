@@ -114,19 +114,19 @@ def load_items(path: str | os.PathLike[str]) -> list[Any]:
 
 
 def _write_partition(
-    index: int, items: Iterable[Any], root: str, pick: Callable[[Any], bool] | None
+    index: int, items: Iterable[Any], root: str, gather: Callable[[Any], Iterable[Any]] | None
 ) -> Iterator[tuple[str, list[Any]]]:
     path = Path(root) / f"part-{index:05d}.npz"
-    picked: list[Any] = []
+    gathered: list[Any] = []
 
     def noting() -> Iterator[Any]:
         for item in items:
-            if pick is not None and pick(item):
-                picked.append(item)
+            if gather is not None:
+                gathered.extend(gather(item))
             yield item
 
     dump_items(noting(), path)
-    yield str(path), picked
+    yield str(path), gathered
 
 
 class Exchange:
@@ -148,24 +148,25 @@ class Exchange:
 
     def hand_over(self, rdd: RDD[Any], name: str) -> RDD[Any]:
         """Materialise ``rdd`` as stage ``name``'s output and return what the next stage reads."""
-        return self.hand_over_picking(rdd, name, None)[0]
+        return self.hand_over_gathering(rdd, name, None)[0]
 
-    def hand_over_picking(
-        self, rdd: RDD[Any], name: str, pick: Callable[[Any], bool] | None
+    def hand_over_gathering(
+        self, rdd: RDD[Any], name: str, gather: Callable[[Any], Iterable[Any]] | None
     ) -> tuple[RDD[Any], list[Any]]:
-        """:meth:`hand_over`, and the items of ``rdd`` for which ``pick`` is true, gathered on
-        the driver by the job that materialises the stage: a stage's small products (a
-        drive's low-rate streams beside its sweeps) cost no second pass over its output."""
+        """:meth:`hand_over`, and what ``gather`` returns for each item of ``rdd`` (small
+        things: a drive's low-rate streams beside its sweeps, a sweep's sign candidates),
+        collected on the driver by the job that materialises the stage rather than by
+        another pass over its output."""
         if self.mode == "memory":
             rdd = rdd.persist(StorageLevel.MEMORY_AND_DISK)
             # the stage runs now, as it would when its files were written
-            picked: list[Any] = []
-            if pick is None:
+            gathered: list[Any] = []
+            if gather is None:
                 rdd.count()
             else:
-                picked = rdd.filter(pick).collect()
+                gathered = rdd.flatMap(gather).collect()
             self.cached.append(rdd)
-            return rdd, picked
+            return rdd, gathered
         assert self.root is not None
         folder = self.root / name
         if not folder.is_dir():
@@ -173,7 +174,7 @@ class Exchange:
             self._made.append(folder)
         root = str(folder)
         written = rdd.mapPartitionsWithIndex(
-            lambda i, it: _write_partition(i, it, root, pick)
+            lambda i, it: _write_partition(i, it, root, gather)
         ).collect()
         paths = [path for path, _ in written]
         if folder not in self._made:

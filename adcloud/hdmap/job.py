@@ -243,8 +243,8 @@ def _etl_partition(
     yield "streams", acc.chunk()
 
 
-def _is_streams(item: tuple[str, Any]) -> bool:
-    return item[0] == "streams"
+def _stream_chunks(item: tuple[str, Any]) -> list[StreamChunk]:
+    return [item[1]] if item[0] == "streams" else []
 
 
 def _etl(
@@ -268,8 +268,7 @@ def _etl(
         part = functools.partial(_etl_partition, drive=name, uri=uri, topics=topics)
         rdds.append(pipe.rdd.mapPartitions(part))
     union = spark.sparkContext.union(rdds) if len(rdds) > 1 else rdds[0]
-    decoded, streams = exchange.hand_over_picking(union, "decoded", _is_streams)
-    return decoded, [chunk for _, chunk in streams]
+    return exchange.hand_over_gathering(union, "decoded", _stream_chunks)
 
 
 def _drives(
@@ -849,14 +848,29 @@ def _sign_candidates(
 _SIGN_CANDIDATE_MARGIN = 10.0
 
 
+def _aligned_extras(scan: AlignedScan, *, signs: SignSettings) -> list[tuple[str, Any]]:
+    """Executor, as the align stage hands its scans over: what the driver needs of a scan
+    besides the later stages' passes over them -- its sensor's position (the reach of an
+    incremental build) and the points the sign stage (``signs``) reads: well above the road
+    and at most :data:`_SIGN_CANDIDATE_MARGIN` below its ``min_intensity``."""
+    threshold = signs.min_intensity - _SIGN_CANDIDATE_MARGIN
+    extras: list[tuple[str, Any]] = [("sensor", scan.sensor[:2].copy())]
+    extras.extend(("sign", found) for found in _sign_candidates(scan, threshold))
+    return extras
+
+
+def _sensors(extras: Iterable[tuple[str, Any]]) -> NDArray[np.float64]:
+    """The sweeps' sensor positions (n, 2) among :func:`_aligned_extras`' records."""
+    xy = [value for kind, value in extras if kind == "sensor"]
+    return np.array(xy, np.float64).reshape(-1, 2)
+
+
 def _sign_points(
-    aligned: RDD[AlignedScan], settings: SignSettings
+    extras: Iterable[tuple[str, Any]],
 ) -> tuple[NDArray[np.float64], NDArray[np.float32]]:
-    """The map-frame points (m) and intensities of the aligned sweeps that the sign stage
-    (``settings``) reads: well above the road and at most :data:`_SIGN_CANDIDATE_MARGIN`
-    below its ``min_intensity``."""
-    threshold = settings.min_intensity - _SIGN_CANDIDATE_MARGIN
-    found = aligned.flatMap(lambda a: _sign_candidates(a, threshold)).collect()
+    """The sign candidates among :func:`_aligned_extras`' records: map-frame points (m)
+    and their intensities."""
+    found = [value for kind, value in extras if kind == "sign"]
     if not found:
         return np.zeros((0, 3)), np.zeros(0, np.float32)
     xyz = np.concatenate([s[0] for s in found]).astype(np.float64)
@@ -930,16 +944,14 @@ class _Reach:
     @classmethod
     def of(
         cls,
-        aligned: RDD[AlignedScan],
+        sensors: NDArray[np.float64],
         previous: KeptVersion | None,
         grid: GridSettings,
         cloud: PointCloudMapSettings,
     ) -> _Reach:
+        """``sensors`` (n, 2): where the new sweeps were taken (map frame, m)."""
         if previous is None:
             return cls(KeptTiles(), frozenset(), KeptTiles(), frozenset())
-        sensors = np.zeros((0, 2))
-        if previous.carry:
-            sensors = np.array(aligned.map(lambda a: a.sensor[:2]).collect(), np.float64)
 
         def split(
             state: dict[tuple[int, int], str], size: float, radius: float
@@ -1088,18 +1100,19 @@ def run_pipeline(
         traj_b = sc.broadcast(trajectories)
         mounts_b = sc.broadcast({n: d.extrinsics for n, d in drives.items()})
         device = settings.device
-        aligned = exchange.hand_over(
+        aligned, extras = exchange.hand_over_gathering(
             scans.mapPartitions(
                 _on_task_device(device, lambda s, d: _align(s, traj_b.value, mounts_b.value, d))
             ),
             "aligned",
+            functools.partial(_aligned_extras, signs=stages.signs),
         )
         exchange.drop(decoded)  # every later stage reads the aligned scans
         timings["align"] = time.perf_counter() - tick
 
         tick = time.perf_counter()
         grid, cloud = stages.grid, stages.cloud
-        reach = _Reach.of(aligned, previous, grid, cloud)
+        reach = _Reach.of(_sensors(extras), previous, grid, cloud)
         partials = aligned.mapPartitions(
             _on_task_device(
                 device,
@@ -1173,7 +1186,7 @@ def run_pipeline(
         timings["cloud"] = time.perf_counter() - tick
         say(f"point-cloud map: {len(listed)} tiles ({len(kept)} carried unchanged)")
 
-        sign_xyz, sign_int = _sign_points(aligned, stages.signs)
+        sign_xyz, sign_int = _sign_points(extras)
         return PipelineResult(
             drives=drives,
             trajectories=trajectories,

@@ -67,18 +67,18 @@ def test_both_modes_hand_over_the_same_items(
     exchange.release()
 
 
-def _odd(scan: Scan) -> bool:
-    return scan.stamp % 2 == 1
+def _odd_stamps(scan: Scan) -> list[int]:
+    return [scan.stamp] if scan.stamp % 2 == 1 else []
 
 
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["memory", "files"])
-def test_the_picked_items_come_with_the_stage_in_one_pass(
+def test_what_is_gathered_comes_with_the_stage_in_one_pass(
     spark: SparkSession, tmp_path: Path, mode: str
 ) -> None:
-    """``hand_over_picking`` gathers a stage's small items on the driver in the job that
-    materialises the stage: its items are computed once, and the next stage reads them
-    from memory or the files without computing them again."""
+    """``hand_over_gathering`` collects small products of a stage's items on the driver in
+    the job that materialises the stage: its items are computed once, and the next stage
+    reads them from memory or the files without computing them again."""
     sc = spark.sparkContext
     computed = sc.accumulator(0)
 
@@ -87,15 +87,15 @@ def test_the_picked_items_come_with_the_stage_in_one_pass(
         return _scan(i)
 
     exchange = Exchange(mode, tmp_path / "x")
-    group = f"picking-{mode}"
-    sc.setJobGroup(group, "hand_over_picking")
+    group = f"gathering-{mode}"
+    sc.setJobGroup(group, "hand_over_gathering")
     try:
-        stage, picked = exchange.hand_over_picking(sc.parallelize(range(8), 4).map(make), "s", _odd)
+        rdd = sc.parallelize(range(8), 4).map(make)
+        stage, gathered = exchange.hand_over_gathering(rdd, "s", _odd_stamps)
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     assert len(sc.statusTracker().getJobIdsForGroup(group)) == 1  # one Spark job for both
-    assert sorted(s.stamp for s in picked) == [1, 3, 5, 7]
-    np.testing.assert_array_equal(picked[0].xyz, _scan(picked[0].stamp).xyz)
+    assert sorted(gathered) == [1, 3, 5, 7]
     assert computed.value == 8
     assert sorted(s.stamp for s in stage.collect()) == list(range(8))
     assert computed.value == 8  # read back, not computed again

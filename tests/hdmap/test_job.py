@@ -25,6 +25,7 @@ from adcloud.hdmap.job import (
     AlignedScan,
     KeptTiles,
     StageSettings,
+    _aligned_extras,
     _check_carried,
     _cloud_sink,
     _grid_stage,
@@ -33,6 +34,7 @@ from adcloud.hdmap.job import (
     _on_one_host,
     _poses,
     _run_sink,
+    _sensors,
     _sign_points,
     _with_previous,
 )
@@ -123,20 +125,24 @@ def _aligned(intensity: list[float], z: float = 3.0) -> AlignedScan:
     return AlignedScan("d", 0, xyz, np.array(intensity, np.float32), np.array([0.0, 0.0, 1.9]))
 
 
-@pytest.mark.spark
-def test_sign_candidates_follow_the_sign_stage_threshold(spark: SparkSession) -> None:
-    scans = spark.sparkContext.parallelize(
-        [_aligned([90.0, 115.0, 145.0, 200.0]), _aligned([255.0], z=0.2)], 2
-    )
-    xyz, intensity = _sign_points(scans, SignSettings(min_intensity=120.0))
+def _extras(scans: list[AlignedScan], signs: SignSettings) -> list[tuple[str, object]]:
+    return [extra for scan in scans for extra in _aligned_extras(scan, signs=signs)]
+
+
+def test_sign_candidates_follow_the_sign_stage_threshold() -> None:
+    scans = [_aligned([90.0, 115.0, 145.0, 200.0]), _aligned([255.0], z=0.2)]
+    extras = _extras(scans, SignSettings(min_intensity=120.0))
+    xyz, intensity = _sign_points(extras)
     # down to 10 below the threshold, and never on the road (0.2 m: 1.7 m below the sensor)
     assert sorted(intensity.tolist()) == [115.0, 145.0, 200.0]
     assert xyz.shape == (3, 3) and xyz.dtype == np.float64 and intensity.dtype == np.float32
-    _, default = _sign_points(scans, SignSettings())
+    _, default = _sign_points(_extras(scans, SignSettings()))
     assert default.tolist() == [200.0]  # from 150 at the default 160
-    empty = spark.sparkContext.parallelize([_aligned([10.0])], 1)
-    xyz, intensity = _sign_points(empty, SignSettings())
+    xyz, intensity = _sign_points(_extras([_aligned([10.0])], SignSettings()))
     assert xyz.shape == (0, 3) and intensity.shape == (0,)
+    # every scan's sensor position comes along, for the reach of an incremental build
+    np.testing.assert_array_equal(_sensors(extras), [[0.0, 0.0], [0.0, 0.0]])
+    assert _sensors([]).shape == (0, 2)
 
 
 @pytest.mark.spark
