@@ -4,13 +4,16 @@
 
 0. ETL -- every bag becomes a :class:`~adcloud.binpipe.BinPipeRDD` (each task reads its own
    byte range); executors decode LiDAR sweeps into :class:`~adcloud.hdmap.model.Scan` objects
-   and gather the low-rate streams (IMU, odometry, GPS, ``/tf_static``), which the driver
-   merges per drive.
+   and gather the low-rate streams (IMU, odometry, GPS, ``/tf_static``) and the sweeps'
+   stamps, which reach the driver with the job that caches the sweeps
+   (:meth:`~adcloud.hdmap.exchange.Exchange.hand_over_gathering`) and are merged per drive.
 1. Poses -- keyframes and segments are chosen on the driver from the scans' stamps; each
    segment's keyframe sweeps are grouped on an executor and solved there
    (:func:`~adcloud.hdmap.poses.solve_segment`: ICP through :mod:`adcloud.hetero` plus a
    GTSAM graph); the driver joins the segments and closes loops.
-2. Alignment -- executors de-skew every sweep into the map frame with the joined trajectory.
+2. Alignment -- executors de-skew every sweep into the map frame with the joined trajectory;
+   the job that caches the aligned sweeps also brings each one's sensor position and sign
+   candidates to the driver.
 3. Grid -- per-scan tile partials, merged by tile key (``combineByKey``, many at a time),
    finalised and written as GeoTIFF tiles by the executors; the point-cloud map tiles
    likewise. An incremental build merges the previous version's statistics only into the
