@@ -215,8 +215,20 @@ def _decompress(compression: str, data: memoryview, size: int, crc: int) -> byte
         if compression == "":
             out: bytes | memoryview = data
         elif compression == "zstd":
+            # A frame that declares its size gets a buffer of that size, whatever
+            # max_output_size says: a damaged header must not choose the allocation.
+            declared = zstandard.frame_content_size(data)
+            if declared not in (-1, size):
+                raise ValueError(
+                    f"its zstd frame declares {declared} bytes uncompressed, the chunk {size}"
+                )
             out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
         elif compression == "lz4":
+            declared = lz4.frame.get_frame_info(data)["content_size"]  # 0: not given
+            if declared not in (0, size):
+                raise ValueError(
+                    f"its lz4 frame declares {declared} bytes uncompressed, the chunk {size}"
+                )
             out = lz4.frame.decompress(bytes(data))
         else:
             raise ValueError(f"chunk compression {compression!r} is not supported")

@@ -228,6 +228,13 @@ def decompress_chunk(compression: str, data: memoryview, size: int) -> bytes | m
         elif compression == "bz2":
             out = bz2.decompress(data)
         elif compression == "lz4":
+            # a frame that declares its size gets a buffer of that size: a damaged header
+            # (its checksum is one byte) must not choose the allocation
+            declared = lz4.frame.get_frame_info(data)["content_size"]  # 0: not given
+            if declared not in (0, size):
+                raise FormatError(
+                    0, f"its lz4 frame declares {declared} bytes uncompressed, the chunk {size}"
+                )
             out = lz4.frame.decompress(data)
         else:
             raise FormatError(0, f"chunk compression {compression!r} is not supported")

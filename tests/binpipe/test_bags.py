@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import lz4.frame
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from hypothesis import HealthCheck, given, settings
@@ -25,7 +26,8 @@ from rosbags.rosbag1 import Reader as Ros1Reader
 from rosbags.rosbag1 import Writer as Ros1Writer
 from rosbags.typesys import Stores, get_typestore
 
-from adcloud.binpipe import bags_io
+from adcloud.binpipe import _mcap, bags_io
+from adcloud.binpipe._ros1 import decompress_chunk
 from adcloud.binpipe.bags import (
     BagFormat,
     BagIndexError,
@@ -594,6 +596,48 @@ def test_fuzzed_bags_raise_only_bag_errors(
         summarize(str(bad))
     except BagError as err:
         assert bad.name in str(err)
+
+
+def test_a_zstd_frame_declaring_a_huge_size_is_a_bag_error(
+    tmp_path: Path, bags: dict[str, Path]
+) -> None:
+    """A damaged zstd frame header that declares terabytes (one bit pattern the fuzzer
+    found) is refused before anything is allocated, not a ``MemoryError``."""
+    data = bytearray(bags["mcap-zstd"].read_bytes())
+    frame = data.index(b"\x28\xb5\x2f\xfd")  # the first chunk's zstd frame
+    data[frame + 4] ^= 0xA0  # its content size field now reads 8 bytes of the frame
+    bad = tmp_path / "huge.mcap"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(BagError, match=r"huge\.mcap: .*zstd frame declares \d+ bytes"):
+        for part in plan_partitions(str(bad), partitions_per_bag=1):
+            list(read_partition(part))
+
+
+def _lz4_frame_declaring_terabytes(content: bytes) -> bytes:
+    """An lz4 frame of ``content`` whose header declares ~1 TB instead, with a header
+    checksum that still matches (it is one byte: 1 damaged header in 256 passes it)."""
+    frame = bytearray(lz4.frame.compress(content, store_size=True))
+    for extra in range(1, 1 << 16):
+        frame[6:14] = struct.pack("<Q", (1 << 40) + extra)  # after magic, FLG and BD
+        try:
+            lz4.frame.get_frame_info(bytes(frame))
+        except RuntimeError:
+            continue
+        return bytes(frame)
+    raise AssertionError("no matching header checksum")
+
+
+def test_an_lz4_frame_declaring_a_huge_size_is_a_format_error() -> None:
+    """The same for lz4 chunks of ROS 1 bags and MCAP files: refused before allocating."""
+    content = bytes(range(256)) * 20
+    frame = memoryview(_lz4_frame_declaring_terabytes(content))
+    with pytest.raises(ValueError, match=r"lz4 frame declares 10995116\d+ bytes"):
+        decompress_chunk("lz4", frame, len(content))
+    with pytest.raises(ValueError, match=r"lz4 frame declares 10995116\d+ bytes"):
+        _mcap._decompress("lz4", frame, len(content), 0)
+    good = memoryview(lz4.frame.compress(content, store_size=True))
+    assert bytes(decompress_chunk("lz4", good, len(content))) == content
+    assert bytes(_mcap._decompress("lz4", good, len(content), 0)) == content
 
 
 def test_small_fetch_blocks(monkeypatch: pytest.MonkeyPatch, bags: dict[str, Path]) -> None:
