@@ -299,8 +299,8 @@ def _drives(
         drive = acc.finish()
         origin = drive.origin  # every drive of a map shares the first one's origin
         out[name] = drive
-        if acc.sweeps:
-            sweeps[name] = acc.sweeps
+        if found := acc.sweeps:
+            sweeps[name] = found
     return out, sweeps
 
 

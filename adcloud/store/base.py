@@ -55,6 +55,7 @@ __all__ = [
     "open_store",
     "parse_size",
     "register_backend",
+    "stream_copy",
 ]
 
 MAX_PATH_BYTES = 4096
@@ -455,11 +456,7 @@ class BaseStore(abc.ABC):
     ) -> None:
         """Copy the file ``src`` to ``dst`` by streaming its bytes through this process;
         backends that can copy without moving the bytes here override it."""
-        with (
-            self.open(src, "rb") as source,
-            self.open(dst, "wb", write_type=write_type, ttl=ttl, pinned=pinned) as target,
-        ):
-            shutil.copyfileobj(source, target, _COPY_CHUNK)
+        stream_copy(self, src, self, dst, write_type=write_type, ttl=ttl, pinned=pinned)
 
     def set_ttl(
         self, path: str, ttl: float | None, *, action: TtlAction | str = TtlAction.DELETE
@@ -472,6 +469,25 @@ class BaseStore(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release resources (nothing to release by default)."""
+
+
+def stream_copy(
+    source: Store | BaseStore,
+    src: str,
+    target: Store | BaseStore,
+    dst: str,
+    *,
+    write_type: WriteType | str | None = None,
+    ttl: float | None = None,
+    pinned: bool | None = None,
+) -> None:
+    """Copy the file ``src`` of ``source`` to ``dst`` of ``target`` (any two stores, or the
+    same one) through this process; ``dst`` appears when complete, as a ``put`` would."""
+    with (
+        source.open(src, "rb") as reader,
+        target.open(dst, "wb", write_type=write_type, ttl=ttl, pinned=pinned) as writer,
+    ):
+        shutil.copyfileobj(reader, writer, _COPY_CHUNK)
 
 
 def _reopen(uri: str, options: dict[str, Any]) -> Store:

@@ -18,7 +18,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from adcloud.store.base import FileStatus, Store, WriteType, format_size, join_path, locate
+from adcloud.store.base import (
+    FileStatus,
+    Store,
+    WriteType,
+    format_size,
+    join_path,
+    locate,
+    stream_copy,
+)
 from adcloud.store.errors import StoreError
 
 __all__ = ["add_parser"]
@@ -181,12 +189,8 @@ def _cmd_cp(args: argparse.Namespace, console: Console) -> int:
             target = dst if not status.is_dir else join_path(dst, entry.path[len(src) :] or "/")
             if same:
                 dst_store.copy(entry.path, target, **options)
-                continue
-            with (
-                src_store.open(entry.path, "rb") as source,
-                dst_store.open(target, "wb", **options) as stream,
-            ):
-                shutil.copyfileobj(source, stream, 8 << 20)
+            else:
+                stream_copy(src_store, entry.path, dst_store, target, **options)
         flush = getattr(dst_store, "flush", None)
         if flush is not None and not args.no_wait:
             flush(timeout=args.wait_timeout)
