@@ -7,6 +7,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,9 @@ def test_demo_runs_end_to_end(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("ADCLOUD_SPARK_MASTER", spark.sparkContext.master)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     assert main(["demo", "--out", str(tmp_path / "demo"), "--seconds", "2", "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "outputs" in text and str(tmp_path / "demo" / "ingest") in text.replace("\n", "")
@@ -212,3 +216,7 @@ def test_demo_runs_end_to_end(
     results = (tmp_path / "demo" / "sim" / "results.jsonl").read_text().splitlines()
     assert results and all(json.loads(line)["passed"] for line in results)
     assert (tmp_path / "demo" / "sim" / "report.html").exists()
+    assert list((tmp_path / "demo" / "hdmap").glob("versions/*/report/summary.html"))
+    assert (tmp_path / "demo" / "train" / "model" / "model.pt2").stat().st_size > 0
+    # the training checkpoints and every other scratch directory went with the run
+    assert [p.name for p in scratch.iterdir() if p.name.startswith(("adcloud", "hdmap"))] == []

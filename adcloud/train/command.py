@@ -150,22 +150,23 @@ def run_demo(spark: Any, bag: str, out_dir: str, console: Console) -> str:
 
     console.rule("adcloud train: ETL and data-parallel training in one Spark job")
     out = f"{out_dir}/train"
-    store = tempfile.mkdtemp(prefix="adcloud-demo-train-")
-    config = TrainConfig(
-        task="lidar_seg",
-        bags=(bag,),
-        sync="allreduce",
-        workers=2,
-        steps=20,
-        batch_size=4,
-        lr=3e-3,
-        checkpoint_every=10,
-        store=f"file://{store}",
-        out=out,
-        progress=False,
-    ).validate()
-    with console.status("training lidar_seg with 2 trainers (allreduce) ..."):
-        result = run_training(spark, config)
+    # the run's checkpoints are only for resuming this run: they go with it
+    with tempfile.TemporaryDirectory(prefix="adcloud-demo-train-") as store:
+        config = TrainConfig(
+            task="lidar_seg",
+            bags=(bag,),
+            sync="allreduce",
+            workers=2,
+            steps=20,
+            batch_size=4,
+            lr=3e-3,
+            checkpoint_every=10,
+            store=f"file://{store}",
+            out=out,
+            progress=False,
+        ).validate()
+        with console.status("training lidar_seg with 2 trainers (allreduce) ..."):
+            result = run_training(spark, config)
     console.print(
         f"{result.steps} steps, loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}, "
         f"{result.samples_per_second:.1f} samples/s; exported model: [bold]{out}/model[/bold] "
