@@ -392,9 +392,11 @@ def bag_uris(bags: str | Sequence[str]) -> list[str]:
     return uris
 
 
-def plan_build(bags: str | Sequence[str], map_uri: str) -> BuildPlan:
+def plan_build(
+    bags: str | Sequence[str], map_uri: str, *, readmit: Sequence[str] = ()
+) -> BuildPlan:
     """What :func:`build_map` would do, without Spark (e.g. to skip starting a session)."""
-    return MapDir(map_uri).plan(bag_uris(bags))
+    return MapDir(map_uri).plan(bag_uris(bags), readmit=readmit)
 
 
 def build_map(
@@ -407,14 +409,16 @@ def build_map(
     stages: StageSettings | None = None,
     progress: Progress | None = None,
     plan: BuildPlan | None = None,
+    readmit: Sequence[str] = (),
 ) -> BuildSummary:
     """Build (or extend) the map at ``map_uri`` from ``bags`` (a directory, glob, URI or a
     list of them). ``labels``: a GeoJSON of human/external labels to import; they are kept
     in every later version. ``plan``: what :func:`plan_build` returned for the same bags
     and map, so that the bags are not hashed again (a build committed since is noticed and
-    planned anew). Returns what was done; nothing is written when every drive is already
-    in the map and no label changes it. ``spark`` may be None when the plan has no new
-    drive (a labels-only version needs no Spark)."""
+    planned anew). ``readmit``: drives that a rollback held out to build again (names or
+    SHA-256 prefixes; their bags must be among ``bags``). Returns what was done; nothing is
+    written when every drive is already in the map and no label changes it. ``spark`` may
+    be None when the plan has no new drive (a labels-only version needs no Spark)."""
     settings = settings or HdmapSettings()
     stages = stages or StageSettings.from_settings(settings)
     say = progress or (lambda text: log.info("%s", text))
@@ -426,7 +430,7 @@ def build_map(
     counts: dict[str, int] = {}
     relabel = False
     if fresh is not None:
-        plan = plan if plan is not None else mapdir.plan(uris)
+        plan = plan if plan is not None else mapdir.plan(uris, readmit=readmit)
         if plan.up_to_date and plan.parent is not None:
             relabel = _labels_change_map(plan.parent, fresh)
             if not relabel:
@@ -537,6 +541,8 @@ def build_map(
         counts["loop_closures"] = result.loop_closures
 
     started = time.perf_counter()
-    outcome = mapdir.update(uris, build, settings=settings, plan=plan, force=relabel)
+    outcome = mapdir.update(
+        uris, build, settings=settings, plan=plan, force=relabel, readmit=readmit
+    )
     timings["total"] = time.perf_counter() - started
     return BuildSummary(outcome, timings, counts)

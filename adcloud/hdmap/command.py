@@ -1,9 +1,9 @@
-"""``adcloud hdmap build|eval|info``: nightly map builds from the command line.
+"""``adcloud hdmap build|eval|info|rollback``: nightly map builds from the command line.
 
 ``build`` runs :func:`~adcloud.hdmap.build.build_map` on the Spark session (``--master``,
 ``ADCLOUD_SPARK_MASTER`` or ``local[*,4]``; under ``spark-submit`` the submitted session);
 ``eval`` compares a map with a synthetic drive's truth; ``info`` lists a map's versions and
-drives. Only this module prints.
+drives; ``rollback`` republishes an earlier version. Only this module prints.
 """
 
 from __future__ import annotations
@@ -29,9 +29,23 @@ Re-running with the same bags changes nothing (drives are known by content hash)
 are processed alone and merged into the map's tiles, and tiles out of their reach are carried
 as they are (hard links on disk; on an object store, copies the store makes, so a build
 downloads only the tiles it merges or labels); a killed build leaves the previous version
-current. Settings: --config YAML (section hdmap, and one per stage: hdmap_poses,
-hdmap_loops, hdmap_grid, hdmap_cloud, hdmap_labels, hdmap_signs, hdmap_lanelet) or
-ADCLOUD_HDMAP_<FIELD> and ADCLOUD_HDMAP_<STAGE>_<FIELD>.
+current; `adcloud hdmap rollback` takes a bad build back. Settings: --config YAML
+(section hdmap, and one per stage: hdmap_poses, hdmap_loops, hdmap_grid, hdmap_cloud,
+hdmap_labels, hdmap_signs, hdmap_lanelet) or ADCLOUD_HDMAP_<FIELD> and
+ADCLOUD_HDMAP_<STAGE>_<FIELD>.
+"""
+
+_EPILOG_ROLLBACK = """\
+examples:
+  adcloud hdmap rollback --map maps/city               # back to the version before this one
+  adcloud hdmap rollback --map maps/city --to 000004   # back to a kept version
+  adcloud hdmap build --bags drives/ --map maps/city --readmit 2026-11-24-drive3
+
+A rollback writes a new version with the earlier version's map (hard links on disk, copies
+the storage makes elsewhere; older versions are kept as hdmap.keep_versions says), so it is
+atomic like a build and can itself be rolled back. The drives it takes out of the map are
+held out: the nightly build skips their bags (and says so) until `--readmit NAME` gives one
+back.
 """
 
 _EPILOG_EVAL = """\
@@ -68,7 +82,13 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
 
     settings = _settings(args)
     stages = StageSettings.load(settings, file=args.config)
-    plan = plan_build(args.bags, args.map)
+    plan = plan_build(args.bags, args.map, readmit=args.readmit)
+    for uri in plan.skipped:
+        console.print(
+            f"skipped {uri}: a rollback held its drive out of the map (--readmit NAME takes "
+            "it back; adcloud hdmap info lists the held-out drives)",
+            highlight=False,
+        )
     if plan.up_to_date and plan.parent is not None and not args.labels:
         console.print(
             f"{args.map}: up to date (version {plan.parent.id}, {len(plan.known_drives)} "
@@ -87,6 +107,7 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
             stages=stages,
             progress=status.update,
             plan=plan,
+            readmit=args.readmit,
         )
     result = summary.result
     if not summary.changed:
@@ -157,20 +178,52 @@ def _cmd_info(args: argparse.Namespace, console: Console) -> int:
             )
         )
         return 0
+    restores = current.manifest.restores
     console.print(
-        f"{args.map}: current version {current.id}; versions {', '.join(mapdir.versions())}"
+        f"{args.map}: current version {current.id}"
+        + (f" (a rollback to {restores})" if restores else "")
+        + f"; versions {', '.join(mapdir.versions())}"
     )
-    table = Table(title="drives")
+    console.print(_drive_table("drives", current.manifest.drives))
+    if current.manifest.held_out:
+        title = "held out by a rollback (--readmit NAME takes one back)"
+        console.print(_drive_table(title, current.manifest.held_out))
+    return 0
+
+
+def _drive_table(title: str, drives: Any) -> Table:
+    table = Table(title=title)
     for col in ("name", "sha256", "size", "added in", "processed"):
         table.add_column(col)
-    for d in current.manifest.drives:
+    for d in drives:
         table.add_row(d.name, d.sha256[:12], f"{d.size:,}", d.added_in or "", d.processed_at or "")
-    console.print(table)
+    return table
+
+
+def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.hdmap.mapdir import MapDir, MapDirSettings  # noqa: PLC0415
+
+    settings = _settings(args)
+    with MapDir(args.map, MapDirSettings(keep_versions=settings.keep_versions)) as mapdir:
+        before = mapdir.current()
+        version = mapdir.roll_back(args.to)
+    console.print(
+        f"{args.map}: version {version.id} is current: the map of version "
+        f"{version.manifest.restores}" + (f" (was {before.id})" if before is not None else ""),
+        highlight=False,
+    )
+    if version.manifest.held_out:
+        names = ", ".join(d.name for d in version.manifest.held_out)
+        console.print(
+            f"held out of later builds: {names} (adcloud hdmap build ... --readmit NAME takes "
+            "one back)",
+            highlight=False,
+        )
     return 0
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``hdmap`` (``build``, ``eval``, ``info``) on ``subparsers``."""
+    """Register ``hdmap`` (``build``, ``eval``, ``info``, ``rollback``) on ``subparsers``."""
     hdmap = subparsers.add_parser(
         "hdmap",
         help="HD maps: nightly incremental builds, evaluation",
@@ -195,6 +248,14 @@ def add_parser(subparsers: Any) -> None:
         "--labels",
         help="GeoJSON of human/external labels to keep in the map (every later version keeps "
         "them); with no new drive, a version with just these labels merged in is written",
+    )
+    build.add_argument(
+        "--readmit",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="build a drive that a rollback held out (its name or 8+ digits of its SHA-256, "
+        "as `adcloud hdmap info` shows; its bag must be among --bags); repeatable",
     )
     build.add_argument("--mode", choices=["memory", "files"], help="stage hand-over (memory)")
     build.add_argument("--device", help="OpenCL device address for ICP and rasterizing")
@@ -238,6 +299,23 @@ def add_parser(subparsers: Any) -> None:
     info.add_argument("--map", required=True, help="map directory or URL")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=_cmd_info)
+
+    rollback = sub.add_parser(
+        "rollback",
+        help="make an earlier version's map current again (as a new version)",
+        description="Publish the map of an earlier kept version as a new version and hold "
+        "the drives it lacks out of later builds.",
+        epilog=_EPILOG_ROLLBACK,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rollback.add_argument("--map", required=True, help="map directory or URL")
+    rollback.add_argument(
+        "--to",
+        metavar="VERSION",
+        help="the kept version to restore (default: the one the current version was built on)",
+    )
+    rollback.add_argument("--config", help="YAML/JSON settings file (section hdmap)")
+    rollback.set_defaults(func=_cmd_rollback, mode=None, device=None)
 
 
 def run_demo(spark: Any, bag: str | None, out_dir: str, console: Console) -> Path:

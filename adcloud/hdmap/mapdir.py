@@ -20,6 +20,9 @@ Guarantees
     (a bag renamed or moved is recognised; a bag rewritten under the same name is new).
     *Idempotent*: :meth:`MapDir.update` writes nothing at all -- not even the lock -- when
     the plan has no new drive.
+    *Reversible*: :meth:`MapDir.roll_back` publishes an earlier version's map again as a new
+    version (``adcloud hdmap rollback``); the drives it takes out are *held out*: later
+    builds skip their bytes until a build readmits them by name.
     *Exclusive*: one build at a time holds ``build.lock``.  On a local filesystem the lock is
     an ``flock`` held for the whole build, which the kernel drops when the process dies; the
     JSON inside names the holder, so the next build logs that it takes over a stale lock
@@ -33,15 +36,21 @@ Bag hashing
     of, for every regular file in sorted relative-path order, its size as 8 little-endian
     bytes followed by its bytes.  Files are streamed, never read whole.
 
-Manifest format (``manifest.json``), version 1
-    ``{"format": "adcloud.hdmap.manifest", "format_version": 1, "version": "000007",
+Manifest format (``manifest.json``), version 2
+    ``{"format": "adcloud.hdmap.manifest", "format_version": 2, "version": "000007",
     "parent": "000006" | null, "created_at": ISO-8601 UTC, "adcloud_version": "0.1.0",
     "settings": {...effective build settings...}, "drives": [{"name", "uri", "sha256",
-    "size", "mtime", "processed_at", "added_in"}, ...]}``.  ``drives`` lists every drive the
-    version contains; ``added_in`` is the version that first processed it.
+    "size", "mtime", "processed_at", "added_in"}, ...], "held_out": [drive, ...],
+    "restores": "000005" | null}``.  ``drives`` lists every drive the version contains;
+    ``added_in`` is the version that first processed it.  ``held_out``: drives a rollback
+    took out of the map, which builds skip until readmitted (same fields); ``restores``: the
+    version whose map a rollback version republishes.  A manifest with neither is written as
+    version 1 (without the two fields), so maps that never rolled back stay readable by
+    readers of version 1.
 
 History
     - Version 1: first version.
+    - Version 2: ``held_out`` and ``restores`` (rollbacks).
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -105,7 +114,7 @@ LOCK_NAME = "build.lock"
 VERSIONS_DIR = "versions"
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "adcloud.hdmap.manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 _STAGING_PREFIX = ".staging-"
 _VERSION_RE = re.compile(r"^\d{6,}$")
 _BAG_SUFFIXES = (".bag", ".mcap")
@@ -764,6 +773,8 @@ class Manifest:
     parent: str | None = None
     created_at: str = ""
     adcloud_version: str = __version__
+    held_out: tuple[DriveRecord, ...] = ()
+    restores: str | None = None
 
     def by_hash(self) -> dict[str, DriveRecord]:
         """The drives keyed by content hash."""
@@ -778,9 +789,10 @@ class Manifest:
 
     def to_json(self) -> str:
         """The ``manifest.json`` text."""
-        data = {
+        rolled = bool(self.held_out) or self.restores is not None
+        data: dict[str, Any] = {
             "format": MANIFEST_FORMAT,
-            "format_version": MANIFEST_VERSION,
+            "format_version": MANIFEST_VERSION if rolled else 1,
             "version": self.version,
             "parent": self.parent,
             "created_at": self.created_at,
@@ -788,6 +800,9 @@ class Manifest:
             "settings": dict(self.settings),
             "drives": [d.to_dict() for d in self.drives],
         }
+        if rolled:
+            data["held_out"] = [d.to_dict() for d in self.held_out]
+            data["restores"] = self.restores
         return json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
 
     @classmethod
@@ -799,14 +814,20 @@ class Manifest:
             raise MapFormatError(f"{where}: not valid JSON ({err})") from None
         if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
             raise MapFormatError(f"{where}: not an hdmap manifest (format != {MANIFEST_FORMAT!r})")
-        if data.get("format_version") != MANIFEST_VERSION:
+        if data.get("format_version") not in range(1, MANIFEST_VERSION + 1):
             raise MapFormatError(
                 f"{where}: manifest format_version {data.get('format_version')!r} is not "
-                f"{MANIFEST_VERSION}; upgrade adcloud to read it"
+                f"1 to {MANIFEST_VERSION}; upgrade adcloud to read it"
             )
         drives = data.get("drives")
         if not isinstance(drives, list):
             raise MapFormatError(f"{where}: field 'drives' must be a list")
+        held = data.get("held_out", [])
+        if not isinstance(held, list):
+            raise MapFormatError(f"{where}: field 'held_out' must be a list")
+        restores = data.get("restores")
+        if restores is not None and not _VERSION_RE.match(str(restores)):
+            raise MapFormatError(f"{where}: field 'restores' ({restores!r}) is not a version id")
         settings = data.get("settings") or {}
         if not isinstance(settings, dict):
             raise MapFormatError(f"{where}: field 'settings' must be an object")
@@ -819,6 +840,10 @@ class Manifest:
             parent=data.get("parent"),
             created_at=str(data.get("created_at") or ""),
             adcloud_version=str(data.get("adcloud_version") or ""),
+            held_out=tuple(
+                DriveRecord.from_dict(d, f"{where}: held_out[{i}]") for i, d in enumerate(held)
+            ),
+            restores=None if restores is None else str(restores),
         )
 
 
@@ -893,7 +918,10 @@ class BuildPlan:
     ``known_drives``: inputs already in the map (their manifest records); ``removed``:
     drives of the map not among the inputs -- builds only add, so the map keeps them;
     ``renamed``: ``(uri in the manifest, uri now)`` for known content met under a new URI;
-    ``duplicates``: input URIs skipped because another input has the same bytes.
+    ``duplicates``: input URIs skipped because another input has the same bytes;
+    ``held_out``: the drives a rollback took out that the new version still holds out
+    (the parent's, less those readmitted); ``skipped``: input URIs skipped because their
+    bytes are held out.
     """
 
     parent: MapVersion | None
@@ -902,6 +930,8 @@ class BuildPlan:
     removed: tuple[DriveRecord, ...] = ()
     renamed: tuple[tuple[str, str], ...] = ()
     duplicates: tuple[str, ...] = ()
+    held_out: tuple[DriveRecord, ...] = ()
+    skipped: tuple[str, ...] = ()
 
     @property
     def up_to_date(self) -> bool:
@@ -919,6 +949,7 @@ class BuildPlan:
             drives=old + new,
             settings=_settings_json(settings),
             parent=self.parent.id if self.parent is not None else None,
+            held_out=self.held_out,
         )
 
 
@@ -1139,8 +1170,9 @@ class Staging:
         self._lock = lock
         self._owns_lock = owns_lock
         self._done = False
-        # files of the parent that the new version gets by a copy on the map's storage
-        self._carried: set[str] = set()
+        # files the new version gets by a copy on the map's storage: path -> the root of the
+        # version it comes from (the parent's, or an earlier one's for a rollback)
+        self._carried: dict[str, str] = {}
         files = mapdir._files
         if files.local:
             self.path = Path(mapdir._path(VERSIONS_DIR, f"{_STAGING_PREFIX}{version_id}"))
@@ -1180,6 +1212,21 @@ class Staging:
                 shutil.copy2(source / rel, target)
             else:
                 target.write_bytes(self.parent.read_bytes(rel))
+        return names
+
+    def restore_files(self, version: MapVersion) -> list[str]:
+        """Give the new version every file of the committed ``version`` (but its manifest)
+        and return their relative paths: hard links on a local disk (see
+        :func:`link_or_copy`), copies the storage makes at commit elsewhere."""
+        self._check_open()
+        names = [rel for rel in version.files() if rel != MANIFEST_NAME]
+        for rel in names:
+            if version.path is not None:
+                target = self.path / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                link_or_copy(version.path / rel, target)
+            else:
+                self._carried[rel] = version._root
         return names
 
     def parent_files(self, root: Path) -> StoredParent:
@@ -1231,8 +1278,7 @@ class Staging:
         else:
             # the manifest goes last: a version directory without it is an interrupted upload
             md._files.put_tree(self.path, final)
-            source = self.parent._root if self.parent is not None else ""
-            for rel in sorted(self._carried):
+            for rel, source in sorted(self._carried.items()):
                 md._files.copy(posixpath.join(source, rel), posixpath.join(final, rel))
             md._files.write_atomic(posixpath.join(final, MANIFEST_NAME), stamped.to_json().encode())
             shutil.rmtree(self.path, ignore_errors=True)
@@ -1319,7 +1365,7 @@ class StoredParent:
         if out_dir.resolve() != self._staging.path.resolve():
             raise HdmapError(f"internal: {out_dir} is not the staging {self._staging.path}")
         self._check(rel)
-        self._staging._carried.add(rel)
+        self._staging._carried[rel] = self._parent._root
 
     def _check(self, rel: str) -> None:
         if rel not in self._listing:
@@ -1431,14 +1477,23 @@ class MapDir:
     # -- planning ----------------------------------------------------------------------------
 
     def plan(
-        self, bag_uris: Iterable[str | os.PathLike[str]], *, trust_mtime: bool = False
+        self,
+        bag_uris: Iterable[str | os.PathLike[str]],
+        *,
+        trust_mtime: bool = False,
+        readmit: Collection[str] = (),
     ) -> BuildPlan:
         """Compare the bags with the current manifest by content hash (see
         :class:`BuildPlan`).  ``trust_mtime`` reuses the recorded hash of a bag whose URI,
         size and mtime are unchanged instead of reading it (faster, trusts timestamps).
-        Reads the bags; writes nothing."""
+        Bags whose bytes a rollback held out are skipped, unless ``readmit`` names them (by
+        drive name or a prefix of at least 8 digits of their SHA-256): then they are new
+        drives, and their bags must be among ``bag_uris``.  Reads the bags; writes nothing."""
         parent = self.current()
         drives = parent.manifest.drives if parent is not None else ()
+        held = parent.manifest.held_out if parent is not None else ()
+        readmitted = _held_drives(held, readmit, self.uri)
+        held_hash = {d.sha256 for d in held} - {d.sha256 for d in readmitted}
         known_hash = {d.sha256: d for d in drives}
         known_uri = {d.uri: d for d in drives}
         used_names = {d.name for d in drives}
@@ -1447,6 +1502,7 @@ class MapDir:
         known: list[DriveRecord] = []
         renamed: list[tuple[str, str]] = []
         duplicates: list[str] = []
+        skipped: list[str] = []
         for raw in bag_uris:
             files, path = _locate(raw)
             text = os.fspath(raw)
@@ -1469,6 +1525,10 @@ class MapDir:
                 duplicates.append(uri)
                 continue
             seen.add(digest)
+            if digest in held_hash:
+                _LOG.info("%s: held out of %s by a rollback; skipped", uri, self.uri)
+                skipped.append(uri)
+                continue
             if digest in known_hash:
                 rec = known_hash[digest]
                 known.append(rec)
@@ -1480,6 +1540,12 @@ class MapDir:
                 name = f"{name}-{digest[:8]}"
             used_names.add(name)
             new.append(DriveRecord(name=name, uri=uri, sha256=digest, size=size, mtime=mtime))
+        absent = [d.name for d in readmitted if d.sha256 not in seen]
+        if absent:
+            raise HdmapError(
+                f"{self.uri}: readmitted drive(s) {', '.join(absent)} are not among the bags "
+                "given; give their bags too"
+            )
         removed = tuple(d for d in drives if d.sha256 not in seen)
         return BuildPlan(
             parent=parent,
@@ -1488,6 +1554,8 @@ class MapDir:
             removed=removed,
             renamed=tuple(renamed),
             duplicates=tuple(duplicates),
+            held_out=tuple(d for d in held if d.sha256 in held_hash),
+            skipped=tuple(skipped),
         )
 
     # -- writing -----------------------------------------------------------------------------
@@ -1594,6 +1662,7 @@ class MapDir:
         trust_mtime: bool = False,
         plan: BuildPlan | None = None,
         force: bool = False,
+        readmit: Collection[str] = (),
     ) -> BuildResult:
         """One incremental, idempotent, atomic build step.
 
@@ -1606,17 +1675,17 @@ class MapDir:
         files under ``staging.path``, merging the new drives into the parent's products --
         and commits with the plan's manifest (``settings`` recorded in it).  If ``build``
         raises, the staging is discarded and the error propagates; the current version is
-        untouched.
+        untouched.  ``readmit``: held-out drives to take back (see :meth:`plan`).
         """
         if plan is None:
-            plan = self.plan(bag_uris, trust_mtime=trust_mtime)
+            plan = self.plan(bag_uris, trust_mtime=trust_mtime, readmit=readmit)
         if plan.up_to_date and not force:
             _LOG.info("%s: up to date (%d drives known)", self.uri, len(plan.known_drives))
             return BuildResult(plan, plan.parent, changed=False)
         with self.lock():
             current = self._current_id()
             if current != (plan.parent.id if plan.parent is not None else None):
-                plan = self.plan(bag_uris, trust_mtime=trust_mtime)
+                plan = self.plan(bag_uris, trust_mtime=trust_mtime, readmit=readmit)
                 if plan.up_to_date and not force:
                     return BuildResult(plan, plan.parent, changed=False)
             with self.begin(plan.parent) as staging:
@@ -1630,6 +1699,83 @@ class MapDir:
                 build(plan, staging)
                 version = staging.commit(plan.manifest(settings))
         return BuildResult(plan, version, changed=True)
+
+    def roll_back(self, to: str | None = None) -> MapVersion:
+        """Publish the map of the kept version ``to`` (default: the version the current one
+        was built on) as a new version, and return it.  No version is changed: the new one
+        gets ``to``'s files (hard links on a local disk, copies the storage makes elsewhere)
+        and its manifest, with ``restores`` set; the drives of the current version that
+        ``to`` lacks are *held out*, so that the next nightly build does not add them again
+        (``adcloud hdmap build --readmit NAME`` takes one back).  Rolling back a rollback
+        undoes it.  Atomic and exclusive like a build."""
+        with self.lock():
+            current = self.current()
+            if current is None:
+                raise HdmapError(f"{self.uri}: no version to roll back")
+            target_id = to if to is not None else current.manifest.parent
+            if target_id is None:
+                raise HdmapError(
+                    f"{self.uri}: version {current.id} is the first version; there is none "
+                    "to roll back to"
+                )
+            if target_id == current.id:
+                raise HdmapError(f"{self.uri}: version {current.id} is current already")
+            if target_id not in self.versions():
+                raise HdmapError(
+                    f"{self.uri}: no version {target_id} to roll back to; the versions kept "
+                    f"are {', '.join(self.versions())} (hdmap.keep_versions sets how many)"
+                )
+            target = self.version(target_id)
+            there = {d.sha256 for d in target.manifest.drives}
+            held: dict[str, DriveRecord] = {}
+            for d in (
+                *current.manifest.held_out,
+                *target.manifest.held_out,
+                *current.manifest.drives,
+            ):
+                if d.sha256 not in there:
+                    held.setdefault(d.sha256, d)
+            with self.begin(current) as staging:
+                staging.restore_files(target)
+                version = staging.commit(
+                    dataclasses.replace(
+                        target.manifest,
+                        version="",
+                        parent=None,
+                        created_at="",
+                        adcloud_version=__version__,
+                        held_out=tuple(held.values()),
+                        restores=target.id,
+                    )
+                )
+        _LOG.info(
+            "%s: version %s restores %s; %d drive(s) held out",
+            self.uri,
+            version.id,
+            target.id,
+            len(held),
+        )
+        return version
+
+
+def _held_drives(
+    held: Sequence[DriveRecord], names: Collection[str], where: str
+) -> list[DriveRecord]:
+    """The held-out drives that ``names`` name (a drive name, or 8 or more leading digits of
+    its SHA-256); HdmapError for a name that names none of them."""
+    out: list[DriveRecord] = []
+    for name in names:
+        found = [
+            d for d in held if name == d.name or (len(name) >= 8 and d.sha256.startswith(name))
+        ]
+        if not found:
+            have = ", ".join(d.name for d in held) or "none"
+            raise HdmapError(
+                f"{where}: no held-out drive is called {name!r} (held out: {have}; "
+                "`adcloud hdmap info` lists them)"
+            )
+        out += [d for d in found if d not in out]
+    return out
 
 
 class _MapDirLock(BuildLock):

@@ -342,6 +342,35 @@ def test_new_drive_is_merged_into_the_previous_version(
     assert _tree(v1.path) == v1_files  # the old version is untouched
     assert MapDir(map_uri).current().id == version.id  # type: ignore[union-attr]
     _holds_labels(version.path, deleted)  # the rebuild kept the labels
+    _rolled_back(map_uri, version, [first.bag, second.bag], capsys)
+
+
+def _rolled_back(
+    map_uri: str, bad: Any, bags: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``adcloud hdmap rollback`` makes the map before the second drive current again, as a
+    new version; the nightly build then skips the second drive's bag, without Spark."""
+    parent = MapDir(map_uri).version(bad.manifest.parent)
+    assert main(["hdmap", "rollback", "--map", map_uri]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"the map of version {parent.id} (was {bad.id})" in out
+    assert "held out of later builds: second" in out
+    restored = MapDir(map_uri).current()
+    assert restored is not None and restored.path is not None and parent.path is not None
+    assert restored.manifest.restores == parent.id
+    assert [d.name for d in restored.manifest.held_out] == ["second"]
+    assert set(restored.files()) == set(parent.files())
+    for rel in restored.files():  # the files are the earlier version's own
+        if rel != "manifest.json":
+            assert (restored.path / rel).samefile(parent.path / rel), rel
+    args = ["hdmap", "build", "--bags", *map(str, bags), "--map", map_uri]
+    assert main(args) == 0  # no new drive, no Spark session
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"skipped {bags[1]}: a rollback held its drive out" in out
+    assert f"up to date (version {restored.id}" in out
+    assert main(["hdmap", "info", "--map", map_uri]) == 0
+    out = capsys.readouterr().out
+    assert f"a rollback to {parent.id}" in out and "held out by a rollback" in out
 
 
 def _upload(local: Path, bucket: str) -> str:

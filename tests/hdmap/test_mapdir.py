@@ -274,6 +274,114 @@ def test_gc_keeps_the_last_versions(tmp_path: Path) -> None:
         md.gc(0)
 
 
+def test_roll_back_restores_an_earlier_map_and_holds_its_drives_out(tmp_path: Path) -> None:
+    md = MapDir(tmp_path / "map", MapDirSettings(keep_versions=0))
+    with pytest.raises(HdmapError, match="no version to roll back"):
+        md.roll_back()
+    bags = [make_bag(tmp_path / "in" / f"d{i}.bag", i) for i in range(5)]
+    calls: list[BuildPlan] = []
+    build = record_build(calls)
+    v1 = md.update(bags[:2], build, settings={"resolution": 0.05}).version
+    with pytest.raises(HdmapError, match="000001 is the first version"):
+        md.roll_back()
+    v2 = md.update(bags[:3], build, settings={"resolution": 0.1}).version
+    assert v1 is not None and v2 is not None and v1.path is not None
+    assert (v2.path / "trajectory" / "d2.tum").is_file()  # type: ignore[operator]
+
+    v3 = md.roll_back()  # the bad build (d2) goes
+    assert v3.id == "000003" and md.current() == v3 and v3.path is not None
+    assert md.versions() == ["000001", "000002", "000003"]  # nothing deleted
+    assert v3.files() == v1.files()
+    assert all((v3.path / rel).samefile(v1.path / rel) for rel in v1.files()[1:])
+    man = v3.manifest
+    assert (man.parent, man.restores) == ("000002", "000001")
+    assert man.drives == v1.manifest.drives and man.settings == {"resolution": 0.05}
+    assert [d.name for d in man.held_out] == ["d2"]
+    assert man.held_out[0].added_in == "000002"
+    raw = json.loads((v3.path / "manifest.json").read_text())
+    assert raw["format_version"] == 2 and raw["restores"] == "000001"
+
+    # the nightly build with the same bags skips the held-out drive and changes nothing
+    plan = md.plan(bags[:3])
+    assert plan.up_to_date and plan.skipped == (str(bags[2]),)
+    assert not md.update(bags[:3], build).changed
+    # a new drive is built; the version still holds d2 out
+    v4 = md.update(bags[:4], build).version
+    assert v4 is not None and [d.name for d in calls[-1].new_drives] == ["d3"]
+    assert [d.name for d in v4.manifest.held_out] == ["d2"]
+    assert v4.manifest.restores is None
+    # readmission: by name (or SHA-256 prefix), and the bag must be given
+    with pytest.raises(HdmapError, match=r"no held-out drive is called 'd9' \(held out: d2"):
+        md.plan(bags[:4], readmit=["d9"])
+    with pytest.raises(HdmapError, match="d2 are not among the bags given"):
+        md.plan([bags[0]], readmit=["d2"])
+    sha = v4.manifest.held_out[0].sha256
+    assert [d.name for d in md.plan(bags[:4], readmit=[sha[:8]]).new_drives] == ["d2"]
+    v5 = md.update(bags[:4], build, readmit=["d2"]).version
+    assert v5 is not None and [d.name for d in calls[-1].new_drives] == ["d2"]
+    assert v5.manifest.held_out == () and [d.name for d in v5.manifest.drives] == [
+        "d0",
+        "d1",
+        "d3",
+        "d2",
+    ]
+    assert json.loads((v5.path / "manifest.json").read_text())["format_version"] == 1  # type: ignore[operator]
+
+    # rolling back a rollback undoes it; any kept version can be named
+    v6 = md.roll_back()
+    assert v6.manifest.restores == "000004" and [d.name for d in v6.manifest.held_out] == ["d2"]
+    v7 = md.roll_back()
+    assert v7.manifest.restores == "000005" and v7.manifest.held_out == ()
+    v8 = md.roll_back("000001")
+    assert {d.name for d in v8.manifest.held_out} == {"d2", "d3"}
+    with pytest.raises(HdmapError, match="000008 is current already"):
+        md.roll_back("000008")
+    md.gc(2)
+    with pytest.raises(HdmapError, match="no version 000001 to roll back to; the versions kept"):
+        md.roll_back("000001")
+    assert md.lock_holder() is None
+
+
+@pytest.mark.parametrize("backend", ["memory", "store"])
+def test_roll_back_off_the_local_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    if backend == "memory":
+        uri = f"memory://hdmap-test-{os.getpid()}-{time.monotonic_ns()}/map"
+    else:
+        monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(tmp_path / "store"))
+        uri = "local:///maps/rollback"
+    bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
+    with MapDir(uri, MapDirSettings(staging_dir=str(tmp_path / "stage"))) as md:
+        md.update(bags[:1], tile_build({"grid/0_0.tif": b"tile 0_0", "trajectory/d0.tum": b"0"}))
+        md.update(bags, tile_build({"grid/0_0.tif": b"tile 0_0, merged"}))
+        version = md.roll_back()
+        assert version.id == "000003" and version.manifest.restores == "000001"
+        assert version.files() == ["grid/0_0.tif", "manifest.json", "trajectory/d0.tum"]
+        assert version.read_bytes("grid/0_0.tif") == b"tile 0_0"
+        assert md.plan(bags).skipped == (md.plan(bags).held_out[0].uri,)
+    with MapDir(uri) as again:
+        assert again.current() == version
+
+
+def test_manifest_versions_1_and_2_are_read(tmp_path: Path) -> None:
+    rec = {"name": "a", "uri": "/a.bag", "sha256": "ab" * 32, "size": 1}
+    doc = {"format": "adcloud.hdmap.manifest", "format_version": 1, "drives": [rec]}
+    assert Manifest.from_json(json.dumps(doc), "m").held_out == ()
+    doc |= {"format_version": 2, "held_out": [rec | {"name": "b"}], "restores": "000003"}
+    man = Manifest.from_json(json.dumps(doc), "m")
+    assert [d.name for d in man.held_out] == ["b"] and man.restores == "000003"
+    assert Manifest.from_json(man.to_json(), "m") == man
+    for bad, match in (
+        ({"format_version": 3}, "format_version 3 is not 1 to 2"),
+        ({"held_out": {}}, "'held_out' must be a list"),
+        ({"held_out": [{"name": "b"}]}, r"m: held_out\[0\]: missing field 'uri'"),
+        ({"restores": "yesterday"}, "'restores'"),
+    ):
+        with pytest.raises(MapFormatError, match=match):
+            Manifest.from_json(json.dumps(doc | bad), "m")
+
+
 def test_staging_context_aborts_and_rejects_stale_parent(tmp_path: Path) -> None:
     md = MapDir(tmp_path / "map")
     md.update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
