@@ -46,6 +46,7 @@ from pyspark.sql import SparkSession
 
 from adcloud.config import settings_dict
 from adcloud.hdmap.config import HdmapSettings
+from adcloud.hdmap.drive import check_topics
 from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.evaluate import GridLayers as ReportGrid
 from adcloud.hdmap.exchange import dump_items, load_items
@@ -481,7 +482,14 @@ def build_map(
                 f"{map_uri}: {len(plan.new_drives)} new drive(s) to build, and no Spark session "
                 "was given"
             )
-        # read before the pipeline runs: a bad file fails the build now, not after it
+        # read before the pipeline runs: a bad file or bag fails the build now, not after it
+        for drive in plan.new_drives:
+            check_topics(
+                drive.uri,
+                settings.topics,
+                origin_known=origin is not None,
+                mounts_known=bool(settings.mounts),
+            )
         votes = _load_votes(parent_root / _STATE_SIGN_VOTES) if parent_root is not None else []
         exchange_dir = settings.exchange_dir or str(out / ".exchange")
         new = [(d.name, d.uri) for d in plan.new_drives]

@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.spatial.transform import Rotation
 
-from adcloud.binpipe import BinpipeError, pointcloud_array, read_messages
+from adcloud.binpipe import BinpipeError, pointcloud_array, read_messages, summarize
 from adcloud.geodesy import geodetic_to_enu
 from adcloud.hdmap.errors import DriveDataError
 from adcloud.hdmap.model import Extrinsics, GpsFixes, ImuSamples, OdomSamples, Scan
@@ -35,6 +35,7 @@ __all__ = [
     "DriveData",
     "DriveTopics",
     "StreamChunk",
+    "check_topics",
     "drive_name",
     "read_drive",
     "scan_from_msg",
@@ -75,6 +76,70 @@ _EXPECTED = {
     "gps": ("sensor_msgs/msg/NavSatFix", "sensor_msgs/NavSatFix"),
     "tf_static": ("tf2_msgs/msg/TFMessage", "tf2_msgs/TFMessage"),
 }
+
+
+#: How many messages each stream needs for mapping, and what names the setting of its topic.
+_NEEDED = {"lidar": 1, "imu": 2, "odom": 2, "gps": 1, "tf_static": 1}
+_STREAM = {
+    "lidar": "LiDAR sweeps",
+    "imu": "IMU messages",
+    "odom": "wheel-odometry messages",
+    "gps": "GPS fixes",
+    "tf_static": "static transforms",
+}
+
+
+def check_topics(
+    uri: str,
+    topics: DriveTopics,
+    *,
+    origin_known: bool,
+    mounts_known: bool,
+    storage_options: Mapping[str, object] | None = None,
+) -> None:
+    """Check from the bag's index alone (no message is read) that ``uri`` has what mapping
+    needs: LiDAR sweeps, IMU and wheel odometry on their topics, GPS fixes unless the map's
+    origin is known (``origin_known``), ``/tf_static`` unless mounts are configured
+    (``mounts_known``), each of the expected type.  A DriveDataError lists every problem at
+    once, with the bag's topics of the right type for a topic that is missing.  An
+    unindexed bag is not checked here (reading it reindexes it first)."""
+    try:
+        summary = summarize(uri, storage_options=storage_options)
+    except BinpipeError as err:
+        raise DriveDataError(f"drive {uri}: {err}") from err
+    if not summary.indexed:
+        return
+    counts: dict[str, tuple[str, int]] = {}
+    for t in summary.topics:
+        count = counts.get(t.topic, (t.msgtype, 0))[1] + t.count
+        counts[t.topic] = (t.msgtype, count)
+    optional = {"gps": origin_known, "tf_static": mounts_known}
+    problems = []
+    for role, topic in zip(_NEEDED, (getattr(topics, r) for r in _NEEDED), strict=True):
+        msgtype, count = counts.get(topic, ("", 0))
+        expected = _EXPECTED[role]
+        setting = f"hdmap.{role}_topic or ADCLOUD_HDMAP_{role.upper()}_TOPIC"
+        if count and msgtype not in expected:
+            problems.append(f"{topic} carries {msgtype}, not {expected[0]} ({setting})")
+        elif count < _NEEDED[role] and not optional.get(role, False):
+            others = sorted(t for t, (m, n) in counts.items() if m in expected and n)
+            have = (
+                f"its {expected[0]} topics: {', '.join(others)}"
+                if others
+                else f"it has no {expected[0]} topic"
+            )
+            problems.append(f"{count} {_STREAM[role]} on {topic} ({setting}; {have})")
+    if problems:
+        hints = []
+        if any("gps_topic" in p for p in problems):
+            hints.append("without GPS, give the map origin (hdmap.origin_lat/lon/alt)")
+        if any("tf_static_topic" in p for p in problems):
+            hints.append("without /tf_static, give the sensor mounts (hdmap.mounts)")
+        raise DriveDataError(
+            f"drive {uri} cannot be mapped: {'; '.join(problems)}. Set the topics in the "
+            "build's --config (section hdmap) or the environment"
+            + "".join(f"; {hint}" for hint in hints)
+        )
 
 
 @dataclass(frozen=True)

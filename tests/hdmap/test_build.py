@@ -536,7 +536,7 @@ def test_a_bag_without_lidar_fails_and_leaves_the_map_alone(
     first, _ = short_drives
     map_uri = str(tmp_path / "map")
     settings = HdmapSettings(lidar_topic="/no/such/points")
-    with pytest.raises(DriveDataError, match=r"no LiDAR sweeps"):
+    with pytest.raises(DriveDataError, match=r"0 LiDAR sweeps on /no/such/points .*/lidar/points"):
         build_map(spark, str(first.bag), map_uri, settings)
     assert MapDir(map_uri).current() is None
     assert not list((tmp_path / "map" / "versions").glob("*")) or all(
@@ -578,10 +578,15 @@ def test_the_copy_of_a_remote_parent_version_is_removed(
         seen["during"] = sorted(p.name for p in temp.iterdir())
         raise PipelineStoppedError
 
+    def check(uri: str, topics: Any, *, origin_known: bool, mounts_known: bool) -> None:
+        seen["checked"] = (Path(uri).name, origin_known)
+
     monkeypatch.setattr(build_module, "run_pipeline", pipeline)
+    monkeypatch.setattr(build_module, "check_topics", check)  # the bags are random bytes
     with pytest.raises(PipelineStoppedError):
         no_spark: Any = object()  # the stand-in pipeline never uses it
         build_map(no_spark, [str(b) for b in bags], uri)
     assert seen["origin"] == (48.0, 11.0, 500.0)  # read from the downloaded parent
+    assert seen["checked"] == ("d1.bag", True)  # so the new drive's GPS is optional
     assert list(temp.iterdir()) == []
     assert len(seen["during"]) == 2  # the parent's copy and the new version's staging

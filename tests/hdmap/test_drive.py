@@ -11,7 +11,7 @@ import pytest
 from adcloud.binpipe import read_messages
 from adcloud.geodesy import geodetic_to_enu
 from adcloud.hdmap.config import parse_mounts
-from adcloud.hdmap.drive import DriveAccumulator, DriveTopics, read_drive
+from adcloud.hdmap.drive import DriveAccumulator, DriveTopics, check_topics, read_drive
 from adcloud.hdmap.errors import DriveDataError
 from adcloud.synth import DriveConfig, generate_drive
 
@@ -65,6 +65,41 @@ def test_missing_streams_are_reported(bag: Path) -> None:
         acc.finish()
     with pytest.raises(DriveDataError, match="no sensor mounts"):
         read_drive(str(bag), topics=DriveTopics(tf_static="/nothing"), with_scans=False)
+
+
+def test_check_topics_reads_the_index_and_names_what_to_set(
+    bag: Path, shared_data: Path, tmp_path: Path
+) -> None:
+    check_topics(str(bag), DriveTopics(), origin_known=False, mounts_known=False)
+    # every problem at once, each with the setting and the bag's topics of the right type
+    wrong = DriveTopics(lidar="/velodyne_points", odom="/imu/data", gps="/fix")
+    with pytest.raises(DriveDataError) as err:
+        check_topics(str(bag), wrong, origin_known=False, mounts_known=True)
+    text = str(err.value)
+    assert text.startswith(f"drive {bag} cannot be mapped: 0 LiDAR sweeps on /velodyne_points")
+    assert "hdmap.lidar_topic or ADCLOUD_HDMAP_LIDAR_TOPIC; its " in text
+    assert "sensor_msgs/msg/PointCloud2 topics: /lidar/points" in text
+    assert "/imu/data carries sensor_msgs/msg/Imu, not nav_msgs/msg/Odometry" in text
+    assert "0 GPS fixes on /fix" in text and "give the map origin" in text
+    assert "static transforms" not in text  # the mounts are configured
+    # without GPS the origin must be known; without /tf_static the mounts
+    no_gps = DriveTopics(gps="/none", tf_static="/none")
+    check_topics(str(bag), no_gps, origin_known=True, mounts_known=True)
+    with pytest.raises(DriveDataError, match=r"0 static transforms on /none .*hdmap\.mounts"):
+        check_topics(str(bag), no_gps, origin_known=True, mounts_known=False)
+    # a real recording of another robot: its odometry and GPS are found for the user
+    husky = shared_data / "02_husky_gps_imu_odom_ros1" / "robot_localization_test1.bag"
+    with pytest.raises(DriveDataError) as err:
+        check_topics(str(husky), DriveTopics(), origin_known=False, mounts_known=False)
+    text = str(err.value)
+    assert "nav_msgs/msg/Odometry topics: /husky_velocity_controller/odom" in text
+    assert "sensor_msgs/msg/NavSatFix topics: /fix" in text
+    assert "it has no sensor_msgs/msg/PointCloud2 topic" in text
+    assert "IMU" not in text  # /imu/data is there
+    garbage = tmp_path / "garbage.bag"
+    garbage.write_bytes(b"not a bag at all" * 64)
+    with pytest.raises(DriveDataError, match=r"drive .*garbage\.bag: "):
+        check_topics(str(garbage), DriveTopics(), origin_known=False, mounts_known=False)
 
 
 def _header(t_ns: int, frame: str = "") -> SimpleNamespace:
