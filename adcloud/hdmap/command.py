@@ -89,6 +89,8 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
             "it back; adcloud hdmap info lists the held-out drives)",
             highlight=False,
         )
+    if args.dry_run:
+        return _dry_run(args, plan, settings, console)
     if plan.up_to_date and plan.parent is not None and not args.labels:
         console.print(
             f"{args.map}: up to date (version {plan.parent.id}, {len(plan.known_drives)} "
@@ -131,6 +133,52 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _dry_run(args: argparse.Namespace, plan: Any, settings: Any, console: Console) -> int:
+    """What ``build`` would do, and whether the new bags have the streams mapping needs."""
+    from adcloud.hdmap.drive import check_topics  # noqa: PLC0415
+    from adcloud.hdmap.errors import DriveDataError  # noqa: PLC0415
+
+    parent = plan.parent
+    # a map's versions keep the origin its first build set
+    origin_known = settings.origin is not None or parent is not None
+    on = f"version {parent.id}" if parent is not None else "an empty map"
+    table = Table(title=f"{args.map}: a build now would add to {on}")
+    for col in ("drive", "bag", "size", "what"):
+        table.add_column(col)
+    failed: list[str] = []
+    for d in plan.new_drives:
+        try:
+            check_topics(
+                d.uri,
+                settings.topics,
+                origin_known=origin_known,
+                mounts_known=bool(settings.mounts),
+            )
+            what = "new: would be built"
+        except DriveDataError as err:
+            failed.append(str(err))
+            what = "[red]new: cannot be mapped (below)"
+        table.add_row(d.name, d.uri, f"{d.size:,}", what)
+    for d in plan.known_drives:
+        table.add_row(d.name, d.uri, f"{d.size:,}", f"in the map since {d.added_in}")
+    for old, new in plan.renamed:
+        table.add_row("", new, "", f"known content, was {old}")
+    for uri in plan.duplicates:
+        table.add_row("", uri, "", "same bytes as another bag: skipped")
+    for uri in plan.skipped:
+        table.add_row("", uri, "", "held out by a rollback: skipped")
+    console.print(table)
+    for text in failed:
+        console.print(f"error: {text}", highlight=False)
+    verdict = (
+        f"{len(plan.new_drives)} new drive(s) to build"
+        if plan.new_drives
+        else "up to date: nothing would be written"
+    )
+    console.print(f"dry run, nothing written: {verdict}", highlight=False)
+    return 1 if failed else 0
+
+
 def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from adcloud.hdmap.evaluate import evaluate_map  # noqa: PLC0415
     from adcloud.hdmap.report import write_map_report  # noqa: PLC0415
@@ -167,12 +215,14 @@ def _cmd_info(args: argparse.Namespace, console: Console) -> int:
     if current is None:
         console.print(f"{args.map}: no version yet (build it with adcloud hdmap build)")
         return 1
+    history = [_history_row(mapdir, vid) for vid in mapdir.versions()]
     if args.json:
         console.print_json(
             json.dumps(
                 {
                     "current": current.id,
                     "versions": mapdir.versions(),
+                    "history": history,
                     "manifest": json.loads(current.manifest.to_json()),
                 }
             )
@@ -181,14 +231,48 @@ def _cmd_info(args: argparse.Namespace, console: Console) -> int:
     restores = current.manifest.restores
     console.print(
         f"{args.map}: current version {current.id}"
-        + (f" (a rollback to {restores})" if restores else "")
-        + f"; versions {', '.join(mapdir.versions())}"
+        + (f" (a rollback to {restores})" if restores else ""),
+        highlight=False,
     )
+    table = Table(title="versions kept (adcloud hdmap rollback --to VERSION restores one)")
+    for col in ("version", "created", "built on", "drives", "change"):
+        table.add_column(col)
+    for row in history:
+        mark = " *" if row["version"] == current.id else ""
+        table.add_row(
+            f"{row['version']}{mark}",
+            str(row["created_at"])[:19].replace("T", " "),
+            str(row["parent"] or ""),
+            str(row["drives"]),
+            str(row["change"]),
+        )
+    console.print(table)
     console.print(_drive_table("drives", current.manifest.drives))
     if current.manifest.held_out:
         title = "held out by a rollback (--readmit NAME takes one back)"
         console.print(_drive_table(title, current.manifest.held_out))
     return 0
+
+
+def _history_row(mapdir: Any, vid: str) -> dict[str, Any]:
+    """One version of ``hdmap info``'s table: when, on what, how many drives, what changed."""
+    man = mapdir.version(vid).manifest
+    added = [d.name for d in man.drives if d.added_in == vid]
+    if man.restores:
+        change = f"rollback to {man.restores}"
+    elif added:
+        change = "+ " + ", ".join(added)
+    else:
+        change = "labels"
+    return {
+        "version": vid,
+        "created_at": man.created_at,
+        "parent": man.parent,
+        "drives": len(man.drives),
+        "added": added,
+        "restores": man.restores,
+        "change": change,
+    }
 
 
 def _drive_table(title: str, drives: Any) -> Table:
@@ -256,6 +340,13 @@ def add_parser(subparsers: Any) -> None:
         metavar="NAME",
         help="build a drive that a rollback held out (its name or 8+ digits of its SHA-256, "
         "as `adcloud hdmap info` shows; its bag must be among --bags); repeatable",
+    )
+    build.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show what the build would do (new, known, renamed and skipped bags) and check "
+        "that the new bags have the topics mapping needs; no Spark, nothing written (exit "
+        "status 1 when a new bag cannot be mapped)",
     )
     build.add_argument("--mode", choices=["memory", "files"], help="stage hand-over (memory)")
     build.add_argument("--device", help="OpenCL device address for ICP and rasterizing")

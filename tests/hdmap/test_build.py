@@ -342,11 +342,15 @@ def test_new_drive_is_merged_into_the_previous_version(
     assert _tree(v1.path) == v1_files  # the old version is untouched
     assert MapDir(map_uri).current().id == version.id  # type: ignore[union-attr]
     _holds_labels(version.path, deleted)  # the rebuild kept the labels
-    _rolled_back(map_uri, version, [first.bag, second.bag], capsys)
+    _rolled_back(map_uri, version, [first.bag, second.bag], capsys, monkeypatch)
 
 
 def _rolled_back(
-    map_uri: str, bad: Any, bags: list[Path], capsys: pytest.CaptureFixture[str]
+    map_uri: str,
+    bad: Any,
+    bags: list[Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``adcloud hdmap rollback`` makes the map before the second drive current again, as a
     new version; the nightly build then skips the second drive's bag, without Spark."""
@@ -368,9 +372,15 @@ def _rolled_back(
     out = " ".join(capsys.readouterr().out.split())
     assert f"skipped {bags[1]}: a rollback held its drive out" in out
     assert f"up to date (version {restored.id}" in out
+    monkeypatch.setenv("COLUMNS", "250")  # table cells on one line each
+    assert main([*args, "--dry-run"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "held out by a rollback: skipped" in out and "in the map since" in out
+    assert "dry run, nothing written: up to date" in out
     assert main(["hdmap", "info", "--map", map_uri]) == 0
     out = capsys.readouterr().out
     assert f"a rollback to {parent.id}" in out and "held out by a rollback" in out
+    assert f"rollback to {parent.id}" in out and "+ second" in out  # the versions' history
 
 
 def _upload(local: Path, bucket: str) -> str:
@@ -542,6 +552,33 @@ def test_a_bag_without_lidar_fails_and_leaves_the_map_alone(
     assert not list((tmp_path / "map" / "versions").glob("*")) or all(
         not p.name[0].isdigit() for p in (tmp_path / "map" / "versions").iterdir()
     )
+
+
+def test_a_dry_run_plans_and_checks_the_bags_without_spark(
+    short_drives: tuple[DriveResult, DriveResult],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import adcloud.hdmap.command as command  # noqa: PLC0415
+
+    def no_spark(args: Any) -> None:
+        raise AssertionError("a dry run started Spark")
+
+    monkeypatch.setattr(command, "_session", no_spark)
+    monkeypatch.setenv("COLUMNS", "250")  # table cells on one line each
+    first, second = short_drives
+    args = ["hdmap", "build", "--bags", str(first.bag), str(second.bag), "--map"]
+    assert main([*args, str(tmp_path / "map"), "--dry-run"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a build now would add to an empty map" in out
+    assert out.count("new: would be built") == 2 and "2 new drive(s) to build" in out
+    assert not (tmp_path / "map").exists()  # nothing written, not even the directory
+    monkeypatch.setenv("ADCLOUD_HDMAP_LIDAR_TOPIC", "/velodyne_points")
+    assert main([*args, str(tmp_path / "map"), "--dry-run"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("cannot be mapped (below)") == 2
+    assert "0 LiDAR sweeps on /velodyne_points" in out and "topics: /lidar/points" in out
 
 
 def test_the_copy_of_a_remote_parent_version_is_removed(
