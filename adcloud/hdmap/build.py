@@ -37,7 +37,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from pyspark.sql import SparkSession
 from adcloud.config import settings_dict
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import check_topics
-from adcloud.hdmap.errors import HdmapError, MapFormatError
+from adcloud.hdmap.errors import DriveDataError, HdmapError, MapFormatError
 from adcloud.hdmap.evaluate import GridLayers as ReportGrid
 from adcloud.hdmap.exchange import dump_items, load_items
 from adcloud.hdmap.geotiff import read_grid_tile, write_mosaic
@@ -69,10 +69,12 @@ from adcloud.hdmap.mapdir import (
     MANIFEST_NAME,
     BuildPlan,
     BuildResult,
+    DriveRecord,
     MapDir,
     MapDirSettings,
     MapVersion,
     Staging,
+    bag_uri,
     find_bags,
     lies_below,
 )
@@ -117,6 +119,8 @@ class BuildSummary:
     result: BuildResult
     timings: dict[str, float]
     counts: dict[str, int]
+    #: Bags left out because they cannot be mapped (``skip_bad_bags``): URI -> why.
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -393,6 +397,26 @@ def bag_uris(bags: str | Sequence[str]) -> list[str]:
     return uris
 
 
+def unmappable(
+    drives: Sequence[DriveRecord], settings: HdmapSettings, *, origin_known: bool
+) -> dict[str, str]:
+    """The drives among ``drives`` whose bags lack what mapping needs, by URI, each with the
+    reason (see :func:`~adcloud.hdmap.drive.check_topics`; reads only the bags' indexes).
+    ``origin_known``: the map has an origin already, so GPS is optional."""
+    bad = {}
+    for drive in drives:
+        try:
+            check_topics(
+                drive.uri,
+                settings.topics,
+                origin_known=origin_known,
+                mounts_known=bool(settings.mounts),
+            )
+        except DriveDataError as err:
+            bad[drive.uri] = str(err)
+    return bad
+
+
 def plan_build(
     bags: str | Sequence[str], map_uri: str, *, readmit: Sequence[str] = ()
 ) -> BuildPlan:
@@ -411,13 +435,19 @@ def build_map(
     progress: Progress | None = None,
     plan: BuildPlan | None = None,
     readmit: Sequence[str] = (),
+    skip_bad_bags: bool = False,
 ) -> BuildSummary:
     """Build (or extend) the map at ``map_uri`` from ``bags`` (a directory, glob, URI or a
     list of them). ``labels``: a GeoJSON of human/external labels to import; they are kept
     in every later version. ``plan``: what :func:`plan_build` returned for the same bags
     and map, so that the bags are not hashed again (a build committed since is noticed and
     planned anew). ``readmit``: drives that a rollback held out to build again (names or
-    SHA-256 prefixes; their bags must be among ``bags``). Returns what was done; nothing is
+    SHA-256 prefixes; their bags must be among ``bags``). ``skip_bad_bags``: new bags that
+    lack a stream mapping needs, or have no index or an unreadable one (a recording cut off,
+    or a copy still being written), are left out of this build
+    and reported in the summary, and the others are built (like Spark's
+    ``ignoreCorruptFiles``); they are not recorded, so a later build tries them again.
+    Returns what was done; nothing is
     written when every drive is already in the map and no label changes it. ``spark`` may
     be None when the plan has no new drive (a labels-only version needs no Spark)."""
     settings = settings or HdmapSettings()
@@ -430,6 +460,17 @@ def build_map(
     timings: dict[str, float] = {}
     counts: dict[str, int] = {}
     relabel = False
+    skipped: dict[str, str] = {}
+    if skip_bad_bags:
+        plan = plan if plan is not None else mapdir.plan(uris, readmit=readmit)
+        origin_known = settings.origin is not None or plan.parent is not None
+        skipped = unmappable(plan.new_drives, settings, origin_known=origin_known)
+        for why in skipped.values():
+            log.warning("skipped: %s", why)
+        if skipped:
+            uris = [uri for uri in uris if bag_uri(uri) not in skipped]
+            kept = tuple(d for d in plan.new_drives if d.uri not in skipped)
+            plan = dataclasses.replace(plan, new_drives=kept)
     if fresh is not None:
         plan = plan if plan is not None else mapdir.plan(uris, readmit=readmit)
         if plan.up_to_date and plan.parent is not None:
@@ -483,13 +524,9 @@ def build_map(
                 "was given"
             )
         # read before the pipeline runs: a bad file or bag fails the build now, not after it
-        for drive in plan.new_drives:
-            check_topics(
-                drive.uri,
-                settings.topics,
-                origin_known=origin is not None,
-                mounts_known=bool(settings.mounts),
-            )
+        bad = unmappable(plan.new_drives, settings, origin_known=origin is not None)
+        if bad:
+            raise DriveDataError("; ".join(bad.values()))
         votes = _load_votes(parent_root / _STATE_SIGN_VOTES) if parent_root is not None else []
         exchange_dir = settings.exchange_dir or str(out / ".exchange")
         new = [(d.name, d.uri) for d in plan.new_drives]
@@ -553,4 +590,6 @@ def build_map(
         uris, build, settings=settings, plan=plan, force=relabel, readmit=readmit
     )
     timings["total"] = time.perf_counter() - started
-    return BuildSummary(outcome, timings, counts)
+    if skipped:
+        counts["bags_skipped"] = len(skipped)
+    return BuildSummary(outcome, timings, counts, skipped)

@@ -77,7 +77,7 @@ def _session(args: argparse.Namespace) -> Any:
 
 
 def _cmd_build(args: argparse.Namespace, console: Console) -> int:
-    from adcloud.hdmap.build import build_map, plan_build  # noqa: PLC0415
+    from adcloud.hdmap.build import build_map, plan_build, unmappable  # noqa: PLC0415
     from adcloud.hdmap.job import StageSettings  # noqa: PLC0415
 
     settings = _settings(args)
@@ -91,14 +91,20 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
         )
     if args.dry_run:
         return _dry_run(args, plan, settings, console)
-    if plan.up_to_date and plan.parent is not None and not args.labels:
+    bad: dict[str, str] = {}
+    if args.skip_bad_bags:  # build_map checks them again: here to know if Spark is needed
+        origin_known = settings.origin is not None or plan.parent is not None
+        bad = unmappable(plan.new_drives, settings, origin_known=origin_known)
+    nothing_new = all(d.uri in bad for d in plan.new_drives)
+    if nothing_new and plan.parent is not None and not args.labels:
+        _print_skipped(bad, console)
         console.print(
             f"{args.map}: up to date (version {plan.parent.id}, {len(plan.known_drives)} "
             "drive(s) known); nothing written"
         )
         return 0
     # labels merged into a map with no new drive need no Spark
-    spark = None if plan.up_to_date and plan.parent is not None else _session(args)
+    spark = None if nothing_new else _session(args)
     with console.status("building the map ...") as status:
         summary = build_map(
             spark,
@@ -110,7 +116,9 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
             progress=status.update,
             plan=plan,
             readmit=args.readmit,
+            skip_bad_bags=args.skip_bad_bags,
         )
+    _print_skipped(summary.skipped, console)
     result = summary.result
     if not summary.changed:
         version = result.version.id if result.version else "none"
@@ -133,31 +141,26 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _print_skipped(skipped: dict[str, str], console: Console) -> None:
+    for why in skipped.values():
+        console.print(f"skipped (--skip-bad-bags; tried again next build): {why}", highlight=False)
+
+
 def _dry_run(args: argparse.Namespace, plan: Any, settings: Any, console: Console) -> int:
     """What ``build`` would do, and whether the new bags have the streams mapping needs."""
-    from adcloud.hdmap.drive import check_topics  # noqa: PLC0415
-    from adcloud.hdmap.errors import DriveDataError  # noqa: PLC0415
+    from adcloud.hdmap.build import unmappable  # noqa: PLC0415
 
     parent = plan.parent
     # a map's versions keep the origin its first build set
     origin_known = settings.origin is not None or parent is not None
+    bad = unmappable(plan.new_drives, settings, origin_known=origin_known)
     on = f"version {parent.id}" if parent is not None else "an empty map"
     table = Table(title=f"{args.map}: a build now would add to {on}")
     for col in ("drive", "bag", "size", "what"):
         table.add_column(col)
-    failed: list[str] = []
+    fate = "skipped" if args.skip_bad_bags else "fails the build"
     for d in plan.new_drives:
-        try:
-            check_topics(
-                d.uri,
-                settings.topics,
-                origin_known=origin_known,
-                mounts_known=bool(settings.mounts),
-            )
-            what = "new: would be built"
-        except DriveDataError as err:
-            failed.append(str(err))
-            what = "[red]new: cannot be mapped (below)"
+        what = f"[red]new: cannot be mapped, {fate} (below)" if d.uri in bad else "new: built"
         table.add_row(d.name, d.uri, f"{d.size:,}", what)
     for d in plan.known_drives:
         table.add_row(d.name, d.uri, f"{d.size:,}", f"in the map since {d.added_in}")
@@ -168,15 +171,17 @@ def _dry_run(args: argparse.Namespace, plan: Any, settings: Any, console: Consol
     for uri in plan.skipped:
         table.add_row("", uri, "", "held out by a rollback: skipped")
     console.print(table)
-    for text in failed:
+    for text in bad.values():
         console.print(f"error: {text}", highlight=False)
-    verdict = (
-        f"{len(plan.new_drives)} new drive(s) to build"
-        if plan.new_drives
-        else "up to date: nothing would be written"
-    )
+    good = len(plan.new_drives) - len(bad)
+    if bad and not args.skip_bad_bags:
+        verdict = f"the build would fail on {len(bad)} bag(s) (--skip-bad-bags leaves them out)"
+    elif good:
+        verdict = f"{good} new drive(s) to build"
+    else:
+        verdict = "up to date: nothing would be written"
     console.print(f"dry run, nothing written: {verdict}", highlight=False)
-    return 1 if failed else 0
+    return 1 if bad and not args.skip_bad_bags else 0
 
 
 def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
@@ -340,6 +345,14 @@ def add_parser(subparsers: Any) -> None:
         metavar="NAME",
         help="build a drive that a rollback held out (its name or 8+ digits of its SHA-256, "
         "as `adcloud hdmap info` shows; its bag must be among --bags); repeatable",
+    )
+    build.add_argument(
+        "--skip-bad-bags",
+        action="store_true",
+        help="leave out of this build the new bags that lack a topic mapping needs or have "
+        "no readable index (cut off, or still being copied), and build the others (they are "
+        "named, not recorded: the next build tries them again); without it such a bag fails "
+        "the build",
     )
     build.add_argument(
         "--dry-run",

@@ -101,14 +101,19 @@ def check_topics(
     needs: LiDAR sweeps, IMU and wheel odometry on their topics, GPS fixes unless the map's
     origin is known (``origin_known``), ``/tf_static`` unless mounts are configured
     (``mounts_known``), each of the expected type.  A DriveDataError lists every problem at
-    once, with the bag's topics of the right type for a topic that is missing.  An
-    unindexed bag is not checked here (reading it reindexes it first)."""
+    once, with the bag's topics of the right type for a topic that is missing.  A ROS 1 bag
+    without an index (a recording cut off, or a copy still being written) is an error too:
+    the map job reads bags by their index."""
     try:
         summary = summarize(uri, storage_options=storage_options)
     except BinpipeError as err:
         raise DriveDataError(f"drive {uri}: {err}") from err
     if not summary.indexed:
-        return
+        raise DriveDataError(
+            f"drive {uri}: the bag has no index (a recording cut off, or a copy still being "
+            "written); wait for the copy, or write an indexed copy (rosbag reindex, or "
+            "adcloud.binpipe.reindex.reindex_bag) and build from that"
+        )
     counts: dict[str, tuple[str, int]] = {}
     for t in summary.topics:
         count = counts.get(t.topic, (t.msgtype, 0))[1] + t.count

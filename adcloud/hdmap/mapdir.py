@@ -99,6 +99,7 @@ __all__ = [
     "MapVersion",
     "Staging",
     "StoredParent",
+    "bag_uri",
     "content_hash",
     "drive_name",
     "find_bags",
@@ -617,6 +618,19 @@ def _locate(uri: str | os.PathLike[str], *, fsync: bool = True) -> tuple[_Files,
 
 
 # --------------------------------------------------------------------------- bags and hashes
+
+
+def _described(raw: str | os.PathLike[str], files: _Files, path: str) -> str:
+    """How a manifest names the bag ``raw`` (an absolute path for local files)."""
+    text = os.fspath(raw)
+    return files.describe(path) if "://" not in text or files.local else text.rstrip("/")
+
+
+def bag_uri(raw: str | os.PathLike[str]) -> str:
+    """The URI a build plan and the manifest give the bag ``raw`` (see :meth:`MapDir.plan`)."""
+    files, path = _locate(raw)
+    with files:
+        return _described(raw, files, path)
 
 
 def _hash_stream(h: Any, f: IO[bytes], chunk: int) -> None:
@@ -1505,8 +1519,7 @@ class MapDir:
         skipped: list[str] = []
         for raw in bag_uris:
             files, path = _locate(raw)
-            text = os.fspath(raw)
-            uri = files.describe(path) if "://" not in text or files.local else text.rstrip("/")
+            uri = _described(raw, files, path)
             try:
                 with files:
                     size, mtime = files.size_mtime(path)

@@ -47,7 +47,7 @@ with DAG(
 ) as dag:
     build = BashOperator(
         task_id="hdmap_build",
-        bash_command=f"{ADCLOUD} hdmap build --bags {BAGS} --map {MAP}",
+        bash_command=f"{ADCLOUD} hdmap build --bags {BAGS} --map {MAP} --skip-bad-bags",
         env={"PYTHONUNBUFFERED": "1"},
         append_env=True,
     )

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from adcloud.cli import build_parser
+
 NIGHTLY = Path(__file__).resolve().parents[2] / "deploy" / "nightly"
 SERVICE = NIGHTLY / "adcloud-hdmap-nightly.service"
 TIMER = NIGHTLY / "adcloud-hdmap-nightly.timer"
@@ -67,6 +69,9 @@ def assert_build_command(argv: list[str]) -> None:
         assert flag in argv, argv
         value = argv[argv.index(flag) + 1]
         assert value and not value.startswith("-"), argv
+    # and adcloud's own parser takes every option the example gives
+    args = build_parser().parse_args(argv[1:])
+    assert args.func.__name__ == "_cmd_build" and args.skip_bad_bags, argv
 
 
 def crontab_jobs() -> list[str]:

@@ -100,6 +100,17 @@ def test_check_topics_reads_the_index_and_names_what_to_set(
     garbage.write_bytes(b"not a bag at all" * 64)
     with pytest.raises(DriveDataError, match=r"drive .*garbage\.bag: "):
         check_topics(str(garbage), DriveTopics(), origin_known=False, mounts_known=False)
+    # a recording cut off: the index is missing (index_pos 0) or points past the end
+    data = bag.read_bytes()
+    at = data.index(b"index_pos=") + 10
+    unindexed = tmp_path / "unindexed.bag"
+    unindexed.write_bytes(data[:at] + bytes(8) + data[at + 8 :])
+    with pytest.raises(DriveDataError, match=r"unindexed\.bag: the bag has no index .*reindex"):
+        check_topics(str(unindexed), DriveTopics(), origin_known=False, mounts_known=False)
+    cut = tmp_path / "cut.bag"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DriveDataError, match=r"cut\.bag: .*index.*truncated"):
+        check_topics(str(cut), DriveTopics(), origin_known=False, mounts_known=False)
 
 
 def _header(t_ns: int, frame: str = "") -> SimpleNamespace:

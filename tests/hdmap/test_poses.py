@@ -185,7 +185,9 @@ def test_a_build_reads_every_stage_section(tmp_path: Path, monkeypatch: pytest.M
         seen.update(kw, settings=settings)
         raise StopError
 
-    plan = type("Plan", (), {"up_to_date": False, "parent": None, "skipped": ()})()
+    plan = type(
+        "Plan", (), {"up_to_date": False, "parent": None, "skipped": (), "new_drives": ()}
+    )()
     monkeypatch.setattr(build, "plan_build", lambda bags, uri, **kw: plan)
     monkeypatch.setattr(build, "build_map", fake_build)
     monkeypatch.setattr(command, "_session", lambda args: None)
