@@ -342,28 +342,6 @@ def test_roll_back_restores_an_earlier_map_and_holds_its_drives_out(tmp_path: Pa
     assert md.lock_holder() is None
 
 
-@pytest.mark.parametrize("backend", ["memory", "store"])
-def test_roll_back_off_the_local_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
-) -> None:
-    if backend == "memory":
-        uri = f"memory://hdmap-test-{os.getpid()}-{time.monotonic_ns()}/map"
-    else:
-        monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(tmp_path / "store"))
-        uri = "local:///maps/rollback"
-    bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
-    with MapDir(uri, MapDirSettings(staging_dir=str(tmp_path / "stage"))) as md:
-        md.update(bags[:1], tile_build({"grid/0_0.tif": b"tile 0_0", "trajectory/d0.tum": b"0"}))
-        md.update(bags, tile_build({"grid/0_0.tif": b"tile 0_0, merged"}))
-        version = md.roll_back()
-        assert version.id == "000003" and version.manifest.restores == "000001"
-        assert version.files() == ["grid/0_0.tif", "manifest.json", "trajectory/d0.tum"]
-        assert version.read_bytes("grid/0_0.tif") == b"tile 0_0"
-        assert md.plan(bags).skipped == (md.plan(bags).held_out[0].uri,)
-    with MapDir(uri) as again:
-        assert again.current() == version
-
-
 def test_manifest_versions_1_and_2_are_read(tmp_path: Path) -> None:
     rec = {"name": "a", "uri": "/a.bag", "sha256": "ab" * 32, "size": 1}
     doc = {"format": "adcloud.hdmap.manifest", "format_version": 1, "drives": [rec]}
@@ -576,6 +554,14 @@ def test_local_store_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         assert again.versions() == ["000001", "000002"]
 
 
+def off_the_local_disk(backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new map URI on fsspec's in-memory store or on a local:// adcloud store."""
+    if backend == "memory":
+        return f"memory://hdmap-test-{os.getpid()}-{time.monotonic_ns()}/map"
+    monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(tmp_path / "store"))
+    return "local:///maps/map"
+
+
 def tile_build(files: dict[str, bytes]):  # type: ignore[no-untyped-def]
     """A build step that writes ``files`` into the new version."""
 
@@ -594,11 +580,7 @@ def test_a_parent_off_the_local_disk_is_read_and_carried_without_its_tile_folder
     """A nightly build of a map on an object store downloads the parent version but its
     tile folders; it downloads a tile file only when it reads one, and the tiles it carries
     unchanged are copied on the storage at commit, never downloaded and uploaded again."""
-    if backend == "memory":
-        uri = f"memory://hdmap-test-{os.getpid()}-{time.monotonic_ns()}/map"
-    else:
-        monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(tmp_path / "store"))
-        uri = "local:///maps/carry"
+    uri = off_the_local_disk(backend, tmp_path, monkeypatch)
     bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
     old = {
         "state/origin.json": b"{}",
@@ -666,6 +648,24 @@ def test_a_parent_off_the_local_disk_is_read_and_carried_without_its_tile_folder
             with pytest.raises(BuildError, match=r"grid/1_0\.tif were both written and carried"):
                 staging.commit(md.plan(bags).manifest())
         assert md.current().id == "000002"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("backend", ["memory", "store"])
+def test_roll_back_off_the_local_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    uri = off_the_local_disk(backend, tmp_path, monkeypatch)
+    bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
+    with MapDir(uri, MapDirSettings(staging_dir=str(tmp_path / "stage"))) as md:
+        md.update(bags[:1], tile_build({"grid/0_0.tif": b"tile 0_0", "trajectory/d0.tum": b"0"}))
+        md.update(bags, tile_build({"grid/0_0.tif": b"tile 0_0, merged"}))
+        version = md.roll_back()
+        assert version.id == "000003" and version.manifest.restores == "000001"
+        assert version.files() == ["grid/0_0.tif", "manifest.json", "trajectory/d0.tum"]
+        assert version.read_bytes("grid/0_0.tif") == b"tile 0_0"
+        assert md.plan(bags).skipped == (md.plan(bags).held_out[0].uri,)
+    with MapDir(uri) as again:
+        assert again.current() == version
 
 
 # --------------------------------------------------------------------------- SIGKILL
