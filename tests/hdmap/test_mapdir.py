@@ -336,7 +336,9 @@ def test_roll_back_restores_an_earlier_map_and_holds_its_drives_out(tmp_path: Pa
     assert {d.name for d in v8.manifest.held_out} == {"d2", "d3"}
     with pytest.raises(HdmapError, match="000008 is current already"):
         md.roll_back("000008")
-    md.gc(2)
+    md.gc(2)  # version 000001 goes; 000008, which restores it, keeps its own links
+    assert md.versions() == ["000007", "000008"]
+    assert v8.read_bytes("trajectory/d0.tum") == v1.manifest.drives[0].sha256.encode()
     with pytest.raises(HdmapError, match="no version 000001 to roll back to; the versions kept"):
         md.roll_back("000001")
     assert md.lock_holder() is None
