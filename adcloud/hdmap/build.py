@@ -418,10 +418,14 @@ def unmappable(
 
 
 def plan_build(
-    bags: str | Sequence[str], map_uri: str, *, readmit: Sequence[str] = ()
+    bags: str | Sequence[str],
+    map_uri: str,
+    *,
+    readmit: Sequence[str] = (),
+    trust_mtime: bool = False,
 ) -> BuildPlan:
     """What :func:`build_map` would do, without Spark (e.g. to skip starting a session)."""
-    return MapDir(map_uri).plan(bag_uris(bags), readmit=readmit)
+    return MapDir(map_uri).plan(bag_uris(bags), readmit=readmit, trust_mtime=trust_mtime)
 
 
 def build_map(
@@ -436,6 +440,7 @@ def build_map(
     plan: BuildPlan | None = None,
     readmit: Sequence[str] = (),
     skip_bad_bags: bool = False,
+    trust_mtime: bool = False,
 ) -> BuildSummary:
     """Build (or extend) the map at ``map_uri`` from ``bags`` (a directory, glob, URI or a
     list of them). ``labels``: a GeoJSON of human/external labels to import; they are kept
@@ -447,6 +452,8 @@ def build_map(
     or a copy still being written), are left out of this build
     and reported in the summary, and the others are built (like Spark's
     ``ignoreCorruptFiles``); they are not recorded, so a later build tries them again.
+    ``trust_mtime``: a bag whose URI, size and modification time match the manifest is not
+    read again to hash it (see :meth:`MapDir.plan`).
     Returns what was done; nothing is
     written when every drive is already in the map and no label changes it. ``spark`` may
     be None when the plan has no new drive (a labels-only version needs no Spark)."""
@@ -462,7 +469,11 @@ def build_map(
     relabel = False
     skipped: dict[str, str] = {}
     if skip_bad_bags:
-        plan = plan if plan is not None else mapdir.plan(uris, readmit=readmit)
+        plan = (
+            plan
+            if plan is not None
+            else mapdir.plan(uris, readmit=readmit, trust_mtime=trust_mtime)
+        )
         origin_known = settings.origin is not None or plan.parent is not None
         skipped = unmappable(plan.new_drives, settings, origin_known=origin_known)
         for why in skipped.values():
@@ -472,7 +483,11 @@ def build_map(
             kept = tuple(d for d in plan.new_drives if d.uri not in skipped)
             plan = dataclasses.replace(plan, new_drives=kept)
     if fresh is not None:
-        plan = plan if plan is not None else mapdir.plan(uris, readmit=readmit)
+        plan = (
+            plan
+            if plan is not None
+            else mapdir.plan(uris, readmit=readmit, trust_mtime=trust_mtime)
+        )
         if plan.up_to_date and plan.parent is not None:
             relabel = _labels_change_map(plan.parent, fresh)
             if not relabel:
@@ -587,7 +602,13 @@ def build_map(
 
     started = time.perf_counter()
     outcome = mapdir.update(
-        uris, build, settings=settings, plan=plan, force=relabel, readmit=readmit
+        uris,
+        build,
+        settings=settings,
+        plan=plan,
+        force=relabel,
+        readmit=readmit,
+        trust_mtime=trust_mtime,
     )
     timings["total"] = time.perf_counter() - started
     if skipped:

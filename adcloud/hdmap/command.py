@@ -82,7 +82,7 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
 
     settings = _settings(args)
     stages = StageSettings.load(settings, file=args.config)
-    plan = plan_build(args.bags, args.map, readmit=args.readmit)
+    plan = plan_build(args.bags, args.map, readmit=args.readmit, trust_mtime=args.trust_mtime)
     for uri in plan.skipped:
         console.print(
             f"skipped {uri}: a rollback held its drive out of the map (--readmit NAME takes "
@@ -117,6 +117,7 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
             plan=plan,
             readmit=args.readmit,
             skip_bad_bags=args.skip_bad_bags,
+            trust_mtime=args.trust_mtime,
         )
     _print_skipped(summary.skipped, console)
     result = summary.result
@@ -353,6 +354,13 @@ def add_parser(subparsers: Any) -> None:
         "no readable index (cut off, or still being copied), and build the others (they are "
         "named, not recorded: the next build tries them again); without it such a bag fails "
         "the build",
+    )
+    build.add_argument(
+        "--trust-mtime",
+        action="store_true",
+        help="do not read a bag again to hash it when its URI, size and modification time "
+        "are those the map recorded (rsync's quick check; new bags are always hashed): a "
+        "nightly build over a large bag directory then reads only the new bags",
     )
     build.add_argument(
         "--dry-run",

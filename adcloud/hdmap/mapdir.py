@@ -752,6 +752,11 @@ class DriveRecord:
         """JSON-ready form."""
         return dataclasses.asdict(self)
 
+    def looks_unchanged(self, size: int, mtime: float | None) -> bool:
+        """Whether a file of ``size`` and ``mtime`` at this drive's URI passes rsync's quick
+        check against it (a file without a modification time never does)."""
+        return mtime is not None and (self.size, self.mtime) == (size, mtime)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> DriveRecord:
         """Parse one ``drives`` entry; ``where`` names the file and index for errors."""
@@ -1499,7 +1504,8 @@ class MapDir:
     ) -> BuildPlan:
         """Compare the bags with the current manifest by content hash (see
         :class:`BuildPlan`).  ``trust_mtime`` reuses the recorded hash of a bag whose URI,
-        size and mtime are unchanged instead of reading it (faster, trusts timestamps).
+        size and mtime are unchanged instead of reading it (rsync's quick check: a nightly
+        build then reads only new bags; a bag without a modification time is hashed).
         Bags whose bytes a rollback held out are skipped, unless ``readmit`` names them (by
         drive name or a prefix of at least 8 digits of their SHA-256): then they are new
         drives, and their bags must be among ``bag_uris``.  Reads the bags; writes nothing."""
@@ -1509,7 +1515,7 @@ class MapDir:
         readmitted = _held_drives(held, readmit, self.uri)
         held_hash = {d.sha256 for d in held} - {d.sha256 for d in readmitted}
         known_hash = {d.sha256: d for d in drives}
-        known_uri = {d.uri: d for d in drives}
+        known_uri = {d.uri: d for d in (*held, *drives)}
         used_names = {d.name for d in drives}
         seen: set[str] = set()
         new: list[DriveRecord] = []
@@ -1524,7 +1530,7 @@ class MapDir:
                 with files:
                     size, mtime = files.size_mtime(path)
                     prev = known_uri.get(uri)
-                    if trust_mtime and prev and prev.size == size and prev.mtime == mtime:
+                    if trust_mtime and prev is not None and prev.looks_unchanged(size, mtime):
                         digest = prev.sha256
                     else:
                         _LOG.info("hashing %s (%d bytes)", uri, size)

@@ -47,7 +47,9 @@ with DAG(
 ) as dag:
     build = BashOperator(
         task_id="hdmap_build",
-        bash_command=f"{ADCLOUD} hdmap build --bags {BAGS} --map {MAP} --skip-bad-bags",
+        bash_command=(
+            f"{ADCLOUD} hdmap build --bags {BAGS} --map {MAP} --skip-bad-bags --trust-mtime"
+        ),
         env={"PYTHONUNBUFFERED": "1"},
         append_env=True,
     )

@@ -71,7 +71,7 @@ def assert_build_command(argv: list[str]) -> None:
         assert value and not value.startswith("-"), argv
     # and adcloud's own parser takes every option the example gives
     args = build_parser().parse_args(argv[1:])
-    assert args.func.__name__ == "_cmd_build" and args.skip_bad_bags, argv
+    assert args.func.__name__ == "_cmd_build" and args.skip_bad_bags and args.trust_mtime, argv
 
 
 def crontab_jobs() -> list[str]:

@@ -22,6 +22,7 @@ from scipy.spatial import cKDTree
 
 import adcloud.hdmap.build as build_module
 import adcloud.hdmap.job as job_module
+import adcloud.hdmap.mapdir as mapdir_module
 from adcloud.cli import main
 from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
 from adcloud.hdmap.errors import DriveDataError, MapFormatError
@@ -375,7 +376,16 @@ def _rolled_back(
         if rel != "manifest.json":
             assert (restored.path / rel).samefile(parent.path / rel), rel
     args = ["hdmap", "build", "--bags", *map(str, bags), "--map", map_uri, "--skip-bad-bags"]
-    assert main(args) == 0  # no new drive, no Spark session
+    hashed: list[str] = []
+    hashing = mapdir_module._content_hash
+
+    def spy(files: Any, path: str, chunk: int) -> tuple[str, int]:
+        hashed.append(Path(path).name)
+        return hashing(files, path, chunk)
+
+    monkeypatch.setattr(mapdir_module, "_content_hash", spy)
+    assert main([*args, "--trust-mtime"]) == 0  # no new drive, no Spark session
+    assert hashed == ["partial.bag"]  # the bags the map knows are not read again
     out = " ".join(capsys.readouterr().out.split())
     assert f"skipped {bags[1]}: a rollback held its drive out" in out
     assert f"skipped (--skip-bad-bags; tried again next build): drive {bags[2]}" in out

@@ -169,6 +169,33 @@ def test_trust_mtime_skips_reading_unchanged_bags(
     assert "hashing" not in caplog.text
     assert md.plan([a]).up_to_date
     assert "hashing" in caplog.text
+    # a bag rewritten in place: its size or mtime changed, so it is read, and it is new
+    caplog.clear()
+    a.write_bytes(random.Random(9).randbytes(4096))
+    os.utime(a, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert [d.name for d in md.plan([a], trust_mtime=True).new_drives] == [
+        "a-" + content_hash(a)[0][:8]
+    ]
+    assert "hashing" in caplog.text
+
+
+def test_trust_mtime_needs_a_modification_time_and_covers_held_out_bags(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    md = MapDir(tmp_path / "map")
+    a, b = make_bag(tmp_path / "a.bag", 1), make_bag(tmp_path / "b.bag", 2)
+    md.update([a], record_build([]))
+    md.update([a, b], record_build([]))
+    md.roll_back()  # b is held out
+    caplog.set_level(logging.INFO, logger="adcloud.hdmap.mapdir")
+    caplog.clear()
+    plan = md.plan([a, b], trust_mtime=True)
+    assert plan.up_to_date and plan.skipped == (str(b),) and "hashing" not in caplog.text
+    # a store that gives no modification time: the bag is hashed, trusted or not
+    files_type = type(md._files)
+    monkeypatch.setattr(files_type, "size_mtime", lambda self, path: (4096, None))
+    assert md.plan([a], trust_mtime=True).up_to_date
+    assert f"hashing {a}" in caplog.text
 
 
 def test_update_with_a_plan_hashes_the_bags_once(
