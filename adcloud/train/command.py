@@ -49,7 +49,7 @@ def _session(args: argparse.Namespace) -> Any:
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from adcloud.train.config import TrainConfig  # noqa: PLC0415
-    from adcloud.train.job import run_training  # noqa: PLC0415
+    from adcloud.train.job import load_task, run_training  # noqa: PLC0415
 
     overrides: dict[str, Any] = {}
     for item in args.set:
@@ -59,9 +59,10 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             return 2
         overrides[key.strip()] = value
     config = TrainConfig.load(file=args.config, **overrides).validate()
+    task = load_task(config)  # a wrong task name or option fails before Spark starts
     spark = _session(args)
     with console.status(f"training {config.task} ({config.sync}) on {spark.sparkContext.master}"):
-        result = run_training(spark, config)
+        result = run_training(spark, config, task=task)
     table = Table(title=f"run {result.run}")
     table.add_column("field")
     table.add_column("value", justify="right")

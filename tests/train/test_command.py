@@ -72,3 +72,12 @@ def test_run_rejects_settings_that_are_not_key_value(tmp_path: Path) -> None:
 def test_run_names_a_bad_setting(tmp_path: Path) -> None:
     with pytest.raises(TrainError, match="sync must be one of single, ps, allreduce"):
         _call(["train", "run", "--set", "sync=gossip", "--set", "bags=x.bag"])
+
+
+def test_run_names_an_unknown_task_before_starting_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_spark(args: argparse.Namespace) -> None:
+        raise AssertionError("Spark started for a run that cannot train")
+
+    monkeypatch.setattr(command, "_session", no_spark)
+    with pytest.raises(TrainError, match="unknown task 'lidar_sg': choose one of"):
+        _call(["train", "run", "--set", "task=lidar_sg", "--set", "bags=x.bag"])
