@@ -399,6 +399,11 @@ def _rolled_back(
     out = capsys.readouterr().out
     assert f"a rollback to {parent.id}" in out and "held out by a rollback" in out
     assert f"rollback to {parent.id}" in out and "+ second" in out  # the versions' history
+    assert main(["hdmap", "info", "--map", map_uri, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["current"] == restored.id and info["history"][-1]["restores"] == parent.id
+    assert [h["added"] for h in info["history"]][-2] == ["second"]
+    assert [d["name"] for d in info["manifest"]["held_out"]] == ["second"]
 
 
 def _upload(local: Path, bucket: str) -> str:
