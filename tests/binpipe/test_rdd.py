@@ -6,6 +6,7 @@ import heapq
 import json
 import os
 import re
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -289,6 +290,49 @@ def test_binpipe_on_standalone_cluster(cluster_spark: Any, shared_data: Path) ->
     assert merged(per_partition(rdd.pipe("cat"))) == reference(path)
     pids = set(rdd.rdd.mapPartitions(lambda _: [os.getpid()]).collect())
     assert len(pids) >= 2, "tasks should run in more than one executor process"
+
+
+@pytest.mark.cluster
+def test_a_killed_executor_costs_a_task_retry_not_the_job(
+    cluster_spark: Any, shared_data: Path, tmp_path: Path
+) -> None:
+    """One task SIGKILLs its own executor JVM halfway through a save: Spark loses that
+    executor, runs the task again elsewhere, the standalone worker starts a new executor,
+    and the saved streams hold every message once, as rosbags reads them."""
+    from adcloud.spark import wait_for_executors  # noqa: PLC0415
+
+    path = shared_data / HUSKY
+    want = reference(path)
+    victim = want[len(want) // 2][1]  # a record time in the middle of the bag
+    marker = tmp_path / "killed"
+
+    def kill_the_executor_once(msg: Message) -> Message:
+        if msg.timestamp == victim and not marker.exists():
+            marker.write_text(str(os.getpid()))
+            pid = os.getpid()
+            while pid > 1:  # up from the Python worker to its executor JVM
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"CoarseGrainedExecutorBackend" in argv:
+                    os.kill(pid, signal.SIGKILL)
+                    break
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            os._exit(1)
+        return msg
+
+    tracker = cluster_spark.sparkContext.statusTracker()
+    before = {(e.host, e.port) for e in tracker.getExecutorInfos()}
+    rdd = BinPipeRDD.from_bags(cluster_spark, str(path), partitions_per_bag=4)
+    out = tmp_path / "saved"
+    manifest = rdd.map_records(kill_the_executor_once).save(str(out))
+    assert marker.exists(), "no task killed its executor"
+    assert manifest["records"] == len(want)
+    got = per_partition(BinPipeRDD.load(cluster_spark, str(out)))
+    assert sorted(m for part in got for m in part) == sorted(want)
+    assert not list(out.glob("_temporary/**/*.binpipe"))  # the killed attempt left nothing
+    wait_for_executors(cluster_spark, 2)  # the worker replaced it: later tests see two again
+    after = {(e.host, e.port) for e in tracker.getExecutorInfos()}
+    assert len(after - before) == 1, (before, after)  # one executor is new
 
 
 @pytest.mark.cluster
