@@ -397,6 +397,37 @@ def bag_uris(bags: str | Sequence[str]) -> list[str]:
     return uris
 
 
+#: What Autoware's map loader reads from a map directory (``map_path``).
+AUTOWARE_FILES = (
+    "pointcloud_map/",
+    "pointcloud_map_metadata.yaml",
+    "lanelet2_map.osm",
+    "map_projector_info.yaml",
+)
+
+
+def export_map(
+    map_uri: str, dest: str | Path, *, version: str | None = None, autoware: bool = False
+) -> tuple[MapVersion, list[str]]:
+    """Copy a version of the map (the current one unless ``version``) into the new local
+    directory ``dest``: every file a person or a driving stack uses -- all but ``state/``,
+    the statistics only the next build reads -- or, with ``autoware``, only what Autoware's
+    map loader reads (:data:`AUTOWARE_FILES`).  Returns the version and the files copied."""
+    with MapDir(map_uri) as mapdir:
+        chosen = mapdir.version(version) if version is not None else mapdir.current()
+        if chosen is None:
+            raise HdmapError(f"{map_uri}: no version yet (build it with adcloud hdmap build)")
+
+        def wanted(rel: str) -> bool:
+            if autoware:
+                return any(
+                    rel == f or (f.endswith("/") and rel.startswith(f)) for f in AUTOWARE_FILES
+                )
+            return not lies_below(rel, ["state"])
+
+        return chosen, chosen.export(dest, wanted)
+
+
 def unmappable(
     drives: Sequence[DriveRecord], settings: HdmapSettings, *, origin_known: bool
 ) -> dict[str, str]:

@@ -1,9 +1,10 @@
-"""``adcloud hdmap build|eval|info|rollback``: nightly map builds from the command line.
+"""``adcloud hdmap build|eval|info|rollback|export``: nightly map builds from the command line.
 
 ``build`` runs :func:`~adcloud.hdmap.build.build_map` on the Spark session (``--master``,
 ``ADCLOUD_SPARK_MASTER`` or ``local[*,4]``; under ``spark-submit`` the submitted session);
 ``eval`` compares a map with a synthetic drive's truth; ``info`` lists a map's versions and
-drives; ``rollback`` republishes an earlier version. Only this module prints.
+drives; ``rollback`` republishes an earlier version; ``export`` copies one out for a driving
+stack. Only this module prints.
 """
 
 from __future__ import annotations
@@ -290,6 +291,23 @@ def _drive_table(title: str, drives: Any) -> Table:
     return table
 
 
+def _cmd_export(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.hdmap.build import export_map  # noqa: PLC0415
+
+    version, names = export_map(args.map, args.out, version=args.version, autoware=args.autoware)
+    size = sum((Path(args.out) / rel).stat().st_size for rel in names)
+    console.print(
+        f"version {version.id} of {args.map}: {len(names)} files ({size / 1e6:,.1f} MB) "
+        f"copied to {Path(args.out).absolute()}",
+        highlight=False,
+    )
+    if any(rel.startswith("pointcloud_map/") for rel in names):
+        console.print(
+            f"Autoware loads it with map_path:={Path(args.out).absolute()}", highlight=False
+        )
+    return 0
+
+
 def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
     from adcloud.hdmap.mapdir import MapDir, MapDirSettings  # noqa: PLC0415
 
@@ -313,7 +331,7 @@ def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``hdmap`` (``build``, ``eval``, ``info``, ``rollback``) on ``subparsers``."""
+    """Register ``hdmap`` (``build``, ``eval``, ``info``, ``rollback``, ``export``)."""
     hdmap = subparsers.add_parser(
         "hdmap",
         help="HD maps: nightly incremental builds, evaluation",
@@ -411,6 +429,23 @@ def add_parser(subparsers: Any) -> None:
     info.add_argument("--map", required=True, help="map directory or URL")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=_cmd_info)
+
+    export = sub.add_parser(
+        "export",
+        help="copy a version out of the map, for a vehicle or a driving stack",
+        description="Copy the current (or a given) version's files into a new local directory: "
+        "everything but state/ (the tile statistics only the next build reads), or with "
+        "--autoware only what Autoware's map loader reads (pointcloud_map/, "
+        "pointcloud_map_metadata.yaml, lanelet2_map.osm, map_projector_info.yaml). Copies, "
+        "never links: the export can be edited without touching the map.",
+    )
+    export.add_argument("--map", required=True, help="map directory or URL")
+    export.add_argument("--out", required=True, help="a new (or empty) local directory")
+    export.add_argument("--version", help="the version to copy (default: the current one)")
+    export.add_argument(
+        "--autoware", action="store_true", help="only the files Autoware's map loader reads"
+    )
+    export.set_defaults(func=_cmd_export)
 
     rollback = sub.add_parser(
         "rollback",

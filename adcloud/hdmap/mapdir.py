@@ -915,6 +915,37 @@ class MapVersion:
         except FileNotFoundError as err:
             raise MapFormatError(f"{self.uri}/{relpath}: no such file in map version") from err
 
+    def export(self, dest: str | os.PathLike[str], include: Callable[[str], bool]) -> list[str]:
+        """Copy the version's files that ``include(relpath)`` accepts into the new local
+        directory ``dest`` and return their relative paths.  Copies, never links, so the
+        export may be edited without touching the map.  ``dest`` appears whole or not at
+        all (written beside it, then renamed); an existing non-empty ``dest`` is refused."""
+        target = Path(dest).expanduser().absolute()
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise HdmapError(f"{target}: exists and is not an empty directory; choose another")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        names = [rel for rel in self.files() if include(rel)]
+        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+        try:
+            for rel in names:
+                out = partial / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                if self.path is not None:
+                    shutil.copy2(self.path / rel, out)
+                else:
+                    with (
+                        self._files.open_read(posixpath.join(self._root, rel)) as f,
+                        out.open("wb") as w,
+                    ):
+                        shutil.copyfileobj(f, w, 8 << 20)
+            if target.exists():
+                target.rmdir()  # empty: checked above
+            partial.rename(target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        return names
+
     def fetch(
         self, dest: str | os.PathLike[str] | None = None, *, skip: Sequence[str] = ()
     ) -> Path:

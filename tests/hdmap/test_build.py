@@ -404,6 +404,19 @@ def _rolled_back(
     assert info["current"] == restored.id and info["history"][-1]["restores"] == parent.id
     assert [h["added"] for h in info["history"]][-2] == ["second"]
     assert [d["name"] for d in info["manifest"]["held_out"]] == ["second"]
+    # the restored map, copied out for Autoware: its four entries, every listed tile
+    out = Path(map_uri).parent / "for-autoware"
+    assert main(["hdmap", "export", "--map", map_uri, "--out", str(out), "--autoware"]) == 0
+    assert f"Autoware loads it with map_path:={out}" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == [
+        "lanelet2_map.osm",
+        "map_projector_info.yaml",
+        "pointcloud_map",
+        "pointcloud_map_metadata.yaml",
+    ]
+    meta = yaml.safe_load((out / "pointcloud_map_metadata.yaml").read_text())
+    pcds = [k for k in meta if k.endswith(".pcd")]
+    assert pcds and all((out / "pointcloud_map" / k).stat().st_nlink == 1 for k in pcds)
 
 
 def _upload(local: Path, bucket: str) -> str:

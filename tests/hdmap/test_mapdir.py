@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -695,6 +697,53 @@ def test_roll_back_off_the_local_disk(
         assert md.plan(bags).skipped == (md.plan(bags).held_out[0].uri,)
     with MapDir(uri) as again:
         assert again.current() == version
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_export_copies_a_version_out_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    uri = (
+        str(tmp_path / "map")
+        if backend == "local"
+        else off_the_local_disk(backend, tmp_path, monkeypatch)
+    )
+    files = {"lanelet2_map.osm": b"<osm/>", "pointcloud_map/0_0.pcd": b"pcd", "state/x.npz": b"s"}
+    with MapDir(uri) as md:
+        md.update([make_bag(tmp_path / "a.bag", 1)], tile_build(files))
+        version = md.current()
+        assert version is not None
+        names = version.export(tmp_path / "out", lambda rel: not rel.startswith("state/"))
+        assert names == ["lanelet2_map.osm", "manifest.json", "pointcloud_map/0_0.pcd"]
+        assert (tmp_path / "out" / "pointcloud_map" / "0_0.pcd").read_bytes() == b"pcd"
+        assert not (tmp_path / "out" / "state").exists()
+        if version.path is not None:  # a copy: editing it leaves the map alone
+            assert (tmp_path / "out" / "lanelet2_map.osm").stat().st_ino != (
+                version.path / "lanelet2_map.osm"
+            ).stat().st_ino
+        with pytest.raises(HdmapError, match="out: exists and is not an empty directory"):
+            version.export(tmp_path / "out", lambda rel: True)
+        (tmp_path / "empty").mkdir()
+        assert len(version.export(tmp_path / "empty", lambda rel: True)) == 4
+
+        # the disk fills up halfway: nothing is left, neither the target nor the partial copy
+        copies = {"copy2": shutil.copy2, "copyfileobj": shutil.copyfileobj}
+
+        def full(name: str) -> Any:
+            def copy(source: Any, target: Any, *args: Any) -> Any:
+                if str(getattr(target, "name", target)).endswith(".pcd"):
+                    raise OSError("No space left on device")
+                return copies[name](source, target, *args)
+
+            return copy
+
+        for name in copies:
+            monkeypatch.setattr(shutil, name, full(name))
+        with pytest.raises(OSError, match="No space left"):
+            version.export(tmp_path / "half", lambda rel: True)
+        monkeypatch.undo()
+        assert not (tmp_path / "half").exists()
+        assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
 # --------------------------------------------------------------------------- SIGKILL
