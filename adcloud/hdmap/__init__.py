@@ -1,7 +1,9 @@
 """HD maps from drives: poses -> ICP-aligned scans -> a 5 cm grid -> lanes and signs.
 
 - :func:`build_map` -- the nightly build (``adcloud hdmap build``): incremental by content
-  hash, idempotent and atomic over a versioned map directory (:class:`MapDir`);
+  hash, idempotent and atomic over a versioned map directory (:class:`MapDir`, whose
+  ``roll_back`` republishes an earlier version); :func:`plan_build` says what it would do;
+  :func:`export_map` copies a version out for a driving stack;
 - :func:`run_pipeline` -- the four stages as one Spark job (intermediates in executor
   memory, or exchanged through files for comparison);
 - stages: :func:`estimate_trajectory` (GTSAM pose graph with GPS, odometry, IMU, LiDAR scan
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 from adcloud._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from adcloud.hdmap.build import BuildSummary, build_map
+    from adcloud.hdmap.build import BuildSummary, build_map, export_map, plan_build
     from adcloud.hdmap.config import HdmapSettings
     from adcloud.hdmap.drive import DriveData, DriveTopics, read_drive
     from adcloud.hdmap.errors import BuildError, DriveDataError, HdmapError, MapFormatError
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "build": ("BuildSummary", "build_map"),
+        "build": ("BuildSummary", "build_map", "export_map", "plan_build"),
         "config": ("HdmapSettings",),
         "drive": ("DriveData", "DriveTopics", "read_drive"),
         "errors": ("BuildError", "DriveDataError", "HdmapError", "MapFormatError"),
@@ -83,12 +85,14 @@ __all__ = [
     "detect_signs",
     "estimate_trajectory",
     "evaluate_map",
+    "export_map",
     "extract_lane_markings",
     "finalize_tile",
     "import_labels",
     "lane_centerlines",
     "merge_labels",
     "merge_partials",
+    "plan_build",
     "read_drive",
     "run_pipeline",
     "scan_partials",
