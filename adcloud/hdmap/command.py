@@ -92,10 +92,18 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
         )
     if args.dry_run:
         return _dry_run(args, plan, settings, console)
-    bad: dict[str, str] = {}
-    if args.skip_bad_bags:  # build_map checks them again: here to know if Spark is needed
-        origin_known = settings.origin is not None or plan.parent is not None
-        bad = unmappable(plan.new_drives, settings, origin_known=origin_known)
+    # build_map checks the new bags again; here a bad one fails before Spark starts, and
+    # with --skip-bad-bags this tells whether there is anything to start Spark for
+    origin_known = settings.origin is not None or plan.parent is not None
+    bad = unmappable(plan.new_drives, settings, origin_known=origin_known)
+    if bad and not args.skip_bad_bags:
+        for why in bad.values():
+            console.print(f"error: {why}", highlight=False)
+        console.print(
+            f"{args.map}: nothing built (--skip-bad-bags builds the other new bags)",
+            highlight=False,
+        )
+        return 1
     nothing_new = all(d.uri in bad for d in plan.new_drives)
     if nothing_new and plan.parent is not None and not args.labels:
         _print_skipped(bad, console)

@@ -616,6 +616,11 @@ def test_a_dry_run_plans_and_checks_the_bags_without_spark(
     assert out.count("cannot be mapped, fails the build (below)") == 2
     assert "0 LiDAR sweeps on /velodyne_points" in out and "topics: /lidar/points" in out
     assert "the build would fail on 2 bag(s)" in out
+    # the build itself fails the same way, before Spark starts and before anything is written
+    assert main([*args, str(tmp_path / "map")]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0 LiDAR sweeps on /velodyne_points" in out and "nothing built" in out
+    assert not (tmp_path / "map").exists()
 
 
 def test_the_copy_of_a_remote_parent_version_is_removed(
