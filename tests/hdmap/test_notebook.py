@@ -59,6 +59,13 @@ def test_hdmap_notebook_builds_evaluates_and_shows_the_map(
     assert mapdir.versions() == ["000001"]
     assert "version 000001" in text and "(changed: True)" in text
     assert "second build changed: False; current version 000001" in text
+    # the plan knows the drive; the export holds what Autoware reads, and only that
+    assert "new drives: 0; known: ['hdmap_drive']" in text
+    exported = tmp_path / "hdmap_for_autoware"
+    shown_files = re.search(r"exported version 000001: (\d+) files for Autoware", text)
+    assert shown_files, text
+    assert int(shown_files.group(1)) == sum(1 for p in exported.rglob("*") if p.is_file())
+    assert (exported / "lanelet2_map.osm").is_file() and not (exported / "state").exists()
     version = mapdir.current()
     assert version is not None and version.path is not None
     root = version.path
