@@ -280,9 +280,11 @@ def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
 
     if not inputs:
         topics = ", ".join(job.input_topics)
-        return result(
-            NodeRun(), False, f"no messages on the input topics ({topics}) in the scenario", []
+        why = (
+            f"no messages on the input topics ({topics}) in the scenario "
+            f"(`adcloud bag info {scenario.uri}` lists the bag's topics)"
         )
+        return result(NodeRun(), False, why, [])
     run = get_adapter(job.node.adapter).run(
         job.node, inputs, input_conns, job.output_topics, job.timing
     )

@@ -122,6 +122,7 @@ def test_empty_bag(empty_bag: Path) -> None:
     result = _run(_job(empty_bag))
     assert not result.passed
     assert "no messages on the input topics" in result.reason
+    assert f"adcloud bag info {empty_bag}" in result.reason
     assert result.input_count == 0
 
 
