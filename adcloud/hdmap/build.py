@@ -480,14 +480,13 @@ def build_map(
     planned anew). ``readmit``: drives that a rollback held out to build again (names or
     SHA-256 prefixes; their bags must be among ``bags``). ``skip_bad_bags``: new bags that
     lack a stream mapping needs, or have no index or an unreadable one (a recording cut off,
-    or a copy still being written), are left out of this build
-    and reported in the summary, and the others are built (like Spark's
-    ``ignoreCorruptFiles``); they are not recorded, so a later build tries them again.
-    ``trust_mtime``: a bag whose URI, size and modification time match the manifest is not
-    read again to hash it (see :meth:`MapDir.plan`).
-    Returns what was done; nothing is
-    written when every drive is already in the map and no label changes it. ``spark`` may
-    be None when the plan has no new drive (a labels-only version needs no Spark)."""
+    or a copy still being written), are left out of this build and reported in the summary,
+    and the others are built (like Spark's ``ignoreCorruptFiles``); they are not recorded,
+    so a later build tries them again. ``trust_mtime``: a bag whose URI, size and
+    modification time match the manifest is not read again to hash it (see
+    :meth:`MapDir.plan`). Returns what was done; nothing is written when every drive is
+    already in the map and no label changes it. ``spark`` may be None when the plan has no
+    new drive (a labels-only version needs no Spark)."""
     settings = settings or HdmapSettings()
     stages = stages or StageSettings.from_settings(settings)
     say = progress or (lambda text: log.info("%s", text))
@@ -499,14 +498,14 @@ def build_map(
     counts: dict[str, int] = {}
     relabel = False
     skipped: dict[str, str] = {}
+    checked: set[str] = set()  # new bags whose topics were checked already
+    if plan is None and (skip_bad_bags or fresh is not None):
+        plan = mapdir.plan(uris, readmit=readmit, trust_mtime=trust_mtime)
     if skip_bad_bags:
-        plan = (
-            plan
-            if plan is not None
-            else mapdir.plan(uris, readmit=readmit, trust_mtime=trust_mtime)
-        )
+        assert plan is not None  # planned above
         origin_known = settings.origin is not None or plan.parent is not None
         skipped = unmappable(plan.new_drives, settings, origin_known=origin_known)
+        checked = {d.uri for d in plan.new_drives}
         for why in skipped.values():
             log.warning("skipped: %s", why)
         if skipped:
@@ -514,11 +513,7 @@ def build_map(
             kept = tuple(d for d in plan.new_drives if d.uri not in skipped)
             plan = dataclasses.replace(plan, new_drives=kept)
     if fresh is not None:
-        plan = (
-            plan
-            if plan is not None
-            else mapdir.plan(uris, readmit=readmit, trust_mtime=trust_mtime)
-        )
+        assert plan is not None  # planned above
         if plan.up_to_date and plan.parent is not None:
             relabel = _labels_change_map(plan.parent, fresh)
             if not relabel:
@@ -570,7 +565,8 @@ def build_map(
                 "was given"
             )
         # read before the pipeline runs: a bad file or bag fails the build now, not after it
-        bad = unmappable(plan.new_drives, settings, origin_known=origin is not None)
+        unchecked = [d for d in plan.new_drives if d.uri not in checked]
+        bad = unmappable(unchecked, settings, origin_known=origin is not None)
         if bad:
             raise DriveDataError("; ".join(bad.values()))
         votes = _load_votes(parent_root / _STATE_SIGN_VOTES) if parent_root is not None else []

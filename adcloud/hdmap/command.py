@@ -90,12 +90,13 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
             "it back; adcloud hdmap info lists the held-out drives)",
             highlight=False,
         )
-    if args.dry_run:
-        return _dry_run(args, plan, settings, console)
     # build_map checks the new bags again; here a bad one fails before Spark starts, and
-    # with --skip-bad-bags this tells whether there is anything to start Spark for
+    # with --skip-bad-bags this tells whether there is anything to start Spark for (a map's
+    # versions keep the origin its first build set)
     origin_known = settings.origin is not None or plan.parent is not None
     bad = unmappable(plan.new_drives, settings, origin_known=origin_known)
+    if args.dry_run:
+        return _dry_run(args, plan, bad, console)
     if bad and not args.skip_bad_bags:
         for why in bad.values():
             console.print(f"error: {why}", highlight=False)
@@ -156,14 +157,9 @@ def _print_skipped(skipped: dict[str, str], console: Console) -> None:
         console.print(f"skipped (--skip-bad-bags; tried again next build): {why}", highlight=False)
 
 
-def _dry_run(args: argparse.Namespace, plan: Any, settings: Any, console: Console) -> int:
-    """What ``build`` would do, and whether the new bags have the streams mapping needs."""
-    from adcloud.hdmap.build import unmappable  # noqa: PLC0415
-
+def _dry_run(args: argparse.Namespace, plan: Any, bad: dict[str, str], console: Console) -> int:
+    """What ``build`` would do, with ``bad``: the new bags that lack what mapping needs."""
     parent = plan.parent
-    # a map's versions keep the origin its first build set
-    origin_known = settings.origin is not None or parent is not None
-    bad = unmappable(plan.new_drives, settings, origin_known=origin_known)
     on = f"version {parent.id}" if parent is not None else "an empty map"
     table = Table(title=f"{args.map}: a build now would add to {on}")
     for col in ("drive", "bag", "size", "what"):
