@@ -36,6 +36,11 @@ Baselines, measured in the same run on the same synthetic drives (20 s, seed 6, 
    sweeps, AdamW, lr 1e-2 with 20 warm-up steps and cosine decay to 5%) and scored on the
    held-out drive: mIoU (the issue asks >= 0.80 within a CI-affordable budget).  ``--full``
    adds the ``full`` preset with the same budget (slow on a CPU).
+6. **Held-out scoring on the executors vs on the driver:** the ``lidar_seg`` small model scored
+   on both drives by :func:`~adcloud.train.evaluate.score_parameters` (each Spark task returns
+   a confusion matrix) against the samples collected to the driver and scored there, the way
+   runs scored held-out bags before.  Printed: both times, their ratio, the bytes of samples
+   the driver held, and both mIoUs (no target).
 
 Runs alternate between the compared configurations round by round so that load from other
 processes hits both alike; the figure compared is the best run of each (the least disturbed
@@ -48,6 +53,7 @@ application gets a short warm-up run first (Python workers start, torch loads).
     .venv/bin/python benchmarks/bench_train.py --full     # also the full preset's mIoU
     .venv/bin/python benchmarks/bench_train.py --quality-only --full --quality-threads 2
     .venv/bin/python benchmarks/bench_train.py --ps-only  # the parameter exchange alone
+    .venv/bin/python benchmarks/bench_train.py --scoring-only  # the held-out scoring alone
 """
 
 from __future__ import annotations
@@ -656,6 +662,58 @@ def bench_miou(spark: SparkSession, work: Work, plan: Plan, preset: str, threads
     return miou
 
 
+# -- 6: held-out scoring ------------------------------------------------------------------------
+
+
+def bench_scoring(spark: SparkSession, work: Work, plan: Plan) -> float:
+    """Scoring the ``lidar_seg`` small model on both drives: on the executors (what a run and
+    ``adcloud train eval`` do: each task returns a confusion matrix) vs the samples gathered
+    on the driver and scored there (what a run did before), rounds alternating."""
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    from adcloud.train.evaluate import score_parameters  # noqa: PLC0415
+    from adcloud.train.job import etl_samples, load_task  # noqa: PLC0415
+    from adcloud.train.tensors import encode_tensors  # noqa: PLC0415
+
+    config = work.base_config(plan)
+    task = load_task(config)
+    torch.manual_seed(0)
+    model = task.build_model()
+    parameters = encode_tensors(model.state_dict())
+    bags = [work.heldout_bag, work.train_bag]
+    times: dict[str, list[float]] = {"executors": [], "driver": []}
+    scores: dict[str, float] = {}
+    held = 0
+    for _ in range(plan.rounds):
+        began = time.perf_counter()
+        result = score_parameters(
+            spark, task, parameters, bags, partitions_per_bag=config.partitions_per_bag
+        )
+        times["executors"].append(time.perf_counter() - began)
+        scores["executors"] = result.scores["miou"]
+        began = time.perf_counter()
+        gathered = etl_samples(spark, config, task, bags).collect()
+        samples = [sample for _, sample in sorted(gathered, key=lambda pair: pair[0])]
+        scores["driver"] = task.evaluate(model, samples)["miou"]
+        times["driver"].append(time.perf_counter() - began)
+        held = sum(s.points.nbytes + s.labels.nbytes for s in samples)
+        del gathered, samples
+    best = {k: min(v) for k, v in times.items()}
+    ratio = best["driver"] / best["executors"]
+    print(
+        f"6. scoring {result.total_samples} sweeps of 2 drives: on the executors "
+        f"{best['executors']:.2f} s (median {statistics.median(times['executors']):.2f}), "
+        f"gathered on the driver ({torch.get_num_threads()} torch threads) "
+        f"{best['driver']:.2f} s (median {statistics.median(times['driver']):.2f}): "
+        f"{ratio:.2f}x; the driver held {held / 1e6:.0f} MB of samples against "
+        f"{np.asarray(result.counts).nbytes} bytes of counts; mIoU {scores['executors']:.4f} "
+        f"vs {scores['driver']:.4f}; load average {_load()}",
+        flush=True,
+    )
+    return ratio
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
@@ -689,6 +747,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--ps-only", action="store_true", help="only section 2, the parameter exchange"
+    )
+    parser.add_argument(
+        "--scoring-only", action="store_true", help="only section 6, the held-out scoring"
     )
     parser.add_argument("--rounds", type=int, help="memory/files/torchrun rounds (3)")
     parser.add_argument("--steps", type=int, help="training steps per timed run (40)")
@@ -734,6 +795,10 @@ def main(argv: list[str] | None = None) -> int:
             quality(spark, work, plan)
             spark.stop()
             return 0
+        if args.scoring_only:
+            bench_scoring(spark, work, plan)
+            spark.stop()
+            return 0
         rounds = bench_etl_and_torchrun(spark, work, plan, not args.skip_torchrun)
         print()
         etl = report_etl(rounds)
@@ -746,6 +811,8 @@ def main(argv: list[str] | None = None) -> int:
         exchange(work)
         bench_ps_job(spark, work, plan)
         quality(spark, work, plan)
+        scoring = bench_scoring(spark, work, plan)
+        note("6. held-out scoring, executors vs driver", f"{scoring:.2f}x", scoring, None)
         spark.stop()
         if not args.skip_cluster:
             scale = bench_cluster(work, plan)

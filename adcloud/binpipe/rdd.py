@@ -290,12 +290,19 @@ class BinPipeRDD:
         *,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         lineage: Mapping[str, Any] | None = None,
+        partition_bags: Sequence[str] | None = None,
     ) -> None:
         self.rdd = rdd
         self.block_bytes = block_bytes
         #: Where the records came from and what was done to them on the way (JSON-able);
         #: :meth:`save` writes it into ``manifest.json`` as ``"source"``.
         self.lineage: dict[str, Any] = dict(lineage or {"origin": "unknown", "steps": []})
+        #: The bag URI each partition reads, by partition index (:meth:`from_bags`,
+        #: :meth:`from_partitions` and what derives from them partition by partition);
+        #: None where partitions do not map to bags.
+        self.partition_bags: tuple[str, ...] | None = (
+            None if partition_bags is None else tuple(partition_bags)
+        )
 
     # -- construction -------------------------------------------------------------
 
@@ -357,11 +364,16 @@ class BinPipeRDD:
         sc = spark.sparkContext
         lineage = _bags_lineage(parts)
         if not parts:
-            return cls(sc.emptyRDD(), block_bytes=block_bytes, lineage=lineage)
+            return cls(sc.emptyRDD(), block_bytes=block_bytes, lineage=lineage, partition_bags=())
         rdd = sc.parallelize(list(parts), len(parts)).mapPartitions(
             functools.partial(_bag_blocks, block_bytes=block_bytes)
         )
-        return cls(rdd, block_bytes=block_bytes, lineage=lineage)
+        return cls(
+            rdd,
+            block_bytes=block_bytes,
+            lineage=lineage,
+            partition_bags=[part.uri for part in parts],
+        )
 
     @classmethod
     def from_records(
@@ -412,8 +424,14 @@ class BinPipeRDD:
     # -- transformations --------------------------------------------------------------
 
     def _derive(self, rdd: RDD[Any], step: Mapping[str, Any]) -> BinPipeRDD:
+        # every step maps partitions one to one, so each still reads the same bag
         lineage = {**self.lineage, "steps": [*self.lineage.get("steps", []), dict(step)]}
-        return BinPipeRDD(rdd, block_bytes=self.block_bytes, lineage=lineage)
+        return BinPipeRDD(
+            rdd,
+            block_bytes=self.block_bytes,
+            lineage=lineage,
+            partition_bags=self.partition_bags,
+        )
 
     def pipe(
         self,

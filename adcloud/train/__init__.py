@@ -3,7 +3,9 @@
 A :class:`~adcloud.train.task.Task` turns decoded bag messages into samples and owns the model,
 its loss and its evaluation (:func:`get_task` picks one by name: ``lidar_seg``, ``camera_seg``);
 :func:`~adcloud.train.export.export_model` writes a ``torch.export`` program with its metadata
-and :func:`~adcloud.train.export.inspect_model` reads it back.
+and :func:`~adcloud.train.export.inspect_model` reads it back;
+:func:`~adcloud.train.evaluate.evaluate_model` scores an exported model on bags on Spark's
+executors.
 """
 
 from __future__ import annotations
@@ -20,8 +22,17 @@ if TYPE_CHECKING:
         StaleParametersError,
         TrainError,
     )
+    from adcloud.train.evaluate import Evaluation, evaluate_model
     from adcloud.train.export import ExportedModel, export_model, inspect_model
-    from adcloud.train.task import Batch, ImageSample, PointCloudSample, Sample, Task, get_task
+    from adcloud.train.task import (
+        Batch,
+        CountingTask,
+        ImageSample,
+        PointCloudSample,
+        Sample,
+        Task,
+        get_task,
+    )
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -33,15 +44,26 @@ __getattr__, __dir__ = lazy_exports(
             "StaleParametersError",
             "TrainError",
         ),
+        "evaluate": ("Evaluation", "evaluate_model"),
         "export": ("ExportedModel", "export_model", "inspect_model"),
-        "task": ("Batch", "ImageSample", "PointCloudSample", "Sample", "Task", "get_task"),
+        "task": (
+            "Batch",
+            "CountingTask",
+            "ImageSample",
+            "PointCloudSample",
+            "Sample",
+            "Task",
+            "get_task",
+        ),
     },
 )
 
 __all__ = [
     "Batch",
     "CheckpointError",
+    "CountingTask",
     "DataError",
+    "Evaluation",
     "ExportError",
     "ExportedModel",
     "ImageSample",
@@ -50,6 +72,7 @@ __all__ = [
     "StaleParametersError",
     "Task",
     "TrainError",
+    "evaluate_model",
     "export_model",
     "get_task",
     "inspect_model",

@@ -32,7 +32,14 @@ from adcloud.binpipe import image_array as image_array_of
 from adcloud.synth.labels import Label
 from adcloud.train.errors import DataError, TrainError
 from adcloud.train.metrics import confusion_matrix, lovasz_softmax, segmentation_scores
-from adcloud.train.task import Batch, ImageSample, Sample, config_from_options, expect_msgtype
+from adcloud.train.task import (
+    Batch,
+    ImageSample,
+    Sample,
+    config_from_options,
+    evaluating,
+    expect_msgtype,
+)
 
 __all__ = ["NUM_CLASSES", "CameraConfig", "CameraSegNet", "CameraSegTask", "image_array"]
 
@@ -199,6 +206,11 @@ class CameraSegTask:
         )
 
     @property
+    def class_names(self) -> tuple[str, ...]:
+        """The name of every label id, by id (what :meth:`scores` calls ``iou_<name>``)."""
+        return tuple(_NAMES.get(i, str(i)) for i in range(NUM_CLASSES))
+
+    @property
     def topics(self) -> tuple[str, ...]:
         """The image and label topics."""
         return (self.config.image_topic, self.config.label_topic)
@@ -296,32 +308,38 @@ class CameraSegTask:
     def predict(self, model: nn.Module, samples: Sequence[Sample]) -> list[NDArray[np.uint8]]:
         """Predicted label image ``uint8 (H, W)`` of every sample (evaluation mode)."""
         frames = self._images(samples)
+        if not frames:
+            return []
         device = next(model.parameters()).device
         out: list[NDArray[np.uint8]] = []
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                step = self.config.eval_batch
-                for start in range(0, len(frames), step):
-                    images = self._stack([f.image for f in frames[start : start + step]])
-                    pred = model(images.to(device)).argmax(dim=1).cpu().numpy()
-                    out.extend(pred.astype(np.uint8))
-        finally:
-            model.train(was_training)
+        with evaluating(model):
+            step = self.config.eval_batch
+            for start in range(0, len(frames), step):
+                images = self._stack([f.image for f in frames[start : start + step]])
+                pred = model(images.to(device)).argmax(dim=1).cpu().numpy()
+                out.extend(pred.astype(np.uint8))
         return out
 
-    def evaluate(self, model: nn.Module, samples: Sequence[Sample]) -> dict[str, float]:
-        """``miou``, pixel ``accuracy`` and ``iou_<label>`` (``iou_sky`` for 0) of every label
-        present in ``samples``; absent labels are left out of the mean."""
+    def eval_counts(self, model: nn.Module, samples: Sequence[Sample]) -> NDArray[np.int64]:
+        """The confusion matrix (truth x prediction, ``NUM_CLASSES`` square) of every pixel
+        of ``samples``: :meth:`scores` of a sum of these is the score of all their samples."""
         frames = self._images(samples)
-        if not frames:
-            raise TrainError("camera_seg evaluate: no samples (is the held-out data empty?)")
         cm = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=np.int64)
         for f, pred in zip(frames, self.predict(model, frames), strict=True):
             cm += confusion_matrix(f.labels, pred, NUM_CLASSES)
-        scores = segmentation_scores(cm, _NAMES)
-        _log.info("camera_seg: mIoU %.3f over %d images", scores["miou"], len(frames))
+        return cm
+
+    def scores(self, counts: NDArray[Any]) -> dict[str, float]:
+        """``miou``, pixel ``accuracy`` and ``iou_<label>`` (``iou_sky`` for 0) of every label
+        present in confusion matrix ``counts``; absent labels are left out of the mean."""
+        return segmentation_scores(counts, _NAMES)
+
+    def evaluate(self, model: nn.Module, samples: Sequence[Sample]) -> dict[str, float]:
+        """:meth:`scores` of ``samples`` (see there)."""
+        if not samples:
+            raise TrainError("camera_seg evaluate: no samples (is the held-out data empty?)")
+        scores = self.scores(self.eval_counts(model, samples))
+        _log.info("camera_seg: mIoU %.3f over %d images", scores["miou"], len(samples))
         return scores
 
     def example_inputs(self, samples: Sequence[Sample]) -> tuple[torch.Tensor]:

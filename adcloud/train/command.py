@@ -1,9 +1,11 @@
-"""``adcloud train run|inspect``: training jobs and exported models from the command line.
+"""``adcloud train run|eval|inspect``: training jobs and exported models from the command line.
 
 ``run`` trains on the Spark session (``--master``, ``ADCLOUD_SPARK_MASTER`` or ``local[*,4]``;
 under ``spark-submit`` the submitted session) with a :class:`~adcloud.train.config.TrainConfig`
-from ``--config`` (section ``train``), ``ADCLOUD_TRAIN_*`` and ``--set key=value``; ``inspect``
-shows an exported model's metadata. Only this module prints.
+from ``--config`` (section ``train``), ``ADCLOUD_TRAIN_*`` and ``--set key=value``; ``eval``
+scores an exported model on bags on the same kind of session
+(:func:`adcloud.train.evaluate.evaluate_model`); ``inspect`` shows an exported model's
+metadata. Only this module prints.
 """
 
 from __future__ import annotations
@@ -85,11 +87,39 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
+    extra = ", eval.json, confusion.png" if config.heldout_bags else ""
     console.print(
-        f"outputs: {result.output}  (model/, loss.png, result.json, settings.json; "
+        f"outputs: {result.output}  (model/, loss.png, result.json, settings.json{extra}; "
         f"adcloud train inspect {result.output}/model)",
         highlight=False,
     )
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.train.evaluate import EVAL_FILE, PLOT_FILE, evaluate_model  # noqa: PLC0415
+    from adcloud.train.export import inspect_model  # noqa: PLC0415
+    from adcloud.train.task import get_task  # noqa: PLC0415
+
+    # a missing or corrupt model, or one of an unknown task, fails before Spark starts
+    info = inspect_model(args.model)
+    options = info.get("config", {}).get("task_options", {}) if info.get("config") else {}
+    get_task(str(info.get("task")), options)
+    spark = _session(args)
+    with console.status(f"scoring {info['path']} on {spark.sparkContext.master}"):
+        evaluation = evaluate_model(
+            spark,
+            args.model,
+            args.bags,
+            partitions_per_bag=args.partitions_per_bag,
+            out=args.out,
+        )
+    if args.json:
+        console.print_json(evaluation.to_json())
+        return 0
+    console.print(evaluation.table())
+    if args.out:
+        console.print(f"wrote {args.out}/{EVAL_FILE} and {PLOT_FILE}", highlight=False)
     return 0
 
 
@@ -105,7 +135,7 @@ def _cmd_inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``train`` (``run``, ``inspect``) on ``subparsers``."""
+    """Register ``train`` (``run``, ``eval``, ``inspect``) on ``subparsers``."""
     train = subparsers.add_parser(
         "train",
         help="distributed training inside Spark; exported models",
@@ -129,6 +159,42 @@ def add_parser(subparsers: Any) -> None:
         "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
     )
     run.set_defaults(func=_cmd_run)
+
+    evaluate = sub.add_parser(
+        "eval",
+        help="score an exported model on bags (per bag and overall)",
+        description="Score an exported model (a run's model/ directory) on drives in one "
+        "Spark job: the executors decode the bags, run the model on their samples and "
+        "return counts (a confusion matrix); the scores are per bag and over all bags. The "
+        "task and its options come from the model's metadata.",
+        epilog="examples:\n"
+        "  adcloud train eval --model runs/seg/model --bags test.bag\n"
+        "  adcloud train eval --model runs/seg/model --bags 'drives/2026-11-*.bag' "
+        "--out runs/seg/eval-nov\n"
+        "  adcloud submit --master spark://127.0.0.1:7077 -- train eval --model "
+        "/shared/seg/model --bags s3://drives/test/",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    evaluate.add_argument("--model", required=True, help="the model directory (out/model)")
+    evaluate.add_argument(
+        "--bags",
+        nargs="+",
+        required=True,
+        help="bags to score on: files, directories, globs or fsspec URLs",
+    )
+    evaluate.add_argument(
+        "--out", help="directory or URL for eval.json and confusion.png (default: none written)"
+    )
+    evaluate.add_argument(
+        "--partitions-per-bag",
+        type=int,
+        help="split each bag into this many Spark partitions (default: ~128 MiB each)",
+    )
+    evaluate.add_argument(
+        "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
+    )
+    evaluate.add_argument("--json", action="store_true", help="machine-readable output")
+    evaluate.set_defaults(func=_cmd_eval)
 
     inspect = sub.add_parser(
         "inspect",

@@ -60,6 +60,7 @@ from adcloud.store import open_store
 from adcloud.train.checkpoint import Checkpointer
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import TrainError
+from adcloud.train.evaluate import Evaluation, score_parameters
 from adcloud.train.export import data_manifest, export_model
 from adcloud.train.loop import (
     TrainResult,
@@ -69,6 +70,7 @@ from adcloud.train.loop import (
     train,
 )
 from adcloud.train.sync import AllReduceSync, ParameterStoreSync, Synchronizer, barrier_session
+from adcloud.train.task import CountingTask
 from adcloud.train.tensors import decode_tree, encode_tree
 
 if TYPE_CHECKING:
@@ -78,6 +80,8 @@ if TYPE_CHECKING:
     from adcloud.train.task import Task
 
 __all__ = [
+    "bag_uris",
+    "decode_samples",
     "etl_samples",
     "etl_to_files",
     "load_task",
@@ -108,7 +112,7 @@ def _absolute(url: str) -> str:
     return url if "://" in url else str(Path(url).expanduser().resolve())
 
 
-def _bag_uris(bags: Sequence[str]) -> list[str]:
+def bag_uris(bags: Sequence[str]) -> list[str]:
     """``bags`` (files, directories, globs; any fsspec URL) as the sorted bag URLs the ETL
     reads."""
     from adcloud.binpipe import expand_uris  # noqa: PLC0415
@@ -117,7 +121,7 @@ def _bag_uris(bags: Sequence[str]) -> list[str]:
 
 
 def data_identity(bags: Sequence[str]) -> str:
-    """A digest of what the bags at ``bags`` (URLs, as :func:`_bag_uris` gives them) are now.
+    """A digest of what the bags at ``bags`` (URLs, as :func:`bag_uris` gives them) are now.
 
     Each file counts with its URL, size and fsspec ``ukey`` (a digest of what the
     filesystem reports: for a local file its ``stat`` -- times, inode, mode; for an object
@@ -143,8 +147,9 @@ def data_identity(bags: Sequence[str]) -> str:
 # -- ETL ------------------------------------------------------------------------------------
 
 
-def _decode_messages(task: Task, blocks: Iterable[bytes | bytearray]) -> Iterator[tuple[int, Any]]:
-    """The samples of one partition's blocks with their ordinal in the partition."""
+def decode_samples(task: Task, blocks: Iterable[bytes | bytearray]) -> Iterator[tuple[int, Any]]:
+    """The samples ``task`` makes of one partition's BinPipe blocks, with their ordinal in
+    the partition (the messages decoded with the definitions the partition carries)."""
     from adcloud.binpipe import Block, BlockKind, ConnectionInfo, MessageDecoder  # noqa: PLC0415
 
     decoder = MessageDecoder()
@@ -167,7 +172,7 @@ def _etl_partition(
 ) -> Iterator[tuple[tuple[int, int], Any]]:
     # Each Spark task unpickles its own copy of ``task``, so buffered state (a message
     # waiting for its partner) never crosses partitions.
-    for ordinal, sample in _decode_messages(task, blocks):
+    for ordinal, sample in decode_samples(task, blocks):
         yield (index, ordinal), sample
 
 
@@ -209,7 +214,7 @@ def local_samples(
     from adcloud.binpipe.rdd import DEFAULT_PARTITION_BYTES  # noqa: PLC0415
 
     out: list[Any] = []
-    for uri in _bag_uris(bags):
+    for uri in bag_uris(bags):
         parts = plan_partitions(
             uri,
             topics=task.topics,
@@ -534,8 +539,8 @@ def write_outputs(
                 "task": task.name,
                 "config": config.to_dict(),
                 "data": {
-                    "bags": data_manifest(_bag_uris(config.bags)),
-                    "heldout": data_manifest(_bag_uris(config.heldout_bags)),
+                    "bags": data_manifest(bag_uris(config.bags)),
+                    "heldout": data_manifest(bag_uris(config.heldout_bags)),
                 },
                 "metrics": dict(result.metrics),
                 "training": {
@@ -558,13 +563,20 @@ def write_outputs(
 
 
 def _write_outputs(
-    result: TrainResult, config: TrainConfig, task: Task, examples: Sequence[Any]
+    result: TrainResult,
+    config: TrainConfig,
+    task: Task,
+    examples: Sequence[Any],
+    evaluation: Evaluation | None = None,
 ) -> TrainResult:
-    """Write the finished run's outputs to ``config.output_dir``; ``result`` with its
-    ``output`` set."""
+    """Write the finished run's outputs to ``config.output_dir`` (with the held-out
+    ``evaluation``'s ``eval.json`` and ``confusion.png``); ``result`` with its ``output``
+    set."""
     out = _absolute(config.output_dir(result.run))
     result = dataclasses.replace(result, output=out)
     write_outputs(result, config, out, task=task, examples=examples[:2])
+    if evaluation is not None:
+        evaluation.write(out)
     log.info("run %s: model and results in %s", result.run, out)
     return result
 
@@ -605,7 +617,7 @@ def run_training(
     task = load_task(config) if task is None else task
     started = time.perf_counter()
     # the run's name, fixed before steps resolve; it covers what the bags are now
-    run = config.run_id(data_identity(_bag_uris(config.bags)) if keyed is None else "")
+    run = config.run_id(data_identity(bag_uris(config.bags)) if keyed is None else "")
     if keyed is None:
         keyed = etl_samples(spark, config, task, config.bags)
     made_dir = ""
@@ -651,10 +663,23 @@ def run_training(
     finally:
         if made_dir:
             shutil.rmtree(made_dir, ignore_errors=True)
+    evaluation = None
     if config.heldout_bags:
-        heldout = etl_samples(spark, config, task, config.heldout_bags).collect()
-        samples = [s for _, s in sorted(heldout, key=lambda pair: pair[0])]
-        result = dataclasses.replace(result, metrics=_evaluate(task, result, samples))
+        if isinstance(task, CountingTask):
+            evaluation = score_parameters(
+                spark,
+                task,
+                result.parameters,
+                config.heldout_bags,
+                partitions_per_bag=config.partitions_per_bag,
+                name=f"run {result.run} (held out)",
+            )
+            metrics = evaluation.scores
+        else:  # a task whose scores are not sums: its held-out samples go to the driver
+            heldout = etl_samples(spark, config, task, config.heldout_bags).collect()
+            samples = [s for _, s in sorted(heldout, key=lambda pair: pair[0])]
+            metrics = _evaluate(task, result, samples)
+        result = dataclasses.replace(result, metrics=metrics)
     log.info(
         "run %s (%s, %d trainer(s)): %d steps, final loss %.5f, %.1f s",
         result.run,
@@ -664,7 +689,7 @@ def run_training(
         result.losses[-1] if result.losses else float("nan"),
         time.perf_counter() - started,
     )
-    return _write_outputs(result, config, task, examples)
+    return _write_outputs(result, config, task, examples, evaluation)
 
 
 # -- torchrun -------------------------------------------------------------------------------
@@ -680,7 +705,7 @@ def run_torchrun(
     Rank 0 writes the model and results to ``config.output_dir(run)``.
     """
     task = load_task(config) if task is None else task
-    data = data_identity(_bag_uris(config.bags)) if samples is None else ""
+    data = data_identity(bag_uris(config.bags)) if samples is None else ""
     if samples is None:
         samples = local_samples(task, config.bags, partitions_per_bag=config.partitions_per_bag)
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -42,7 +42,14 @@ from adcloud.binpipe import BinpipeError, pointcloud_array
 from adcloud.synth.labels import Label
 from adcloud.train.errors import DataError, TrainError
 from adcloud.train.metrics import confusion_matrix, lovasz_softmax, segmentation_scores
-from adcloud.train.task import Batch, PointCloudSample, Sample, config_from_options, expect_msgtype
+from adcloud.train.task import (
+    Batch,
+    PointCloudSample,
+    Sample,
+    config_from_options,
+    evaluating,
+    expect_msgtype,
+)
 
 __all__ = [
     "NUM_CLASSES",
@@ -339,6 +346,11 @@ class LidarSegTask:
         )
 
     @property
+    def class_names(self) -> tuple[str, ...]:
+        """The name of every label id, by id (what :meth:`scores` calls ``iou_<name>``)."""
+        return tuple(_NAMES.get(i, str(i)) for i in range(NUM_CLASSES))
+
+    @property
     def topics(self) -> tuple[str, ...]:
         """The one topic this task reads."""
         return (self.config.topic,)
@@ -439,34 +451,41 @@ class LidarSegTask:
     def predict(self, model: nn.Module, samples: Sequence[Sample]) -> list[NDArray[np.uint8]]:
         """Predicted label ids of every point of every sweep (evaluation mode, no gradients)."""
         sweeps = self._points_of(samples)
+        if not sweeps:
+            return []
         device = next(model.parameters()).device
         out: list[NDArray[np.uint8]] = []
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                step = self.config.eval_batch
-                for start in range(0, len(sweeps), step):
-                    chunk = sweeps[start : start + step]
-                    batch = self._pad([s.points for s in chunk])
-                    logits = model(batch["points"].to(device), batch["valid"].to(device))
-                    pred = logits.argmax(dim=2).cpu().numpy().astype(np.uint8)
-                    out.extend(pred[i, : len(s.points)] for i, s in enumerate(chunk))
-        finally:
-            model.train(was_training)
+        with evaluating(model):
+            step = self.config.eval_batch
+            for start in range(0, len(sweeps), step):
+                chunk = sweeps[start : start + step]
+                batch = self._pad([s.points for s in chunk])
+                logits = model(batch["points"].to(device), batch["valid"].to(device))
+                pred = logits.argmax(dim=2).cpu().numpy().astype(np.uint8)
+                out.extend(pred[i, : len(s.points)] for i, s in enumerate(chunk))
         return out
 
-    def evaluate(self, model: nn.Module, samples: Sequence[Sample]) -> dict[str, float]:
-        """``miou`` and ``accuracy`` over all points, and ``iou_<label>`` of every label present
-        in ``samples``; labels absent from ``samples`` (and UNLABELED) are left out of the mean."""
+    def eval_counts(self, model: nn.Module, samples: Sequence[Sample]) -> NDArray[np.int64]:
+        """The confusion matrix (truth x prediction, ``NUM_CLASSES`` square) of every point of
+        ``samples``: :meth:`scores` of a sum of these is the score of all their samples."""
         sweeps = self._points_of(samples)
-        if not sweeps:
-            raise TrainError("lidar_seg evaluate: no samples (is the held-out data empty?)")
         cm = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=np.int64)
         for s, pred in zip(sweeps, self.predict(model, sweeps), strict=True):
             cm += confusion_matrix(s.labels, pred, NUM_CLASSES)
-        scores = segmentation_scores(cm, _NAMES, ignore=(int(Label.UNLABELED),))
-        _log.info("lidar_seg: mIoU %.3f over %d sweeps", scores["miou"], len(sweeps))
+        return cm
+
+    def scores(self, counts: NDArray[Any]) -> dict[str, float]:
+        """``miou`` and ``accuracy`` over the labelled points of confusion matrix ``counts``,
+        and ``iou_<label>`` of every label present; labels absent (and UNLABELED) are left
+        out of the mean."""
+        return segmentation_scores(counts, _NAMES, ignore=(int(Label.UNLABELED),))
+
+    def evaluate(self, model: nn.Module, samples: Sequence[Sample]) -> dict[str, float]:
+        """:meth:`scores` of ``samples`` (see there)."""
+        if not samples:
+            raise TrainError("lidar_seg evaluate: no samples (is the held-out data empty?)")
+        scores = self.scores(self.eval_counts(model, samples))
+        _log.info("lidar_seg: mIoU %.3f over %d sweeps", scores["miou"], len(samples))
         return scores
 
     def example_inputs(self, samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ Tasks (``get_task(name, options)``):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,10 +35,12 @@ from adcloud.train.errors import DataError, TrainError
 __all__ = [
     "TASKS",
     "Batch",
+    "CountingTask",
     "ImageSample",
     "PointCloudSample",
     "Sample",
     "Task",
+    "evaluating",
     "expect_msgtype",
     "get_task",
 ]
@@ -134,6 +137,47 @@ class Task(Protocol):
         """The ``dynamic_shapes`` argument of :func:`torch.export.export` for
         :meth:`example_inputs` (which input dimensions vary at inference)."""
         ...
+
+
+@runtime_checkable
+class CountingTask(Task, Protocol):
+    """A task whose scores are a function of counts summed over samples (a confusion matrix,
+    a sum of squared errors and a count), so samples can be scored where they are -- on
+    Spark's executors, a partition at a time -- and only the counts travel
+    (:mod:`adcloud.train.evaluate`). ``scores(eval_counts(model, a) + eval_counts(model, b))``
+    equals ``evaluate(model, a + b)``.
+    """
+
+    def eval_counts(self, model: torch.nn.Module, samples: Sequence[Sample]) -> NDArray[Any]:
+        """The summable statistics of ``model`` on ``samples`` (always the same shape, zeros
+        for no samples)."""
+        ...
+
+    def scores(self, counts: NDArray[Any]) -> dict[str, float]:
+        """The scores (as :meth:`Task.evaluate` returns them) that ``counts`` give."""
+        ...
+
+
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model`` in evaluation mode without gradients, then restore its mode.
+
+    A program loaded with :func:`torch.export.load` keeps the mode it was exported in (its
+    ``eval()`` raises ``NotImplementedError``); adcloud exports models in evaluation mode,
+    so such a module is run as it is.
+    """
+    was_training = model.training
+    try:
+        model.eval()
+        switched = True
+    except NotImplementedError:
+        switched = False
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        if switched:
+            model.train(was_training)
 
 
 def expect_msgtype(decoded: Any, topic: str, expected: str) -> None:

@@ -186,6 +186,30 @@ def test_save_manifest_records_where_the_records_came_from(
     assert records["source"] == {"origin": "records", "records": 1, "steps": []}
 
 
+def test_each_partition_knows_the_bag_it_reads(spark: Any, shared_data: Path) -> None:
+    bags = [str(shared_data / HUSKY), str(shared_data / LUMINAR)]
+    rdd = BinPipeRDD.from_bags(spark, bags, partitions_per_bag=2)
+    assert rdd.partition_bags is not None and len(rdd.partition_bags) == rdd.getNumPartitions()
+    assert sorted(set(rdd.partition_bags)) == sorted(bags)
+
+    def topics_of(index: int, blocks: Any) -> Any:
+        seen: set[str] = set()
+        for raw in blocks:
+            block = Block.parse(memoryview(raw))
+            if block.kind == BlockKind.DATA:
+                seen.update(m.topic for m in block.messages())
+        yield index, seen
+
+    # each partition's messages come from the bag named for its index (the bags share no topic)
+    topics = {bag: {t for t, _, _ in reference(Path(bag))} for bag in bags}
+    assert not topics[bags[0]] & topics[bags[1]]
+    for index, seen in rdd.rdd.mapPartitionsWithIndex(topics_of).collect():
+        assert seen and seen <= topics[rdd.partition_bags[index]], index
+    derived = rdd.filter(keep_fix).pipe(["cat", "-"])
+    assert derived.partition_bags == rdd.partition_bags  # steps keep partitions one to one
+    assert BinPipeRDD.from_records(spark, [("x", 1)]).partition_bags is None
+
+
 def test_failed_save_leaves_no_partial_output(
     spark: Any, shared_data: Path, tmp_path: Path
 ) -> None:

@@ -85,6 +85,16 @@ def test_train_notebook_trains_exports_and_runs_the_model(
     assert float(shown.group(2)) > 0.7
     assert float(shown.group(3)) >= 0.99
 
-    # pictures: the loss curve and the two labelled sweeps
+    # the run wrote its held-out scores; the notebook scored the model on both drives
+    heldout = json.loads((tmp_path / "train_run" / "eval.json").read_text())
+    assert heldout["scores"]["miou"] == pytest.approx(miou)
+    assert (tmp_path / "train_run" / "confusion.png").stat().st_size > 1000
+    both = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert both["bags"][0]["samples"] == sweeps
+    assert both["bags"][0]["scores"]["miou"] == pytest.approx(miou, abs=2e-3)
+    assert f"mIoU {both['scores']['miou']:.3f} over both drives" in text
+    assert "all bags" in text  # the scores table
+
+    # pictures: the loss curve, the two labelled sweeps and the confusion matrix
     pngs = [o for o in _outputs(nb) if "image/png" in o.get("data", {})]
-    assert len(pngs) >= 2
+    assert len(pngs) >= 3

@@ -1,0 +1,420 @@
+"""Scoring models on drives with Spark: the samples stay on the executors, only counts travel.
+
+:func:`evaluate_model` scores an exported model (a run's ``model/`` directory, see
+:mod:`adcloud.train.export`) on any bags; ``adcloud train eval`` runs it from the command
+line. :func:`score_parameters` scores a run's final parameters the same way; the training
+job uses it for its held-out bags.
+
+How: the bags are split into partitions as for training (:class:`~adcloud.binpipe.BinPipeRDD`);
+each Spark task decodes its partition, makes the task's samples, runs the model on them a few
+at a time and returns the task's summable statistics (:class:`~adcloud.train.task.CountingTask`:
+for segmentation, a confusion matrix) keyed by bag; the driver adds them up and turns the sums
+into scores, per bag and over all bags. The model reaches each executor as one broadcast and
+is loaded once per Python worker. Held-out drives are as large as training drives: gathered
+on the driver, their samples would fill its memory and run the model on one core.
+
+An :class:`Evaluation` writes ``eval.json`` and, for segmentation tasks, ``confusion.png``
+(the confusion matrix normalised per true class).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import posixpath
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from rich.table import Table
+
+from adcloud.train.errors import ExportError, TrainError
+from adcloud.train.task import CountingTask, Task, get_task
+
+if TYPE_CHECKING:
+    from pyspark import Broadcast
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "EVAL_FILE",
+    "PLOT_FILE",
+    "Evaluation",
+    "evaluate_model",
+    "score_parameters",
+]
+
+log = logging.getLogger(__name__)
+
+#: What :meth:`Evaluation.write` names its files.
+EVAL_FILE = "eval.json"
+PLOT_FILE = "confusion.png"
+
+#: Samples run through the model at a time on an executor (bounds a task's memory: a
+#: partition's samples are never all held at once).
+_CHUNK = 32
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """What executors build the model from: ``exported`` (``model.pt2`` bytes) or ``state``
+    (a :mod:`adcloud.train.tensors` state dict for ``task.build_model()``), broadcast once."""
+
+    kind: str
+    digest: str
+    payload: Broadcast[bytes]
+
+
+#: The model of the last :class:`_Weights` this Python worker loaded (Spark reuses workers
+#: across tasks, so a model is loaded once per worker, not once per partition).
+_LOADED: dict[str, torch.nn.Module] = {}
+
+
+def _model(task: Task, weights: _Weights) -> torch.nn.Module:
+    model = _LOADED.get(weights.digest)
+    if model is None:
+        data = weights.payload.value
+        if weights.kind == "exported":
+            model = torch.export.load(io.BytesIO(data)).module()
+        else:
+            from adcloud.train.tensors import decode_tensors  # noqa: PLC0415
+
+            model = task.build_model()
+            model.load_state_dict(decode_tensors(data, source="broadcast parameters").tensors)
+        _LOADED.clear()
+        _LOADED[weights.digest] = model
+    return model
+
+
+def _count_partition(
+    index: int,
+    blocks: Iterable[bytes | bytearray],
+    *,
+    task: CountingTask,
+    weights: _Weights,
+    bags: Sequence[str],
+) -> Iterator[tuple[str, tuple[NDArray[Any], int]]]:
+    """``(bag, (counts, samples))`` of one partition, the model run ``_CHUNK`` samples at a
+    time."""
+    from pyspark import TaskContext  # noqa: PLC0415
+
+    from adcloud.train.job import decode_samples  # noqa: PLC0415
+
+    context = TaskContext.get()
+    torch.set_num_threads(max(1, context.cpus() if context is not None else 1))
+    model = _model(task, weights)
+    counts: NDArray[Any] | None = None
+    n = 0
+    chunk: list[Any] = []
+    for _, sample in decode_samples(task, blocks):
+        chunk.append(sample)
+        if len(chunk) == _CHUNK:
+            part = task.eval_counts(model, chunk)
+            counts = part if counts is None else counts + part
+            n += len(chunk)
+            chunk = []
+    if chunk or counts is None:
+        part = task.eval_counts(model, chunk)
+        counts = part if counts is None else counts + part
+        n += len(chunk)
+    yield bags[index], (counts, n)
+
+
+def _add(a: tuple[NDArray[Any], int], b: tuple[NDArray[Any], int]) -> tuple[NDArray[Any], int]:
+    return a[0] + b[0], a[1] + b[1]
+
+
+def _counting(task: Task) -> CountingTask:
+    if not isinstance(task, CountingTask):
+        raise TrainError(
+            f"task {task.name} cannot be scored on executors: it has no eval_counts/scores "
+            "(see adcloud.train.task.CountingTask)"
+        )
+    return task
+
+
+def _score(
+    spark: SparkSession,
+    task: CountingTask,
+    weights: _Weights,
+    bags: Sequence[str],
+    partitions_per_bag: int | None,
+) -> tuple[dict[str, NDArray[Any]], dict[str, int]]:
+    """Per bag URI: the summed counts and the number of samples (0 for a bag that gave none)."""
+    from adcloud.binpipe import BinPipeRDD  # noqa: PLC0415 - pyspark is heavy
+    from adcloud.train.job import bag_uris  # noqa: PLC0415
+
+    uris = bag_uris(bags)
+    rdd = BinPipeRDD.from_bags(
+        spark, uris, topics=list(task.topics), partitions_per_bag=partitions_per_bag
+    )
+    partition_bags = rdd.partition_bags or ()
+    fn = functools.partial(_count_partition, task=task, weights=weights, bags=partition_bags)
+    summed = dict(rdd.rdd.mapPartitionsWithIndex(fn).reduceByKey(_add).collect())
+    if not summed:
+        return {}, dict.fromkeys(uris, 0)
+    empty = np.zeros_like(next(iter(summed.values()))[0])
+    counts = {uri: summed[uri][0] if uri in summed else empty for uri in uris}
+    samples = {uri: summed[uri][1] if uri in summed else 0 for uri in uris}
+    return counts, samples
+
+
+def _broadcast(spark: SparkSession, kind: str, data: bytes) -> _Weights:
+    digest = hashlib.sha256(data).hexdigest()
+    return _Weights(kind, f"{kind}:{digest}", spark.sparkContext.broadcast(data))
+
+
+def _class_names(task: Task, size: int) -> list[str]:
+    names = getattr(task, "class_names", None)
+    if isinstance(names, Sequence) and len(names) == size:
+        return [str(n) for n in names]
+    return [str(i) for i in range(size)]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Scores of one model on some bags: over all of them (``scores``) and per bag
+    (``per_bag``, ``samples``), with the summed counts (``counts``: for segmentation, the
+    confusion matrix, truth x prediction) and the class names that index them."""
+
+    task: str
+    model: str
+    scores: dict[str, float]
+    per_bag: dict[str, dict[str, float]]
+    samples: dict[str, int]
+    counts: NDArray[Any]
+    class_names: tuple[str, ...]
+    seconds: float
+
+    @property
+    def total_samples(self) -> int:
+        """Samples scored over all bags."""
+        return sum(self.samples.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: everything, the counts as nested lists."""
+
+        def clean(values: Mapping[str, float]) -> dict[str, float | None]:
+            return {k: (v if math.isfinite(v) else None) for k, v in values.items()}
+
+        return {
+            "task": self.task,
+            "model": self.model,
+            "scores": clean(self.scores),
+            "bags": [
+                {"uri": uri, "samples": self.samples[uri], "scores": clean(self.per_bag[uri])}
+                for uri in self.samples
+            ],
+            "class_names": list(self.class_names),
+            "counts": self.counts.tolist(),
+            "seconds": self.seconds,
+        }
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def table(self) -> Table:
+        """The scores as a table: one row per score, one column per bag and one for all."""
+        many = len(self.samples) > 1
+        table = Table(
+            title=f"{self.task}: {self.model}", title_justify="left", caption_justify="left"
+        )
+        table.add_column("score")
+        if many:
+            for i in range(len(self.samples)):
+                table.add_column(f"bag {i + 1}", justify="right")
+        table.add_column("all bags", justify="right")
+        names = list(self.scores)
+        for uri in self.samples:
+            names += [k for k in self.per_bag[uri] if k not in names]
+
+        def cell(values: Mapping[str, float], key: str) -> str:
+            value = values.get(key)
+            return "" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+        table.add_row(
+            "samples",
+            *([str(n) for n in self.samples.values()] if many else []),
+            str(self.total_samples),
+        )
+        for key in names:
+            per = [cell(self.per_bag[uri], key) for uri in self.samples] if many else []
+            table.add_row(key, *per, cell(self.scores, key))
+        if many:
+            table.caption = "\n".join(f"bag {i + 1}: {uri}" for i, uri in enumerate(self.samples))
+        return table
+
+    def plot(self, path: str | os.PathLike[str]) -> bool:
+        """Draw the confusion matrix normalised per true class to ``path`` (PNG); False, and
+        nothing drawn, when the counts are not a square matrix."""
+        counts = np.asarray(self.counts, dtype=np.float64)
+        if counts.ndim != 2 or counts.shape[0] != counts.shape[1]:
+            return False
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+        from matplotlib.figure import Figure  # noqa: PLC0415
+
+        present = counts.sum(axis=1) > 0
+        rows = np.divide(
+            counts,
+            counts.sum(axis=1, keepdims=True),
+            out=np.full_like(counts, np.nan),
+            where=present[:, None],
+        )
+        size = len(self.class_names)
+        fig = Figure(figsize=(1.2 + 0.55 * size, 1.0 + 0.5 * size), dpi=110)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        image = ax.imshow(rows, cmap="Blues", vmin=0.0, vmax=1.0)
+        for i in range(size):
+            for j in range(size):
+                if present[i] and rows[i, j] >= 0.005:
+                    shade = "white" if rows[i, j] > 0.6 else "black"
+                    ax.text(
+                        j, i, f"{rows[i, j]:.2f}", ha="center", va="center", fontsize=6, color=shade
+                    )
+        ax.set_xticks(range(size), self.class_names, rotation=60, ha="right", fontsize=7)
+        ax.set_yticks(range(size), self.class_names, fontsize=7)
+        ax.set_xlabel("predicted")
+        ax.set_ylabel("true (rows sum to 1)")
+        miou = self.scores.get("miou", float("nan"))
+        ax.set_title(f"{self.task}: mIoU {miou:.3f}, {self.total_samples} samples", fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        fig.tight_layout()
+        fig.savefig(os.fspath(path))
+        return True
+
+    def write(self, out: str) -> list[str]:
+        """Write ``eval.json`` (and ``confusion.png``) under directory or fsspec URL ``out``;
+        the paths written."""
+        fs, root = fsspec.core.url_to_fs(out)
+        fs.makedirs(root, exist_ok=True)
+        written = []
+        with tempfile.TemporaryDirectory(prefix="adcloud-eval-") as tmp:
+            local = Path(tmp)
+            (local / EVAL_FILE).write_text(self.to_json())
+            names = [EVAL_FILE]
+            if self.plot(local / PLOT_FILE):
+                names.append(PLOT_FILE)
+            for name in names:
+                # beside, then renamed: a reader never sees half a file
+                target = posixpath.join(root, name)
+                fs.put_file(str(local / name), target + ".partial")
+                fs.mv(target + ".partial", target)
+                written.append(target)
+        return written
+
+
+def _evaluation(
+    task: CountingTask,
+    model: str,
+    counts: Mapping[str, NDArray[Any]],
+    samples: Mapping[str, int],
+    started: float,
+) -> Evaluation:
+    total = sum(samples.values())
+    if total == 0:
+        raise TrainError(
+            f"the bags {', '.join(samples)} gave no samples for task {task.name} (topics "
+            f"{', '.join(task.topics)}): check the task's topic names against the bags "
+            "(adcloud bag info BAG)"
+        )
+    for uri, n in samples.items():
+        if n == 0:  # its topic absent, or no message in it
+            log.warning("%s gave no samples for task %s: it is left out", uri, task.name)
+    summed = sum(counts.values(), start=np.zeros_like(next(iter(counts.values()))))
+    size = summed.shape[0] if summed.ndim else 0
+    return Evaluation(
+        task=task.name,
+        model=model,
+        scores=task.scores(summed),
+        per_bag={uri: task.scores(c) if samples[uri] else {} for uri, c in counts.items()},
+        samples=dict(samples),
+        counts=summed,
+        class_names=tuple(_class_names(task, size)),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def evaluate_model(
+    spark: SparkSession,
+    model: str | os.PathLike[str],
+    bags: Sequence[str],
+    *,
+    partitions_per_bag: int | None = None,
+    out: str | None = None,
+) -> Evaluation:
+    """Score the exported model in directory ``model`` on ``bags`` (files, directories, globs
+    or fsspec URLs) in one Spark job; with ``out``, write ``eval.json`` and ``confusion.png``
+    there.
+
+    The task and its options come from the model's ``metadata.json``; the program is checked
+    against its SHA-256 and loaded on the driver first, so a missing or corrupt model fails
+    here, naming the file, before any executor starts. Raises :class:`TrainError` when the
+    bags give no samples (naming the topics the task reads).
+    """
+    from adcloud.train.export import PROGRAM_FILE, load_exported  # noqa: PLC0415
+
+    started = time.perf_counter()
+    if not bags:
+        raise TrainError("no bags to evaluate on: give at least one bag, directory or glob")
+    _, meta = load_exported(model)
+    directory = Path(model) if Path(model).is_dir() else Path(model).parent
+    name = meta.get("task")
+    if not isinstance(name, str):
+        raise ExportError(
+            f"{directory / 'metadata.json'}: no 'task' to evaluate with (models written by "
+            "adcloud train run name theirs)"
+        )
+    config = meta.get("config")
+    options = config.get("task_options", {}) if isinstance(config, Mapping) else {}
+    task = _counting(get_task(name, options))
+    weights = _broadcast(spark, "exported", (directory / PROGRAM_FILE).read_bytes())
+    try:
+        counts, samples = _score(spark, task, weights, bags, partitions_per_bag)
+    finally:
+        weights.payload.unpersist()
+    evaluation = _evaluation(task, str(directory), counts, samples, started)
+    log.info(
+        "%s on %d bag(s): %d samples in %.1f s",
+        evaluation.model,
+        len(samples),
+        evaluation.total_samples,
+        evaluation.seconds,
+    )
+    if out is not None:
+        evaluation.write(out)
+    return evaluation
+
+
+def score_parameters(
+    spark: SparkSession,
+    task: Task,
+    parameters: bytes,
+    bags: Sequence[str],
+    *,
+    partitions_per_bag: int | None = None,
+    name: str = "parameters",
+) -> Evaluation:
+    """Score ``task.build_model()`` with ``parameters`` (a :mod:`adcloud.train.tensors`
+    state dict, as :class:`~adcloud.train.loop.TrainResult` carries) on ``bags``, on the
+    executors; ``name`` labels the model in the result."""
+    started = time.perf_counter()
+    counting = _counting(task)
+    weights = _broadcast(spark, "state", parameters)
+    try:
+        counts, samples = _score(spark, counting, weights, bags, partitions_per_bag)
+    finally:
+        weights.payload.unpersist()
+    return _evaluation(counting, name, counts, samples, started)

@@ -1,0 +1,296 @@
+"""Scoring models on the executors (``adcloud.train.evaluate``, ``adcloud train eval``) on the
+real local[2] session: the counts the executors return against the same model run in this
+process, per bag and overall; the held-out scores of a run; bad models and bags."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from numpy.typing import NDArray
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+from rich.console import Console
+
+from adcloud.synth import DriveConfig, DriveResult, generate_drive
+from adcloud.train import command
+from adcloud.train.errors import ExportError, TrainError
+from adcloud.train.evaluate import EVAL_FILE, PLOT_FILE, evaluate_model, score_parameters
+from adcloud.train.export import export_model
+from adcloud.train.job import run_training
+from adcloud.train.lidar import NUM_CLASSES
+from adcloud.train.task import CountingTask, Sample, get_task
+from adcloud.train.tensors import encode_tensors
+
+from . import test_job
+from .conftest import task_samples
+from .test_job import LinearTask, Point, config
+
+# SummingLinearTask below crosses to the executors; its base class lives in test_job, which the
+# session's conftest registers for pickling by value only when its own tests use Spark
+cloudpickle.register_pickle_by_value(test_job)  # type: ignore[no-untyped-call]
+
+
+def _export(
+    task_name: str, model: torch.nn.Module, samples: Sequence[Sample], out: Path, **options: Any
+) -> Path:
+    task = get_task(task_name, options)
+    meta = {"task": task_name, "config": {"task_options": options}}
+    export_model(
+        model,
+        task.example_inputs(samples[:2]),
+        out,
+        meta,
+        dynamic_shapes=task.dynamic_shapes(),
+        warmup=1,
+        runs=2,
+    )
+    return out
+
+
+def _close(a: NDArray[Any], b: NDArray[Any]) -> None:
+    """Two confusion matrices of the same points: the same total, and predictions that differ
+    on at most 0.1 % of the points (batches of other sizes round the logits differently)."""
+    assert a.sum() == b.sum() > 0
+    assert np.abs(a - b).sum() <= 0.002 * a.sum()
+
+
+@pytest.fixture(scope="module")
+def lidar_model(
+    tmp_path_factory: pytest.TempPathFactory, lidar_train: list[Sample], fit_model: Any
+) -> tuple[Path, torch.nn.Module]:
+    """A small LiDAR model trained for 30 steps, exported."""
+    task = get_task("lidar_seg")
+    model, _ = fit_model(task, lidar_train, steps=30, batch_size=2, lr=1e-2)
+    out = _export("lidar_seg", model, lidar_train, tmp_path_factory.mktemp("eval") / "lidar")
+    return out, model
+
+
+def test_executors_score_an_exported_model_per_bag_as_this_process_does(
+    spark: SparkSession,
+    lidar_model: tuple[Path, torch.nn.Module],
+    train_drive: DriveResult,
+    heldout_drive: DriveResult,
+    lidar_train: list[Sample],
+    lidar_heldout: list[Sample],
+    tmp_path: Path,
+) -> None:
+    path, model = lidar_model
+    task = get_task("lidar_seg")
+    assert isinstance(task, CountingTask)
+    bags = [str(heldout_drive.bag), str(train_drive.bag)]
+    result = evaluate_model(spark, path, bags, partitions_per_bag=3, out=str(tmp_path / "ev"))
+
+    assert result.task == "lidar_seg" and result.model == str(path)
+    assert result.samples == {bags[0]: len(lidar_heldout), bags[1]: len(lidar_train)}
+    program = torch.export.load(str(path / "model.pt2")).module()
+    here = {
+        bags[0]: task.eval_counts(program, lidar_heldout),
+        bags[1]: task.eval_counts(program, lidar_train),
+    }
+    for bag in bags:
+        executor = result.per_bag[bag]
+        expected = task.scores(here[bag])
+        assert executor["miou"] == pytest.approx(expected["miou"], abs=2e-3)
+        assert executor["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-3)
+    _close(result.counts, here[bags[0]] + here[bags[1]])
+    assert result.counts.shape == (NUM_CLASSES, NUM_CLASSES)
+    # the exported program scores as the module it was exported from
+    _close(here[bags[0]], task.eval_counts(model, lidar_heldout))
+    assert 0.2 < result.scores["miou"] < 1.0
+    assert result.class_names[1] == "road" and "iou_road" in result.scores
+
+    written = json.loads((tmp_path / "ev" / EVAL_FILE).read_text())
+    assert written["scores"]["miou"] == pytest.approx(result.scores["miou"])
+    assert [b["uri"] for b in written["bags"]] == bags
+    assert [b["samples"] for b in written["bags"]] == [len(lidar_heldout), len(lidar_train)]
+    assert np.array_equal(np.array(written["counts"]), result.counts)
+    assert (tmp_path / "ev" / PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list((tmp_path / "ev").glob("*.partial"))
+
+
+def test_camera_images_are_paired_with_their_labels_across_partitions(
+    spark: SparkSession,
+    heldout_drive: DriveResult,
+    camera_heldout: list[Sample],
+    tmp_path: Path,
+) -> None:
+    task = get_task("camera_seg")
+    torch.manual_seed(0)
+    model = task.build_model()
+    path = _export("camera_seg", model, camera_heldout, tmp_path / "camera")
+    result = evaluate_model(spark, path, [str(heldout_drive.bag)], partitions_per_bag=4)
+    assert result.total_samples == len(camera_heldout)
+    _close(result.counts, task.eval_counts(model, camera_heldout))
+    assert result.class_names[0] == "sky"
+
+
+def test_a_bag_without_the_task_s_topic_is_named_and_left_out(
+    spark: SparkSession,
+    lidar_model: tuple[Path, torch.nn.Module],
+    heldout_drive: DriveResult,
+    lidar_heldout: list[Sample],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bare = generate_drive(
+        DriveConfig(seconds=2, seed=1, lidar=False, camera=False, truth_raster=False),
+        tmp_path / "odom.bag",
+    )
+    path, _ = lidar_model
+    result = evaluate_model(spark, path, [str(heldout_drive.bag), str(bare.bag)])
+    assert result.samples == {str(heldout_drive.bag): len(lidar_heldout), str(bare.bag): 0}
+    assert result.per_bag[str(bare.bag)] == {}
+    assert f"{bare.bag} gave no samples for task lidar_seg" in caplog.text
+    with pytest.raises(TrainError, match=r"gave no samples for task lidar_seg \(topics /lidar"):
+        evaluate_model(spark, path, [str(bare.bag)])
+
+
+def test_a_topic_of_another_type_fails_naming_the_topic(
+    spark: SparkSession,
+    heldout_drive: DriveResult,
+    lidar_heldout: list[Sample],
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    model = get_task("lidar_seg").build_model()
+    # a model whose task reads the IMU topic as if it held point clouds
+    path = _export("lidar_seg", model, lidar_heldout, tmp_path / "imu", topic="/imu/data")
+    with pytest.raises(Exception, match="/imu/data: expected sensor_msgs/msg/PointCloud2"):
+        evaluate_model(spark, path, [str(heldout_drive.bag)])
+
+
+def test_missing_or_corrupt_models_are_refused_naming_the_file(
+    spark: SparkSession, lidar_model: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    path, _ = lidar_model
+    with pytest.raises(ExportError, match=r"metadata\.json: not found"):
+        evaluate_model(spark, tmp_path / "nothing", ["x.bag"])
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    with (broken / "model.pt2").open("r+b") as handle:
+        handle.seek(100)
+        handle.write(b"\0" * 8)
+    with pytest.raises(ExportError, match=r"model.pt2.*SHA-256|SHA-256.*model.pt2"):
+        evaluate_model(spark, broken, ["x.bag"])
+    with pytest.raises(TrainError, match="no bags to evaluate on"):
+        evaluate_model(spark, path, [])
+
+
+class SummingLinearTask(LinearTask):
+    """:class:`LinearTask` whose mean squared error is a sum and a count."""
+
+    def eval_counts(self, model: torch.nn.Module, samples: Sequence[Point]) -> NDArray[Any]:
+        if not samples:
+            return np.zeros(2)
+        x = torch.from_numpy(np.stack([s.x for s in samples]))
+        y = torch.tensor([[s.y] for s in samples])
+        with torch.no_grad():
+            sse = float(((model(x) - y) ** 2).sum())
+        return np.array([sse, len(samples)])
+
+    def scores(self, counts: NDArray[Any]) -> dict[str, float]:
+        return {"mse": float(counts[0] / counts[1])}
+
+
+def test_a_run_scores_its_heldout_bags_on_the_executors(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    drive = generate_drive(
+        DriveConfig(
+            seconds=3, seed=2, lidar=False, camera=False, truth_raster=False, chunk_bytes=8192
+        ),
+        tmp_path / "odom.bag",
+    )
+    out = tmp_path / "out"
+    cfg = config(
+        tmp_path,
+        sync="single",
+        bags=(str(drive.bag),),
+        heldout_bags=(str(drive.bag),),
+        steps=5,
+        batch_size=50,
+        partitions_per_bag=3,
+        out=str(out),
+    )
+    task = SummingLinearTask()
+    result = run_training(spark, cfg, task=task)
+    model = task.build_model()
+    model.load_state_dict(result.state_dict())
+    samples = task_samples(task, drive.bag)
+    with torch.no_grad():
+        expected = task.evaluate(model, samples)["mse"]
+    assert result.metrics["mse"] == pytest.approx(expected, rel=1e-5)
+    written = json.loads((out / EVAL_FILE).read_text())
+    assert written["bags"] == [
+        {"uri": str(drive.bag), "samples": len(samples), "scores": result.metrics}
+    ]
+    assert not (out / PLOT_FILE).exists()  # no matrix to draw
+    # the same scores from the parameters alone
+    again = score_parameters(spark, task, encode_tensors(model.state_dict()), [str(drive.bag)])
+    assert again.scores["mse"] == pytest.approx(result.metrics["mse"], rel=1e-6)
+    with pytest.raises(TrainError, match="cannot be scored on executors"):
+        score_parameters(spark, LinearTask(), result.parameters, [str(drive.bag)])
+
+
+def _call(argv: list[str]) -> tuple[int, str]:
+    parser = argparse.ArgumentParser(prog="adcloud")
+    command.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    out = io.StringIO()
+    code = args.func(args, Console(file=out, width=200))
+    return code, out.getvalue()
+
+
+def test_cli_prints_scores_writes_files_and_refuses_a_bad_model_before_spark(
+    spark: SparkSession,
+    lidar_model: tuple[Path, torch.nn.Module],
+    heldout_drive: DriveResult,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path, _ = lidar_model
+    monkeypatch.setattr(command, "_session", lambda args: spark)
+    code, text = _call(
+        [
+            "train",
+            "eval",
+            "--model",
+            str(path),
+            "--bags",
+            str(heldout_drive.bag),
+            "--out",
+            str(tmp_path / "ev"),
+        ]
+    )
+    assert code == 0, text
+    assert "miou" in text and "iou_road" in text and "all bags" in text
+    assert f"wrote {tmp_path / 'ev'}/eval.json and confusion.png" in text
+    code, text = _call(
+        ["train", "eval", "--json", "--model", str(path), "--bags", str(heldout_drive.bag)]
+    )
+    info = json.loads(text)
+    saved = json.loads((tmp_path / "ev" / EVAL_FILE).read_text())
+    assert info["scores"] == saved["scores"] and info["task"] == "lidar_seg"
+
+    def no_spark(args: argparse.Namespace) -> None:
+        raise AssertionError("Spark started for a model that cannot be scored")
+
+    monkeypatch.setattr(command, "_session", no_spark)
+    with pytest.raises(ExportError, match=r"metadata\.json: not found"):
+        _call(["train", "eval", "--model", str(tmp_path / "none"), "--bags", "x.bag"])
+    odd = tmp_path / "odd"
+    shutil.copytree(path, odd)
+    meta = json.loads((odd / "metadata.json").read_text())
+    meta["task"] = "lidar_sg"
+    (odd / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(TrainError, match="unknown task 'lidar_sg'"):
+        _call(["train", "eval", "--model", str(odd), "--bags", "x.bag"])
