@@ -3,7 +3,8 @@
 - :func:`build_map` -- the nightly build (``adcloud hdmap build``): incremental by content
   hash, idempotent and atomic over a versioned map directory (:class:`MapDir`, whose
   ``roll_back`` republishes an earlier version); :func:`plan_build` says what it would do;
-  :func:`export_map` copies a version out for a driving stack;
+  :func:`export_map` copies a version out for a driving stack; :func:`diff_versions` says
+  what changed between two versions (``adcloud hdmap diff``);
 - :func:`run_pipeline` -- the four stages as one Spark job (intermediates in executor
   memory, or exchanged through files for comparison);
 - stages: :func:`estimate_trajectory` (GTSAM pose graph with GPS, odometry, IMU, LiDAR scan
@@ -23,6 +24,7 @@ from adcloud._lazy import lazy_exports
 if TYPE_CHECKING:
     from adcloud.hdmap.build import BuildSummary, build_map, export_map, plan_build
     from adcloud.hdmap.config import HdmapSettings
+    from adcloud.hdmap.diff import MapDiff, diff_versions
     from adcloud.hdmap.drive import DriveData, DriveTopics, read_drive
     from adcloud.hdmap.errors import BuildError, DriveDataError, HdmapError, MapFormatError
     from adcloud.hdmap.evaluate import EvalResult, evaluate_map
@@ -46,6 +48,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "build": ("BuildSummary", "build_map", "export_map", "plan_build"),
         "config": ("HdmapSettings",),
+        "diff": ("MapDiff", "diff_versions"),
         "drive": ("DriveData", "DriveTopics", "read_drive"),
         "errors": ("BuildError", "DriveDataError", "HdmapError", "MapFormatError"),
         "evaluate": ("EvalResult", "evaluate_map"),
@@ -72,6 +75,7 @@ __all__ = [
     "GridTile",
     "HdmapError",
     "HdmapSettings",
+    "MapDiff",
     "MapDir",
     "MapFormatError",
     "MapVersion",
@@ -83,6 +87,7 @@ __all__ = [
     "absolute_trajectory_error",
     "build_map",
     "detect_signs",
+    "diff_versions",
     "estimate_trajectory",
     "evaluate_map",
     "export_map",

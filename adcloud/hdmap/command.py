@@ -312,6 +312,52 @@ def _cmd_export(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _cmd_diff(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.hdmap.diff import DiffSettings, diff_versions  # noqa: PLC0415
+
+    change = diff_versions(
+        args.map, args.from_version, args.to_version, DiffSettings(tolerance_m=args.tolerance)
+    )
+    if args.plot:
+        change.plot(args.plot)
+    if args.json:
+        console.print_json(change.to_json())
+        return 0
+    console.print(change.table())
+    tiles = sorted(
+        (t for t in change.tiles if t.status == "changed"),
+        key=lambda t: -(t.cells_new + t.cells_lost),
+    )[: args.top]
+    if tiles:
+        table = Table(title=f"tiles changed most (of {change.tile_counts()['changed']})")
+        for col in ("tile", "cells new", "no longer", "height RMS (cm)", "largest (cm)"):
+            table.add_column(col, justify="right")
+        for t in tiles:
+            table.add_row(
+                f"{t.key[0]}_{t.key[1]}",
+                f"{t.cells_new:,}",
+                f"{t.cells_lost:,}",
+                f"{t.dz_rms_m * 100:.2f}",
+                f"{t.dz_max_m * 100:.1f}",
+            )
+        console.print(table)
+    for sign in change.signs:
+        where = sign.after or sign.before
+        assert where is not None
+        what = {
+            "added": f"added ({sign.type_after})",
+            "removed": f"removed ({sign.type_before})",
+            "moved": f"moved {sign.moved_m:.2f} m",
+            "retyped": f"retyped {sign.type_before} -> {sign.type_after}",
+        }[sign.status]
+        console.print(f"sign at ({where[0]:.1f}, {where[1]:.1f}): {what}", highlight=False)
+    if change.unchanged:
+        console.print("the two versions hold the same map", highlight=False)
+    if args.plot:
+        console.print(f"picture: {args.plot}", highlight=False)
+    return 0
+
+
 def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
     from adcloud.hdmap.mapdir import MapDir, MapDirSettings  # noqa: PLC0415
 
@@ -335,7 +381,7 @@ def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``hdmap`` (``build``, ``eval``, ``info``, ``rollback``, ``export``)."""
+    """Register ``hdmap`` (``build``, ``eval``, ``info``, ``diff``, ``rollback``, ``export``)."""
     hdmap = subparsers.add_parser(
         "hdmap",
         help="HD maps: nightly incremental builds, evaluation",
@@ -450,6 +496,42 @@ def add_parser(subparsers: Any) -> None:
         "--autoware", action="store_true", help="only the files Autoware's map loader reads"
     )
     export.set_defaults(func=_cmd_export)
+
+    diff = sub.add_parser(
+        "diff",
+        help="what changed between two versions (drives, tiles, markings, signs)",
+        description="Compare two versions of a map -- by default the current one and the "
+        "version it was built on: drives added and taken out; grid tiles added, removed, "
+        "changed (ground cells new and no longer observed, height change) or the same "
+        "(carried tiles are not read); lane-marking length added and removed; signs added, "
+        "removed, moved and retyped. Nothing is written unless --plot is given.",
+        epilog="examples:\n"
+        "  adcloud hdmap diff --map maps/town                   # last night's change\n"
+        "  adcloud hdmap diff --map maps/town --from 3 --to 5 --plot diff.png\n"
+        "  adcloud hdmap diff --map s3://maps/town --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    diff.add_argument("--map", required=True, help="map directory or URL")
+    diff.add_argument(
+        "--from",
+        dest="from_version",
+        metavar="VERSION",
+        help="the older version (default: the one --to was built on)",
+    )
+    diff.add_argument(
+        "--to", dest="to_version", metavar="VERSION", help="the newer version (default: current)"
+    )
+    diff.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.3,
+        metavar="M",
+        help="markings and signs closer than this are unchanged (default 0.3 m)",
+    )
+    diff.add_argument("--plot", metavar="PNG", help="draw the change to this PNG file")
+    diff.add_argument("--top", type=int, default=10, help="list this many changed tiles (10)")
+    diff.add_argument("--json", action="store_true", help="machine-readable output")
+    diff.set_defaults(func=_cmd_diff)
 
     rollback = sub.add_parser(
         "rollback",

@@ -81,6 +81,7 @@ __all__ = [
     "SignMetrics",
     "Truth",
     "apply_alignment",
+    "densify",
     "elevation_errors",
     "elevation_metrics",
     "elevation_rmse",
@@ -442,7 +443,7 @@ def load_truth(truth_dir: str | os.PathLike[str]) -> Truth:
 # --------------------------------------------------------------------------- geometry
 
 
-def _densify(points: F64, step: float) -> F64:
+def densify(points: F64, step: float) -> F64:
     """The polyline with vertices inserted so that no segment is longer than ``step``."""
     p = np.asarray(points, dtype=np.float64)
     if len(p) < 2:
@@ -472,7 +473,7 @@ class _Segments:
         a, b, line, s0 = [], [], [], []
         self.lengths: list[float] = []
         for k, poly in enumerate(polylines):
-            p = _densify(np.asarray(poly, dtype=np.float64)[:, :2], max_len)
+            p = densify(np.asarray(poly, dtype=np.float64)[:, :2], max_len)
             d = np.linalg.norm(np.diff(p, axis=0), axis=1) if len(p) > 1 else np.zeros(0)
             cum = np.concatenate([[0.0], np.cumsum(d)])
             keep = d > 0
@@ -541,7 +542,7 @@ def painted_marking_polylines(geo: Mapping[str, Any], *, step: float = 0.05) -> 
             if props.get("type") != "dashed":
                 out.append(coords)
                 continue
-            dense = _densify(coords, step)
+            dense = densify(coords, step)
             dash = float(props.get("dash_m", 3.0))
             period = dash + float(props.get("gap_m", 6.0))
             phase = float(props.get("dash_phase_m", 0.0))
@@ -574,7 +575,7 @@ def _clip(polylines: Sequence[F64], keep: Callable[[F64], NDArray[np.bool_]]) ->
     """The parts of the polylines whose points satisfy ``keep`` (resampled at 0.1 m)."""
     out: list[F64] = []
     for poly in polylines:
-        dense = _densify(np.asarray(poly, dtype=np.float64), 0.1)
+        dense = densify(np.asarray(poly, dtype=np.float64), 0.1)
         out.extend(dense[a:b] for a, b in _runs(keep(dense)) if b - a >= 2)
     return out
 
@@ -714,7 +715,7 @@ def polyline_metrics(
     false_len = 0.0
     intervals: dict[int, list[tuple[float, float]]] = {}
     for poly in estimate:
-        p = _densify(np.asarray(poly, dtype=np.float64)[:, :2], step)
+        p = densify(np.asarray(poly, dtype=np.float64)[:, :2], step)
         if len(p) < 2:
             continue
         seg = np.linalg.norm(np.diff(p, axis=0), axis=1)

@@ -25,6 +25,7 @@ import adcloud.hdmap.job as job_module
 import adcloud.hdmap.mapdir as mapdir_module
 from adcloud.cli import main
 from adcloud.hdmap import HdmapSettings, MapDir, build_map, evaluate_map
+from adcloud.hdmap.diff import diff_versions
 from adcloud.hdmap.errors import DriveDataError, MapFormatError
 from adcloud.hdmap.exchange import load_items
 from adcloud.hdmap.geotiff import read_grid_tile, tile_file_name
@@ -349,6 +350,13 @@ def test_new_drive_is_merged_into_the_previous_version(
     assert _tree(v1.path) == v1_files  # the old version is untouched
     assert MapDir(map_uri).current().id == version.id  # type: ignore[union-attr]
     _holds_labels(version.path, deleted)  # the rebuild kept the labels
+    # what the night changed, as `adcloud hdmap diff` reports it: the longer drive's new
+    # ground and roads, nothing lost
+    change = diff_versions(map_uri)
+    assert change.after == version.id and change.drives_added == ("second",)
+    tiles = change.tile_counts()
+    assert tiles["added"] > 0 and tiles["changed"] > 0 and tiles["removed"] == 0
+    assert change.markings_added_m > 5.0 and change.signs_after >= change.signs_before
     _rolled_back(map_uri, version, [first.bag, second.bag, partial], capsys, monkeypatch)
 
 

@@ -1,0 +1,213 @@
+"""``adcloud hdmap diff``: two versions of a map written with known changes -- a carried
+tile, a tile raised and grown, a new tile, a marking extended and one removed, signs moved,
+retyped, added and removed -- compared on a local disk and on fsspec's in-memory store."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from adcloud.cli import main
+from adcloud.hdmap.diff import DiffSettings, diff_versions
+from adcloud.hdmap.errors import HdmapError
+from adcloud.hdmap.geotiff import write_grid_tile
+from adcloud.hdmap.grid import GridTile
+from adcloud.hdmap.mapdir import BuildPlan, MapDir, MapVersion, Staging
+
+N = 400  # cells per tile side at 5 cm: 20 m tiles
+ORIGIN = (48.0, 11.0, 500.0)
+
+
+def tile(key: tuple[int, int], rows: dict[tuple[int, int], float]) -> GridTile:
+    """A tile whose ground is ``height`` on row ranges ``(start, stop)`` and unobserved
+    elsewhere."""
+    z = np.full((N, N), np.nan, np.float32)
+    for (start, stop), height in rows.items():
+        z[start:stop] = height
+    seen = np.isfinite(z)
+    return GridTile(
+        key=key,
+        origin=(key[0] * 20.0, key[1] * 20.0),
+        resolution=0.05,
+        elevation_mean=z,
+        elevation_min=z,
+        elevation_max=z,
+        count=seen.astype(np.int32) * 3,
+        reflectance_mean=np.where(seen, 0.1, np.nan).astype(np.float32),
+        scans=seen.astype(np.int32),
+        obstacle_top=np.full((N, N), np.nan, np.float32),
+    )
+
+
+def semantic(lines: list[list[tuple[float, float]]], signs: list[tuple[float, float, str]]) -> str:
+    features: list[dict[str, Any]] = [
+        {
+            "type": "Feature",
+            "geometry": {"type": "LineString", "coordinates": [[x, y, 0.0] for x, y in line]},
+            "properties": {"kind": "lane_marking", "type": "solid"},
+        }
+        for line in lines
+    ]
+    features += [
+        {
+            "type": "Feature",
+            "geometry": {"type": "Point", "coordinates": [x, y, 2.0]},
+            "properties": {"kind": "traffic_sign", "type": kind},
+        }
+        for x, y, kind in signs
+    ]
+    return json.dumps({"type": "FeatureCollection", "adcloud:frame": "map", "features": features})
+
+
+def version_one(plan: BuildPlan, staging: Staging) -> None:
+    grid = staging.path / "grid"
+    grid.mkdir()
+    write_grid_tile(tile((0, 0), {(0, N): 1.0}), grid / "0_0.tif", ORIGIN)
+    write_grid_tile(tile((1, 0), {(0, 200): 1.0}), grid / "1_0.tif", ORIGIN)
+    (staging.path / "semantic.geojson").write_text(
+        semantic(
+            [[(0, 1), (10, 1)], [(0, 6), (10, 6)]],
+            [(5, 3, "stop"), (8, -3, "unknown"), (30, 15, "yield")],
+        )
+    )
+
+
+def version_two(old: dict[str, bytes]) -> Any:
+    def build(plan: BuildPlan, staging: Staging) -> None:
+        grid = staging.path / "grid"
+        grid.mkdir()
+        parent = plan.parent.path if plan.parent is not None else None
+        if parent is not None:  # carried as a build carries it: a hard link on a local disk
+            os.link(parent / "grid" / "0_0.tif", grid / "0_0.tif")
+        else:  # elsewhere a copy of the same bytes
+            (grid / "0_0.tif").write_bytes(old["grid/0_0.tif"])
+        raised = {(0, 100): 1.0, (100, 200): 1.02, (200, 300): 1.0}
+        write_grid_tile(tile((1, 0), raised), grid / "1_0.tif", ORIGIN)
+        write_grid_tile(tile((2, 0), {(0, N): 0.5}), grid / "2_0.tif", ORIGIN)
+        (staging.path / "trajectory").mkdir()
+        (staging.path / "trajectory" / "d1.tum").write_text(
+            "# t x y z qx qy qz qw\n0.0 0 0 0 0 0 0 1\n1.0 10 0 0 0 0 0 1\n"
+        )
+        (staging.path / "semantic.geojson").write_text(
+            semantic(
+                [[(0, 1), (15, 1)]],
+                [(5.5, 3, "stop"), (8, -3, "yield"), (12, 3, "stop")],
+            )
+        )
+
+    return build
+
+
+def make_map(uri: str, tmp_path: Path) -> None:
+    bags = []
+    for i in range(2):
+        path = tmp_path / "bags" / f"d{i}.bag"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(random.Random(i).randbytes(2048))
+        bags.append(path)
+    with MapDir(uri) as md:
+        v1 = md.update(bags[:1], version_one, settings={"tile_m": 20.0}).version
+        assert v1 is not None
+        old = {rel: v1.read_bytes(rel) for rel in v1.files()}
+        md.update(bags, version_two(old), settings={"tile_m": 20.0})
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_diff_finds_every_kind_of_change(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = (
+        str(tmp_path / "map")
+        if backend == "local"
+        else f"memory://hdmap-diff-{os.getpid()}-{time.monotonic_ns()}/map"
+    )
+    make_map(uri, tmp_path)
+    read: list[str] = []
+    reading = MapVersion.read_bytes
+
+    def spy(self: MapVersion, relpath: str) -> bytes:
+        read.append(relpath)
+        return reading(self, relpath)
+
+    monkeypatch.setattr(MapVersion, "read_bytes", spy)
+    change = diff_versions(uri)  # the current version against the one it was built on
+    # a carried tile is not read where it is the same file (a local disk's hard link)
+    assert ("grid/0_0.tif" in read) == (backend == "memory")
+    monkeypatch.undo()
+    assert (change.before, change.after) == ("000001", "000002")
+    assert change.drives_added == ("d1",) and change.drives_removed == ()
+    tiles = {t.key: t for t in change.tiles}
+    assert change.tile_counts() == {"added": 1, "removed": 0, "changed": 1, "same": 1}
+    assert tiles[(0, 0)].status == "same"
+    raised = tiles[(1, 0)]
+    assert raised.status == "changed"
+    assert (raised.cells_before, raised.cells_after) == (200 * N, 300 * N)
+    assert (raised.cells_new, raised.cells_lost) == (100 * N, 0)
+    # half the cells both versions see rose by 2 cm
+    assert raised.dz_rms_m == pytest.approx(0.02 / np.sqrt(2), rel=1e-4)
+    assert raised.dz_max_m == pytest.approx(0.02, rel=1e-4)
+    assert tiles[(2, 0)].status == "added" and tiles[(2, 0)].cells_new == N * N
+
+    # the first marking grew from 10 to 15 m (its last 0.3 m were there already); the
+    # second, 10 m, is gone
+    assert change.markings_before_m == pytest.approx(20.0)
+    assert change.markings_after_m == pytest.approx(15.0)
+    assert change.markings_added_m == pytest.approx(4.7, abs=0.06)
+    assert change.markings_removed_m == pytest.approx(10.0, abs=0.06)
+
+    signs = {s.status: s for s in change.signs}
+    assert change.sign_counts() == {"added": 1, "removed": 1, "moved": 1, "retyped": 1}
+    assert signs["moved"].moved_m == pytest.approx(0.5) and signs["moved"].after == (5.5, 3, 2)
+    assert (signs["retyped"].type_before, signs["retyped"].type_after) == ("unknown", "yield")
+    assert signs["added"].after == (12, 3, 2) and signs["removed"].before == (30, 15, 2)
+    assert not change.unchanged
+
+    # backwards, everything turns round
+    back = diff_versions(uri, "2", "1")
+    assert back.drives_removed == ("d1",)
+    assert {t.key: t.status for t in back.tiles}[(2, 0)] == "removed"
+    assert back.markings_added_m == pytest.approx(change.markings_removed_m)
+    # a version against itself: nothing
+    assert diff_versions(uri, "2", "2").unchanged
+    # with a looser tolerance the moved sign is the same sign
+    loose = diff_versions(uri, settings=DiffSettings(tolerance_m=0.6))
+    assert loose.sign_counts()["moved"] == 0
+
+    picture = tmp_path / "diff.png"
+    change.plot(picture)
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(change.to_json())
+    assert data["tiles"] == change.tile_counts()
+    assert [t["key"] for t in data["tile_changes"]] == [[1, 0], [2, 0]]
+
+
+def test_cli_prints_the_change_and_names_missing_versions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    uri = str(tmp_path / "map")
+    make_map(uri, tmp_path)
+    assert main(["hdmap", "diff", "--map", uri, "--plot", str(tmp_path / "d.png")]) == 0
+    text = capsys.readouterr().out
+    assert "version 000001 -> 000002" in text and "+ d1" in text
+    assert "1 added, 1 changed, 0 removed, 1 the same" in text
+    assert "200,000 new, 0 no longer" in text  # the raised tile's 40,000 and the new tile
+    assert "sign at (8.0, -3.0): retyped unknown -> yield" in text
+    assert "sign at (5.5, 3.0): moved 0.50 m" in text
+    assert (tmp_path / "d.png").stat().st_size > 1000
+    assert main(["hdmap", "diff", "--map", uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["drives_added"] == ["d1"]
+
+    assert main(["hdmap", "diff", "--map", uri, "--from", "9"]) == 2
+    assert "no version 9; the versions kept are 000001, 000002" in capsys.readouterr().out
+    with pytest.raises(HdmapError, match="version 000001 has no kept parent"):
+        diff_versions(uri, after="1")
+    with pytest.raises(HdmapError, match="tolerance_m"):
+        DiffSettings(tolerance_m=0.0)
