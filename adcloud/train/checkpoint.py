@@ -4,7 +4,9 @@ Layout in the store (every file an :mod:`adcloud.train.tensors` file, written wi
 :func:`~adcloud.train.tensors.encode_tree`; no pickle)::
 
     /<run>/checkpoints/step-<N:09d>/state       model state_dict, optimizer state_dict, the
-                                                loss curve so far, step N, world size (rank 0)
+                                                loss curve and the validation curve (JSON
+                                                text; absent in older checkpoints) so far,
+                                                step N, world size (rank 0)
     /<run>/checkpoints/step-<N:09d>/rank-<r>    trainer r's data position (epoch, batch index
                                                 within the epoch) and RNG states: torch (and
                                                 CUDA), NumPy, Python ``random``
@@ -33,7 +35,7 @@ import random
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -81,6 +83,8 @@ class Restored:
     batch_index: int
     rng: dict[str, Any]
     losses: list[float]
+    #: The validation curve so far: ``(step, scores)`` (empty in checkpoints without one).
+    validation: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
     @property
     def step(self) -> int:
@@ -199,6 +203,7 @@ class Checkpointer:
         batch_index: int,
         losses: Sequence[float],
         rng: Mapping[str, Any] | None = None,
+        validation: Sequence[tuple[int, Mapping[str, float]]] = (),
     ) -> None:
         """Write this trainer's part of the checkpoint after ``step`` optimizer steps.
 
@@ -225,6 +230,8 @@ class Checkpointer:
                 "model": dict(model.state_dict()),
                 "optimizer": optimizer.state_dict() if optimizer is not None else None,
                 "losses": np.asarray(losses, dtype=np.float64),
+                # JSON text (the scores' names vary by task): [[step, {name: value}], ...]
+                "validation": json.dumps([[k, dict(v)] for k, v in validation]),
             }
             meta = {"format": _FORMAT, "version": _VERSION, "kind": "state", "run": self.run}
             self._put(f"{base}/state", encode_tree(state, meta))
@@ -286,6 +293,7 @@ class Checkpointer:
                 f"{info.world} to resume it, or give the run a new name (train.run)"
             )
         losses = [float(v) for v in np.asarray(state["losses"]).reshape(-1)]
+        validation = [(int(k), dict(v)) for k, v in json.loads(state.get("validation") or "[]")]
         optimizer = state.get("optimizer")
         return Restored(
             info=info,
@@ -295,6 +303,7 @@ class Checkpointer:
             batch_index=int(part["batch_index"]),
             rng=dict(part["rng"]),
             losses=losses,
+            validation=validation,
         )
 
 

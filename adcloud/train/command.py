@@ -31,6 +31,7 @@ train.yaml:
     task: lidar_seg            # or camera_seg
     bags: [drives/]            # files, directories, globs, any fsspec URL
     heldout_bags: [test.bag]
+    eval_every: 50             # score them every 50 steps too: the validation curve
     sync: ps                   # single | ps (parameter server on the store) | allreduce
     workers: 2                 # one trainer per executor (a Spark barrier stage)
     store: local:///adcloud    # checkpoints and parameter versions

@@ -42,7 +42,16 @@ DEVICES = ("auto", "cpu", "cuda")
 # Fields that decide nothing about the trained parameters: they are left out of the default
 # run id so that re-running the same training resumes it, wherever its output goes.
 _NOT_IN_RUN_ID = frozenset(
-    {"run", "out", "progress", "log_every", "sync_timeout_s", "keep_checkpoints", "etl_dir"}
+    {
+        "run",
+        "out",
+        "progress",
+        "log_every",
+        "eval_every",
+        "sync_timeout_s",
+        "keep_checkpoints",
+        "etl_dir",
+    }
 )
 
 
@@ -119,6 +128,10 @@ class TrainConfig:
     partitions_per_bag: int | None = None
     #: Log every this many steps; show a progress bar in single-process interactive runs.
     log_every: int = 10
+    #: Score the held-out bags every this many steps as well as after the last (0: only
+    #: after the last): the validation curve beside the loss curve. The trainers score their
+    #: shares of the held-out samples, held in executor memory beside the training shards.
+    eval_every: int = 0
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -188,6 +201,7 @@ class TrainConfig:
             "partitions_per_bag must be >= 1 or empty",
         )
         need(self.log_every >= 1, "log_every must be >= 1")
+        need(self.eval_every >= 0, f"eval_every must be >= 0, not {self.eval_every}")
         need(
             bool(self.out.strip()),
             "out must name where the run's model goes (a directory or URL; {run} is the "

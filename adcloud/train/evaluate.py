@@ -44,7 +44,7 @@ from adcloud.train.errors import ExportError, TrainError
 from adcloud.train.task import CountingTask, Task, get_task
 
 if TYPE_CHECKING:
-    from pyspark import Broadcast
+    from pyspark import RDD, Broadcast
     from pyspark.sql import SparkSession
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "Evaluation",
     "evaluate_model",
     "score_parameters",
+    "score_samples",
 ]
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,48 @@ def _count_partition(
         counts = part if counts is None else counts + part
         n += len(chunk)
     yield bags[index], (counts, n)
+
+
+def _count_samples(
+    samples: Iterable[Any], *, task: CountingTask, weights: _Weights
+) -> Iterator[tuple[NDArray[Any], int]]:
+    """``(counts, samples)`` of one partition of ready samples."""
+    from pyspark import TaskContext  # noqa: PLC0415
+
+    context = TaskContext.get()
+    torch.set_num_threads(max(1, context.cpus() if context is not None else 1))
+    model = _model(task, weights)
+    chunk: list[Any] = []
+    counts = task.eval_counts(model, [])
+    n = 0
+    for sample in samples:
+        chunk.append(sample)
+        if len(chunk) == _CHUNK:
+            counts = counts + task.eval_counts(model, chunk)
+            n += len(chunk)
+            chunk = []
+    if chunk:
+        counts = counts + task.eval_counts(model, chunk)
+        n += len(chunk)
+    yield counts, n
+
+
+def score_samples(
+    spark: SparkSession, task: Task, parameters: bytes, samples: RDD[Any]
+) -> dict[str, float]:
+    """Scores of ``task.build_model()`` with ``parameters`` on an RDD of ready samples (the
+    held-out samples a run keeps cached to score every ``eval_every`` steps)."""
+    counting = _counting(task)
+    weights = _broadcast(spark, "state", parameters)
+    try:
+        counts, n = samples.mapPartitions(
+            functools.partial(_count_samples, task=counting, weights=weights)
+        ).reduce(_add)
+    finally:
+        weights.payload.unpersist()
+    if n == 0:
+        raise TrainError(f"no held-out samples to score task {task.name} on")
+    return counting.scores(counts)
 
 
 def _add(a: tuple[NDArray[Any], int], b: tuple[NDArray[Any], int]) -> tuple[NDArray[Any], int]:

@@ -49,7 +49,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +60,7 @@ from adcloud.store import open_store
 from adcloud.train.checkpoint import Checkpointer
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import TrainError
-from adcloud.train.evaluate import Evaluation, score_parameters
+from adcloud.train.evaluate import Evaluation, score_parameters, score_samples
 from adcloud.train.export import data_manifest, export_model
 from adcloud.train.loop import (
     TrainResult,
@@ -71,7 +71,7 @@ from adcloud.train.loop import (
 )
 from adcloud.train.sync import AllReduceSync, ParameterStoreSync, Synchronizer, barrier_session
 from adcloud.train.task import CountingTask
-from adcloud.train.tensors import decode_tree, encode_tree
+from adcloud.train.tensors import decode_tree, encode_tensors, encode_tree
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -331,10 +331,15 @@ def etl_to_files(
 
 
 def shard_samples(
-    keyed: RDD[tuple[tuple[int, int], Any]], workers: int
+    keyed: RDD[tuple[tuple[int, int], Any]],
+    workers: int,
+    heldout: RDD[tuple[tuple[int, int], Any]] | None = None,
 ) -> tuple[RDD[tuple[int, Any]], list[int]]:
     """``workers`` shards of ``keyed`` (sample ``i`` in key order to shard ``i % workers``) as
-    an RDD of ``(i, sample)`` with one partition per shard, and the shard sizes.
+    an RDD of ``(i, sample)`` with one partition per shard, and the shard sizes.  With
+    ``heldout``, its samples are dealt the same way into the same partitions as
+    ``(-1 - j, sample)`` (a trainer tells them by the negative index); the sizes count the
+    training samples only.
 
     ``keyed`` must be in key order across its partitions, as :func:`etl_samples` and
     :func:`etl_to_files` make it (partition ``p`` holds the keys ``(p, 0), (p, 1), ...``), so
@@ -348,14 +353,17 @@ def shard_samples(
     indexed = keyed.values().zipWithIndex()
     total = indexed.count()
     sizes = [len(range(r, total, workers)) for r in range(workers)]
-    shards = (
-        indexed.map(lambda pair: (pair[1] % workers, (pair[1], pair[0])))
-        .partitionBy(workers, int)
-        .values()
-    )
+    dealt = indexed.map(lambda pair: (pair[1] % workers, (pair[1], pair[0])))
+    if heldout is not None:
+        heldout.persist(StorageLevel.MEMORY_ONLY)  # read by the index and by the shuffle
+        held = heldout.values().zipWithIndex()
+        dealt = dealt.union(held.map(lambda pair: (pair[1] % workers, (-1 - pair[1], pair[0]))))
+    shards = dealt.partitionBy(workers, int).values()
     shards.persist(StorageLevel.MEMORY_ONLY)
     shards.count()
     keyed.unpersist()
+    if heldout is not None:
+        heldout.unpersist()
     return shards, sizes
 
 
@@ -403,6 +411,18 @@ def _check_checkpoint_store(config: TrainConfig, hosts: Iterable[str]) -> None:
         )
 
 
+def _validate_shard(
+    model: Any, step: int, *, task: CountingTask, held: Sequence[Any], context: Any
+) -> dict[str, float]:
+    """Executor side: the scores of all trainers' held-out shards, each trainer counting its
+    own and every one adding up all counts (``BarrierTaskContext.allGather``: the trainers
+    call it at the same steps)."""
+    counts = task.eval_counts(model, held)
+    gathered = context.allGather(json.dumps(np.asarray(counts).tolist()))
+    total = sum((np.asarray(json.loads(m)) for m in gathered), start=np.zeros_like(counts))
+    return task.scores(total)
+
+
 def _barrier_train(
     items: Iterable[tuple[int, Any]], *, task: Task, config: TrainConfig
 ) -> Iterator[dict[str, Any]]:
@@ -413,7 +433,12 @@ def _barrier_train(
     rank = context.partitionId()
     world = len(context.getTaskInfos())
     _check_checkpoint_store(config, context.allGather(socket.gethostname()))
-    shard = [sample for _, sample in sorted(items, key=lambda pair: pair[0])]
+    ordered = sorted(items, key=lambda pair: pair[0])
+    shard = [sample for i, sample in ordered if i >= 0]
+    held = [sample for i, sample in reversed(ordered) if i < 0]  # -1, -2, ...: their order
+    validate = None
+    if config.eval_every and isinstance(task, CountingTask):
+        validate = functools.partial(_validate_shard, task=task, held=held, context=context)
     run = config.run_id()
     sync = _open_sync(config, context, rank, world, run)
     store = open_store(config.store, **config.store_kwargs())
@@ -425,7 +450,7 @@ def _barrier_train(
         timeout_s=config.sync_timeout_s,
     )
     try:
-        result = train(task, shard, config, sync, checkpointer, rank, world)
+        result = train(task, shard, config, sync, checkpointer, rank, world, validate=validate)
     finally:
         sync.close()
     report = result.to_dict()
@@ -453,6 +478,10 @@ def _result_from(report: Mapping[str, Any], others: Sequence[Mapping[str, Any]])
         shard_size=int(report["shard_size"]),
         metrics={},
         sync=sync,
+        validation=tuple(
+            (int(v["step"]), {k: float(x) for k, x in v.items() if k != "step"})
+            for v in report.get("validation", [])
+        ),
     )
 
 
@@ -487,9 +516,10 @@ def _plot_losses(result: TrainResult, config: TrainConfig, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
 
-    fig = Figure(figsize=(6, 3.5), dpi=110)
+    curve = result.validation
+    fig = Figure(figsize=(6, 5.5 if curve else 3.5), dpi=110)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = fig.add_subplot(211 if curve else 111)
     steps = np.arange(1, len(result.losses) + 1)
     ax.plot(steps, result.losses, lw=1.2)
     if result.start_step:
@@ -505,6 +535,19 @@ def _plot_losses(result: TrainResult, config: TrainConfig, path: Path) -> None:
     ax.set_ylabel("loss (mean over trainers)")
     ax.set_title(f"{result.task}: {result.mode}, {result.world} trainer(s)")
     ax.grid(alpha=0.3)
+    if curve:  # the validation curve: the task's first score (mIoU, ...) on the held-out bags
+        name = next(iter(curve[-1][1]), "")
+        below = fig.add_subplot(212, sharex=ax)
+        below.plot(
+            [step for step, _ in curve],
+            [scores.get(name, float("nan")) for _, scores in curve],
+            marker="o",
+            lw=1.2,
+            color="tab:green",
+        )
+        below.set_xlabel("step")
+        below.set_ylabel(f"held-out {name}")
+        below.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -581,6 +624,18 @@ def _write_outputs(
     return result
 
 
+def _validate_cached(
+    spark: SparkSession, task: Task, held: RDD[Any]
+) -> Callable[[Any, int], dict[str, float]]:
+    """``validate`` for a run trained on the driver: the model's parameters scored on the
+    held-out samples cached on the executors."""
+
+    def validate(model: Any, step: int) -> dict[str, float]:
+        return score_samples(spark, task, encode_tensors(dict(model.state_dict())), held)
+
+    return validate
+
+
 def _evaluate(task: Task, result: TrainResult, samples: Sequence[Any]) -> dict[str, float]:
     import torch  # noqa: PLC0415
 
@@ -615,6 +670,13 @@ def run_training(
     """
     config = config.validate()
     task = load_task(config) if task is None else task
+    validating = bool(config.eval_every and config.heldout_bags)
+    if validating and not isinstance(task, CountingTask):
+        raise TrainError(
+            f"train.eval_every scores the held-out bags during training, which needs a task "
+            f"whose scores are sums (eval_counts and scores; see CountingTask); {task.name} "
+            "has none: set eval_every=0"
+        )
     started = time.perf_counter()
     # the run's name, fixed before steps resolve; it covers what the bags are now
     run = config.run_id(data_identity(bag_uris(config.bags)) if keyed is None else "")
@@ -641,10 +703,27 @@ def run_training(
                 keep=config.keep_checkpoints,
                 timeout_s=config.sync_timeout_s,
             )
-            result = train(task, samples, resolved, None, checkpointer, 0, 1)
+            held = None
+            if validating:  # decoded once, kept on the executors, scored there
+                held = etl_samples(spark, config, task, config.heldout_bags).values().cache()
+            try:
+                result = train(
+                    task,
+                    samples,
+                    resolved,
+                    None,
+                    checkpointer,
+                    0,
+                    1,
+                    validate=None if held is None else _validate_cached(spark, task, held),
+                )
+            finally:
+                if held is not None:
+                    held.unpersist()
             examples = samples[:2]
         else:
-            shards, sizes = shard_samples(keyed, config.workers)
+            heldout = etl_samples(spark, config, task, config.heldout_bags) if validating else None
+            shards, sizes = shard_samples(keyed, config.workers, heldout)
             if sum(sizes) == 0:
                 raise _no_samples(config, task)
             if min(sizes) == 0:
@@ -676,10 +755,13 @@ def run_training(
             )
             metrics = evaluation.scores
         else:  # a task whose scores are not sums: its held-out samples go to the driver
-            heldout = etl_samples(spark, config, task, config.heldout_bags).collect()
-            samples = [s for _, s in sorted(heldout, key=lambda pair: pair[0])]
+            gathered = etl_samples(spark, config, task, config.heldout_bags).collect()
+            samples = [s for _, s in sorted(gathered, key=lambda pair: pair[0])]
             metrics = _evaluate(task, result, samples)
         result = dataclasses.replace(result, metrics=metrics)
+        if validating:  # the curve ends with the finished model's scores
+            final = (result.steps, dict(metrics))
+            result = dataclasses.replace(result, validation=(*result.validation, final))
     log.info(
         "run %s (%s, %d trainer(s)): %d steps, final loss %.5f, %.1f s",
         result.run,

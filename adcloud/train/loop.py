@@ -16,7 +16,9 @@ barrier stage (:mod:`adcloud.train.job`) and under ``torchrun``; only the
 Each trainer takes ``batch_size // world`` samples per step, so the averaged gradient is
 that of one global batch of ``batch_size``; the recorded loss per step is the mean over the
 trainers.  Progress is logged every ``log_every`` steps; a tqdm bar is shown only for one
-trainer on an interactive terminal.
+trainer on an interactive terminal.  With a ``validate`` function and ``eval_every > 0``,
+every trainer calls it after every ``eval_every``-th step but the last (the caller scores
+the last); the scores form the validation curve, kept in checkpoints like the losses.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +86,7 @@ class TrainResult:
     metrics: dict[str, float] = field(default_factory=dict)
     sync: dict[str, float] = field(default_factory=dict)
     output: str = ""
+    validation: tuple[tuple[int, dict[str, float]], ...] = ()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The final parameters and buffers (for ``model.load_state_dict``)."""
@@ -105,6 +108,10 @@ class TrainResult:
             "samples_per_second": self.samples_per_second,
             "shard_size": self.shard_size,
             "metrics": {k: _json_float(v) for k, v in self.metrics.items()},
+            "validation": [
+                {"step": step, **{k: _json_float(v) for k, v in scores.items()}}
+                for step, scores in self.validation
+            ],
             "sync": dict(self.sync),
             "parameter_bytes": len(self.parameters),
             "output": self.output,
@@ -302,13 +309,16 @@ def train(
     world: int = 1,
     *,
     eval_samples: Sequence[Any] | None = None,
+    validate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
 ) -> TrainResult:
     """Train ``task``'s model on this trainer's shard ``samples``; see the module docstring.
 
     ``sync`` defaults to :class:`~adcloud.train.sync.SingleProcess`; its rank and world must
     be ``rank`` and ``world``; the caller closes it.  With a ``checkpointer`` the run resumes
     from the newest good checkpoint and saves every ``checkpoint_every`` steps and after the
-    last.  Rank 0 evaluates on ``eval_samples`` when given.
+    last.  Rank 0 evaluates on ``eval_samples`` when given.  ``validate(model, step)``
+    returns held-out scores; it is called on every trainer at the same steps (every
+    ``eval_every``-th but the last), so it may synchronise them.
     """
     sync = SingleProcess() if sync is None else sync
     if config.batch_size % world:
@@ -336,6 +346,7 @@ def train(
 
     start, epoch, index = 0, 0, 0
     losses: list[float] = []
+    validation: list[tuple[int, dict[str, float]]] = []
     restored = checkpointer.restore(rank=rank, world=world) if checkpointer else None
     if restored is not None:
         _check_restorable(run, restored, model)
@@ -345,6 +356,7 @@ def train(
         restore_rng(restored.rng)
         start, epoch, index = restored.step, restored.epoch, restored.batch_index
         losses = list(restored.losses[:start])
+        validation = [(k, v) for k, v in restored.validation if k <= start]
         log.info("run %s: trainer %d resumes at step %d (epoch %d)", run, rank, start, epoch)
     stream = _Batches(task, samples, per_rank, config.seed, rank, epoch, index)
 
@@ -373,6 +385,13 @@ def train(
                 )
             losses.append(mean_loss)
             done = step + 1
+            # every eval_every-th step but the last: the caller scores the finished model
+            due = bool(config.eval_every) and done % config.eval_every == 0 and done < steps
+            if validate is not None and due:
+                scores = validate(model, done)
+                validation.append((done, scores))
+                shown = ", ".join(f"{k} {v:.4f}" for k, v in list(scores.items())[:3])
+                log.info("run %s trainer %d: held-out at step %d: %s", run, rank, done, shown)
             if checkpointer is not None and checkpointer.due(done, last=done == steps):
                 checkpointer.save(
                     done,
@@ -384,6 +403,7 @@ def train(
                     batch_index=stream.index,
                     losses=losses,
                     rng=capture_rng(),
+                    validation=validation,
                 )
             if bar is not None:
                 bar.update(1)
@@ -426,4 +446,5 @@ def train(
         shard_size=len(samples),
         metrics=metrics,
         sync=sync.stats(),
+        validation=tuple(validation),
     )

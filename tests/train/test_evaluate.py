@@ -20,8 +20,10 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from rich.console import Console
 
+from adcloud.store import open_store
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 from adcloud.train import command
+from adcloud.train.checkpoint import Checkpointer
 from adcloud.train.errors import ExportError, TrainError
 from adcloud.train.evaluate import EVAL_FILE, PLOT_FILE, evaluate_model, score_parameters
 from adcloud.train.export import export_model
@@ -294,3 +296,64 @@ def test_cli_prints_scores_writes_files_and_refuses_a_bad_model_before_spark(
     (odd / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(TrainError, match="unknown task 'lidar_sg'"):
         _call(["train", "eval", "--model", str(odd), "--bags", "x.bag"])
+
+
+@pytest.fixture(scope="module")
+def odom_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
+    """A 3 s drive of odometry only, in small chunks (several partitions)."""
+    return generate_drive(
+        DriveConfig(
+            seconds=3, seed=2, lidar=False, camera=False, truth_raster=False, chunk_bytes=8192
+        ),
+        tmp_path_factory.mktemp("odom") / "odom.bag",
+    )
+
+
+@pytest.mark.parametrize("sync", ["single", "ps", "allreduce"])
+def test_every_mode_scores_the_heldout_bags_during_training(
+    spark: SparkSession, odom_drive: DriveResult, tmp_path: Path, sync: str
+) -> None:
+    """With eval_every the run records a validation curve -- the trainers score their
+    shares of the held-out samples in ps and allreduce, the executors in single -- that
+    ends with the finished model's scores and survives in checkpoints."""
+    bag = str(odom_drive.bag)
+    task = SummingLinearTask()
+    settings: dict[str, Any] = {
+        "sync": sync,
+        "bags": (bag,),
+        "heldout_bags": (bag,),
+        "steps": 8,
+        "batch_size": 20,
+        "partitions_per_bag": 3,
+        "checkpoint_every": 4,
+        "eval_every": 3,
+    }
+    out = tmp_path / "out"
+    result = run_training(spark, config(tmp_path, out=str(out), **settings), task=task)
+    assert [step for step, _ in result.validation] == [3, 6, 8]
+    assert result.validation[-1][1] == result.metrics
+    mse = [scores["mse"] for _, scores in result.validation]
+    assert mse[-1] < mse[0]  # it learns
+    # step 3's scores are those of a run stopped after 3 steps (the same first steps)
+    short = run_training(
+        spark, config(tmp_path / "short", **{**settings, "steps": 3, "eval_every": 0}), task=task
+    )
+    assert short.validation == () and mse[0] == pytest.approx(short.metrics["mse"], rel=1e-5)
+    written = json.loads((out / "result.json").read_text())
+    assert [v["step"] for v in written["validation"]] == [3, 6, 8]
+    assert (out / "loss.png").stat().st_size > 1000
+    # the last checkpoint (step 8) carries the curve so far, for a resumed run
+    cfg = config(tmp_path, **settings)
+    store = open_store(cfg.store, **cfg.store_kwargs())
+    restored = Checkpointer(store, result.run, every=4).restore(rank=0, world=cfg.world)
+    assert restored is not None and [s for s, _ in restored.validation] == [3, 6]
+    assert restored.validation[0][1]["mse"] == pytest.approx(mse[0])
+
+
+def test_eval_every_needs_a_task_whose_scores_are_sums(
+    spark: SparkSession, odom_drive: DriveResult, tmp_path: Path
+) -> None:
+    bag = str(odom_drive.bag)
+    cfg = config(tmp_path, sync="single", bags=(bag,), heldout_bags=(bag,), eval_every=2)
+    with pytest.raises(TrainError, match=r"eval_every .* toy_linear has none: set eval_every=0"):
+        run_training(spark, cfg, task=LinearTask())

@@ -60,6 +60,15 @@ def test_train_notebook_trains_exports_and_runs_the_model(
     assert len(losses) == 80 and losses[-1] < 0.5 * losses[0]
     assert f"80 steps on 2 trainers (allreduce): loss {losses[0]:.3f} -> {losses[-1]:.3f}" in text
 
+    # the validation curve: the held-out drive scored every 20 steps, ending with the final
+    # scores, and shown as recorded
+    curve = run["validation"]
+    assert [v["step"] for v in curve] == [20, 40, 60, 80]
+    assert curve[-1]["miou"] == pytest.approx(run["metrics"]["miou"])
+    assert curve[-1]["miou"] > curve[0]["miou"]
+    shown_curve = ", ".join(f"step {v['step']}: {v['miou']:.3f}" for v in curve)
+    assert f"validation: {shown_curve}" in text
+
     # the held-out score shown is the recorded one, and the short run already learned
     miou = run["metrics"]["miou"]
     assert miou > 0.5
