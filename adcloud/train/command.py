@@ -83,6 +83,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f}" if result.losses else "-",
         ),
         ("samples/s", f"{result.samples_per_second:,.1f}"),
+        *_curve_row(result.validation),
         *((name, f"{value:.4f}") for name, value in sorted(result.metrics.items())),
     ]
     for name, value in rows:
@@ -95,6 +96,15 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         highlight=False,
     )
     return 0
+
+
+def _curve_row(curve: Any) -> list[tuple[str, str]]:
+    """The validation curve as one table row: the first score at each step (the last 6)."""
+    if not curve:
+        return []
+    name = next(iter(curve[-1][1]), "")
+    points = [f"{step}: {scores.get(name, float('nan')):.3f}" for step, scores in curve[-6:]]
+    return [(f"held-out {name} by step", "  ".join(points))]
 
 
 def _cmd_eval(args: argparse.Namespace, console: Console) -> int:

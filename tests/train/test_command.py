@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ def _call(argv: list[str]) -> tuple[int, str]:
 def test_run_trains_prints_a_table_and_inspect_reads_the_model(
     spark: SparkSession,
     train_drive: DriveResult,
+    heldout_drive: DriveResult,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -42,6 +44,8 @@ def test_run_trains_prints_a_table_and_inspect_reads_the_model(
         "bags": str(train_drive.bag),
         "sync": "single",
         "steps": "3",
+        "heldout_bags": str(heldout_drive.bag),
+        "eval_every": "2",
         "batch_size": "2",
         "threads": "1",
         "store": "local:///cli-train",
@@ -52,7 +56,12 @@ def test_run_trains_prints_a_table_and_inspect_reads_the_model(
     code, text = _call(argv)
     assert code == 0, text
     assert "run lidar_seg-" in text and "single, 1 trainer(s)" in text
-    assert json.loads((out / "result.json").read_text())["steps"] == 3
+    written = json.loads((out / "result.json").read_text())
+    assert written["steps"] == 3
+    curve = "  ".join(f"{v['step']}: {v['miou']:.3f}" for v in written["validation"])
+    assert [v["step"] for v in written["validation"]] == [2, 3]
+    assert re.search(r"held-out miou by step\s*│\s*" + re.escape(curve), text), text
+    assert "eval.json, confusion.png" in text
     # the same command again resumes the finished run instead of training it anew
     code, text = _call(argv)
     assert code == 0 and "3 (resumed at 3)" in text
