@@ -40,7 +40,9 @@ Baselines, measured in the same run on the same synthetic drives (20 s, seed 6, 
    on both drives by :func:`~adcloud.train.evaluate.score_parameters` (each Spark task returns
    a confusion matrix) against the samples collected to the driver and scored there, the way
    runs scored held-out bags before.  Printed: both times, their ratio, the bytes of samples
-   the driver held, and both mIoUs (no target).
+   the driver held, and both mIoUs (no target); then the cost of the validation curve: the
+   allreduce run of 1 with ``eval_every`` a quarter of the steps against without (training
+   seconds of rank 0).
 
 Runs alternate between the compared configurations round by round so that load from other
 processes hits both alike; the figure compared is the best run of each (the least disturbed
@@ -701,6 +703,15 @@ def bench_scoring(spark: SparkSession, work: Work, plan: Plan) -> float:
         del gathered, samples
     best = {k: min(v) for k, v in times.items()}
     ratio = best["driver"] / best["executors"]
+    # the validation curve's cost: the same allreduce run with the held-out drive scored
+    # every quarter of the steps by the trainers, and without
+    every = max(1, plan.steps // 4)
+    runs: dict[int, list[float]] = {0: [], every: []}
+    for _ in range(plan.rounds):
+        for eval_every, seconds in runs.items():
+            cfg = work.base_config(plan, heldout_bags=(work.heldout_bag,), eval_every=eval_every)
+            seconds.append(timed_job(spark, cfg)[1].seconds)
+    curve = min(runs[every]) - min(runs[0])
     print(
         f"6. scoring {result.total_samples} sweeps of 2 drives: on the executors "
         f"{best['executors']:.2f} s (median {statistics.median(times['executors']):.2f}), "
@@ -709,6 +720,14 @@ def bench_scoring(spark: SparkSession, work: Work, plan: Plan) -> float:
         f"{ratio:.2f}x; the driver held {held / 1e6:.0f} MB of samples against "
         f"{np.asarray(result.counts).nbytes} bytes of counts; mIoU {scores['executors']:.4f} "
         f"vs {scores['driver']:.4f}; load average {_load()}",
+        flush=True,
+    )
+    print(
+        f"6. validation curve (allreduce, 2 trainers, {plan.steps} steps): training "
+        f"{min(runs[0]):.2f} s without, {min(runs[every]):.2f} s scoring the held-out drive "
+        f"every {every} steps ({plan.steps // every - 1} times in the loop): "
+        f"{curve / max(1, plan.steps // every - 1):.2f} s per scoring (best of "
+        f"{plan.rounds}); load average {_load()}",
         flush=True,
     )
     return ratio
