@@ -784,9 +784,16 @@ def run_torchrun(
 
     Every process decodes ``config.bags`` itself (or takes ``samples``: all of them, in
     order) and keeps samples ``i % world == rank``: the shards of :func:`shard_samples`.
-    Rank 0 writes the model and results to ``config.output_dir(run)``.
+    Rank 0 writes the model and results to ``config.output_dir(run)``.  Held-out bags are
+    not scored here (that takes Spark's executors: ``adcloud train eval`` scores the model).
     """
     task = load_task(config) if task is None else task
+    if config.heldout_bags:
+        log.warning(
+            "torchrun: train.heldout_bags (and eval_every) are not scored under torchrun; "
+            "score the exported model with: adcloud train eval --model OUT/model --bags %s",
+            " ".join(config.heldout_bags),
+        )
     data = data_identity(bag_uris(config.bags)) if samples is None else ""
     if samples is None:
         samples = local_samples(task, config.bags, partitions_per_bag=config.partitions_per_bag)
