@@ -465,6 +465,16 @@ def inspection_table(info: Mapping[str, Any]) -> Table:
     metrics = info.get("metrics", {})
     if isinstance(metrics, Mapping):
         rows += [(f"metric {k}", _short(v)) for k, v in sorted(metrics.items())]
+    training = info.get("training", {})
+    curve = training.get("validation") if isinstance(training, Mapping) else None
+    if isinstance(curve, list) and curve and isinstance(curve[-1], Mapping):
+        name = "miou" if "miou" in curve[-1] else next((k for k in curve[-1] if k != "step"), "")
+        rows.append(
+            (
+                f"held-out {name} by step",
+                "  ".join(f"{v.get('step')}: {_short(v.get(name))}" for v in curve),
+            )
+        )
     rows += _manifest_rows(info.get("data", []))
     if "config" in info:
         rows.append(("config", _short(info["config"])))

@@ -593,6 +593,7 @@ def write_outputs(
                     "steps": result.steps,
                     "final_loss": result.losses[-1] if result.losses else None,
                     "samples_per_second": result.samples_per_second,
+                    "validation": result.to_dict()["validation"],
                 },
             }
             export_model(

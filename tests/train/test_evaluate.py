@@ -26,7 +26,7 @@ from adcloud.train import command
 from adcloud.train.checkpoint import Checkpointer
 from adcloud.train.errors import ExportError, TrainError
 from adcloud.train.evaluate import EVAL_FILE, PLOT_FILE, evaluate_model, score_parameters
-from adcloud.train.export import export_model
+from adcloud.train.export import export_model, inspect_model, inspection_table
 from adcloud.train.job import run_training
 from adcloud.train.lidar import NUM_CLASSES
 from adcloud.train.task import CountingTask, Sample, get_task
@@ -342,6 +342,12 @@ def test_every_mode_scores_the_heldout_bags_during_training(
     written = json.loads((out / "result.json").read_text())
     assert [v["step"] for v in written["validation"]] == [3, 6, 8]
     assert (out / "loss.png").stat().st_size > 1000
+    # the exported model carries the curve, and `adcloud train inspect` shows it
+    info = inspect_model(out / "model")
+    assert [v["step"] for v in info["training"]["validation"]] == [3, 6, 8]
+    shown = io.StringIO()
+    Console(file=shown, width=200).print(inspection_table(info))
+    assert "held-out mse by step" in shown.getvalue()
     # the last checkpoint (step 8) carries the curve so far, for a resumed run
     cfg = config(tmp_path, **settings)
     store = open_store(cfg.store, **cfg.store_kwargs())
