@@ -234,6 +234,14 @@ def _message_rows(blocks: Iterable[bytes | bytearray]) -> Iterator[tuple[str, in
                 yield (msg.topic, msg.timestamp, msg.msgtype, bytes(msg.data))
 
 
+def _bag_message_rows(
+    index: int, blocks: Iterable[bytes | bytearray], *, bags: Sequence[str]
+) -> Iterator[tuple[str, str, int, str, bytes]]:
+    bag = bags[index]
+    for row in _message_rows(blocks):
+        yield (bag, *row)
+
+
 def _count_records(raw: bytes | bytearray) -> int:
     header = Block.read_header(raw)
     return header.n_records if header.kind == BlockKind.DATA else 0
@@ -572,9 +580,11 @@ class BinPipeRDD:
             out.write("")
         return manifest
 
-    def to_dataframe(self, spark: SparkSession | None = None) -> DataFrame:
+    def to_dataframe(self, spark: SparkSession | None = None, *, bag: bool = False) -> DataFrame:
         """Message records as a DataFrame ``(topic, timestamp, msgtype, data)``; ``spark``
-        defaults to the session of this RDD's SparkContext."""
+        defaults to the session of this RDD's SparkContext.  With ``bag=True`` a first column
+        ``bag`` holds the URI of the bag each message came from (as the ``rosbag`` data
+        source's), for RDDs whose partitions map to bags (:attr:`partition_bags`)."""
         from pyspark.sql import SparkSession  # noqa: PLC0415 - pyspark is heavy; import on use
         from pyspark.sql.types import (  # noqa: PLC0415
             BinaryType,
@@ -584,14 +594,23 @@ class BinPipeRDD:
             StructType,
         )
 
-        schema = StructType(
-            [
-                StructField("topic", StringType(), False),
-                StructField("timestamp", LongType(), False),
-                StructField("msgtype", StringType(), False),
-                StructField("data", BinaryType(), False),
-            ]
-        )
+        fields = [
+            StructField("topic", StringType(), False),
+            StructField("timestamp", LongType(), False),
+            StructField("msgtype", StringType(), False),
+            StructField("data", BinaryType(), False),
+        ]
         if spark is None:
             spark = SparkSession.builder.getOrCreate()
-        return spark.createDataFrame(self.rdd.mapPartitions(_message_rows), schema)
+        if not bag:
+            return spark.createDataFrame(self.rdd.mapPartitions(_message_rows), StructType(fields))
+        if self.partition_bags is None:
+            raise BinpipeError(
+                "to_dataframe(bag=True): these partitions do not map to bags (they were not "
+                "made by from_bags/from_partitions); use the rosbag data source for a bag column"
+            )
+        rows = self.rdd.mapPartitionsWithIndex(
+            functools.partial(_bag_message_rows, bags=self.partition_bags)
+        )
+        schema = StructType([StructField("bag", StringType(), False), *fields])
+        return spark.createDataFrame(rows, schema)

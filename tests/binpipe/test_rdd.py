@@ -241,6 +241,18 @@ def test_to_dataframe(spark: Any, shared_data: Path) -> None:
     assert counts == {"/fix": 989, "/husky_velocity_controller/odom": 3952, "/imu/data": 11865}
     # without a session argument: the session of the RDD's context
     assert pipe.to_dataframe().filter("topic = '/fix'").count() == 989
+    # with the bag each message came from, over two bags
+    both = BinPipeRDD.from_bags(spark, [str(path), str(shared_data / LUMINAR)], topics=None)
+    per_bag = {
+        r["bag"]: r["count"] for r in both.to_dataframe(bag=True).groupBy("bag").count().collect()
+    }
+    assert per_bag == {
+        str(path): sum(counts.values()),
+        str(shared_data / LUMINAR): len(reference(shared_data / LUMINAR)),
+    }
+    assert both.to_dataframe(bag=True).columns[0] == "bag"
+    with pytest.raises(BinpipeError, match=r"bag=True.*do not map to bags"):
+        BinPipeRDD.from_records(spark, [("x", 1)]).to_dataframe(bag=True)
 
 
 @pytest.mark.parametrize(
