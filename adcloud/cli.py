@@ -259,8 +259,16 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     # 6. distributed training on the drive (adcloud.train)
     from adcloud.train.command import run_demo as train_demo  # noqa: PLC0415
 
-    trained = train_demo(spark, str(drive.bag), str(out), console)
-    outputs.append(("trained model (model/model.pt2, metadata.json, loss.png)", Path(trained)))
+    other = out / "hdmap-drive" / "drive.bag"  # the map's drive, when the demo made one
+    heldout = str(other) if other.is_file() else None
+    trained = train_demo(spark, str(drive.bag), str(out), console, heldout)
+    outputs.append(
+        (
+            "trained model (model/model.pt2, metadata.json, loss.png"
+            + (", eval.json, confusion.png)" if heldout else ")"),
+            Path(trained),
+        )
+    )
 
     console.rule("outputs")
     for what, where in outputs:
@@ -372,7 +380,8 @@ The whole platform on one machine (local Spark, the local tiered store, PoCL), i
   4. sim     replay the drive through a node under test and score it (HTML report)
   5. hdmap   build an HD map of a 30 s drive (poses, ICP, 5 cm grid, lanes, signs) and
              evaluate it against its truth
-  6. train   train a LiDAR segmentation model on the drive and export it
+  6. train   train a LiDAR segmentation model on the drive, export it and score it on
+             the map's drive (on the executors)
 
 Every output is listed at the end, under --out.""",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rosbags.rosbag1 import Reader
 
 from adcloud.binpipe import BinPipeRDD
 from adcloud.cli import build_parser, main
@@ -218,5 +219,15 @@ def test_demo_runs_end_to_end(
     assert (tmp_path / "demo" / "sim" / "report.html").exists()
     assert list((tmp_path / "demo" / "hdmap").glob("versions/*/report/summary.html"))
     assert (tmp_path / "demo" / "train" / "model" / "model.pt2").stat().st_size > 0
+    # the model scored on the map's 30 s drive, which it never saw
+    scored = json.loads((tmp_path / "demo" / "train" / "eval.json").read_text())
+    other = tmp_path / "demo" / "hdmap-drive" / "drive.bag"
+    with Reader(other) as recorded:  # one sample per recorded sweep
+        sweeps = sum(c.msgcount for c in recorded.connections if c.topic == "/lidar/points")
+    assert scored["bags"] == [
+        {"uri": str(other), "samples": sweeps, "scores": scored["bags"][0]["scores"]}
+    ]
+    assert sweeps > 250  # 30 s of 10 Hz sweeps
+    assert f"mIoU {scored['scores']['miou']:.3f}" in text
     # the training checkpoints and every other scratch directory went with the run
     assert [p.name for p in scratch.iterdir() if p.name.startswith(("adcloud", "hdmap"))] == []

@@ -218,9 +218,12 @@ def add_parser(subparsers: Any) -> None:
     inspect.set_defaults(func=_cmd_inspect)
 
 
-def run_demo(spark: Any, bag: str, out_dir: str, console: Console) -> str:
+def run_demo(
+    spark: Any, bag: str, out_dir: str, console: Console, heldout: str | None = None
+) -> str:
     """The training part of ``adcloud demo``: a short LiDAR-segmentation run on ``bag`` with
-    two trainers all-reducing inside a Spark barrier stage, exported under ``out_dir/train``."""
+    two trainers all-reducing inside a Spark barrier stage, exported under ``out_dir/train``
+    and, with ``heldout``, scored on that other drive by the executors."""
     import tempfile  # noqa: PLC0415
 
     from adcloud.train.config import TrainConfig  # noqa: PLC0415
@@ -233,6 +236,7 @@ def run_demo(spark: Any, bag: str, out_dir: str, console: Console) -> str:
         config = TrainConfig(
             task="lidar_seg",
             bags=(bag,),
+            heldout_bags=(heldout,) if heldout else (),
             sync="allreduce",
             workers=2,
             steps=20,
@@ -251,4 +255,11 @@ def run_demo(spark: Any, bag: str, out_dir: str, console: Console) -> str:
         "(adcloud train inspect shows it)",
         highlight=False,
     )
+    if heldout and result.metrics:
+        console.print(
+            f"scored on the executors on {heldout}: mIoU {result.metrics['miou']:.3f}, "
+            f"accuracy {result.metrics['accuracy']:.3f} after {result.steps} steps "
+            f"({out}/eval.json, confusion.png)",
+            highlight=False,
+        )
     return out
