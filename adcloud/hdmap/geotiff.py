@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import xml.etree.ElementTree as ET
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,7 +233,8 @@ def read_grid_tile(path: str | os.PathLike[str] | bytes) -> GeoTile:
             page = tif.pages.first
             tags = {tag.code: tag.value for tag in page.tags.values()}
             data = page.asarray()
-    except (tifffile.TiffFileError, OSError, ValueError) as err:
+    except (tifffile.TiffFileError, OSError, ValueError, zlib.error) as err:
+        # zlib.error: a tile cut off inside its compressed strips
         raise MapFormatError(
             f"{path}: not a readable TIFF ({err}); expected a grid tile written by "
             "adcloud.hdmap.geotiff.write_grid_tile"

@@ -16,7 +16,7 @@ import pytest
 
 from adcloud.cli import main
 from adcloud.hdmap.diff import DiffSettings, diff_versions
-from adcloud.hdmap.errors import HdmapError
+from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.geotiff import write_grid_tile
 from adcloud.hdmap.grid import GridTile
 from adcloud.hdmap.mapdir import BuildPlan, MapDir, MapVersion, Staging
@@ -211,3 +211,17 @@ def test_cli_prints_the_change_and_names_missing_versions(
         diff_versions(uri, after="1")
     with pytest.raises(HdmapError, match="tolerance_m"):
         DiffSettings(tolerance_m=0.0)
+
+
+def test_a_damaged_tile_is_named(tmp_path: Path) -> None:
+    uri = str(tmp_path / "map")
+    make_map(uri, tmp_path)
+    tile_path = tmp_path / "map" / "versions" / "000002" / "grid" / "1_0.tif"
+    tile_path.write_bytes(tile_path.read_bytes()[:500])  # cut off
+    with pytest.raises(MapFormatError, match=r"versions/000002/grid/1_0\.tif: .*not a readable"):
+        diff_versions(uri)
+    semantic_path = tile_path.parents[1] / "semantic.geojson"
+    tile_path.unlink()
+    semantic_path.write_text("{not json")
+    with pytest.raises(MapFormatError, match=r"000002/semantic\.geojson: not valid JSON"):
+        diff_versions(uri)
