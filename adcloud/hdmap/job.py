@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import ipaddress
+import json
 import logging
 import math
 import socket
@@ -56,7 +57,7 @@ from pyspark.sql import SparkSession
 from scipy.spatial import cKDTree
 
 from adcloud.binpipe import BinPipeRDD, decoded_messages
-from adcloud.config import load_settings
+from adcloud.config import load_settings, settings_dict
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import (
     DriveAccumulator,
@@ -80,7 +81,14 @@ from adcloud.hdmap.grid import (
     scan_partials,
     transient_patches,
 )
-from adcloud.hdmap.kept import GRID_DIR, STATE_CLOUD, STATE_TILES, KeptVersion, keys_within
+from adcloud.hdmap.kept import (
+    GRID_DIR,
+    STATE_CLOUD,
+    STATE_LABELS,
+    STATE_TILES,
+    KeptVersion,
+    keys_within,
+)
 from adcloud.hdmap.labels import (
     LabelSettings,
     PaintCells,
@@ -708,16 +716,118 @@ def _tile_labels(
 
 
 def _carried_records(
-    item: tuple[tuple[int, int], str | bytes], *, plan: Broadcast[_LabelPlan]
+    item: tuple[tuple[int, int], str | bytes, bool], *, plan: Broadcast[_LabelPlan]
 ) -> Iterator[tuple[tuple[int, int], tuple[str, Any]]]:
     """Executor: the records of a tile carried from the previous version (its GeoTIFF, as a
-    path or its bytes) for the label stage: a coarse copy, and its paint test's inputs."""
-    key, source = item
+    path or its bytes) for the label stage: a coarse copy, and its paint test's inputs; for
+    a tile whose own result is reused (the third item true), only the strips its
+    neighbours' paint tests read."""
+    key, source, strips_only = item
     tile = read_grid_tile(source).tile
     labels = plan.value
-    yield key, ("out", (None, coarsen_tile(tile, labels.overview), []))
     values = np.where(tile.count > 0, tile.reflectance_mean, np.float32(np.nan))
-    yield from _paint_records(key, values, tile.elevation_mean, labels)
+    records = _paint_records(key, values, tile.elevation_mean, labels)
+    if strips_only:
+        yield from (record for record in records if record[1][0] == "halo")
+        return
+    yield key, ("out", (None, coarsen_tile(tile, labels.overview), []))
+    yield from records
+
+
+def _label_fingerprint(key: tuple[int, int], plan: _LabelPlan, grid: GridSettings) -> str:
+    """What a tile's label-stage result depends on besides its own and its neighbours' data:
+    the label settings, the halo, the pictures' coarsening, the grid, and which neighbours
+    lie along the roads (only those send the tile their strips)."""
+    along = [d for d in _NEIGHBOURS if (key[0] + d[0], key[1] + d[1]) in plan.corridor]
+    return json.dumps(
+        {
+            "labels": settings_dict(plan.labels),
+            "halo": plan.halo,
+            "overview": plan.overview,
+            "resolution": grid.resolution,
+            "tile_cells": grid.tile_cells,
+            "neighbours": along,
+        },
+        sort_keys=True,
+    )
+
+
+_OVERVIEW_LAYERS = (
+    "elevation_mean",
+    "elevation_min",
+    "elevation_max",
+    "count",
+    "reflectance_mean",
+    "scans",
+    "obstacle_top",
+)
+
+
+def _write_label_cache(path: Path, paint: TilePaint, overview: GridTile, fingerprint: str) -> None:
+    """Keep a tile's label-stage result (its paint cells and coarse copy) at ``path``,
+    written beside and renamed (a carried link to the previous version's is never written
+    through)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, Any] = {
+        "fingerprint": np.array(fingerprint),
+        "rows": paint[0],
+        "cols": paint[1],
+        "z": paint[2],
+        "key": np.array(overview.key, np.int64),
+        "origin": np.array(overview.origin, np.float64),
+        "resolution": np.array(overview.resolution, np.float64),
+    }
+    arrays.update({f"overview_{name}": getattr(overview, name) for name in _OVERVIEW_LAYERS})
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("wb") as handle:
+        np.savez(handle, **arrays)
+    partial.replace(path)
+
+
+def _read_label_cache(path: Path, fingerprint: str) -> tuple[TilePaint, GridTile] | None:
+    """A tile's kept label-stage result, or None when it was made for other settings or
+    neighbours, or cannot be read (the tile is then read and tested again)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if str(data["fingerprint"]) != fingerprint:
+                return None
+            paint = (data["rows"], data["cols"], data["z"])
+            kx, ky = (int(v) for v in data["key"])
+            ox, oy = (float(v) for v in data["origin"])
+            layers = {name: data[f"overview_{name}"] for name in _OVERVIEW_LAYERS}
+            overview = GridTile(
+                key=(kx, ky), origin=(ox, oy), resolution=float(data["resolution"]), **layers
+            )
+    except (OSError, KeyError, ValueError) as err:
+        log.warning("%s: kept label result unreadable (%s); the tile is tested again", path, err)
+        return None
+    return paint, overview
+
+
+def _reusable_labels(
+    previous: KeptVersion | None,
+    carried: Iterable[tuple[int, int]],
+    near: frozenset[tuple[int, int]],
+    plan: _LabelPlan,
+    grid: GridSettings,
+) -> dict[tuple[int, int], tuple[TilePaint, GridTile]]:
+    """Driver: the kept label-stage results of the carried tiles along the roads that
+    neither the new points nor a changed neighbour can touch (no tile within one of them
+    is in ``near``), made for the same settings and neighbours."""
+    if previous is None:
+        return {}
+    kept = previous.label_state()
+    out = {}
+    for key in sorted(carried):
+        if key not in plan.corridor or key not in kept:
+            continue
+        block = ((key[0] + dx, key[1] + dy) for dx in (-1, 0, 1) for dy in (-1, 0, 1))
+        if any(other in near for other in block):
+            continue
+        found = _read_label_cache(previous.local(kept[key]), _label_fingerprint(key, plan, grid))
+        if found is not None:
+            out[key] = found
+    return out
 
 
 #: Rows a key's buffered partials reach before they are merged into one on the map side.
@@ -904,17 +1014,17 @@ def _label_inputs(
     paint: Sequence[tuple[tuple[int, int], TilePaint]],
     out_dir: Path,
     grid: GridSettings,
-    carried: Mapping[tuple[int, int], Path],
+    carried: Callable[[tuple[int, int]], Path | None],
 ) -> tuple[TileLayers | None, PaintCells]:
     """Driver: lookups on the tiles along the roads (read from the GeoTIFFs just written or
-    ``carried``, a few at a time) and their paint cells in its cell indices, in row-major
-    order."""
+    the previous version's, ``carried(key)``, a few at a time) and their paint cells in its
+    cell indices, in row-major order."""
     if not paint:
         empty = np.zeros(0, np.int64)
         return None, PaintCells(empty, empty, np.zeros(0))
 
     def load(key: tuple[int, int]) -> GridTile:
-        path = carried.get(key) or out_dir / GRID_DIR / tile_file_name(key)
+        path = carried(key) or out_dir / GRID_DIR / tile_file_name(key)
         return read_grid_tile(path).tile
 
     layers = TileLayers([k for k, _ in paint], grid, load)
@@ -943,6 +1053,8 @@ class _Reach:
     carried_tiles: frozenset[tuple[int, int]]
     kept_clouds: KeptTiles
     carried_clouds: frozenset[tuple[int, int]]
+    #: The grid tiles new points may reach (every tile outside them is unchanged).
+    near_tiles: frozenset[tuple[int, int]] = frozenset()
 
     @classmethod
     def of(
@@ -967,7 +1079,8 @@ class _Reach:
 
         tiles, carried_tiles = split(previous.tile_state(), grid.tile_size, grid.max_range)
         clouds, carried_clouds = split(previous.cloud_state(), cloud.tile_size, cloud.max_range)
-        return cls(tiles, carried_tiles, clouds, carried_clouds)
+        near = keys_within(sensors, grid.tile_size, grid.max_range + _REACH_MARGIN_M)
+        return cls(tiles, carried_tiles, clouds, carried_clouds, near)
 
 
 def _check_carried(written: Iterable[tuple[int, int]], carried: Iterable[Any], what: str) -> None:
@@ -1004,13 +1117,18 @@ def _grid_stage(
     origin: Origin,
     plan: _LabelPlan,
     grid: GridSettings,
-    carried: Mapping[tuple[int, int], Path] | None = None,
+    carried: Mapping[tuple[int, int], Callable[[], Path]] | None = None,
+    reused: Mapping[tuple[int, int], tuple[TilePaint, GridTile]] | None = None,
 ) -> GridStageResult:
     """Finish the merged tiles on the executors (files, coarse copies, paint cells of the
     tiles along the roads) in one Spark job, and gather what the driver needs of them.
-    ``carried``: tiles along the roads carried unchanged from the previous version, and a
-    local path of each one's GeoTIFF (which gives its paint cells and coarse copy)."""
+    ``carried``: tiles along the roads carried unchanged from the previous version, each
+    with a function giving a local path of its GeoTIFF (which gives its paint cells and
+    coarse copy); ``reused``: those of them whose kept label-stage result holds (see
+    :func:`_reusable_labels`): they are read only to give their strips to neighbours that
+    are tested again. Every tile's label-stage result is kept in the new version."""
     carried = carried or {}
+    reused = reused or {}
     sc = merged.context
     plan_b = sc.broadcast(plan)
     try:
@@ -1018,13 +1136,23 @@ def _grid_stage(
             _tile_sink, out=str(out_dir), token=token, grid=grid, origin=origin, plan=plan_b
         )
         records = merged.flatMap(sink)
-        if carried:
-            sources: list[tuple[tuple[int, int], str | bytes]]
-            tifs = sorted(carried.items())
+        tested = {key for key in carried if key not in reused}
+        strips = {
+            key
+            for key in reused
+            if any(
+                (key[0] + dx, key[1] + dy) in plan.corridor
+                and (key[0] + dx, key[1] + dy) not in reused
+                for dx, dy in _NEIGHBOURS
+            )
+        }
+        reads = sorted(tested | strips)
+        if reads:
+            sources: list[tuple[tuple[int, int], str | bytes, bool]]
             if _on_one_host(sc):
-                sources = [(key, str(path)) for key, path in tifs]
+                sources = [(key, str(carried[key]()), key in strips) for key in reads]
             else:  # executors elsewhere may not see the driver's disk
-                sources = [(key, path.read_bytes()) for key, path in tifs]
+                sources = [(key, carried[key]().read_bytes(), key in strips) for key in reads]
             reader = functools.partial(_carried_records, plan=plan_b)
             slices = max(1, len(sources) // 8)
             records = records.union(sc.parallelize(sources, slices).flatMap(reader))
@@ -1034,8 +1162,26 @@ def _grid_stage(
         tiles_out = _collect_shipped(labelled, out_dir)
     finally:
         plan_b.unpersist()
+    for key, _, coarse, found in tiles_out:
+        if found is not None and coarse is not None:
+            name = f"{key[0]}_{key[1]}.npz"
+            fingerprint = _label_fingerprint(key, plan, grid)
+            _write_label_cache(out_dir / STATE_LABELS / name, found, coarse, fingerprint)
+    tiles_out += [(key, None, coarse, found) for key, (found, coarse) in reused.items()]
+    log.info(
+        "labels: %d tiles along the roads tested, %d kept results reused (%d of them read "
+        "for their neighbours)",
+        sum(1 for *_, p in tiles_out if p is not None) - len(reused),
+        len(reused),
+        len(strips),
+    )
+
+    def local(key: tuple[int, int]) -> Path | None:
+        find = carried.get(key)
+        return None if find is None else find()
+
     layers, paint = _label_inputs(
-        [(key, p) for key, _, _, p in tiles_out if p is not None], out_dir, grid, carried
+        [(key, p) for key, _, _, p in tiles_out if p is not None], out_dir, grid, local
     )
     return GridStageResult(
         patches={key: patches for key, patches, _, _ in tiles_out if patches is not None},
@@ -1127,16 +1273,25 @@ def run_pipeline(
         driven = {**(corridor_trajectories or {}), **trajectories}
         corridor = _corridor(driven, grid, margin_m=corridor_m)
         carried = previous.carry_grid(reach.carried_tiles, Path(out_dir)) if previous else []
+        plan = _label_plan(driven, corridor, grid, stages.labels)
+        reused = _reusable_labels(previous, carried, reach.near_tiles, plan, grid)
+        if previous is not None:
+            previous.carry_labels(reused, Path(out_dir))
         tiles = _grid_stage(
             merged,
             out_dir=Path(out_dir),
             token=token,
             origin=next(iter(drives.values())).origin,
-            plan=_label_plan(driven, corridor, grid, stages.labels),
+            plan=plan,
             grid=grid,
-            carried={key: previous.grid_tile(key) for key in carried if key in corridor}
+            carried={
+                key: functools.partial(previous.grid_tile, key)
+                for key in carried
+                if key in corridor
+            }
             if previous is not None
             else None,
+            reused=reused,
         )
         exchange.drop(merged)
         _check_carried(tiles.patches, carried, "grid")

@@ -7,13 +7,15 @@ its files go into the new version as they are (hard links on one file system, el
 on a map off the local filesystem, copies the storage makes at commit, see
 :class:`VersionFiles`), without merging, finishing or writing it again. A nightly build's
 tile work, and the disk a new version takes, therefore follow the new drives, not the size
-of the map. (The label stage still reads the tiles along every drive's roads, and extracts
-the labels of the whole map again.)
+of the map. The label stage reads again only the tiles along the roads within two tiles of
+the new drives' reach; it still extracts the labels of the whole map again, on the driver.
 
 A version keeps, per grid tile ``<x>_<y>``: ``grid/<x>_<y>.tif`` and its preview
-``grid/preview/<x>_<y>.png``, and its statistics ``state/tiles/<x>_<y>.npz``; per
-point-cloud tile: ``pointcloud_map/<name>.pcd`` (listed in ``pointcloud_map_metadata.yaml``)
-and ``state/cloud/<x>_<y>.npz``.
+``grid/preview/<x>_<y>.png``, and its statistics ``state/tiles/<x>_<y>.npz``; for a grid
+tile along the roads, what the label stage made of it, ``state/labels/<x>_<y>.npz`` (its
+paint cells and coarse copy, reused by the next build while neither the tile nor its
+neighbours change); per point-cloud tile: ``pointcloud_map/<name>.pcd`` (listed in
+``pointcloud_map_metadata.yaml``) and ``state/cloud/<x>_<y>.npz``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from adcloud.hdmap.pcmap import (
 __all__ = [
     "GRID_DIR",
     "STATE_CLOUD",
+    "STATE_LABELS",
     "STATE_TILES",
     "TILE_FOLDERS",
     "TILE_SETTINGS",
@@ -62,6 +65,8 @@ GRID_DIR = "grid"
 STATE_TILES = "state/tiles"
 #: ... and its point-cloud tiles' voxel sums.
 STATE_CLOUD = "state/cloud"
+#: ... and what the label stage made of each grid tile along the roads.
+STATE_LABELS = "state/labels"
 
 
 def keys_within(xy: NDArray[np.float64], tile_size: float, reach: float) -> frozenset[TileKey]:
@@ -107,7 +112,7 @@ def tile_settings(grid: GridSettings, cloud: PointCloudMapSettings) -> dict[str,
 #: The folders of a version that hold one file per tile. A build on a map that is not on a
 #: local filesystem downloads from them only the files it merges or reads, and the new
 #: version gets the others by copies on the map's own storage (:class:`VersionFiles`).
-TILE_FOLDERS = (GRID_DIR, TILE_DIR, STATE_TILES, STATE_CLOUD)
+TILE_FOLDERS = (GRID_DIR, TILE_DIR, STATE_TILES, STATE_CLOUD, STATE_LABELS)
 
 
 class VersionFiles(Protocol):
@@ -205,6 +210,16 @@ class KeptVersion:
     def cloud_state(self) -> dict[TileKey, str]:
         """Each point-cloud tile's kept voxel sums file (relative to the version), by key."""
         return self._state(STATE_CLOUD)
+
+    def label_state(self) -> dict[TileKey, str]:
+        """Each grid tile's kept label-stage result (relative to the version), by key."""
+        return self._state(STATE_LABELS)
+
+    def carry_labels(self, keys: Iterable[TileKey], out_dir: Path) -> None:
+        """Give the version being built in ``out_dir`` the kept label-stage results of the
+        grid tiles ``keys`` as they are."""
+        for key in sorted(keys):
+            self._files.carry(f"{STATE_LABELS}/{key[0]}_{key[1]}.npz", out_dir)
 
     def _state(self, folder: str) -> dict[TileKey, str]:
         out = {}

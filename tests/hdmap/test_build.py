@@ -492,6 +492,14 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
         == (full.path / "pointcloud_map" / k).read_bytes()
         for k in kept_pcds
     )
+    # the label stage reused what it made of the tiles far from the new drive (their kept
+    # results are the old version's files) and labels the map as the full build does
+    labels = sorted(k for k in new if k.startswith("state/labels/"))
+    assert labels == sorted(k for k in again if k.startswith("state/labels/"))
+    reused = [k for k in labels if k in old and (v2.path / k).samefile(v1.path / k)]
+    assert 0 < len(reused) < len(labels)
+    for rel in ("semantic.geojson", "lanelet2_map.osm", *labels):
+        assert (v2.path / rel).read_bytes() == (full.path / rel).read_bytes(), rel
     # the labels still cover the stretch only the first build's drive saw
     end = Trajectory.read_tum(v2.path / "trajectory" / "second.tum").xyz[-20:, :2]
     markings = read_geojson(v2.path / "semantic.geojson").markings
