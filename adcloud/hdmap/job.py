@@ -70,6 +70,7 @@ from adcloud.hdmap.errors import DriveDataError, HdmapError
 from adcloud.hdmap.exchange import Exchange, dump_items, load_items
 from adcloud.hdmap.geotiff import read_grid_tile, tile_file_name, write_grid_tile, write_preview
 from adcloud.hdmap.grid import (
+    LAYERS,
     GridSettings,
     GridTile,
     TilePartial,
@@ -752,17 +753,6 @@ def _label_fingerprint(key: tuple[int, int], plan: _LabelPlan, grid: GridSetting
     )
 
 
-_OVERVIEW_LAYERS = (
-    "elevation_mean",
-    "elevation_min",
-    "elevation_max",
-    "count",
-    "reflectance_mean",
-    "scans",
-    "obstacle_top",
-)
-
-
 def _write_label_cache(path: Path, paint: TilePaint, overview: GridTile, fingerprint: str) -> None:
     """Keep a tile's label-stage result (its paint cells and coarse copy) at ``path``,
     written beside and renamed (a carried link to the previous version's is never written
@@ -777,7 +767,7 @@ def _write_label_cache(path: Path, paint: TilePaint, overview: GridTile, fingerp
         "origin": np.array(overview.origin, np.float64),
         "resolution": np.array(overview.resolution, np.float64),
     }
-    arrays.update({f"overview_{name}": getattr(overview, name) for name in _OVERVIEW_LAYERS})
+    arrays.update({f"overview_{name}": getattr(overview, name) for name in LAYERS})
     partial = path.with_name(path.name + ".partial")
     with partial.open("wb") as handle:
         np.savez(handle, **arrays)
@@ -794,7 +784,7 @@ def _read_label_cache(path: Path, fingerprint: str) -> tuple[TilePaint, GridTile
             paint = (data["rows"], data["cols"], data["z"])
             kx, ky = (int(v) for v in data["key"])
             ox, oy = (float(v) for v in data["origin"])
-            layers = {name: data[f"overview_{name}"] for name in _OVERVIEW_LAYERS}
+            layers = {name: data[f"overview_{name}"] for name in LAYERS}
             overview = GridTile(
                 key=(kx, ky), origin=(ox, oy), resolution=float(data["resolution"]), **layers
             )
