@@ -186,7 +186,9 @@ def add_parser(subparsers: Any) -> None:
         "/shared/seg/model --bags s3://drives/test/",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    evaluate.add_argument("--model", required=True, help="the model directory (out/model)")
+    evaluate.add_argument(
+        "--model", required=True, help="the model directory (out/model; a path or an fsspec URL)"
+    )
     evaluate.add_argument(
         "--bags",
         nargs="+",
@@ -213,7 +215,9 @@ def add_parser(subparsers: Any) -> None:
         description="Show what an exported model is: task, config, data manifest (bags and "
         "hashes), code version, metrics, parameters, MACs and measured latency.",
     )
-    inspect.add_argument("path", help="the model directory (out/model) or its model.pt2")
+    inspect.add_argument(
+        "path", help="the model directory (out/model) or its model.pt2; a path or an fsspec URL"
+    )
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(func=_cmd_inspect)
 

@@ -398,37 +398,44 @@ def evaluate_model(
     partitions_per_bag: int | None = None,
     out: str | None = None,
 ) -> Evaluation:
-    """Score the exported model in directory ``model`` on ``bags`` (files, directories, globs
-    or fsspec URLs) in one Spark job; with ``out``, write ``eval.json`` and ``confusion.png``
-    there.
+    """Score the exported model in directory ``model`` (local or an fsspec URL) on ``bags``
+    (files, directories, globs or fsspec URLs) in one Spark job; with ``out``, write
+    ``eval.json`` and ``confusion.png`` there.
 
     The task and its options come from the model's ``metadata.json``; the program is checked
     against its SHA-256 and loaded on the driver first, so a missing or corrupt model fails
     here, naming the file, before any executor starts. Raises :class:`TrainError` when the
     bags give no samples (naming the topics the task reads).
     """
-    from adcloud.train.export import PROGRAM_FILE, load_exported  # noqa: PLC0415
+    from adcloud.train.export import (  # noqa: PLC0415
+        PROGRAM_FILE,
+        load_exported,
+        local_model,
+        model_location,
+    )
 
     started = time.perf_counter()
     if not bags:
         raise TrainError("no bags to evaluate on: give at least one bag, directory or glob")
-    _, meta = load_exported(model)
-    directory = Path(model) if Path(model).is_dir() else Path(model).parent
+    with local_model(model) as directory:
+        _, meta = load_exported(directory)
+        program = (directory / PROGRAM_FILE).read_bytes()
+    shown = model_location(model)
     name = meta.get("task")
     if not isinstance(name, str):
         raise ExportError(
-            f"{directory / 'metadata.json'}: no 'task' to evaluate with (models written by "
+            f"{shown}/metadata.json: no 'task' to evaluate with (models written by "
             "adcloud train run name theirs)"
         )
     config = meta.get("config")
     options = config.get("task_options", {}) if isinstance(config, Mapping) else {}
     task = _counting(get_task(name, options))
-    weights = _broadcast(spark, "exported", (directory / PROGRAM_FILE).read_bytes())
+    weights = _broadcast(spark, "exported", program)
     try:
         counts, samples = _score(spark, task, weights, bags, partitions_per_bag)
     finally:
         weights.payload.unpersist()
-    evaluation = _evaluation(task, str(directory), counts, samples, started)
+    evaluation = _evaluation(task, shown, counts, samples, started)
     log.info(
         "%s on %d bag(s): %d samples in %.1f s",
         evaluation.model,

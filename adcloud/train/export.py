@@ -29,6 +29,7 @@ History: version 1 -- first version.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -36,8 +37,9 @@ import os
 import platform
 import posixpath
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,7 +66,9 @@ __all__ = [
     "inspect_model",
     "inspection_table",
     "load_exported",
+    "local_model",
     "measure_latency",
+    "model_location",
     "sha256_file",
 ]
 
@@ -376,33 +380,80 @@ def _check_program(directory: Path, meta: Mapping[str, Any]) -> None:
         )
 
 
+def _url_directory(url: str) -> str:
+    """The URL of the export directory that ``url`` (it, or one of its files) names."""
+    where = url.rstrip("/")
+    if posixpath.basename(where) in (PROGRAM_FILE, METADATA_FILE):
+        where = posixpath.dirname(where)
+    return where
+
+
+def model_location(path: str | os.PathLike[str]) -> str:
+    """Where the export that ``path`` names lives, as people should see it: its local
+    directory, or the URL of its directory."""
+    text = os.fspath(path)
+    if "://" not in text or text.startswith("file://"):
+        return str(_directory(text.removeprefix("file://")))
+    return _url_directory(text)
+
+
+@contextlib.contextmanager
+def local_model(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A local directory holding the export at ``path``: a directory or one of its two
+    files, local or at an fsspec URL (``s3://``, ``memory://``...), whose two files are then
+    downloaded into a temporary directory that goes away with the context."""
+    text = os.fspath(path)
+    if "://" not in text or text.startswith("file://"):
+        yield _directory(text.removeprefix("file://"))
+        return
+    fs, root = fsspec.core.url_to_fs(text)
+    if posixpath.basename(root) in (PROGRAM_FILE, METADATA_FILE):
+        root = posixpath.dirname(root)
+    where = _url_directory(text)
+    with tempfile.TemporaryDirectory(prefix="adcloud-model-") as tmp:
+        for name in (METADATA_FILE, PROGRAM_FILE):
+            try:
+                fs.get_file(posixpath.join(root, name), str(Path(tmp) / name))
+            except FileNotFoundError as err:
+                raise ExportError(
+                    f"{where}/{name}: not found; is {where} a directory written by "
+                    "export_model (a run's model/)?"
+                ) from err
+        try:
+            yield Path(tmp)
+        except ExportError as err:  # name the model where it lives, not the download
+            raise ExportError(str(err).replace(tmp, where)) from err
+
+
 def load_exported(
     path: str | os.PathLike[str],
 ) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
     """``(program, metadata)`` of an export directory (or of its ``model.pt2`` /
-    ``metadata.json``), after checking the program's size and SHA-256 against the metadata.
+    ``metadata.json``; local or an fsspec URL), after checking the program's size and
+    SHA-256 against the metadata.
 
     Raises :class:`ExportError` naming the file that is missing or corrupt.
     """
-    directory = _directory(path)
-    meta = _read_metadata(directory)
-    _check_program(directory, meta)
-    program_path = directory / PROGRAM_FILE
-    try:
-        program = torch.export.load(program_path)
-    except Exception as err:
-        raise ExportError(f"{program_path}: torch.export.load failed: {err}") from err
+    with local_model(path) as directory:
+        meta = _read_metadata(directory)
+        _check_program(directory, meta)
+        program_path = directory / PROGRAM_FILE
+        try:
+            program = torch.export.load(program_path)
+        except Exception as err:
+            raise ExportError(f"{program_path}: torch.export.load failed: {err}") from err
     return program, meta
 
 
 def inspect_model(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The metadata of an exported model (see the module), with the program file checked
-    against it; adds ``path`` (the directory). Raises :class:`ExportError` naming a missing or
-    corrupt file. Does not load the program (that is :func:`load_exported`)."""
-    directory = _directory(path)
-    meta = _read_metadata(directory)
-    _check_program(directory, meta)
-    return {"path": str(directory), **meta}
+    """The metadata of an exported model (see the module; local or at an fsspec URL), with
+    the program file checked against it; adds ``path`` (the directory). Raises
+    :class:`ExportError` naming a missing or corrupt file. Does not load the program (that
+    is :func:`load_exported`)."""
+    with local_model(path) as directory:
+        meta = _read_metadata(directory)
+        _check_program(directory, meta)
+    return {"path": model_location(path), **meta}
 
 
 def _si(value: float) -> str:

@@ -7,11 +7,15 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import re
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 import torch
@@ -363,3 +367,28 @@ def test_eval_every_needs_a_task_whose_scores_are_sums(
     cfg = config(tmp_path, sync="single", bags=(bag,), heldout_bags=(bag,), eval_every=2)
     with pytest.raises(TrainError, match=r"eval_every .* toy_linear has none: set eval_every=0"):
         run_training(spark, cfg, task=LinearTask())
+
+
+def test_a_model_at_a_url_is_scored_and_named_there(
+    spark: SparkSession,
+    lidar_model: tuple[Path, torch.nn.Module],
+    heldout_drive: DriveResult,
+    lidar_heldout: list[Sample],
+) -> None:
+    path, _ = lidar_model
+    fs = fsspec.filesystem("memory")
+    url = f"memory://models-{os.getpid()}-{time.monotonic_ns()}/seg/model"
+    for name in ("metadata.json", "model.pt2"):
+        fs.pipe_file(f"{url}/{name}", (path / name).read_bytes())
+    result = evaluate_model(spark, url, [str(heldout_drive.bag)])
+    local = evaluate_model(spark, path, [str(heldout_drive.bag)])
+    assert result.model == url and result.total_samples == len(lidar_heldout)
+    assert np.array_equal(result.counts, local.counts)
+    assert inspect_model(f"{url}/model.pt2")["path"] == url
+    # a corrupt or missing file is named where it lives
+    fs.pipe_file(f"{url}/model.pt2", b"garbage")
+    with pytest.raises(ExportError, match=rf"{re.escape(url)}/model\.pt2: corrupt"):
+        evaluate_model(spark, url, [str(heldout_drive.bag)])
+    fs.rm(f"{url}/metadata.json")
+    with pytest.raises(ExportError, match=rf"{re.escape(url)}/metadata\.json: not found"):
+        inspect_model(url)
