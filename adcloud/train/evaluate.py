@@ -98,52 +98,19 @@ def _model(task: Task, weights: _Weights) -> torch.nn.Module:
     return model
 
 
-def _count_partition(
-    index: int,
-    blocks: Iterable[bytes | bytearray],
-    *,
-    task: CountingTask,
-    weights: _Weights,
-    bags: Sequence[str],
-) -> Iterator[tuple[str, tuple[NDArray[Any], int]]]:
-    """``(bag, (counts, samples))`` of one partition, the model run ``_CHUNK`` samples at a
-    time."""
-    from pyspark import TaskContext  # noqa: PLC0415
-
-    from adcloud.train.job import decode_samples  # noqa: PLC0415
-
-    context = TaskContext.get()
-    torch.set_num_threads(max(1, context.cpus() if context is not None else 1))
-    model = _model(task, weights)
-    counts: NDArray[Any] | None = None
-    n = 0
-    chunk: list[Any] = []
-    for _, sample in decode_samples(task, blocks):
-        chunk.append(sample)
-        if len(chunk) == _CHUNK:
-            part = task.eval_counts(model, chunk)
-            counts = part if counts is None else counts + part
-            n += len(chunk)
-            chunk = []
-    if chunk or counts is None:
-        part = task.eval_counts(model, chunk)
-        counts = part if counts is None else counts + part
-        n += len(chunk)
-    yield bags[index], (counts, n)
-
-
-def _count_samples(
-    samples: Iterable[Any], *, task: CountingTask, weights: _Weights
-) -> Iterator[tuple[NDArray[Any], int]]:
-    """``(counts, samples)`` of one partition of ready samples."""
+def _counts_of(
+    task: CountingTask, weights: _Weights, samples: Iterable[Any]
+) -> tuple[NDArray[Any], int]:
+    """The summed counts of ``samples`` and their number, the model (loaded once per
+    worker) run ``_CHUNK`` samples at a time on the task's share of the cores."""
     from pyspark import TaskContext  # noqa: PLC0415
 
     context = TaskContext.get()
     torch.set_num_threads(max(1, context.cpus() if context is not None else 1))
     model = _model(task, weights)
-    chunk: list[Any] = []
     counts = task.eval_counts(model, [])
     n = 0
+    chunk: list[Any] = []
     for sample in samples:
         chunk.append(sample)
         if len(chunk) == _CHUNK:
@@ -153,7 +120,29 @@ def _count_samples(
     if chunk:
         counts = counts + task.eval_counts(model, chunk)
         n += len(chunk)
-    yield counts, n
+    return counts, n
+
+
+def _count_partition(
+    index: int,
+    blocks: Iterable[bytes | bytearray],
+    *,
+    task: CountingTask,
+    weights: _Weights,
+    bags: Sequence[str],
+) -> Iterator[tuple[str, tuple[NDArray[Any], int]]]:
+    """``(bag, (counts, samples))`` of one partition of BinPipe blocks."""
+    from adcloud.train.job import decode_samples  # noqa: PLC0415
+
+    samples = (sample for _, sample in decode_samples(task, blocks))
+    yield bags[index], _counts_of(task, weights, samples)
+
+
+def _count_samples(
+    samples: Iterable[Any], *, task: CountingTask, weights: _Weights
+) -> Iterator[tuple[NDArray[Any], int]]:
+    """``(counts, samples)`` of one partition of ready samples."""
+    yield _counts_of(task, weights, samples)
 
 
 def score_samples(

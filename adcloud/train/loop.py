@@ -388,7 +388,9 @@ def train(
             # every eval_every-th step but the last: the caller scores the finished model
             due = bool(config.eval_every) and done % config.eval_every == 0 and done < steps
             if validate is not None and due:
+                rng = capture_rng()  # scoring never changes what training draws next
                 scores = validate(model, done)
+                restore_rng(rng)
                 validation.append((done, scores))
                 shown = ", ".join(f"{k} {v:.4f}" for k, v in list(scores.items())[:3])
                 log.info("run %s trainer %d: held-out at step %d: %s", run, rank, done, shown)

@@ -338,6 +338,13 @@ def test_every_mode_scores_the_heldout_bags_during_training(
     assert result.validation[-1][1] == result.metrics
     mse = [scores["mse"] for _, scores in result.validation]
     assert mse[-1] < mse[0]  # it learns
+    # scoring while training changes nothing the training computes
+    plain = run_training(
+        spark, config(tmp_path / "plain", **{**settings, "eval_every": 0}), task=task
+    )
+    assert plain.losses == result.losses
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, result.state_dict()[name]), name
     # step 3's scores are those of a run stopped after 3 steps (the same first steps)
     short = run_training(
         spark, config(tmp_path / "short", **{**settings, "steps": 3, "eval_every": 0}), task=task
