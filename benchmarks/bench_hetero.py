@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import sys
 import tempfile
@@ -56,7 +57,12 @@ from adcloud.hetero.icp import _nearest_numpy, _rt, _system_numpy, _translation
 from adcloud.hetero.lattice import lattice_origin, local_float32
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCAN_PAIR = REPO_ROOT.parent / "shared" / "data" / "04_gicp_scan_pair_with_reference_tf"
+SCAN_PAIR_NAME = "04_gicp_scan_pair_with_reference_tf"
+SCAN_PAIR = (
+    Path(os.environ.get("ADCLOUD_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+    / SCAN_PAIR_NAME
+)
+"""The real scan pair; ``ADCLOUD_SHARED_DATA`` names another folder holding it."""
 TARGETS = {"ICP correspondences": 3.0, "rasterize": 3.0}
 
 

@@ -45,12 +45,14 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
-from pyspark import SparkContext, cloudpickle
-from pyspark.sql import SparkSession
 
-from adcloud.spark import SparkSettings, StandaloneCluster, get_session, wait_for_executors
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from adcloud.spark import StandaloneCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,6 +77,8 @@ _PICKLED_BY_VALUE: set[str] = set()
 def _register_by_value(module: ModuleType | None) -> None:
     if module is None or module.__name__ in _PICKLED_BY_VALUE:
         return
+    from pyspark import cloudpickle  # noqa: PLC0415 - Spark loads only for tests that use it
+
     cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
     _PICKLED_BY_VALUE.add(module.__name__)
 
@@ -130,6 +134,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """The shared ``local[2]`` SparkSession (UI off, 4 shuffle partitions)."""
+    from adcloud.spark import SparkSettings, get_session  # noqa: PLC0415
+
     settings = SparkSettings(
         master="local[2]", app_name="adcloud-tests", driver_memory="1g", executor_memory="1g"
     )
@@ -151,6 +157,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
 
     Its logs and work directories are under pytest's temporary directory (``spark-cluster*``).
     """
+    from adcloud.spark import StandaloneCluster  # noqa: PLC0415
+
     with StandaloneCluster(
         2, cores=1, memory="1g", log_dir=tmp_path_factory.mktemp("spark-cluster")
     ) as running:
@@ -163,6 +171,11 @@ def cluster_spark(cluster: StandaloneCluster) -> Iterator[SparkSession]:
 
     Stops the ``local[2]`` session first (one SparkContext per process; see the module doc).
     """
+    from pyspark import SparkContext  # noqa: PLC0415
+    from pyspark.sql import SparkSession  # noqa: PLC0415
+
+    from adcloud.spark import SparkSettings, get_session, wait_for_executors  # noqa: PLC0415
+
     _SessionSwitch.switched = True
     local = SparkSession.getActiveSession()
     if local is not None:

@@ -15,14 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rosbags.rosbag1 import Writer
-from rosbags.typesys import Stores, get_typestore
 
 from adcloud.hetero import DeviceKind, list_devices, open_device, opencl_status
 from adcloud.hetero._ply import read_ply
 from adcloud.hetero.devices import ComputeDevice
 
-ROS1 = get_typestore(Stores.ROS1_NOETIC)
 SCAN_PAIR = "04_gicp_scan_pair_with_reference_tf"
 T0 = 1_700_000_000_000_000_000
 
@@ -93,6 +90,11 @@ def write_image_bag(
     ``images`` are (H, W) for mono8 or (H, W, 3) in the encoding's channel order; ``pad``
     bytes of padding end every row (``step > width * channels``).
     """
+    # imported here so that the kernel tests run where rosbags is not installed (a GPU box)
+    from rosbags.rosbag1 import Writer  # noqa: PLC0415
+    from rosbags.typesys import Stores, get_typestore  # noqa: PLC0415
+
+    ROS1 = get_typestore(Stores.ROS1_NOETIC)  # noqa: N806 - the typestore's usual name
     types = ROS1.types
     writer = Writer(path)
     writer.chunk_threshold = chunk_threshold

@@ -1,0 +1,238 @@
+"""adcloud.train on a CUDA GPU against the same training on the CPU, in one run.
+
+The product's training function (:func:`adcloud.train.loop.train`, ``sync="single"``) trains
+``lidar_seg`` (small and full presets) on the synthetic drives of the training tests (20 s,
+seed 6, for training; 10 s, seed 5, held out; 16 beams x 512 columns) once with
+``train.device="cuda"`` and once with ``"cpu"`` (all the machine's cores), same seed, same
+batches, same steps.  Printed per preset and device: training samples/s, the GPU/CPU ratio,
+the final loss, the largest loss difference between the two curves, the held-out mIoU, and the
+exported model's inference latency (p50/p99, :func:`adcloud.train.export.export_model` on that
+device).
+
+A GPU machine may have no ROS tooling and no Spark, so the samples are made on a machine with
+the project installed and carried over as one ``.npz``::
+
+    .venv/bin/python benchmarks/bench_train_gpu.py prepare --out work/gpu/samples.npz
+    python3 benchmarks/bench_train_gpu.py run --samples work/gpu/samples.npz --json out.json
+
+``prepare`` synthesizes the drives and makes the samples with the task's own ETL (messages
+read by :mod:`adcloud.binpipe`, decoded with its ``MessageDecoder``), as the Spark job does.
+``run`` needs only torch, NumPy and the project's pure-Python modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # ``run`` works from a bare checkout (no install)
+
+from adcloud.train.task import PointCloudSample  # noqa: E402
+
+SPLITS = ("train", "heldout")
+
+
+def prepare(out: Path) -> None:
+    """Synthesize both drives and write their ``lidar_seg`` samples to ``out``."""
+    from adcloud.binpipe import (  # noqa: PLC0415
+        ConnectionInfo,
+        MessageDecoder,
+        plan_partitions,
+        read_partition,
+    )
+    from adcloud.synth import DriveConfig, generate_drive  # noqa: PLC0415
+    from adcloud.train.task import get_task  # noqa: PLC0415
+
+    drives = {
+        "train": DriveConfig(seconds=20, seed=6, lidar_beams=16, lidar_columns=512),
+        "heldout": DriveConfig(seconds=10, seed=5, lidar_beams=16, lidar_columns=512),
+    }
+    task = get_task("lidar_seg")
+    arrays: dict[str, np.ndarray] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
+        for split, drive in drives.items():
+            bag = generate_drive(drive, Path(tmp) / f"{split}.bag").bag
+            samples: list[PointCloudSample] = []
+            for part in plan_partitions(str(bag), topics=task.topics):
+                decoder = MessageDecoder(
+                    ConnectionInfo(
+                        c.topic, c.msgtype, c.msgdef_format, c.msgdef, c.md5sum, c.serialization
+                    )
+                    for c in part.connections
+                )
+                for msg in read_partition(part):
+                    made = task.samples(msg.topic, msg.timestamp, decoder.decode(msg))
+                    samples.extend(s for s in made if isinstance(s, PointCloudSample))
+            sizes = np.array([len(s.points) for s in samples], dtype=np.int64)
+            arrays[f"{split}_points"] = np.concatenate([s.points for s in samples])
+            arrays[f"{split}_labels"] = np.concatenate([s.labels for s in samples])
+            arrays[f"{split}_sizes"] = sizes
+            arrays[f"{split}_stamps"] = np.array([s.stamp_ns for s in samples], dtype=np.int64)
+            print(f"{split}: {len(samples)} sweeps, {int(sizes.sum())} points", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, **arrays)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+
+
+def load(path: Path) -> dict[str, list[PointCloudSample]]:
+    """The samples ``prepare`` wrote, by split."""
+    with np.load(path) as data:
+        out = {}
+        for split in SPLITS:
+            ends = np.cumsum(data[f"{split}_sizes"])
+            points = np.split(data[f"{split}_points"], ends[:-1])
+            labels = np.split(data[f"{split}_labels"], ends[:-1])
+            stamps = data[f"{split}_stamps"].tolist()
+            out[split] = [
+                PointCloudSample(int(t), p, lab)
+                for t, p, lab in zip(stamps, points, labels, strict=True)
+            ]
+    return out
+
+
+def train_once(
+    preset: str,
+    device: str,
+    samples: dict[str, list[PointCloudSample]],
+    steps: int,
+    threads: int,
+) -> dict[str, Any]:
+    """One single-process run of ``preset`` on ``device``: throughput, losses, held-out scores
+    and the exported model's latency there."""
+    import torch  # noqa: PLC0415
+
+    from adcloud.train.config import TrainConfig  # noqa: PLC0415
+    from adcloud.train.export import export_model  # noqa: PLC0415
+    from adcloud.train.loop import train  # noqa: PLC0415
+    from adcloud.train.task import get_task  # noqa: PLC0415
+
+    task = get_task("lidar_seg", {"preset": preset})
+    config = TrainConfig(
+        task="lidar_seg",
+        task_options={"preset": preset},
+        sync="single",
+        workers=1,
+        steps=steps,
+        batch_size=2,
+        optimizer="adamw",
+        lr=1e-2,
+        weight_decay=1e-4,
+        schedule="cosine",
+        warmup_steps=20,
+        final_lr_ratio=0.05,
+        seed=0,
+        checkpoint_every=0,
+        threads=threads,
+        device=device,
+        progress=False,
+    ).validate()
+    result = train(task, samples["train"], config, eval_samples=samples["heldout"])
+    model = task.build_model()
+    model.load_state_dict(result.state_dict())
+    model.to(device)
+    inputs = tuple(t.to(device) for t in task.example_inputs(samples["heldout"]))
+    with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
+        exported = export_model(
+            model, inputs, Path(tmp) / "model", {"task": task.name}, warmup=10, runs=100
+        )
+    latency = exported.metadata["latency_ms"]
+    name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
+    return {
+        "preset": preset,
+        "device": device,
+        "device_name": name,
+        "threads": torch.get_num_threads(),
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "samples_per_second": result.samples_per_second,
+        "losses": list(result.losses),
+        "miou": result.metrics["miou"],
+        "accuracy": result.metrics["accuracy"],
+        "latency_ms": latency,
+        "parameters": exported.metadata["model"]["parameters"],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+
+    samples = load(args.samples)
+    print(
+        f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}"
+        + (f" ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "")
+        + f"; {len(samples['train'])} training sweeps, {len(samples['heldout'])} held out; "
+        f"{args.steps} steps of 2 sweeps",
+        flush=True,
+    )
+    devices = [d for d in args.devices.split(",") if d]
+    if "cuda" in devices and not torch.cuda.is_available():
+        print("no CUDA device: the GPU figures are not taken", flush=True)
+        devices.remove("cuda")
+    rows: list[dict[str, Any]] = []
+    for preset in args.presets.split(","):
+        by_device: dict[str, dict[str, Any]] = {}
+        for device in devices:
+            began = time.perf_counter()
+            row = train_once(preset, device, samples, args.steps, args.threads)
+            row["wall_seconds"] = time.perf_counter() - began
+            by_device[device] = row
+            rows.append(row)
+            lat = row["latency_ms"]
+            print(
+                f"{preset:<6} {device:<5} {row['device_name'][:40]:<40} "
+                f"{row['samples_per_second']:8.1f} samples/s  training {row['seconds']:6.1f} s  "
+                f"final loss {row['losses'][-1]:.4f}  held-out mIoU {row['miou']:.3f}  "
+                f"latency p50/p99 {lat['p50']:.2f}/{lat['p99']:.2f} ms",
+                flush=True,
+            )
+        if {"cuda", "cpu"} <= by_device.keys():
+            gpu, cpu = by_device["cuda"], by_device["cpu"]
+            gaps = sorted(abs(a - b) for a, b in zip(gpu["losses"], cpu["losses"], strict=True))
+            speed = gpu["samples_per_second"] / cpu["samples_per_second"]
+            print(
+                f"{preset}: GPU/CPU training throughput {speed:.1f}x, inference p50 "
+                f"{cpu['latency_ms']['p50'] / gpu['latency_ms']['p50']:.1f}x; loss curves "
+                f"differ by {gaps[len(gaps) // 2]:.4f} (median) / {gaps[-1]:.4f} (largest) per "
+                f"step; held-out mIoU {gpu['miou']:.3f} (GPU) vs {cpu['miou']:.3f} (CPU)",
+                flush=True,
+            )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    make = commands.add_parser("prepare", help="synthesize the drives and write their samples")
+    make.add_argument("--out", type=Path, required=True, help="the .npz to write")
+    bench = commands.add_parser("run", help="train on each device and compare")
+    bench.add_argument("--samples", type=Path, required=True, help="the .npz of `prepare`")
+    bench.add_argument("--steps", type=int, default=300, help="training steps (300)")
+    bench.add_argument("--presets", default="small,full", help="lidar_seg presets (small,full)")
+    bench.add_argument("--devices", default="cuda,cpu", help="devices to compare (cuda,cpu)")
+    bench.add_argument(
+        "--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)"
+    )
+    bench.add_argument("--json", type=Path, help="also write every run's figures here")
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        prepare(args.out)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU figures of benchmarks/RESULTS.md, on a CUDA machine that has torch but no Spark, no
+# Java and no ROS (and perhaps no network).  Run from the repository root after preparing, on a
+# machine with the project installed:
+#
+#   .venv/bin/python benchmarks/bench_train_gpu.py prepare --out work/gpu/samples.npz
+#   mkdir -p work/gpu/data && cp -r ../shared/data/04_gicp_scan_pair_with_reference_tf work/gpu/data/
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --platform manylinux_2_28_x86_64 -d .whl pyopencl pytools siphash24 platformdirs isal
+#
+# then on the GPU machine (OUT: where the logs go; default work/gpu/out):
+#
+#   bash benchmarks/gpu_checks.sh          # the benchmarks (1 and 2 below; ~3 min on an H100)
+#   bash benchmarks/gpu_checks.sh tests    # the kernel tests on the GPU (3 below)
+#
+# 1. OpenCL: the adcloud.hetero kernels on the GPU against their NumPy reference
+#    (bench_hetero.py --no-job).  pyopencl's wheel brings the ICD loader; where the system
+#    registers no NVIDIA ICD, the driver's libnvidia-opencl is registered in a private folder.
+# 2. CUDA: lidar_seg training and export on the GPU against the same on the CPU
+#    (bench_train_gpu.py run).
+# 3. The kernel tests of tests/hetero, parametrized over every OpenCL device, on the GPU (the
+#    NumPy reference is the truth; tests that compare with PoCL's CPU device fail where PoCL
+#    is not installed), with the OpenCL compiler's output shown.
+set -uo pipefail
+OUT=${OUT:-work/gpu/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+
+{
+  date -u
+  nvidia-smi -L || true
+  "$PY" -V
+  "$PY" -c 'import torch, numpy; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "numpy", numpy.__version__)'
+  nproc
+} 2>&1 | tee "$OUT/machine.txt"
+
+WHEELS=${WHEELS:-.whl}  # wheels of what the machine lacks (WHEELS=none: install nothing)
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/adcloud-site "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH=/tmp/adcloud-site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+[ -d work/gpu/data ] && export ADCLOUD_SHARED_DATA=$PWD/work/gpu/data
+
+if ! grep -qs nvidia /etc/OpenCL/vendors/*.icd; then
+  lib=$(ldconfig -p | awk '/libnvidia-opencl.so.1/ {print $NF; exit}')
+  [ -z "$lib" ] && lib=$(find / -xdev -name 'libnvidia-opencl.so.1' 2>/dev/null | head -1)
+  if [ -n "$lib" ]; then
+    mkdir -p /tmp/adcloud-icd && echo "$lib" >/tmp/adcloud-icd/nvidia.icd
+    export OCL_ICD_VENDORS=/tmp/adcloud-icd
+    echo "registered the NVIDIA OpenCL ICD: $lib" | tee -a "$OUT/machine.txt"
+  else
+    echo "no libnvidia-opencl.so.1 on this machine: no OpenCL GPU" | tee -a "$OUT/machine.txt"
+  fi
+fi
+
+if [ "${1:-bench}" = tests ]; then
+  PYOPENCL_COMPILER_OUTPUT=1 timeout 400 "$PY" -m pytest -q -p no:cacheprovider -rfEs \
+    tests/hetero/test_transform.py tests/hetero/test_voxel.py tests/hetero/test_raster.py \
+    tests/hetero/test_icp.py tests/hetero/test_features.py tests/hetero/test_lattice.py \
+    tests/hetero/test_devices.py 2>&1 | tee "$OUT/tests.txt"
+  echo "pytest exit: $?" | tee -a "$OUT/tests.txt"
+  exit 0
+fi
+
+timeout 240 "$PY" benchmarks/bench_hetero.py --no-job --repeat "${HETERO_REPEAT:-3}" 2>&1 \
+  | tee "$OUT/hetero.txt"
+echo "bench_hetero exit: $?" | tee -a "$OUT/hetero.txt"
+
+timeout 300 "$PY" benchmarks/bench_train_gpu.py run --samples work/gpu/samples.npz \
+  --steps "${TRAIN_STEPS:-300}" --json "$OUT/train_gpu.json" 2>&1 | tee "$OUT/train.txt"
+echo "bench_train_gpu exit: $?" | tee -a "$OUT/train.txt"
