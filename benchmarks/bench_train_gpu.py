@@ -1,13 +1,13 @@
 """adcloud.train on a CUDA GPU against the same training on the CPU, in one run.
 
 The product's training function (:func:`adcloud.train.loop.train`, ``sync="single"``) trains
-``lidar_seg`` (small and full presets) on the synthetic drives of the training tests (20 s,
-seed 6, for training; 10 s, seed 5, held out; 16 beams x 512 columns) once with
-``train.device="cuda"`` and once with ``"cpu"`` (all the machine's cores), same seed, same
-batches, same steps.  Printed per preset and device: training samples/s, the GPU/CPU ratio,
-the final loss, the largest loss difference between the two curves, the held-out mIoU, and the
-exported model's inference latency (p50/p99, :func:`adcloud.train.export.export_model` on that
-device).
+``lidar_seg`` and ``camera_seg`` (small and full presets) on the synthetic drives of the
+training tests (20 s, seed 6, for training; 10 s, seed 5, held out; 16 beams x 512 columns,
+the 160x120 camera) once with ``train.device="cuda"`` and once with ``"cpu"`` (all the
+machine's cores), same seed, same batches, same steps.  Printed per task, preset and device:
+training samples/s, the GPU/CPU ratio, the final loss, how far the two loss curves differ, the
+held-out mIoU, and the exported model's inference latency (p50/p99,
+:func:`adcloud.train.export.export_model` on that device).
 
 A GPU machine may have no ROS tooling and no Spark, so the samples are made on a machine with
 the project installed and carried over as one ``.npz``::
@@ -37,13 +37,15 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # ``run`` works from a bare checkout (no install)
 
-from adcloud.train.task import PointCloudSample  # noqa: E402
+from adcloud.train.task import ImageSample, PointCloudSample, Sample  # noqa: E402
 
 SPLITS = ("train", "heldout")
+TASKS = ("lidar_seg", "camera_seg")
 
 
 def prepare(out: Path) -> None:
-    """Synthesize both drives and write their ``lidar_seg`` samples to ``out``."""
+    """Synthesize both drives and write their ``lidar_seg`` and ``camera_seg`` samples to
+    ``out``."""
     from adcloud.binpipe import (  # noqa: PLC0415
         ConnectionInfo,
         MessageDecoder,
@@ -54,61 +56,77 @@ def prepare(out: Path) -> None:
     from adcloud.train.task import get_task  # noqa: PLC0415
 
     drives = {
-        "train": DriveConfig(seconds=20, seed=6, lidar_beams=16, lidar_columns=512),
-        "heldout": DriveConfig(seconds=10, seed=5, lidar_beams=16, lidar_columns=512),
+        "train": DriveConfig(seconds=20, seed=6, lidar_beams=16, lidar_columns=512, camera=True),
+        "heldout": DriveConfig(seconds=10, seed=5, lidar_beams=16, lidar_columns=512, camera=True),
     }
-    task = get_task("lidar_seg")
     arrays: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
         for split, drive in drives.items():
             bag = generate_drive(drive, Path(tmp) / f"{split}.bag").bag
-            samples: list[PointCloudSample] = []
-            for part in plan_partitions(str(bag), topics=task.topics):
-                decoder = MessageDecoder(
-                    ConnectionInfo(
-                        c.topic, c.msgtype, c.msgdef_format, c.msgdef, c.md5sum, c.serialization
+            for name in TASKS:
+                task = get_task(name)
+                samples: list[Sample] = []
+                for part in plan_partitions(str(bag), topics=task.topics):
+                    decoder = MessageDecoder(
+                        ConnectionInfo(
+                            c.topic, c.msgtype, c.msgdef_format, c.msgdef, c.md5sum, c.serialization
+                        )
+                        for c in part.connections
                     )
-                    for c in part.connections
-                )
-                for msg in read_partition(part):
-                    made = task.samples(msg.topic, msg.timestamp, decoder.decode(msg))
-                    samples.extend(s for s in made if isinstance(s, PointCloudSample))
-            sizes = np.array([len(s.points) for s in samples], dtype=np.int64)
-            arrays[f"{split}_points"] = np.concatenate([s.points for s in samples])
-            arrays[f"{split}_labels"] = np.concatenate([s.labels for s in samples])
-            arrays[f"{split}_sizes"] = sizes
-            arrays[f"{split}_stamps"] = np.array([s.stamp_ns for s in samples], dtype=np.int64)
-            print(f"{split}: {len(samples)} sweeps, {int(sizes.sum())} points", flush=True)
+                    for msg in read_partition(part):
+                        samples.extend(task.samples(msg.topic, msg.timestamp, decoder.decode(msg)))
+                key = f"{name}_{split}"
+                arrays[f"{key}_stamps"] = np.array([s.stamp_ns for s in samples], dtype=np.int64)
+                arrays[f"{key}_labels"] = np.concatenate([s.labels.ravel() for s in samples])
+                if name == "lidar_seg":
+                    clouds = [s.points for s in samples if isinstance(s, PointCloudSample)]
+                    arrays[f"{key}_sizes"] = np.array([len(c) for c in clouds], dtype=np.int64)
+                    arrays[f"{key}_points"] = np.concatenate(clouds)
+                else:
+                    arrays[f"{key}_images"] = np.stack(
+                        [s.image for s in samples if isinstance(s, ImageSample)]
+                    )
+                print(f"{name} {split}: {len(samples)} samples", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(out, **arrays)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
 
 
-def load(path: Path) -> dict[str, list[PointCloudSample]]:
-    """The samples ``prepare`` wrote, by split."""
+def load(path: Path, name: str) -> dict[str, list[Sample]]:
+    """Task ``name``'s samples that ``prepare`` wrote, by split."""
+    out: dict[str, list[Sample]] = {}
     with np.load(path) as data:
-        out = {}
         for split in SPLITS:
-            ends = np.cumsum(data[f"{split}_sizes"])
-            points = np.split(data[f"{split}_points"], ends[:-1])
-            labels = np.split(data[f"{split}_labels"], ends[:-1])
-            stamps = data[f"{split}_stamps"].tolist()
-            out[split] = [
-                PointCloudSample(int(t), p, lab)
-                for t, p, lab in zip(stamps, points, labels, strict=True)
-            ]
+            key = f"{name}_{split}"
+            stamps = data[f"{key}_stamps"].tolist()
+            if name == "lidar_seg":
+                ends = np.cumsum(data[f"{key}_sizes"])[:-1]
+                points = np.split(data[f"{key}_points"], ends)
+                labels = np.split(data[f"{key}_labels"], ends)
+                out[split] = [
+                    PointCloudSample(int(t), p, lab)
+                    for t, p, lab in zip(stamps, points, labels, strict=True)
+                ]
+            else:
+                images = data[f"{key}_images"]
+                masks = data[f"{key}_labels"].reshape(images.shape[:3])
+                out[split] = [
+                    ImageSample(int(t), img, lab)
+                    for t, img, lab in zip(stamps, images, masks, strict=True)
+                ]
     return out
 
 
 def train_once(
+    name: str,
     preset: str,
     device: str,
-    samples: dict[str, list[PointCloudSample]],
+    samples: dict[str, list[Sample]],
     steps: int,
     threads: int,
 ) -> dict[str, Any]:
-    """One single-process run of ``preset`` on ``device``: throughput, losses, held-out scores
-    and the exported model's latency there."""
+    """One single-process run of task ``name``'s ``preset`` on ``device``: throughput, losses,
+    held-out scores and the exported model's latency there."""
     import torch  # noqa: PLC0415
 
     from adcloud.train.config import TrainConfig  # noqa: PLC0415
@@ -116,9 +134,9 @@ def train_once(
     from adcloud.train.loop import train  # noqa: PLC0415
     from adcloud.train.task import get_task  # noqa: PLC0415
 
-    task = get_task("lidar_seg", {"preset": preset})
+    task = get_task(name, {"preset": preset})
     config = TrainConfig(
-        task="lidar_seg",
+        task=name,
         task_options={"preset": preset},
         sync="single",
         workers=1,
@@ -148,6 +166,7 @@ def train_once(
     latency = exported.metadata["latency_ms"]
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
     return {
+        "task": name,
         "preset": preset,
         "device": device,
         "device_name": name,
@@ -166,12 +185,10 @@ def train_once(
 def run(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
-    samples = load(args.samples)
     print(
         f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}"
         + (f" ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "")
-        + f"; {len(samples['train'])} training sweeps, {len(samples['heldout'])} held out; "
-        f"{args.steps} steps of 2 sweeps",
+        + f"; {args.steps} steps of 2 samples",
         flush=True,
     )
     devices = [d for d in args.devices.split(",") if d]
@@ -179,17 +196,23 @@ def run(args: argparse.Namespace) -> int:
         print("no CUDA device: the GPU figures are not taken", flush=True)
         devices.remove("cuda")
     rows: list[dict[str, Any]] = []
-    for preset in args.presets.split(","):
+    for runs in args.runs.split(","):
+        name, _, preset = runs.partition(":")
+        samples = load(args.samples, name)
+        print(
+            f"{name}: {len(samples['train'])} training samples, {len(samples['heldout'])} held out",
+            flush=True,
+        )
         by_device: dict[str, dict[str, Any]] = {}
         for device in devices:
             began = time.perf_counter()
-            row = train_once(preset, device, samples, args.steps, args.threads)
+            row = train_once(name, preset or "small", device, samples, args.steps, args.threads)
             row["wall_seconds"] = time.perf_counter() - began
             by_device[device] = row
             rows.append(row)
             lat = row["latency_ms"]
             print(
-                f"{preset:<6} {device:<5} {row['device_name'][:40]:<40} "
+                f"{runs:<16} {device:<5} {row['device_name'][:32]:<32} "
                 f"{row['samples_per_second']:8.1f} samples/s  training {row['seconds']:6.1f} s  "
                 f"final loss {row['losses'][-1]:.4f}  held-out mIoU {row['miou']:.3f}  "
                 f"latency p50/p99 {lat['p50']:.2f}/{lat['p99']:.2f} ms",
@@ -200,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
             gaps = sorted(abs(a - b) for a, b in zip(gpu["losses"], cpu["losses"], strict=True))
             speed = gpu["samples_per_second"] / cpu["samples_per_second"]
             print(
-                f"{preset}: GPU/CPU training throughput {speed:.1f}x, inference p50 "
+                f"{runs}: GPU/CPU training throughput {speed:.1f}x, inference p50 "
                 f"{cpu['latency_ms']['p50'] / gpu['latency_ms']['p50']:.1f}x; loss curves "
                 f"differ by {gaps[len(gaps) // 2]:.4f} (median) / {gaps[-1]:.4f} (largest) per "
                 f"step; held-out mIoU {gpu['miou']:.3f} (GPU) vs {cpu['miou']:.3f} (CPU)",
@@ -221,7 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = commands.add_parser("run", help="train on each device and compare")
     bench.add_argument("--samples", type=Path, required=True, help="the .npz of `prepare`")
     bench.add_argument("--steps", type=int, default=300, help="training steps (300)")
-    bench.add_argument("--presets", default="small,full", help="lidar_seg presets (small,full)")
+    bench.add_argument(
+        "--runs",
+        default="lidar_seg:small,lidar_seg:full,camera_seg:small,camera_seg:full",
+        help="TASK:PRESET pairs to train (default: both presets of both tasks)",
+    )
     bench.add_argument("--devices", default="cuda,cpu", help="devices to compare (cuda,cpu)")
     bench.add_argument(
         "--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)"

@@ -11,6 +11,7 @@
 # then on the GPU machine (OUT: where the logs go; default work/gpu/out):
 #
 #   bash benchmarks/gpu_checks.sh          # the benchmarks (1 and 2 below; ~3 min on an H100)
+#   bash benchmarks/gpu_checks.sh train    # only 2 (TRAIN_RUNS=camera_seg:full: one task/preset)
 #   bash benchmarks/gpu_checks.sh tests    # the kernel tests on the GPU (3 below)
 #
 # 1. OpenCL: the adcloud.hetero kernels on the GPU against their NumPy reference
@@ -66,10 +67,12 @@ if [ "${1:-bench}" = tests ]; then
   exit 0
 fi
 
-timeout 240 "$PY" benchmarks/bench_hetero.py --no-job --repeat "${HETERO_REPEAT:-3}" 2>&1 \
-  | tee "$OUT/hetero.txt"
-echo "bench_hetero exit: $?" | tee -a "$OUT/hetero.txt"
+if [ "${1:-bench}" != train ]; then
+  timeout 240 "$PY" benchmarks/bench_hetero.py --no-job --repeat "${HETERO_REPEAT:-3}" 2>&1 \
+    | tee "$OUT/hetero.txt"
+  echo "bench_hetero exit: $?" | tee -a "$OUT/hetero.txt"
+fi
 
 timeout 300 "$PY" benchmarks/bench_train_gpu.py run --samples work/gpu/samples.npz \
-  --steps "${TRAIN_STEPS:-300}" --json "$OUT/train_gpu.json" 2>&1 | tee "$OUT/train.txt"
+  --steps "${TRAIN_STEPS:-300}" ${TRAIN_RUNS:+--runs "$TRAIN_RUNS"} --json "$OUT/train_gpu.json" 2>&1 | tee "$OUT/train.txt"
 echo "bench_train_gpu exit: $?" | tee -a "$OUT/train.txt"
