@@ -34,6 +34,7 @@ from adcloud.hetero.devices import (
     open_device,
     opencl_status,
     select_device,
+    unregistered_icds,
 )
 from adcloud.hetero.errors import DeviceNotFoundError, HeteroError, KernelBuildError
 from adcloud.hetero.feature_job import FeatureJobResult, extract_features, read_features
@@ -100,6 +101,7 @@ __all__ = [
     "run_demo",
     "select_device",
     "transform_points",
+    "unregistered_icds",
     "voxel_downsample",
     "yarn_submit_args",
 ]

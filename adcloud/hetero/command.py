@@ -37,6 +37,7 @@ def _cmd_devices(args: argparse.Namespace, console: Console) -> int:
         list_devices,
         opencl_status,
         select_device,
+        unregistered_icds,
     )
 
     settings = (
@@ -47,16 +48,28 @@ def _cmd_devices(args: argparse.Namespace, console: Console) -> int:
         return 0
     problem = opencl_status()
     devices = list_devices(split=settings.split) if problem is None else []
+    hidden = unregistered_icds()
     if args.json:
         doc: dict[str, Any] = {
             "devices": [d.to_dict() for d in devices],
             "opencl": problem or "ok",
             "selected": select_device(settings).info.address,
+            "unregistered_icds": [str(p) for p in hidden],
         }
         console.print_json(json.dumps(doc))
         return 0
     if problem is not None:
         console.print(f"[yellow]no OpenCL:[/yellow] {problem}", highlight=False)
+    for path in hidden:
+        vendor = path.name.removeprefix("lib").split("-")[0].split(".")[0]
+        console.print(
+            f"[yellow]unregistered OpenCL driver:[/yellow] {path} is here but no ICD file names "
+            f"it, so its devices are not listed; register it with `echo {path} > "
+            f"/etc/OpenCL/vendors/{vendor}.icd` (or put that file in a folder named by "
+            "OCL_ICD_VENDORS)",
+            highlight=False,
+            soft_wrap=True,  # the command stays on one line for copying
+        )
     table = Table(title="OpenCL devices")
     for column in ("address", "kind", "device", "platform", "CUs", "memory", "local", "OpenCL"):
         table.add_column(

@@ -79,6 +79,7 @@ __all__ = [
     "resolve_device",
     "select_device",
     "spark_assignment",
+    "unregistered_icds",
 ]
 
 log = logging.getLogger(__name__)
@@ -657,6 +658,53 @@ def _log_choice(source: str, info: DeviceInfo, detail: str) -> None:
 def opencl_status() -> str | None:
     """None when OpenCL kernels can run here, else why not (with the install hint)."""
     return BACKENDS["opencl"].unavailable()
+
+
+# The OpenCL libraries of GPU drivers, which the ICD loader finds only through a registration
+# file: GPU containers often mount the driver's libraries without writing that file.
+_VENDOR_LIBRARIES = ("libnvidia-opencl.so.1", "libamdocl64.so", "libigdrcl.so")
+_LIBRARY_DIRS = (
+    "/usr/local/nvidia/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/opt/rocm/lib",
+)
+_REGISTRY = "/etc/OpenCL/vendors"
+
+
+def unregistered_icds(
+    library_dirs: Sequence[str | Path] | None = None, registry: str | Path | None = None
+) -> list[Path]:
+    """GPU vendors' OpenCL libraries present on this machine that no ICD registration names.
+
+    The ICD loader lists only the platforms named by the ``*.icd`` files of ``registry``
+    (default: ``OCL_ICD_VENDORS`` -- a folder or one file -- else ``/etc/OpenCL/vendors``).
+    A driver library in ``library_dirs`` (default: ``LD_LIBRARY_PATH`` and the usual system
+    folders) that none of them names is a GPU the kernels cannot see until it is registered:
+    ``echo PATH > /etc/OpenCL/vendors/NAME.icd``.
+    """
+    if library_dirs is None:
+        extra = os.environ.get("LD_LIBRARY_PATH", "")
+        library_dirs = [d for d in extra.split(os.pathsep) if d] + list(_LIBRARY_DIRS)
+    if registry is None:
+        registry = os.environ.get("OCL_ICD_VENDORS") or _REGISTRY
+    where = Path(registry)
+    files = sorted(where.glob("*.icd")) if where.is_dir() else [where] if where.is_file() else []
+    named = set()
+    for icd in files:
+        try:
+            named.add(Path(icd.read_text(encoding="utf-8", errors="replace").strip()).name)
+        except OSError:
+            continue
+    found: dict[str, Path] = {}
+    for folder in library_dirs:
+        for name in _VENDOR_LIBRARIES:
+            path = Path(folder) / name
+            if name not in named and name not in found and path.exists():
+                found[name] = path
+    return list(found.values())
 
 
 def list_devices(*, split: int = 0, include_numpy: bool = False) -> list[DeviceInfo]:

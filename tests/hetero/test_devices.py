@@ -28,6 +28,7 @@ from adcloud.hetero import (
     open_device,
     select_device,
     transform_points,
+    unregistered_icds,
 )
 from adcloud.hetero import devices as devices_module
 from adcloud.hetero._kernels import PROGRAMS, program_source
@@ -370,3 +371,55 @@ def test_gpu_and_cpu_devices_agree(gpu_device: OpenCLDevice, cpu_device: OpenCLD
         atol=1e-4,
     )
     assert gpu_device.info.kind == DeviceKind.GPU
+
+
+def test_unregistered_vendor_libraries_are_found_until_an_icd_names_them(tmp_path: Path) -> None:
+    libs = tmp_path / "nvidia" / "lib64"
+    libs.mkdir(parents=True)
+    library = libs / "libnvidia-opencl.so.1"
+    library.write_bytes(b"\x7fELF")
+    (libs / "libcuda.so.1").write_bytes(b"\x7fELF")  # not an OpenCL driver: never reported
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    (vendors / "pocl.icd").write_text("libpocl.so.2\n")
+    assert unregistered_icds([libs], vendors) == [library]
+    assert unregistered_icds([tmp_path / "absent", libs], vendors) == [library]
+    # registered by name (the loader's search path) or by full path: both count
+    (vendors / "nvidia.icd").write_text("libnvidia-opencl.so.1\n")
+    assert unregistered_icds([libs], vendors) == []
+    (vendors / "nvidia.icd").write_text(f"{library}\n")
+    assert unregistered_icds([libs], vendors) == []
+    # OCL_ICD_VENDORS may name one file instead of a folder
+    assert unregistered_icds([libs], vendors / "pocl.icd") == [library]
+    assert unregistered_icds([libs], tmp_path / "no-such-registry") == [library]
+
+
+def test_cli_devices_says_how_to_register_a_driver_it_cannot_see(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse  # noqa: PLC0415
+
+    from rich.console import Console  # noqa: PLC0415
+
+    from adcloud.hetero.command import add_parser  # noqa: PLC0415
+
+    library = tmp_path / "libnvidia-opencl.so.1"
+    library.write_bytes(b"\x7fELF")
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))  # read by the check, not the loader now
+    # the default registry, emptied; OCL_ICD_VENDORS is left alone in the environment, where
+    # it would change what a not-yet-initialised ICD loader lists for the rest of the process
+    monkeypatch.delenv("OCL_ICD_VENDORS", raising=False)
+    monkeypatch.setattr(devices_module, "_REGISTRY", str(vendors))
+    parser = argparse.ArgumentParser(prog="adcloud")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    console = Console(record=True, width=300)
+    args = parser.parse_args(["hetero", "devices", "--json"])
+    assert args.func(args, console) == 0
+    assert json.loads(console.export_text())["unregistered_icds"] == [str(library)]
+    args = parser.parse_args(["hetero", "devices"])
+    assert args.func(args, console) == 0
+    text = console.export_text()
+    assert f"{library} is here but no ICD file names it" in text
+    assert f"echo {library} > /etc/OpenCL/vendors/nvidia.icd" in text
