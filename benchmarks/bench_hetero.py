@@ -447,8 +447,12 @@ def main(argv: list[str] | None = None) -> int:
             print("\n(no OpenCL GPU on this machine: GPU vs CPU figures not taken)")
         elif cpu is not None:
             print(f"\n== GPU ({gpu.name}) vs CPU ({cpu.name}) ==")
-            for g, c in zip(tables["gpu"].rows, tables["cpu"].rows, strict=True):
-                print(f"{g[0]:<34} {g[1]:<44} {c[2] / g[2]:8.1f}x")
+            # the tables differ where each device's other strategy is timed: pair by name
+            cpu_rows = {(c[0], c[1]): c for c in tables["cpu"].rows}
+            for g in tables["gpu"].rows:
+                c = cpu_rows.get((g[0], g[1]))
+                if c is not None:
+                    print(f"{g[0]:<34} {g[1]:<44} {c[2] / g[2]:8.1f}x")
     if not args.no_job:
         with tempfile.TemporaryDirectory(prefix="bench-hetero-") as tmp:
             bench_job(max(1, args.repeat // 2), args.rounds, args.quick, Path(tmp))

@@ -11,6 +11,7 @@
 # then on the GPU machine (OUT: where the logs go; default work/gpu/out):
 #
 #   bash benchmarks/gpu_checks.sh          # the benchmarks (1 and 2 below; ~3 min on an H100)
+#   bash benchmarks/gpu_checks.sh hetero   # only 1
 #   bash benchmarks/gpu_checks.sh train    # only 2 (TRAIN_RUNS=camera_seg:full: one task/preset)
 #   bash benchmarks/gpu_checks.sh tests    # the kernel tests on the GPU (3 below)
 #
@@ -19,9 +20,9 @@
 #    registers no NVIDIA ICD, the driver's libnvidia-opencl is registered in a private folder.
 # 2. CUDA: lidar_seg training and export on the GPU against the same on the CPU
 #    (bench_train_gpu.py run).
-# 3. The kernel tests of tests/hetero, parametrized over every OpenCL device, on the GPU (the
-#    NumPy reference is the truth; tests that compare with PoCL's CPU device fail where PoCL
-#    is not installed), with the OpenCL compiler's output shown.
+# 3. The kernel tests of tests/hetero, parametrized over every OpenCL device, on the GPU and
+#    on PoCL's CPU device where the machine registers one (the NumPy reference is the truth;
+#    tests that need PoCL fail where it is missing), with the OpenCL compiler's output shown.
 set -uo pipefail
 OUT=${OUT:-work/gpu/out}
 mkdir -p "$OUT"
@@ -50,7 +51,9 @@ if ! grep -qs nvidia /etc/OpenCL/vendors/*.icd; then
   lib=$(ldconfig -p | awk '/libnvidia-opencl.so.1/ {print $NF; exit}')
   [ -z "$lib" ] && lib=$(find / -xdev -name 'libnvidia-opencl.so.1' 2>/dev/null | head -1)
   if [ -n "$lib" ]; then
-    mkdir -p /tmp/adcloud-icd && echo "$lib" >/tmp/adcloud-icd/nvidia.icd
+    # OCL_ICD_VENDORS replaces the system folder: keep what it registers (PoCL) beside NVIDIA
+    mkdir -p /tmp/adcloud-icd && cp /etc/OpenCL/vendors/*.icd /tmp/adcloud-icd/ 2>/dev/null
+    echo "$lib" >/tmp/adcloud-icd/nvidia.icd
     export OCL_ICD_VENDORS=/tmp/adcloud-icd
     echo "registered the NVIDIA OpenCL ICD: $lib" | tee -a "$OUT/machine.txt"
   else
@@ -59,7 +62,7 @@ if ! grep -qs nvidia /etc/OpenCL/vendors/*.icd; then
 fi
 
 if [ "${1:-bench}" = tests ]; then
-  PYOPENCL_COMPILER_OUTPUT=1 timeout 400 "$PY" -m pytest -q -p no:cacheprovider -rfEs \
+  PYOPENCL_COMPILER_OUTPUT=1 timeout "${TESTS_TIMEOUT:-400}" "$PY" -m pytest -q -p no:cacheprovider -rfEs \
     tests/hetero/test_transform.py tests/hetero/test_voxel.py tests/hetero/test_raster.py \
     tests/hetero/test_icp.py tests/hetero/test_features.py tests/hetero/test_lattice.py \
     tests/hetero/test_devices.py 2>&1 | tee "$OUT/tests.txt"
@@ -68,11 +71,12 @@ if [ "${1:-bench}" = tests ]; then
 fi
 
 if [ "${1:-bench}" != train ]; then
-  timeout 240 "$PY" benchmarks/bench_hetero.py --no-job --repeat "${HETERO_REPEAT:-3}" 2>&1 \
+  timeout "${HETERO_TIMEOUT:-240}" "$PY" benchmarks/bench_hetero.py --no-job --repeat "${HETERO_REPEAT:-3}" 2>&1 \
     | tee "$OUT/hetero.txt"
   echo "bench_hetero exit: $?" | tee -a "$OUT/hetero.txt"
 fi
 
+[ "${1:-bench}" = hetero ] && exit 0
 timeout 300 "$PY" benchmarks/bench_train_gpu.py run --samples work/gpu/samples.npz \
   --steps "${TRAIN_STEPS:-300}" ${TRAIN_RUNS:+--runs "$TRAIN_RUNS"} --json "$OUT/train_gpu.json" 2>&1 | tee "$OUT/train.txt"
 echo "bench_train_gpu exit: $?" | tee -a "$OUT/train.txt"
