@@ -111,19 +111,19 @@ def lovasz_softmax(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     the mean over the classes present in ``labels`` of the Lovasz extension of the Jaccard loss,
     a tight convex surrogate of ``1 - IoU`` computed from the sorted per-point errors.
     """
-    losses = []
-    for c in torch.unique(labels).tolist():
-        fg = (labels == c).to(probs.dtype)
-        errors = (fg - probs[:, c]).abs()
-        errors_sorted, perm = torch.sort(errors, descending=True)
-        fg_sorted = fg[perm]
-        total = fg_sorted.sum()
-        intersection = total - fg_sorted.cumsum(0)
-        union = total + (1.0 - fg_sorted).cumsum(0)
-        jaccard = 1.0 - intersection / union
-        # The gradient of the Lovasz extension: the increments of the sorted Jaccard losses.
-        grad = torch.cat([jaccard[:1], jaccard[1:] - jaccard[:-1]])
-        losses.append(torch.dot(errors_sorted, grad))
-    if not losses:
+    classes = torch.unique(labels)
+    if classes.numel() == 0:
         return probs.sum() * 0.0
-    return torch.stack(losses).mean()
+    # All present classes at once, one column each: a single sort of a (P, K) matrix instead
+    # of K sorts of P errors (each a kernel launch on a GPU, where they dominated the step).
+    fg = (labels[:, None] == classes[None, :]).to(probs.dtype)
+    errors = (fg - probs[:, classes]).abs()
+    errors_sorted, perm = torch.sort(errors, dim=0, descending=True)
+    fg_sorted = fg.gather(0, perm)
+    total = fg_sorted.sum(dim=0)
+    intersection = total - fg_sorted.cumsum(0)
+    union = total + (1.0 - fg_sorted).cumsum(0)
+    jaccard = 1.0 - intersection / union
+    # The gradient of the Lovasz extension: the increments of the sorted Jaccard losses.
+    grad = torch.cat([jaccard[:1], jaccard[1:] - jaccard[:-1]])
+    return (errors_sorted * grad).sum(dim=0).mean()

@@ -89,6 +89,41 @@ def test_lovasz_of_hard_predictions_is_one_minus_iou() -> None:
     assert float(lovasz_softmax(perfect, torch.from_numpy(labels))) == pytest.approx(0.0)
 
 
+def _lovasz_reference(probs: np.ndarray, labels: np.ndarray) -> float:
+    """The Lovasz-softmax loss class by class, written from the paper's Algorithm 1."""
+    losses = []
+    for c in np.unique(labels):
+        fg = (labels == c).astype(np.float64)
+        errors = np.abs(fg - probs[:, c])
+        order = np.argsort(-errors, kind="stable")
+        e, g = errors[order], fg[order]
+        jaccard = 1.0 - (g.sum() - np.cumsum(g)) / (g.sum() + np.cumsum(1.0 - g))
+        losses.append(float(np.dot(e, np.diff(jaccard, prepend=0.0))))
+    return float(np.mean(losses))
+
+
+@pytest.mark.parametrize("classes", [1, 3, 10])
+def test_lovasz_matches_a_per_class_reference(classes: int) -> None:
+    rng = np.random.default_rng(classes)
+    labels = rng.integers(0, classes, size=500)
+    logits = torch.from_numpy(rng.normal(0, 2, size=(500, 11)))
+    probs = logits.softmax(dim=1)
+    expected = _lovasz_reference(probs.numpy(), labels)
+    assert float(lovasz_softmax(probs, torch.from_numpy(labels))) == pytest.approx(expected)
+    # ties (equal errors) do not change the value: quantised probabilities have many
+    coarse = torch.round(probs * 4) / 4
+    expected = _lovasz_reference(coarse.numpy(), labels)
+    assert float(lovasz_softmax(coarse, torch.from_numpy(labels))) == pytest.approx(expected)
+
+
+def test_lovasz_of_no_labelled_points_is_a_zero_with_a_gradient() -> None:
+    logits = torch.zeros(0, 3, requires_grad=True)
+    loss = lovasz_softmax(logits.softmax(dim=1), torch.zeros(0, dtype=torch.long))
+    assert float(loss.detach()) == 0.0
+    loss.backward()
+    assert logits.grad is not None
+
+
 def test_lovasz_gradient_moves_towards_the_labels() -> None:
     labels = torch.tensor([0, 0, 1, 1, 2])
     logits = torch.zeros(5, 3, requires_grad=True)
