@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: Benchmarks for a GPU machine, run there by ``gpu_checks.sh`` (after a ``prepare`` here).
+GPU_ONLY = {"train_gpu"}
 
 
 def main() -> int:
@@ -22,6 +24,9 @@ def main() -> int:
     for script in scripts:
         name = script.stem.removeprefix("bench_")
         if wanted and name not in wanted:
+            continue
+        if name in GPU_ONLY and name not in wanted:
+            print(f"=== {name}: skipped (for a GPU machine: see benchmarks/gpu_checks.sh)")
             continue
         print(f"=== {name} ({script.name})", flush=True)
         if subprocess.call([sys.executable, str(script)]) != 0:
