@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU figures of benchmarks/RESULTS.md, on a CUDA machine that has torch but no Spark, no
-# Java and no ROS (and perhaps no network).  Run from the repository root after preparing, on a
-# machine with the project installed:
+# Java and no ROS (and perhaps no network).  Prepare on a machine with the project installed
+# (from the repository root, with ../shared/data beside it):
 #
-#   .venv/bin/python benchmarks/bench_train_gpu.py prepare --out work/gpu/samples.npz
-#   mkdir -p work/gpu/data && cp -r ../shared/data/04_gicp_scan_pair_with_reference_tf work/gpu/data/
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#       --platform manylinux_2_28_x86_64 -d .whl pyopencl pytools siphash24 platformdirs isal
+#   bash benchmarks/gpu_checks.sh prepare
+#
+# which writes the training samples (work/gpu/samples.npz, ~35 MB), copies the real scan pair
+# (work/gpu/data) and downloads the wheels the GPU image lacks (.whl: pyopencl and its needs,
+# isal; CPython 3.12, x86_64).  Carry `.whl` and `work/gpu` to the GPU machine; ``work/`` and
+# ``.whl/`` are git-ignored.
 #
 # then on the GPU machine (OUT: where the logs go; default work/gpu/out):
 #
@@ -18,12 +20,26 @@
 # 1. OpenCL: the adcloud.hetero kernels on the GPU against their NumPy reference
 #    (bench_hetero.py --no-job).  pyopencl's wheel brings the ICD loader; where the system
 #    registers no NVIDIA ICD, the driver's libnvidia-opencl is registered in a private folder.
-# 2. CUDA: lidar_seg training and export on the GPU against the same on the CPU
+# 2. CUDA: lidar_seg and camera_seg training and export on the GPU against the same on the CPU
 #    (bench_train_gpu.py run).
 # 3. The kernel tests of tests/hetero, parametrized over every OpenCL device, on the GPU and
 #    on PoCL's CPU device where the machine registers one (the NumPy reference is the truth;
 #    tests that need PoCL fail where it is missing), with the OpenCL compiler's output shown.
 set -uo pipefail
+
+if [ "${1:-}" = prepare ]; then
+  set -e
+  .venv/bin/python benchmarks/bench_train_gpu.py prepare --out work/gpu/samples.npz
+  mkdir -p work/gpu/data
+  cp -r "${ADCLOUD_SHARED_DATA:-../shared/data}/04_gicp_scan_pair_with_reference_tf" work/gpu/data/
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+    pyopencl pytools siphash24 platformdirs isal
+  du -sh work/gpu .whl
+  exit 0
+fi
+
 OUT=${OUT:-work/gpu/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
