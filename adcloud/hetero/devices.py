@@ -846,6 +846,7 @@ def select_device(
                         device.info,
                         f"picked by preference {', '.join(settings.prefer)}",
                     )
+                    _warn_unregistered(settings, device.info.kind)
                     return device
         problem = (
             f"no OpenCL device of the kinds {', '.join(settings.prefer)} "
@@ -853,6 +854,7 @@ def select_device(
         )
     if settings.backend == "opencl" or not settings.numpy_fallback:
         raise MissingComponentError(f"no usable OpenCL device: {problem}")
+    _warn_unregistered(settings, DeviceKind.NUMPY)
     cache = _CACHE.current()
     if ("fallback", NUMPY_ADDRESS) not in cache.logged:
         cache.logged.add(("fallback", NUMPY_ADDRESS))
@@ -860,6 +862,30 @@ def select_device(
     device = open_device(NUMPY_ADDRESS, settings)
     cache.policy[settings] = device
     return device
+
+
+def _warn_unregistered(settings: HeteroSettings, chosen: DeviceKind) -> None:
+    """Warn once per process when the policy settles below a GPU it prefers while a GPU
+    driver's OpenCL library sits unregistered (:func:`unregistered_icds`): the kernels would
+    otherwise run on the CPU of a GPU machine without a word."""
+    prefer = list(settings.prefer)
+    if "gpu" not in prefer or chosen == DeviceKind.GPU:
+        return
+    if chosen.value in prefer and prefer.index(chosen.value) < prefer.index("gpu"):
+        return  # the user prefers this kind to GPUs
+    cache = _CACHE.current()
+    if ("unregistered", "") in cache.logged:
+        return
+    cache.logged.add(("unregistered", ""))
+    for path in unregistered_icds():
+        vendor = path.name.removeprefix("lib").split("-")[0].split(".")[0]
+        log.warning(
+            "hetero: %s is a GPU driver's OpenCL library, but no ICD file registers it, so "
+            "its GPUs are not used; register it: echo %s > /etc/OpenCL/vendors/%s.icd",
+            path,
+            path,
+            vendor,
+        )
 
 
 def as_device(device: ComputeDevice | str | None) -> ComputeDevice:

@@ -423,3 +423,34 @@ def test_cli_devices_says_how_to_register_a_driver_it_cannot_see(
     text = console.export_text()
     assert f"{library} is here but no ICD file names it" in text
     assert f"echo {library} > /etc/OpenCL/vendors/nvidia.icd" in text
+
+
+def test_the_policy_warns_once_when_a_gpu_driver_is_unregistered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "libnvidia-opencl.so.1").write_bytes(b"\x7fELF")
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    monkeypatch.delenv("OCL_ICD_VENDORS", raising=False)
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    monkeypatch.setattr(devices_module, "_LIBRARY_DIRS", (str(tmp_path),))
+    monkeypatch.setattr(devices_module, "_REGISTRY", str(vendors))
+    monkeypatch.setattr(devices_module, "_CACHE", devices_module._Cache())  # a new process
+    with caplog.at_level(logging.WARNING, logger="adcloud.hetero.devices"):
+        chosen = select_device(HeteroSettings())
+        select_device(HeteroSettings(prefer=("accelerator", "gpu", "cpu")))
+    assert chosen.info.kind == DeviceKind.CPU  # PoCL: this machine has no registered GPU
+    warned = [r.getMessage() for r in caplog.records if "no ICD file registers it" in r.message]
+    assert len(warned) == 1
+    assert (
+        f"echo {tmp_path / 'libnvidia-opencl.so.1'} > /etc/OpenCL/vendors/nvidia.icd" in (warned[0])
+    )
+    # a user who prefers the CPU is not told about GPUs; a registered driver is not reported
+    monkeypatch.setattr(devices_module, "_CACHE", devices_module._Cache())
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="adcloud.hetero.devices"):
+        select_device(HeteroSettings(prefer=("cpu", "gpu")))
+        monkeypatch.setattr(devices_module, "_CACHE", devices_module._Cache())
+        (vendors / "nvidia.icd").write_text("libnvidia-opencl.so.1\n")
+        select_device(HeteroSettings())
+    assert not [r for r in caplog.records if "no ICD file registers it" in r.message]
