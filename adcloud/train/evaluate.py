@@ -52,6 +52,7 @@ __all__ = [
     "PLOT_FILE",
     "Evaluation",
     "evaluate_model",
+    "score_bag_samples",
     "score_parameters",
     "score_samples",
 ]
@@ -163,6 +164,53 @@ def score_samples(
     return counting.scores(counts)
 
 
+def _count_bag_samples(
+    pairs: Iterable[tuple[str, Any]], *, task: CountingTask, weights: _Weights
+) -> Iterator[tuple[str, tuple[NDArray[Any], int]]]:
+    """``(bag, (counts, samples))`` of one partition of ready ``(bag, sample)`` pairs."""
+    by_bag: dict[str, list[Any]] = {}
+    for bag, sample in pairs:
+        by_bag.setdefault(bag, []).append(sample)
+    for bag, samples in by_bag.items():
+        yield bag, _counts_of(task, weights, samples)
+
+
+def score_bag_samples(
+    spark: SparkSession,
+    task: Task,
+    parameters: bytes,
+    samples: RDD[tuple[str, Any]],
+    bags: Sequence[str],
+    *,
+    name: str = "parameters",
+) -> Evaluation:
+    """What :func:`score_parameters` gives for ``bags``, from ready ``(bag URI, sample)``
+    pairs instead of the bags: the held-out samples a run already keeps on its executors
+    (``train.eval_every``), scored there without decoding the bags again."""
+    started = time.perf_counter()
+    counting = _counting(task)
+    weights = _broadcast(spark, "state", parameters)
+    try:
+        fn = functools.partial(_count_bag_samples, task=counting, weights=weights)
+        summed = dict(samples.mapPartitions(fn).reduceByKey(_add).collect())
+    finally:
+        weights.payload.unpersist()
+    counts, numbers = _per_bag(summed, bags)
+    return _evaluation(counting, name, counts, numbers, started)
+
+
+def _per_bag(
+    summed: Mapping[str, tuple[NDArray[Any], int]], uris: Sequence[str]
+) -> tuple[dict[str, NDArray[Any]], dict[str, int]]:
+    """Per bag URI: the summed counts and the number of samples (0 for a bag that gave none)."""
+    if not summed:
+        return {}, dict.fromkeys(uris, 0)
+    empty = np.zeros_like(next(iter(summed.values()))[0])
+    counts = {uri: summed[uri][0] if uri in summed else empty for uri in uris}
+    samples = {uri: summed[uri][1] if uri in summed else 0 for uri in uris}
+    return counts, samples
+
+
 def _add(a: tuple[NDArray[Any], int], b: tuple[NDArray[Any], int]) -> tuple[NDArray[Any], int]:
     return a[0] + b[0], a[1] + b[1]
 
@@ -194,12 +242,7 @@ def _score(
     partition_bags = rdd.partition_bags or ()
     fn = functools.partial(_count_partition, task=task, weights=weights, bags=partition_bags)
     summed = dict(rdd.rdd.mapPartitionsWithIndex(fn).reduceByKey(_add).collect())
-    if not summed:
-        return {}, dict.fromkeys(uris, 0)
-    empty = np.zeros_like(next(iter(summed.values()))[0])
-    counts = {uri: summed[uri][0] if uri in summed else empty for uri in uris}
-    samples = {uri: summed[uri][1] if uri in summed else 0 for uri in uris}
-    return counts, samples
+    return _per_bag(summed, uris)
 
 
 def _broadcast(spark: SparkSession, kind: str, data: bytes) -> _Weights:

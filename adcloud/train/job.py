@@ -60,7 +60,12 @@ from adcloud.store import open_store
 from adcloud.train.checkpoint import Checkpointer
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import TrainError
-from adcloud.train.evaluate import Evaluation, score_parameters, score_samples
+from adcloud.train.evaluate import (
+    Evaluation,
+    score_bag_samples,
+    score_parameters,
+    score_samples,
+)
 from adcloud.train.export import data_manifest, export_model
 from adcloud.train.loop import (
     TrainResult,
@@ -194,6 +199,28 @@ def etl_samples(
         partitions_per_bag=config.partitions_per_bag,
     )
     return rdd.rdd.mapPartitionsWithIndex(functools.partial(_etl_partition, task=task))
+
+
+def heldout_samples(spark: SparkSession, config: TrainConfig, task: Task) -> RDD[tuple[str, Any]]:
+    """``(bag URI, sample)`` of every message of ``task.topics`` in ``config.heldout_bags``,
+    partitioned as the bags are (the URIs as :func:`bag_uris` gives them).  Not cached."""
+    from adcloud.binpipe import BinPipeRDD  # noqa: PLC0415 - pyspark is heavy
+
+    uris = bag_uris(config.heldout_bags)
+    rdd = BinPipeRDD.from_bags(
+        spark, uris, topics=list(task.topics), partitions_per_bag=config.partitions_per_bag
+    )
+    bags = rdd.partition_bags or ()
+    return rdd.rdd.mapPartitionsWithIndex(
+        functools.partial(_heldout_partition, task=task, bags=bags)
+    )
+
+
+def _heldout_partition(
+    index: int, blocks: Iterable[bytes | bytearray], *, task: Task, bags: Sequence[str]
+) -> Iterator[tuple[str, Any]]:
+    for _, sample in decode_samples(task, blocks):
+        yield bags[index], sample
 
 
 def local_samples(
@@ -333,13 +360,13 @@ def etl_to_files(
 def shard_samples(
     keyed: RDD[tuple[tuple[int, int], Any]],
     workers: int,
-    heldout: RDD[tuple[tuple[int, int], Any]] | None = None,
+    heldout: RDD[tuple[str, Any]] | None = None,
 ) -> tuple[RDD[tuple[int, Any]], list[int]]:
     """``workers`` shards of ``keyed`` (sample ``i`` in key order to shard ``i % workers``) as
     an RDD of ``(i, sample)`` with one partition per shard, and the shard sizes.  With
-    ``heldout``, its samples are dealt the same way into the same partitions as
-    ``(-1 - j, sample)`` (a trainer tells them by the negative index); the sizes count the
-    training samples only.
+    ``heldout`` (``(bag, sample)`` pairs, :func:`heldout_samples`), its pairs are dealt the
+    same way into the same partitions as ``(-1 - j, (bag, sample))`` (a trainer tells them by
+    the negative index); the sizes count the training samples only.
 
     ``keyed`` must be in key order across its partitions, as :func:`etl_samples` and
     :func:`etl_to_files` make it (partition ``p`` holds the keys ``(p, 0), (p, 1), ...``), so
@@ -356,7 +383,7 @@ def shard_samples(
     dealt = indexed.map(lambda pair: (pair[1] % workers, (pair[1], pair[0])))
     if heldout is not None:
         heldout.persist(StorageLevel.MEMORY_ONLY)  # read by the index and by the shuffle
-        held = heldout.values().zipWithIndex()
+        held = heldout.zipWithIndex()
         dealt = dealt.union(held.map(lambda pair: (pair[1] % workers, (-1 - pair[1], pair[0]))))
     shards = dealt.partitionBy(workers, int).values()
     shards.persist(StorageLevel.MEMORY_ONLY)
@@ -435,7 +462,7 @@ def _barrier_train(
     _check_checkpoint_store(config, context.allGather(socket.gethostname()))
     ordered = sorted(items, key=lambda pair: pair[0])
     shard = [sample for i, sample in ordered if i >= 0]
-    held = [sample for i, sample in reversed(ordered) if i < 0]  # -1, -2, ...: their order
+    held = [pair[1] for i, pair in reversed(ordered) if i < 0]  # -1, -2, ...: their order
     validate = None
     if config.eval_every and isinstance(task, CountingTask):
         validate = functools.partial(_validate_shard, task=task, held=held, context=context)
@@ -637,6 +664,26 @@ def _validate_cached(
     return validate
 
 
+def _score_kept(
+    spark: SparkSession,
+    config: TrainConfig,
+    task: Task,
+    result: TrainResult,
+    kept: RDD[tuple[str, Any]],
+) -> Evaluation:
+    """The finished model scored per held-out bag on the ``(bag, sample)`` pairs the run
+    kept on its executors to score every ``eval_every`` steps: the bags are not decoded
+    again (what :func:`score_parameters` would do)."""
+    return score_bag_samples(
+        spark,
+        task,
+        result.parameters,
+        kept,
+        bag_uris(config.heldout_bags),
+        name=f"run {result.run} (held out)",
+    )
+
+
 def _evaluate(task: Task, result: TrainResult, samples: Sequence[Any]) -> dict[str, float]:
     import torch  # noqa: PLC0415
 
@@ -688,6 +735,7 @@ def run_training(
         directory = config.etl_dir or tempfile.mkdtemp(prefix="adcloud-etl-")
         made_dir = "" if config.etl_dir else directory
         keyed = etl_to_files(spark, keyed, directory)
+    evaluation: Evaluation | None = None  # scored on the held-out samples kept for eval_every
     try:
         if config.sync == "single":
             samples = [s for _, s in sorted(keyed.collect(), key=lambda pair: pair[0])]
@@ -706,7 +754,7 @@ def run_training(
             )
             held = None
             if validating:  # decoded once, kept on the executors, scored there
-                held = etl_samples(spark, config, task, config.heldout_bags).values().cache()
+                held = heldout_samples(spark, config, task).cache()
             try:
                 result = train(
                     task,
@@ -716,14 +764,16 @@ def run_training(
                     checkpointer,
                     0,
                     1,
-                    validate=None if held is None else _validate_cached(spark, task, held),
+                    validate=None if held is None else _validate_cached(spark, task, held.values()),
                 )
+                if held is not None:  # the finished model, on the same cached samples
+                    evaluation = _score_kept(spark, config, task, result, held)
             finally:
                 if held is not None:
                     held.unpersist()
             examples = samples[:2]
         else:
-            heldout = etl_samples(spark, config, task, config.heldout_bags) if validating else None
+            heldout = heldout_samples(spark, config, task) if validating else None
             shards, sizes = shard_samples(keyed, config.workers, heldout)
             if sum(sizes) == 0:
                 raise _no_samples(config, task)
@@ -736,15 +786,22 @@ def run_training(
             try:
                 result = train_on_shards(shards, resolved, task)
                 # samples to trace the exported model with, from the cached shards
-                examples = [sample for _, sample in shards.take(2)]
+                examples = [s for _, s in shards.filter(lambda pair: pair[0] >= 0).take(2)]
+                if heldout is not None:  # the held-out pairs dealt into the cached shards
+                    kept = shards.filter(lambda pair: pair[0] < 0).values()
+                    evaluation = _score_kept(spark, config, task, result, kept)
             finally:
                 shards.unpersist()
                 keyed.unpersist()
     finally:
         if made_dir:
             shutil.rmtree(made_dir, ignore_errors=True)
-    evaluation = None
-    if config.heldout_bags:
+    if evaluation is not None:
+        metrics = evaluation.scores
+        result = dataclasses.replace(result, metrics=metrics)
+        final = (result.steps, dict(metrics))  # the curve ends with the finished model's scores
+        result = dataclasses.replace(result, validation=(*result.validation, final))
+    elif config.heldout_bags:
         if isinstance(task, CountingTask):
             evaluation = score_parameters(
                 spark,
@@ -760,9 +817,6 @@ def run_training(
             samples = [s for _, s in sorted(gathered, key=lambda pair: pair[0])]
             metrics = _evaluate(task, result, samples)
         result = dataclasses.replace(result, metrics=metrics)
-        if validating:  # the curve ends with the finished model's scores
-            final = (result.steps, dict(metrics))
-            result = dataclasses.replace(result, validation=(*result.validation, final))
     log.info(
         "run %s (%s, %d trainer(s)): %d steps, final loss %.5f, %.1f s",
         result.run,

@@ -27,6 +27,7 @@ from rich.console import Console
 from adcloud.store import open_store
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 from adcloud.train import command
+from adcloud.train import job as job_module
 from adcloud.train.checkpoint import Checkpointer
 from adcloud.train.errors import ExportError, TrainError
 from adcloud.train.evaluate import EVAL_FILE, PLOT_FILE, evaluate_model, score_parameters
@@ -313,19 +314,36 @@ def odom_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
     )
 
 
+@pytest.fixture(scope="module")
+def other_odom_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
+    """A second, shorter odometry drive (another seed): a second held-out bag."""
+    return generate_drive(
+        DriveConfig(
+            seconds=2, seed=3, lidar=False, camera=False, truth_raster=False, chunk_bytes=8192
+        ),
+        tmp_path_factory.mktemp("odom2") / "other.bag",
+    )
+
+
 @pytest.mark.parametrize("sync", ["single", "ps", "allreduce"])
 def test_every_mode_scores_the_heldout_bags_during_training(
-    spark: SparkSession, odom_drive: DriveResult, tmp_path: Path, sync: str
+    spark: SparkSession,
+    odom_drive: DriveResult,
+    other_odom_drive: DriveResult,
+    tmp_path: Path,
+    sync: str,
 ) -> None:
     """With eval_every the run records a validation curve -- the trainers score their
     shares of the held-out samples in ps and allreduce, the executors in single -- that
-    ends with the finished model's scores and survives in checkpoints."""
+    ends with the finished model's scores and survives in checkpoints.  The finished model
+    is scored on the held-out samples the run kept, per bag exactly as decoding the bags
+    again scores it."""
     bag = str(odom_drive.bag)
     task = SummingLinearTask()
     settings: dict[str, Any] = {
         "sync": sync,
         "bags": (bag,),
-        "heldout_bags": (bag,),
+        "heldout_bags": (bag, str(other_odom_drive.bag)),
         "steps": 8,
         "batch_size": 20,
         "partitions_per_bag": 3,
@@ -333,7 +351,13 @@ def test_every_mode_scores_the_heldout_bags_during_training(
         "eval_every": 3,
     }
     out = tmp_path / "out"
-    result = run_training(spark, config(tmp_path, out=str(out), **settings), task=task)
+
+    def decode_again(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the held-out bags were decoded again for the final scores")
+
+    with pytest.MonkeyPatch.context() as patch:  # the kept samples must serve
+        patch.setattr(job_module, "score_parameters", decode_again)
+        result = run_training(spark, config(tmp_path, out=str(out), **settings), task=task)
     assert [step for step, _ in result.validation] == [3, 6, 8]
     assert result.validation[-1][1] == result.metrics
     mse = [scores["mse"] for _, scores in result.validation]
@@ -345,6 +369,16 @@ def test_every_mode_scores_the_heldout_bags_during_training(
     assert plain.losses == result.losses
     for name, value in plain.state_dict().items():
         assert torch.equal(value, result.state_dict()[name]), name
+    # kept samples (eval_every) and decoded bags (plain) give the same scores, bag by bag
+    kept = json.loads((out / EVAL_FILE).read_text())
+    decoded = json.loads((Path(plain.output) / EVAL_FILE).read_text())
+    assert [b["uri"] for b in kept["bags"]] == [b["uri"] for b in decoded["bags"]]
+    assert [b["samples"] for b in kept["bags"]] == [b["samples"] for b in decoded["bags"]]
+    assert all(b["samples"] > 0 for b in kept["bags"]) and len(kept["bags"]) == 2
+    for k, d in zip(kept["bags"], decoded["bags"], strict=True):
+        assert k["scores"] == pytest.approx(d["scores"], rel=1e-6)
+    assert kept["counts"] == pytest.approx(decoded["counts"], rel=1e-6)
+    assert result.metrics == pytest.approx(plain.metrics, rel=1e-6)
     # step 3's scores are those of a run stopped after 3 steps (the same first steps)
     short = run_training(
         spark, config(tmp_path / "short", **{**settings, "steps": 3, "eval_every": 0}), task=task
