@@ -394,7 +394,27 @@ def shard_samples(
     return shards, sizes
 
 
-def _open_sync(config: TrainConfig, context: Any, rank: int, world: int, run: str) -> Synchronizer:
+def _local_slot(context: Any, rank: int) -> tuple[int, int]:
+    """``(index, count)``: this trainer's place among the barrier stage's trainers on its
+    host, and how many run there (from the tasks' executor addresses)."""
+    hosts = [str(info.address).rsplit(":", 1)[0] for info in context.getTaskInfos()]
+    return hosts[:rank].count(hosts[rank]), hosts.count(hosts[rank])
+
+
+def _cuda_index(context: Any, rank: int) -> int:
+    """The CUDA device a trainer takes: the GPU Spark assigned to its task when Spark
+    schedules ``gpu`` resources with CUDA ordinals (as its ``getGpusResources.sh`` reports
+    them), else its place among the trainers on its host -- not its global rank, which on
+    a second host would name a GPU another trainer there already uses."""
+    gpus = context.resources().get("gpu")
+    if gpus is not None and gpus.addresses and str(gpus.addresses[0]).isdigit():
+        return int(gpus.addresses[0])
+    return _local_slot(context, rank)[0]
+
+
+def _open_sync(
+    config: TrainConfig, context: Any, rank: int, world: int, run: str, cuda_index: int
+) -> Synchronizer:
     if config.sync == "ps":
         info = barrier_session(context, with_master=False)
         store = open_store(config.store, **config.store_kwargs())
@@ -408,13 +428,18 @@ def _open_sync(config: TrainConfig, context: Any, rank: int, world: int, run: st
             keep_versions=config.keep_versions,
             peers=info.peers,
         )
-    device = resolve_device(config.device, rank)
-    backend = "gloo"
+    device = resolve_device(config.device, cuda_index)
+    can_nccl = False
     if device.type == "cuda":
         import torch  # noqa: PLC0415
 
-        # NCCL needs one GPU per rank; several ranks on one GPU reduce through gloo.
-        backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
+        # NCCL needs one GPU per rank: Spark's assignment gives that, else as many GPUs on
+        # this host as trainers; several ranks on one GPU reduce through gloo.
+        assigned = context.resources().get("gpu") is not None
+        can_nccl = assigned or torch.cuda.device_count() >= _local_slot(context, rank)[1]
+    # every rank must pick the same backend, whatever its host has
+    votes = context.allGather("nccl" if can_nccl else "gloo")
+    backend = "nccl" if all(v == "nccl" for v in votes) else "gloo"
     return AllReduceSync.from_barrier(
         context, backend=backend, device=device, timeout_s=config.sync_timeout_s
     )
@@ -467,7 +492,8 @@ def _barrier_train(
     if config.eval_every and isinstance(task, CountingTask):
         validate = functools.partial(_validate_shard, task=task, held=held, context=context)
     run = config.run_id()
-    sync = _open_sync(config, context, rank, world, run)
+    cuda_index = _cuda_index(context, rank)
+    sync = _open_sync(config, context, rank, world, run, cuda_index)
     store = open_store(config.store, **config.store_kwargs())
     checkpointer = Checkpointer(
         store,
@@ -477,7 +503,17 @@ def _barrier_train(
         timeout_s=config.sync_timeout_s,
     )
     try:
-        result = train(task, shard, config, sync, checkpointer, rank, world, validate=validate)
+        result = train(
+            task,
+            shard,
+            config,
+            sync,
+            checkpointer,
+            rank,
+            world,
+            validate=validate,
+            device_index=cuda_index,
+        )
     finally:
         sync.close()
     report = result.to_dict()
@@ -858,7 +894,8 @@ def run_torchrun(
     sizes = [len(range(r, len(samples), world)) for r in range(world)]
     run = config.run_id(data)
     config = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=run)
-    device = resolve_device(config.device, int(os.environ.get("LOCAL_RANK", rank)))
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = resolve_device(config.device, local_rank)
     sync = AllReduceSync.from_env(device=device, timeout_s=config.sync_timeout_s)
     store = open_store(config.store, **config.store_kwargs())
     checkpointer = Checkpointer(
@@ -870,7 +907,9 @@ def run_torchrun(
     )
     shard = [samples[i] for i in range(rank, len(samples), world)]
     try:
-        result = train(task, shard, config, sync, checkpointer, rank, world)
+        result = train(
+            task, shard, config, sync, checkpointer, rank, world, device_index=local_rank
+        )
     finally:
         sync.close()
     if rank == 0:

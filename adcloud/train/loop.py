@@ -310,6 +310,7 @@ def train(
     *,
     eval_samples: Sequence[Any] | None = None,
     validate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
+    device_index: int | None = None,
 ) -> TrainResult:
     """Train ``task``'s model on this trainer's shard ``samples``; see the module docstring.
 
@@ -318,7 +319,9 @@ def train(
     from the newest good checkpoint and saves every ``checkpoint_every`` steps and after the
     last.  Rank 0 evaluates on ``eval_samples`` when given.  ``validate(model, step)``
     returns held-out scores; it is called on every trainer at the same steps (every
-    ``eval_every``-th but the last), so it may synchronise them.
+    ``eval_every``-th but the last), so it may synchronise them.  ``device_index`` is the
+    CUDA device to take (the trainer's place on its host, or the GPU its scheduler gave it;
+    default ``rank``), modulo the devices torch sees.
     """
     sync = SingleProcess() if sync is None else sync
     if config.batch_size % world:
@@ -337,7 +340,7 @@ def train(
     run = config.run_id()
     steps = resolve_steps(config, [len(samples)] * world)
     per_rank = config.batch_size // world
-    device = resolve_device(config.device, rank)
+    device = resolve_device(config.device, rank if device_index is None else device_index)
 
     torch.manual_seed(config.seed)
     model = task.build_model().to(device)

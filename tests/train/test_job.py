@@ -11,7 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from pyspark import TaskContext
+from pyspark import BarrierTaskContext, TaskContext
 from pyspark.sql import SparkSession
 
 from adcloud.store import StoreServer, open_store
 from adcloud.synth import DriveConfig, generate_drive
+from adcloud.train import job as job_module
 from adcloud.train.checkpoint import latest_checkpoint
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import DataError, TrainError
@@ -485,3 +486,19 @@ def test_job_errors_are_clear(spark: SparkSession, drive: str, tmp_path: Path) -
             task=LinearTask(),
             keyed=keyed_points(spark, make_points(1), partitions=1),
         )
+
+
+def _slots(items: Iterable[int]) -> Iterator[tuple[int, int, int, int]]:
+    context = BarrierTaskContext.get()
+    rank = context.partitionId()
+    index, count = job_module._local_slot(context, rank)
+    yield rank, index, count, job_module._cuda_index(context, rank)
+
+
+def test_trainers_take_the_gpu_of_their_place_on_their_host(spark: SparkSession) -> None:
+    """On one host the trainers' CUDA devices are 0, 1, ...: their places there (with no
+    GPUs scheduled by Spark), which on a second host start again at 0 -- not the global
+    rank, which would put two trainers of that host on one GPU."""
+    rdd = spark.sparkContext.parallelize(range(2), 2)
+    found = sorted(rdd.barrier().mapPartitions(_slots).collect())
+    assert found == [(0, 0, 2, 0), (1, 1, 2, 1)]
