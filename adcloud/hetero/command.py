@@ -34,6 +34,7 @@ def _cmd_devices(args: argparse.Namespace, console: Console) -> int:
     from adcloud.hetero.devices import (  # noqa: PLC0415 - keep --help fast
         HeteroSettings,
         discover,
+        icd_registration,
         list_devices,
         opencl_status,
         select_device,
@@ -61,12 +62,10 @@ def _cmd_devices(args: argparse.Namespace, console: Console) -> int:
     if problem is not None:
         console.print(f"[yellow]no OpenCL:[/yellow] {problem}", highlight=False)
     for path in hidden:
-        vendor = path.name.removeprefix("lib").split("-")[0].split(".")[0]
         console.print(
             f"[yellow]unregistered OpenCL driver:[/yellow] {path} is here but no ICD file names "
-            f"it, so its devices are not listed; register it with `echo {path} > "
-            f"/etc/OpenCL/vendors/{vendor}.icd` (or put that file in a folder named by "
-            "OCL_ICD_VENDORS)",
+            f"it, so its devices are not listed; register it with `{icd_registration(path)}` "
+            "(or put that file in a folder named by OCL_ICD_VENDORS)",
             highlight=False,
             soft_wrap=True,  # the command stays on one line for copying
         )

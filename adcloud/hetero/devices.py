@@ -73,6 +73,7 @@ __all__ = [
     "OpenCLDevice",
     "as_device",
     "discover",
+    "icd_registration",
     "list_devices",
     "open_device",
     "opencl_status",
@@ -707,6 +708,16 @@ def unregistered_icds(
     return list(found.values())
 
 
+def icd_registration(library: Path) -> str:
+    """The shell line that registers a vendor's OpenCL ``library`` with the ICD loader: a
+    file in the folder ``OCL_ICD_VENDORS`` names, else in ``/etc/OpenCL/vendors``."""
+    vendor = library.name.removeprefix("lib").split("-")[0].split(".")[0]
+    folder = os.environ.get("OCL_ICD_VENDORS") or ""
+    if not (folder and Path(folder).is_dir()):
+        folder = _REGISTRY
+    return f"echo {library} > {folder}/{vendor}.icd"
+
+
 def list_devices(*, split: int = 0, include_numpy: bool = False) -> list[DeviceInfo]:
     """Every OpenCL device on this machine, in address order.
 
@@ -878,13 +889,11 @@ def _warn_unregistered(settings: HeteroSettings, chosen: DeviceKind) -> None:
         return
     cache.logged.add(("unregistered", ""))
     for path in unregistered_icds():
-        vendor = path.name.removeprefix("lib").split("-")[0].split(".")[0]
         log.warning(
             "hetero: %s is a GPU driver's OpenCL library, but no ICD file registers it, so "
-            "its GPUs are not used; register it: echo %s > /etc/OpenCL/vendors/%s.icd",
+            "its GPUs are not used; register it: %s",
             path,
-            path,
-            vendor,
+            icd_registration(path),
         )
 
 

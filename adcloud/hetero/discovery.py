@@ -3,8 +3,10 @@
 What ``deploy/discover_opencl.sh`` runs: prints ``{"name": ..., "addresses": [...]}`` for
 the OpenCL devices of the resource's kinds (:func:`adcloud.hetero.devices.discover`, with
 :class:`~adcloud.hetero.devices.HeteroSettings` from ``ADCLOUD_HETERO_*``) and exits 0, or
-prints the reason to stderr and exits 1.  Kept out of the package's imports so that
-``python -m`` runs it cleanly.
+prints the reason to stderr and exits 1.  When it finds no GPU while a GPU driver's OpenCL
+library is on the machine unregistered (:func:`~adcloud.hetero.devices.unregistered_icds`),
+it says so on stderr, which Spark keeps in the worker's log.  Kept out of the package's imports
+so that ``python -m`` runs it cleanly.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the discovery document for ``argv[0]`` (default ``gpu``); the exit status."""
-    from adcloud.hetero.devices import discover  # noqa: PLC0415
+    from adcloud.hetero.devices import (  # noqa: PLC0415
+        discover,
+        icd_registration,
+        unregistered_icds,
+    )
 
     args = list(sys.argv[1:] if argv is None else argv)
     resource = args[0] if args else "gpu"
@@ -30,6 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"discover_opencl: {err}\n")
         return 1
     sys.stdout.write(json.dumps(document) + "\n")
+    if resource == "gpu" and not document["addresses"]:
+        for path in unregistered_icds():
+            sys.stderr.write(
+                f"discover_opencl: no GPU listed, but {path} (a GPU driver's OpenCL library) "
+                f"is here unregistered; register it: {icd_registration(path)}\n"
+            )
     return 0
 
 

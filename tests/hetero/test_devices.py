@@ -422,7 +422,7 @@ def test_cli_devices_says_how_to_register_a_driver_it_cannot_see(
     assert args.func(args, console) == 0
     text = console.export_text()
     assert f"{library} is here but no ICD file names it" in text
-    assert f"echo {library} > /etc/OpenCL/vendors/nvidia.icd" in text
+    assert f"echo {library} > {vendors}/nvidia.icd" in text
 
 
 def test_the_policy_warns_once_when_a_gpu_driver_is_unregistered(
@@ -442,9 +442,7 @@ def test_the_policy_warns_once_when_a_gpu_driver_is_unregistered(
     assert chosen.info.kind == DeviceKind.CPU  # PoCL: this machine has no registered GPU
     warned = [r.getMessage() for r in caplog.records if "no ICD file registers it" in r.message]
     assert len(warned) == 1
-    assert (
-        f"echo {tmp_path / 'libnvidia-opencl.so.1'} > /etc/OpenCL/vendors/nvidia.icd" in (warned[0])
-    )
+    assert f"echo {tmp_path / 'libnvidia-opencl.so.1'} > {vendors}/nvidia.icd" in warned[0]
     # a user who prefers the CPU is not told about GPUs; a registered driver is not reported
     monkeypatch.setattr(devices_module, "_CACHE", devices_module._Cache())
     caplog.clear()
@@ -454,3 +452,26 @@ def test_the_policy_warns_once_when_a_gpu_driver_is_unregistered(
         (vendors / "nvidia.icd").write_text("libnvidia-opencl.so.1\n")
         select_device(HeteroSettings())
     assert not [r for r in caplog.records if "no ICD file registers it" in r.message]
+
+
+def test_discovery_says_how_to_register_a_driver_when_it_finds_no_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adcloud.hetero import discovery  # noqa: PLC0415
+
+    library = tmp_path / "libnvidia-opencl.so.1"
+    library.write_bytes(b"\x7fELF")
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    monkeypatch.delenv("OCL_ICD_VENDORS", raising=False)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    monkeypatch.setattr(devices_module, "_REGISTRY", str(vendors))
+    assert discovery.main(["gpu"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"name": "gpu", "addresses": []}  # PoCL is a CPU: not listed
+    assert f"{library} (a GPU driver's OpenCL library) is here unregistered" in err
+    assert f"echo {library} > {vendors}/nvidia.icd" in err
+    # registered (but absent from this machine's loader): nothing more to say
+    (vendors / "nvidia.icd").write_text(f"{library}\n")
+    assert discovery.main(["gpu"]) == 0
+    assert capsys.readouterr().err == ""
