@@ -303,26 +303,26 @@ def test_cli_prints_scores_writes_files_and_refuses_a_bad_model_before_spark(
         _call(["train", "eval", "--model", str(odd), "--bags", "x.bag"])
 
 
+def _odom_drive(
+    factory: pytest.TempPathFactory, name: str, seconds: float, seed: int
+) -> DriveResult:
+    """A drive of odometry only, in small chunks (several partitions)."""
+    config = DriveConfig(
+        seconds=seconds, seed=seed, lidar=False, camera=False, truth_raster=False, chunk_bytes=8192
+    )
+    return generate_drive(config, factory.mktemp(name) / f"{name}.bag")
+
+
 @pytest.fixture(scope="module")
 def odom_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
-    """A 3 s drive of odometry only, in small chunks (several partitions)."""
-    return generate_drive(
-        DriveConfig(
-            seconds=3, seed=2, lidar=False, camera=False, truth_raster=False, chunk_bytes=8192
-        ),
-        tmp_path_factory.mktemp("odom") / "odom.bag",
-    )
+    """A 3 s odometry drive."""
+    return _odom_drive(tmp_path_factory, "odom", 3, 2)
 
 
 @pytest.fixture(scope="module")
 def other_odom_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
     """A second, shorter odometry drive (another seed): a second held-out bag."""
-    return generate_drive(
-        DriveConfig(
-            seconds=2, seed=3, lidar=False, camera=False, truth_raster=False, chunk_bytes=8192
-        ),
-        tmp_path_factory.mktemp("odom2") / "other.bag",
-    )
+    return _odom_drive(tmp_path_factory, "other", 2, 3)
 
 
 @pytest.mark.parametrize("sync", ["single", "ps", "allreduce"])
