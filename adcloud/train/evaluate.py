@@ -22,9 +22,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import itertools
 import json
 import logging
 import math
+import operator
 import os
 import posixpath
 import tempfile
@@ -124,21 +126,6 @@ def _counts_of(
     return counts, n
 
 
-def _count_partition(
-    index: int,
-    blocks: Iterable[bytes | bytearray],
-    *,
-    task: CountingTask,
-    weights: _Weights,
-    bags: Sequence[str],
-) -> Iterator[tuple[str, tuple[NDArray[Any], int]]]:
-    """``(bag, (counts, samples))`` of one partition of BinPipe blocks."""
-    from adcloud.train.job import decode_samples  # noqa: PLC0415
-
-    samples = (sample for _, sample in decode_samples(task, blocks))
-    yield bags[index], _counts_of(task, weights, samples)
-
-
 def _count_samples(
     samples: Iterable[Any], *, task: CountingTask, weights: _Weights
 ) -> Iterator[tuple[NDArray[Any], int]]:
@@ -167,12 +154,10 @@ def score_samples(
 def _count_bag_samples(
     pairs: Iterable[tuple[str, Any]], *, task: CountingTask, weights: _Weights
 ) -> Iterator[tuple[str, tuple[NDArray[Any], int]]]:
-    """``(bag, (counts, samples))`` of one partition of ready ``(bag, sample)`` pairs."""
-    by_bag: dict[str, list[Any]] = {}
-    for bag, sample in pairs:
-        by_bag.setdefault(bag, []).append(sample)
-    for bag, samples in by_bag.items():
-        yield bag, _counts_of(task, weights, samples)
+    """``(bag, (counts, samples))`` of each run of one bag's samples in a partition of
+    ``(bag, sample)`` pairs, streamed (a bag's partition is one run; the caller sums runs)."""
+    for bag, run in itertools.groupby(pairs, key=operator.itemgetter(0)):
+        yield bag, _counts_of(task, weights, (sample for _, sample in run))
 
 
 def score_bag_samples(
@@ -191,11 +176,9 @@ def score_bag_samples(
     counting = _counting(task)
     weights = _broadcast(spark, "state", parameters)
     try:
-        fn = functools.partial(_count_bag_samples, task=counting, weights=weights)
-        summed = dict(samples.mapPartitions(fn).reduceByKey(_add).collect())
+        counts, numbers = _score_pairs(counting, weights, samples, bags)
     finally:
         weights.payload.unpersist()
-    counts, numbers = _per_bag(summed, bags)
     return _evaluation(counting, name, counts, numbers, started)
 
 
@@ -232,16 +215,18 @@ def _score(
     partitions_per_bag: int | None,
 ) -> tuple[dict[str, NDArray[Any]], dict[str, int]]:
     """Per bag URI: the summed counts and the number of samples (0 for a bag that gave none)."""
-    from adcloud.binpipe import BinPipeRDD  # noqa: PLC0415 - pyspark is heavy
-    from adcloud.train.job import bag_uris  # noqa: PLC0415
+    from adcloud.train.job import bag_samples, bag_uris  # noqa: PLC0415
 
-    uris = bag_uris(bags)
-    rdd = BinPipeRDD.from_bags(
-        spark, uris, topics=list(task.topics), partitions_per_bag=partitions_per_bag
-    )
-    partition_bags = rdd.partition_bags or ()
-    fn = functools.partial(_count_partition, task=task, weights=weights, bags=partition_bags)
-    summed = dict(rdd.rdd.mapPartitionsWithIndex(fn).reduceByKey(_add).collect())
+    pairs = bag_samples(spark, task, bags, partitions_per_bag)
+    return _score_pairs(task, weights, pairs, bag_uris(bags))
+
+
+def _score_pairs(
+    task: CountingTask, weights: _Weights, pairs: RDD[tuple[str, Any]], uris: Sequence[str]
+) -> tuple[dict[str, NDArray[Any]], dict[str, int]]:
+    """:func:`_score` of ready ``(bag, sample)`` pairs."""
+    fn = functools.partial(_count_bag_samples, task=task, weights=weights)
+    summed = dict(pairs.mapPartitions(fn).reduceByKey(_add).collect())
     return _per_bag(summed, uris)
 
 

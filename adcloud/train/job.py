@@ -201,26 +201,31 @@ def etl_samples(
     return rdd.rdd.mapPartitionsWithIndex(functools.partial(_etl_partition, task=task))
 
 
-def heldout_samples(spark: SparkSession, config: TrainConfig, task: Task) -> RDD[tuple[str, Any]]:
-    """``(bag URI, sample)`` of every message of ``task.topics`` in ``config.heldout_bags``,
-    partitioned as the bags are (the URIs as :func:`bag_uris` gives them).  Not cached."""
+def bag_samples(
+    spark: SparkSession, task: Task, bags: Sequence[str], partitions_per_bag: int | None = None
+) -> RDD[tuple[str, Any]]:
+    """``(bag URI, sample)`` of every message of ``task.topics`` in ``bags``, partitioned as
+    the bags are (the URIs as :func:`bag_uris` gives them).  Not cached."""
     from adcloud.binpipe import BinPipeRDD  # noqa: PLC0415 - pyspark is heavy
 
-    uris = bag_uris(config.heldout_bags)
     rdd = BinPipeRDD.from_bags(
-        spark, uris, topics=list(task.topics), partitions_per_bag=config.partitions_per_bag
+        spark, bag_uris(bags), topics=list(task.topics), partitions_per_bag=partitions_per_bag
     )
-    bags = rdd.partition_bags or ()
     return rdd.rdd.mapPartitionsWithIndex(
-        functools.partial(_heldout_partition, task=task, bags=bags)
+        functools.partial(_bag_partition, task=task, bags=rdd.partition_bags or ())
     )
 
 
-def _heldout_partition(
+def _bag_partition(
     index: int, blocks: Iterable[bytes | bytearray], *, task: Task, bags: Sequence[str]
 ) -> Iterator[tuple[str, Any]]:
     for _, sample in decode_samples(task, blocks):
         yield bags[index], sample
+
+
+def heldout_samples(spark: SparkSession, config: TrainConfig, task: Task) -> RDD[tuple[str, Any]]:
+    """:func:`bag_samples` of ``config.heldout_bags``."""
+    return bag_samples(spark, task, config.heldout_bags, config.partitions_per_bag)
 
 
 def local_samples(
