@@ -15,7 +15,9 @@ Baselines, in the same run and on the same data:
   drive's reach carried as they are, against the same build merging every tile again
   (``hdmap.carry_tiles=false``, what every build did before) -- time and the disk the new
   version takes, and the bytes the same build moves on a map kept on an object store,
-  reported.
+  reported;
+- planning a nightly build of four new bags (hashing them): ``hdmap.hash_threads`` bags at
+  a time against one after the other (reported).
 
     .venv/bin/python benchmarks/bench_hdmap.py              # everything (~10 min on 2 cores)
     .venv/bin/python benchmarks/bench_hdmap.py --beams 16   # a cheaper drive
@@ -39,10 +41,12 @@ from pathlib import Path
 import fsspec
 import numpy as np
 from _cpu import CpuShare
+from _timeline import event_log_conf, slot_report
 from fsspec.implementations.memory import MemoryFileSystem
 
 from adcloud.hdmap import HdmapSettings, build_map, evaluate_map, read_drive
 from adcloud.hdmap.baseline import kiss_icp_trajectory
+from adcloud.hdmap.mapdir import MapDir, MapDirSettings
 from adcloud.hdmap.pcmap import deskew, open3d_register, register_scan
 from adcloud.hdmap.trajectory import Trajectory, absolute_trajectory_error
 from adcloud.hetero import list_devices
@@ -180,15 +184,21 @@ def lost_executors(spark) -> int:  # type: ignore[no-untyped-def]
     return lost
 
 
-def bench_cluster(bag: Path, work: Path, rounds: int, warmup: Path | None = None) -> None:
+def bench_cluster(
+    bag: Path, work: Path, rounds: int, warmup: Path | None = None, slots: bool = False
+) -> None:
     """The whole build with 1 and 2 executors of one core each.  With ``warmup`` (a short
     drive) each application first builds its map, unmeasured, as every Spark application of
     the training benchmark does: a fresh executor JVM compiles its hot paths and its Python
-    workers import their modules in the first jobs, which a long-lived cluster pays once."""
+    workers import their modules in the first jobs, which a long-lived cluster pays once.
+    ``slots``: print, for each application's best round, where its task slots stood idle
+    (Spark's event log, :mod:`_timeline`)."""
     from adcloud.spark import StandaloneCluster  # noqa: PLC0415
 
     best: dict[int, float] = {}
     lost: dict[int, int] = {}
+    windows: dict[int, tuple[float, float]] = {}
+    events = work / "events"
     with StandaloneCluster(1, cores=2, memory="3g", log_dir=work / "logs") as cluster:
         for executors in (1, 2):
             conf = {
@@ -196,6 +206,7 @@ def bench_cluster(bag: Path, work: Path, rounds: int, warmup: Path | None = None
                 "spark.cores.max": str(executors),
                 "spark.executor.cores": "1",
                 "spark.executor.memory": "1400m",
+                **(event_log_conf(events) if slots else {}),
             }
             spark = _session(cluster.master_url, **conf)
             if warmup is not None:
@@ -210,10 +221,12 @@ def bench_cluster(bag: Path, work: Path, rounds: int, warmup: Path | None = None
             runs = []
             for r in range(rounds):
                 target = work / f"cluster-{executors}-{r}"
-                started = time.perf_counter()
+                started, wall = time.perf_counter(), time.time()
                 with CpuShare() as share:
                     build_map(spark, str(bag), str(target))
                 runs.append(time.perf_counter() - started)
+                if runs[-1] == min(runs):
+                    windows[executors] = (wall, time.time())
                 shutil.rmtree(target, ignore_errors=True)
                 print(
                     f"{executors} executor(s): {runs[-1]:.1f} s (load {_load()}); {share}",
@@ -229,6 +242,9 @@ def bench_cluster(bag: Path, work: Path, rounds: int, warmup: Path | None = None
                     flush=True,
                 )
             spark.stop()
+    for executors, (began, ended) in windows.items() if slots else ():
+        report = slot_report(events, began, ended, executors)
+        print(f"{executors} executor(s), best round:\n{report}", flush=True)
     ratio = best[1] / best[2]
     verdict = "met" if ratio >= 1.7 else "NOT met"
     if any(n != 0 for n in lost.values()):
@@ -331,6 +347,37 @@ def _nightly_on_a_store(spark: object, base: Path, bags: list[str]) -> None:
     fs.rm(bucket.rsplit("/", 1)[0], recursive=True)
 
 
+def bench_planning(bag: Path, work: Path, copies: int = 4, rounds: int = 3) -> None:
+    """Plan a build of ``copies`` new bags (the drive's bytes, each with one byte of its own
+    appended, so that every one is a new drive): hashed one at a time against
+    ``MapDirSettings.hash_threads`` at a time.  The bags are in the page cache (read once
+    before), so this measures hashing on the cores, not the disk."""
+    bags = []
+    for i in range(copies):
+        copy = work / f"plan-{i}.bag"
+        shutil.copyfile(bag, copy)
+        with copy.open("ab") as f:
+            f.write(bytes([i]))
+        bags.append(copy)
+    threads = MapDirSettings().hash_threads
+    times: dict[int, list[float]] = {1: [], threads: []}
+    for r in range(rounds):
+        for n in (1, threads) if r % 2 == 0 else (threads, 1):
+            started = time.perf_counter()
+            plan = MapDir(work / f"plan-map-{n}", MapDirSettings(hash_threads=n)).plan(bags)
+            times[n].append(time.perf_counter() - started)
+            assert len(plan.new_drives) == copies
+    total = sum(b.stat().st_size for b in bags) / 1e6
+    one, many = min(times[1]), min(times[threads])
+    print(
+        f"planning {copies} new bags ({total:.0f} MB, page-cached), best of {rounds}: one at a "
+        f"time {one:.2f} s ({total / one:.0f} MB/s), {threads} at a time {many:.2f} s "
+        f"({total / many:.0f} MB/s) -> {one / many:.2f}x (reported; load {_load()})"
+    )
+    for b in bags:
+        b.unlink()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--beams", type=int, default=32, help="LiDAR beams of the drive (32)")
@@ -342,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="each cluster application first builds a 5 s drive, unmeasured (default: on)",
+    )
+    parser.add_argument(
+        "--slots",
+        action="store_true",
+        help="with the cluster figure: where each application's task slots stood idle, "
+        "job by job (from Spark's event log)",
     )
     parser.add_argument("--skip-modes", action="store_true", help="no files-mode comparison")
     parser.add_argument("--skip-cluster", action="store_true", help="no 1 vs 2 executors")
@@ -381,9 +434,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.cluster_warmup:
                 short = dataclasses.replace(cfg, seconds=5.0)
                 warmup = generate_drive(short, work / "warmup.bag").bag
-            bench_cluster(drive.bag, work, args.rounds, warmup)
+            bench_cluster(drive.bag, work, args.rounds, warmup, args.slots)
         if not args.skip_nightly:
             bench_nightly(cfg, drive.bag, work, args.night_seconds)
+            bench_planning(drive.bag, work)
     return 0
 
 

@@ -454,9 +454,15 @@ def plan_build(
     *,
     readmit: Sequence[str] = (),
     trust_mtime: bool = False,
+    settings: HdmapSettings | None = None,
 ) -> BuildPlan:
     """What :func:`build_map` would do, without Spark (e.g. to skip starting a session)."""
-    return MapDir(map_uri).plan(bag_uris(bags), readmit=readmit, trust_mtime=trust_mtime)
+    mapdir = MapDir(map_uri, _mapdir_settings(settings or HdmapSettings()))
+    return mapdir.plan(bag_uris(bags), readmit=readmit, trust_mtime=trust_mtime)
+
+
+def _mapdir_settings(settings: HdmapSettings) -> MapDirSettings:
+    return MapDirSettings(keep_versions=settings.keep_versions, hash_threads=settings.hash_threads)
 
 
 def build_map(
@@ -493,7 +499,7 @@ def build_map(
     uris = bag_uris(bags)
     # Read the labels first: a bad label file fails now, not after the whole pipeline.
     fresh = import_labels(labels, default_source="external") if labels else None
-    mapdir = MapDir(map_uri, MapDirSettings(keep_versions=settings.keep_versions))
+    mapdir = MapDir(map_uri, _mapdir_settings(settings))
     timings: dict[str, float] = {}
     counts: dict[str, int] = {}
     relabel = False

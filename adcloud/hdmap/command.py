@@ -83,7 +83,14 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
 
     settings = _settings(args)
     stages = StageSettings.load(settings, file=args.config)
-    plan = plan_build(args.bags, args.map, readmit=args.readmit, trust_mtime=args.trust_mtime)
+    with console.status(f"planning {args.map}: hashing the bags the map does not know ..."):
+        plan = plan_build(
+            args.bags,
+            args.map,
+            readmit=args.readmit,
+            trust_mtime=args.trust_mtime,
+            settings=settings,
+        )
     for uri in plan.skipped:
         console.print(
             f"skipped {uri}: a rollback held its drive out of the map (--readmit NAME takes "

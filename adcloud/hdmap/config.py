@@ -41,6 +41,9 @@ class HdmapSettings:
       the stage folders made there are deleted when the build ends; on a multi-host cluster
       ``exchange_dir`` must be a directory every host mounts).
     - ``keep_versions``: map versions kept by the nightly build's garbage collection.
+    - ``hash_threads``: how many new bags a build's plan hashes at a time on the driver
+      (bags on a local disk hash on that many cores, bags in object storage over that many
+      streams).
     - ``carry_tiles``: an incremental build copies the tiles out of the new drives' reach
       as they are (:mod:`adcloud.hdmap.kept`); False merges and writes every tile again
       (as a build does by itself when the grid or point-cloud settings changed).
@@ -65,6 +68,7 @@ class HdmapSettings:
     mode: str = "memory"
     exchange_dir: str = ""
     keep_versions: int = 5
+    hash_threads: int = 4
     mounts: tuple[str, ...] = ()
     carry_tiles: bool = True
 
@@ -83,6 +87,8 @@ class HdmapSettings:
             raise ConfigError(f"hdmap.segment_s: {self.segment_s} s must be > 1 s")
         if self.keep_versions < 1:
             raise ConfigError("hdmap.keep_versions: keep at least 1 version")
+        if self.hash_threads < 1:
+            raise ConfigError(f"hdmap.hash_threads: {self.hash_threads} must be >= 1")
 
     @property
     def topics(self) -> DriveTopics:

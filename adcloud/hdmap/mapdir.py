@@ -34,7 +34,10 @@ Bag hashing
     A bag file hashes as ``sha256(file bytes)`` (the same digest as ``sha256sum``).  A
     directory (a rosbag2 bag: ``metadata.yaml`` and its storage files) hashes as the SHA-256
     of, for every regular file in sorted relative-path order, its size as 8 little-endian
-    bytes followed by its bytes.  Files are streamed, never read whole.
+    bytes followed by its bytes.  Files are streamed, never read whole.  A plan hashes the
+    bags it must read ``hash_threads`` at a time (SHA-256 is serial within a bag, and
+    hashlib releases the GIL while it hashes, so bags on a local disk hash on as many cores
+    and bags in object storage over as many streams).
 
 Manifest format (``manifest.json``), version 2
     ``{"format": "adcloud.hdmap.manifest", "format_version": 2, "version": "000007",
@@ -56,6 +59,7 @@ History
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
@@ -70,6 +74,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,7 +135,8 @@ class MapDirSettings:
     ``keep_versions``: after each commit, versions beyond the newest ``keep_versions`` (the
     current one always included) are deleted; 0 keeps everything.  ``fsync``: flush files
     and directories to stable storage before switching ``CURRENT`` (only switch it off on
-    scratch maps).  ``hash_chunk_bytes``: read size when hashing bags.  ``staging_dir``:
+    scratch maps).  ``hash_chunk_bytes``: read size when hashing bags; ``hash_threads``:
+    how many bags are hashed at a time.  ``staging_dir``:
     where versions of maps that are not on a local filesystem are written before the upload
     (empty: the system's temporary directory); it needs room for one whole version.
     """
@@ -138,6 +144,7 @@ class MapDirSettings:
     keep_versions: int = 5
     fsync: bool = True
     hash_chunk_bytes: int = 8 << 20
+    hash_threads: int = 4
     staging_dir: str = ""
 
     def __post_init__(self) -> None:
@@ -145,6 +152,8 @@ class MapDirSettings:
             raise BuildError(f"hdmap.keep_versions must be >= 0, got {self.keep_versions}")
         if self.hash_chunk_bytes <= 0:
             raise BuildError(f"hdmap.hash_chunk_bytes must be > 0, got {self.hash_chunk_bytes}")
+        if self.hash_threads < 1:
+            raise BuildError(f"hdmap.hash_threads must be >= 1, got {self.hash_threads}")
 
 
 def _now_text() -> str:
@@ -633,27 +642,73 @@ def bag_uri(raw: str | os.PathLike[str]) -> str:
         return _described(raw, files, path)
 
 
-def _hash_stream(h: Any, f: IO[bytes], chunk: int) -> None:
+class _HashCancelledError(Exception):
+    """A bag's hashing stopped because another bag of the same plan failed."""
+
+
+def _hash_stream(h: Any, f: IO[bytes], chunk: int, stop: threading.Event | None) -> None:
     while True:
+        if stop is not None and stop.is_set():
+            raise _HashCancelledError
         block = f.read(chunk)
         if not block:
             return
         h.update(block)
 
 
-def _content_hash(files: _Files, path: str, chunk: int) -> tuple[str, int]:
+def _content_hash(
+    files: _Files, path: str, chunk: int, stop: threading.Event | None = None
+) -> tuple[str, int]:
     h = hashlib.sha256()
     total = 0
     if not files.isdir(path):
         with files.open_read(path) as f:
-            _hash_stream(h, f, chunk)
+            _hash_stream(h, f, chunk, stop)
         return h.hexdigest(), files.size_mtime(path)[0]
     for rel, size in files.find(path):
         h.update(int(size).to_bytes(8, "little"))
         with files.open_read(posixpath.join(path, rel)) as f:
-            _hash_stream(h, f, chunk)
+            _hash_stream(h, f, chunk, stop)
         total += size
     return h.hexdigest(), total
+
+
+def _hash_bag(
+    raw: str | os.PathLike[str],
+    uri: str,
+    size: int,
+    chunk: int,
+    stop: threading.Event | None = None,
+) -> tuple[str, int]:
+    _LOG.info("hashing %s (%d bytes)", uri, size)
+    files, path = _locate(raw)
+    try:
+        with files:
+            return _content_hash(files, path, chunk, stop)
+    except FileNotFoundError as err:
+        raise HdmapError(f"{uri}: no such bag file or directory") from err
+    except OSError as err:
+        raise HdmapError(f"{uri}: cannot read the bag: {err}") from err
+
+
+def _hash_bags(
+    bags: Sequence[tuple[str | os.PathLike[str], str, int]], chunk: int, threads: int
+) -> list[tuple[str, int]]:
+    """``(sha256, size)`` of every ``(raw, uri, size)`` bag, in order, ``threads`` bags at a
+    time.  The first bag (in order) that cannot be read raises; then the other bags stop
+    being read at their next chunk."""
+    if len(bags) <= 1 or threads == 1:
+        return [_hash_bag(raw, uri, size, chunk) for raw, uri, size in bags]
+    stop = threading.Event()
+    pool = concurrent.futures.ThreadPoolExecutor(
+        min(threads, len(bags)), thread_name_prefix="hdmap-hash"
+    )
+    try:
+        futures = [pool.submit(_hash_bag, raw, uri, size, chunk, stop) for raw, uri, size in bags]
+        return [future.result() for future in futures]
+    finally:
+        stop.set()  # a no-op once every bag is hashed
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def content_hash(uri: str | os.PathLike[str], *, chunk_bytes: int = 8 << 20) -> tuple[str, int]:
@@ -1554,22 +1609,25 @@ class MapDir:
         renamed: list[tuple[str, str]] = []
         duplicates: list[str] = []
         skipped: list[str] = []
+        stated: list[tuple[str | os.PathLike[str], str, int, float | None, str | None]] = []
         for raw in bag_uris:
             files, path = _locate(raw)
             uri = _described(raw, files, path)
             try:
                 with files:
                     size, mtime = files.size_mtime(path)
-                    prev = known_uri.get(uri)
-                    if trust_mtime and prev is not None and prev.looks_unchanged(size, mtime):
-                        digest = prev.sha256
-                    else:
-                        _LOG.info("hashing %s (%d bytes)", uri, size)
-                        digest, size = _content_hash(files, path, self.settings.hash_chunk_bytes)
             except FileNotFoundError as err:
                 raise HdmapError(f"{uri}: no such bag file or directory") from err
             except OSError as err:
                 raise HdmapError(f"{uri}: cannot read the bag: {err}") from err
+            prev = known_uri.get(uri)
+            trusted = trust_mtime and prev is not None and prev.looks_unchanged(size, mtime)
+            stated.append((raw, uri, size, mtime, prev.sha256 if trusted and prev else None))
+        unread = [(raw, uri, size) for raw, uri, size, _, digest in stated if digest is None]
+        settings = self.settings
+        hashed = iter(_hash_bags(unread, settings.hash_chunk_bytes, settings.hash_threads))
+        for _, uri, stat_size, mtime, known_digest in stated:
+            digest, size = (known_digest, stat_size) if known_digest else next(hashed)
             if digest in seen:
                 _LOG.info("%s: same bytes as another input; skipped", uri)
                 duplicates.append(uri)

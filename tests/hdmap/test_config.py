@@ -1,8 +1,9 @@
-"""The settings of a map build (adcloud.hdmap.config): the sensor mounts setting."""
+"""The settings of a map build (adcloud.hdmap.config): sensor mounts, tile carrying, hashing."""
 
 from __future__ import annotations
 
 import pickle
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -84,3 +85,35 @@ def test_merge_all_tiles_turns_carrying_off(monkeypatch: pytest.MonkeyPatch) -> 
     assert _settings(args).carry_tiles is False
     monkeypatch.setenv("ADCLOUD_HDMAP_CARRY_TILES", "false")
     assert _settings(build_parser().parse_args(build)).carry_tiles is False
+
+
+def test_hash_threads_reach_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ADCLOUD_HDMAP_HASH_THREADS`` decides how many bags ``adcloud hdmap build`` hashes
+    at a time: 1 hashes on the main thread, 2 on the plan's hashing threads."""
+    from adcloud.cli import main  # noqa: PLC0415
+    from adcloud.hdmap import mapdir  # noqa: PLC0415
+
+    bags = tmp_path / "bags"
+    bags.mkdir()
+    for i in range(3):
+        (bags / f"d{i}.bag").write_bytes(bytes([i]) * 1000)
+    real = mapdir._content_hash
+    threads: list[str] = []
+
+    def spy(files: object, path: str, chunk: int, stop: object = None) -> tuple[str, int]:
+        threads.append(threading.current_thread().name)
+        return real(files, path, chunk, stop)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mapdir, "_content_hash", spy)
+    build = ["hdmap", "build", "--bags", str(bags), "--map", str(tmp_path / "map"), "--dry-run"]
+    build.append("--skip-bad-bags")  # the bags are not real bags: only their hashes matter
+    monkeypatch.setenv("ADCLOUD_HDMAP_HASH_THREADS", "1")
+    assert main(build) == 0
+    assert threads == ["MainThread"] * 3
+    threads.clear()
+    monkeypatch.setenv("ADCLOUD_HDMAP_HASH_THREADS", "2")
+    assert main(build) == 0
+    assert len(threads) == 3 and all(name.startswith("hdmap-hash") for name in threads)
+    monkeypatch.setenv("ADCLOUD_HDMAP_HASH_THREADS", "0")
+    with pytest.raises(ConfigError, match=r"hdmap\.hash_threads: 0 must be >= 1"):
+        load_settings(HdmapSettings, "hdmap")

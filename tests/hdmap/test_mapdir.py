@@ -3,6 +3,7 @@ and atomicity under SIGKILL (real child processes killed mid-build)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 import fsspec
 import pytest
 
+from adcloud.hdmap import mapdir as mapdir_module
 from adcloud.hdmap.errors import BuildError, HdmapError, MapFormatError
 from adcloud.hdmap.mapdir import (
     CURRENT_NAME,
@@ -221,6 +224,62 @@ def test_update_with_a_plan_hashes_the_bags_once(
     again = md.update([a, b], record_build(calls), plan=stale)
     assert not again.changed  # planned anew under the lock: b is in the map already
     assert "hashing" in caplog.text
+
+
+def test_plan_hashes_several_bags_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bags a plan must read are hashed on ``hash_threads`` threads: two hashes wait for
+    each other at a barrier (which breaks after 10 s if they run one after the other), and
+    every digest lands on its own bag, in the order the bags were given."""
+    bags = [make_bag(tmp_path / "in" / f"d{i}.bag", i, 50_000 + i) for i in range(4)]
+    real = mapdir_module._content_hash
+    barrier = threading.Barrier(2, timeout=10)
+
+    def meet(files: Any, path: str, chunk: int, stop: Any = None) -> tuple[str, int]:
+        if Path(path).name in ("d1.bag", "d2.bag"):
+            barrier.wait()  # raises BrokenBarrierError if d2 only starts after d1 ended
+        return real(files, path, chunk, stop)
+
+    monkeypatch.setattr(mapdir_module, "_content_hash", meet)
+    md = MapDir(tmp_path / "map", MapDirSettings(hash_threads=2, hash_chunk_bytes=4096))
+    plan = md.plan(bags)
+    assert [d.name for d in plan.new_drives] == ["d0", "d1", "d2", "d3"]
+    for rec, bag in zip(plan.new_drives, bags, strict=True):
+        assert rec.sha256 == hashlib.sha256(bag.read_bytes()).hexdigest()
+        assert rec.size == bag.stat().st_size
+    with pytest.raises(BuildError, match="hash_threads must be >= 1"):
+        MapDirSettings(hash_threads=0)
+
+
+def test_plan_stops_hashing_when_a_bag_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bag that cannot be read fails the plan with its name, and the bag being hashed
+    beside it stops at its next chunk instead of being read to the end."""
+    bad = make_bag(tmp_path / "bad.bag", 1)
+    big = make_bag(tmp_path / "big.bag", 2, 8 << 20)  # 512k chunks of 16 bytes
+    real = mapdir_module._content_hash
+    started = threading.Event()
+    outcome: list[str] = []
+
+    def hashing(files: Any, path: str, chunk: int, stop: Any = None) -> tuple[str, int]:
+        if Path(path).name == "bad.bag":
+            assert started.wait(10)
+            raise OSError(errno.EIO, "Input/output error")
+        started.set()
+        try:
+            return real(files, path, chunk, stop)
+        except BaseException as err:
+            outcome.append(type(err).__name__)
+            raise
+
+    monkeypatch.setattr(mapdir_module, "_content_hash", hashing)
+    md = MapDir(tmp_path / "map", MapDirSettings(hash_threads=2, hash_chunk_bytes=16))
+    with pytest.raises(HdmapError, match=rf"{bad}: cannot read the bag: .*Input/output error"):
+        md.plan([bad, big])
+    assert outcome == ["_HashCancelledError"]
+    assert md.current() is None
 
 
 # --------------------------------------------------------------------------- updates
