@@ -242,6 +242,11 @@ class _Files(abc.ABC):
         """Copy one file on the backend (through this process unless the backend can)."""
         self.write_atomic(target, self.read_bytes(source))
 
+    def copy_many(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """:meth:`copy` every ``(source, target)``."""
+        for source, target in pairs:
+            self.copy(source, target)
+
     def close(self) -> None:  # noqa: B027 - most backends hold nothing
         """Release connections and threads (nothing by default)."""
 
@@ -477,21 +482,46 @@ class _FsspecFiles(_Files):
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(path, recursive=recursive)
 
+    # A version is thousands of small files: the tree and copy methods hand fsspec whole
+    # lists, which an asynchronous filesystem (s3fs, gcsfs, adlfs) sends as concurrent
+    # requests, where one call per file waits out one round trip after another.
+
+    def _makedirs(self, targets: Iterable[str]) -> None:
+        for folder in sorted({posixpath.dirname(t) for t in targets}):
+            self.fs.makedirs(folder, exist_ok=True)
+
     def put_tree(self, local_dir: Path, path: str, *, last: str | None = None) -> None:
         files = sorted(p for p in local_dir.rglob("*") if p.is_file())
-        files.sort(key=lambda p: p.relative_to(local_dir).as_posix() == last)
-        for p in files:
-            target = posixpath.join(path, p.relative_to(local_dir).as_posix())
-            self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
-            self.fs.put_file(str(p), target)
+        rels = [p.relative_to(local_dir).as_posix() for p in files]
+        targets = [posixpath.join(path, rel) for rel in rels]
+        self._makedirs(targets)
+        first = [(str(p), t) for p, rel, t in zip(files, rels, targets, strict=True) if rel != last]
+        if first:
+            self.fs.put([lp for lp, _ in first], [t for _, t in first])
+        if last is not None and last in rels:  # only once every other file is there
+            self.fs.put_file(str(local_dir / last), posixpath.join(path, last))
 
     def get_file(self, path: str, local: Path) -> None:
         self.fs.get_file(path, str(local))
 
+    def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
+        rels = [rel for rel, _ in self.find(path) if not lies_below(rel, skip)]
+        for folder in sorted({(local_dir / rel).parent for rel in rels}):
+            folder.mkdir(parents=True, exist_ok=True)
+        if rels:
+            self.fs.get(
+                [posixpath.join(path, rel) for rel in rels], [str(local_dir / rel) for rel in rels]
+            )
+
     def copy(self, source: str, target: str) -> None:
-        # on object stores a copy made by the store itself (S3 CopyObject): no bytes here
-        self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
-        self.fs.copy(source, target)
+        self.copy_many([(source, target)])
+
+    def copy_many(self, pairs: Sequence[tuple[str, str]]) -> None:
+        # on object stores copies made by the store itself (S3 CopyObject): no bytes here
+        if not pairs:
+            return
+        self._makedirs(target for _, target in pairs)
+        self.fs.copy([source for source, _ in pairs], [target for _, target in pairs])
 
 
 class _StoreFiles(_Files):
@@ -1383,8 +1413,12 @@ class Staging:
         else:
             # the manifest goes last: a version directory without it is an interrupted upload
             md._files.put_tree(self.path, final)
-            for rel, source in sorted(self._carried.items()):
-                md._files.copy(posixpath.join(source, rel), posixpath.join(final, rel))
+            md._files.copy_many(
+                [
+                    (posixpath.join(source, rel), posixpath.join(final, rel))
+                    for rel, source in sorted(self._carried.items())
+                ]
+            )
             md._files.write_atomic(posixpath.join(final, MANIFEST_NAME), stamped.to_json().encode())
             shutil.rmtree(self.path, ignore_errors=True)
         md._files.write_atomic(md._path(CURRENT_NAME), f"{self.version_id}\n".encode())

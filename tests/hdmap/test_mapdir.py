@@ -663,6 +663,62 @@ def tile_build(files: dict[str, bytes]):  # type: ignore[no-untyped-def]
     return build
 
 
+def batched(calls: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The calls of many files, after checking that at most two moved one file (the
+    manifest and ``CURRENT``, each written atomically on its own, after the others)."""
+    many = [call for call in calls if call[1] > 1]
+    assert len(calls) - len(many) <= 2, calls
+    return many
+
+
+def test_a_version_moves_to_and_from_an_object_store_in_whole_lists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version's upload, its download and its carried copies each reach fsspec as one
+    call with every file (which s3fs, gcsfs and adlfs send as concurrent requests), not as
+    one call per file; the files arrive whole and the manifest is written last."""
+    uri = off_the_local_disk("memory", tmp_path, monkeypatch)
+    tiles = {f"grid/{i}_0.tif": f"tile {i}".encode() for i in range(40)}
+    calls: list[tuple[str, int]] = []
+    memory = type(fsspec.filesystem("memory"))
+    for name in ("put", "get", "copy"):
+        real = getattr(memory, name)
+
+        def spy(
+            self: Any,
+            a: Any,
+            b: Any,
+            *args: Any,
+            _name: str = name,
+            _real: Any = real,
+            **kwargs: Any,
+        ) -> Any:
+            calls.append((_name, len(a) if isinstance(a, list) else 1))
+            return _real(self, a, b, *args, **kwargs)
+
+        monkeypatch.setattr(memory, name, spy)
+    bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
+    with MapDir(uri) as md:
+        md.update(bags[:1], tile_build(tiles))
+        assert batched(calls) == [("put", 40)]
+        parent = md.current()
+        assert parent is not None and parent.files() == sorted([*tiles, "manifest.json"])
+        calls.clear()
+        with md.begin(parent) as staging:
+            root = parent.fetch(tmp_path / "parent")
+            assert batched(calls) == [("get", 41)]
+            assert (root / "grid" / "7_0.tif").read_bytes() == b"tile 7"
+            files = staging.parent_files(root)
+            for rel in tiles:
+                files.carry(rel, staging.path)
+            calls.clear()
+            staging.commit(md.plan(bags).manifest())
+        assert batched(calls) == [("copy", 40)]
+        new = md.current()
+        assert new is not None and new.id == "000002"
+        assert {rel: new.read_bytes(rel) for rel in tiles} == tiles
+
+
 @pytest.mark.parametrize("backend", ["memory", "store"])
 def test_a_parent_off_the_local_disk_is_read_and_carried_without_its_tile_folders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
