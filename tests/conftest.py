@@ -33,6 +33,12 @@ Parallel runs
     ``cluster`` or ``cluster_spark``.  That group is collected last, so the worker that
     takes it has run all its other tests by then, and the cluster starts once.
 
+Object storage
+    ``s3_server`` (session scope) is a real S3-protocol server, moto's, in a subprocess on
+    127.0.0.1; ``s3_bucket`` makes a new bucket on it and points s3fs at it through the
+    environment (``AWS_ENDPOINT_URL`` and test credentials), so ``s3://`` URIs in the test
+    reach it over HTTP as they would reach S3.
+
 Data
     ``shared_data`` is the directory of real third-party recordings next to the checkout
     (``../shared/data``; ``ADCLOUD_SHARED_DATA`` overrides it).  A missing directory fails
@@ -42,6 +48,11 @@ Data
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -201,6 +212,54 @@ def cluster_spark(cluster: StandaloneCluster) -> Iterator[SparkSession]:
     wait_for_executors(session, cluster.workers)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The endpoint URL of a real S3-protocol server (moto's) running in a subprocess."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log_path = tmp_path_factory.mktemp("s3-server") / "moto.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the S3 test server exited: {log_path.read_text()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the S3 test server did not listen within 60 s ({log_path})")
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``s3://NAME``: a new, empty bucket on ``s3_server``, which s3fs reaches through the
+    environment during the test."""
+    import s3fs  # noqa: PLC0415
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "adcloud-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "adcloud-test")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    s3fs.S3FileSystem.clear_instance_cache()  # instances made for another endpoint
+    name = f"adcloud-test-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem().mkdir(name)
+    yield f"s3://{name}"
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture(scope="session")

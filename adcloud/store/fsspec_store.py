@@ -9,6 +9,12 @@ Writes are atomic: a ``file://`` store writes a hidden temporary file beside the
 the durable on-disk baseline the benchmarks compare against; other filesystems stage under a
 temporary key and move it into place.  On ``file://`` every path is confined to the root
 after resolving symlinks.
+
+Object stores (``s3://``, ``gs://``, ...) hold keys, not a tree: a directory exists while a
+file lies below it, so ``mkdir`` of a directory that stays empty leaves nothing behind, and
+a file may be written below a key that is itself a file (the store does not look up every
+parent of every write: that would be a request per level).  Renaming a directory there
+copies its files one by one (in one concurrent batch) and then deletes them.
 """
 
 from __future__ import annotations
@@ -257,6 +263,8 @@ class FsspecStore(BaseStore):
         if target is not None and target.get("type") == "directory":
             raise StorePreconditionError(f"{d} is a directory")
         self._check_parents(d)
+        if s == d:
+            return  # onto itself: nothing changes (S3 refuses such a CopyObject)
         with self._errors(d):
             self._fs.makedirs(self._full(d.rsplit("/", 1)[0] or "/"), exist_ok=True)
             self._fs.copy(self._full(s), self._full(d))
@@ -343,7 +351,18 @@ class FsspecStore(BaseStore):
             parent = d.rsplit("/", 1)[0]
             if parent:
                 self._fs.makedirs(self._full(parent), exist_ok=True)
-            self._fs.mv(self._full(s), self._full(d), recursive=True)
+            source = self._full(s)
+            if self._local or self._fs.isfile(source):
+                self._fs.mv(source, self._full(d), recursive=True)
+                return
+            # fsspec's recursive mv copies the pseudo-directories of an object store as keys
+            files = [f for f in self._fs.find(source) if _TMP_MARK not in f]
+            prefix = self._fs._strip_protocol(source).rstrip("/")
+            targets = [self._full(d) + f[len(prefix) :] for f in files]
+            if files:
+                self._fs.copy(files, targets)
+            with contextlib.suppress(FileNotFoundError):  # no keys left: gone already
+                self._fs.rm(source, recursive=True)
 
     def _require(self, path: str) -> None:
         if self._info(path) is None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import fsspec
 import pytest
+from fsspec.asyn import AsyncFileSystem
 
 from adcloud.hdmap import mapdir as mapdir_module
 from adcloud.hdmap.errors import BuildError, HdmapError, MapFormatError
@@ -250,6 +251,31 @@ def test_plan_hashes_several_bags_at_a_time(
         assert rec.size == bag.stat().st_size
     with pytest.raises(BuildError, match="hash_threads must be >= 1"):
         MapDirSettings(hash_threads=0)
+
+
+def test_plan_hashes_bags_in_object_storage(
+    tmp_path: Path, s3_bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bags in an S3 bucket (the S3 test server, through s3fs) hash several at a time to
+    the digests of their bytes; with ``trust_mtime`` a bag whose size and S3 modification
+    time the map recorded is not read again."""
+    fs = fsspec.filesystem("s3")
+    local = [make_bag(tmp_path / f"d{i}.bag", i, 300_000 + i) for i in range(3)]
+    uris = [f"{s3_bucket}/drives/{bag.name}" for bag in local]
+    fs.put([str(bag) for bag in local], uris)
+    md = MapDir(tmp_path / "map", MapDirSettings(hash_threads=3, hash_chunk_bytes=65536))
+    plan = md.plan(uris)
+    assert [d.uri for d in plan.new_drives] == uris
+    for rec, bag in zip(plan.new_drives, local, strict=True):
+        assert rec.sha256 == hashlib.sha256(bag.read_bytes()).hexdigest()
+        assert rec.size == bag.stat().st_size and rec.mtime is not None
+    md.update(uris, record_build([]), plan=plan)
+    caplog.set_level(logging.INFO, logger="adcloud.hdmap.mapdir")
+    assert md.plan(uris, trust_mtime=True).up_to_date
+    assert "hashing" not in caplog.text
+    fs.pipe_file(uris[1], b"other bytes")  # rewritten: a new size and time, read again
+    again = md.plan(uris, trust_mtime=True)
+    assert [d.uri for d in again.new_drives] == [uris[1]] and "hashing" in caplog.text
 
 
 def test_plan_stops_hashing_when_a_bag_cannot_be_read(
@@ -644,10 +670,19 @@ def test_local_store_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         assert again.versions() == ["000001", "000002"]
 
 
-def off_the_local_disk(backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A new map URI on fsspec's in-memory store or on a local:// adcloud store."""
+def off_the_local_disk(
+    backend: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest | None = None,
+) -> str:
+    """A new map URI on fsspec's in-memory store, in a bucket of the S3 test server (through
+    s3fs; ``request`` gives the fixture), or on a local:// adcloud store."""
     if backend == "memory":
         return f"memory://hdmap-test-{os.getpid()}-{time.monotonic_ns()}/map"
+    if backend == "s3":
+        assert request is not None
+        return f"{request.getfixturevalue('s3_bucket')}/maps/map"
     monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(tmp_path / "store"))
     return "local:///maps/map"
 
@@ -671,32 +706,39 @@ def batched(calls: list[tuple[str, int]]) -> list[tuple[str, int]]:
     return many
 
 
+@pytest.mark.parametrize("backend", ["memory", "s3"])
 def test_a_version_moves_to_and_from_an_object_store_in_whole_lists(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, request: pytest.FixtureRequest
 ) -> None:
     """A version's upload, its download and its carried copies each reach fsspec as one
     call with every file (which s3fs, gcsfs and adlfs send as concurrent requests), not as
     one call per file; the files arrive whole and the manifest is written last."""
-    uri = off_the_local_disk("memory", tmp_path, monkeypatch)
+    uri = off_the_local_disk(backend, tmp_path, monkeypatch, request)
     tiles = {f"grid/{i}_0.tif": f"tile {i}".encode() for i in range(40)}
     calls: list[tuple[str, int]] = []
-    memory = type(fsspec.filesystem("memory"))
+    fs_class = type(fsspec.core.url_to_fs(uri)[0])
+    # s3fs makes its blocking methods per instance from the coroutines: spy on those
+    prefix = "_" if issubclass(fs_class, AsyncFileSystem) else ""
     for name in ("put", "get", "copy"):
-        real = getattr(memory, name)
+        real = getattr(fs_class, prefix + name)
+
+        def count(a: Any, name: str = name) -> None:
+            calls.append((name, len(a) if isinstance(a, list) else 1))
 
         def spy(
-            self: Any,
-            a: Any,
-            b: Any,
-            *args: Any,
-            _name: str = name,
-            _real: Any = real,
-            **kwargs: Any,
+            self: Any, a: Any, *args: Any, _real: Any = real, _count: Any = count, **kw: Any
         ) -> Any:
-            calls.append((_name, len(a) if isinstance(a, list) else 1))
-            return _real(self, a, b, *args, **kwargs)
+            _count(a)
+            return _real(self, a, *args, **kw)
 
-        monkeypatch.setattr(memory, name, spy)
+        async def async_spy(
+            self: Any, a: Any, *args: Any, _real: Any = real, _count: Any = count, **kw: Any
+        ) -> Any:
+            _count(a)
+            return await _real(self, a, *args, **kw)
+
+        monkeypatch.setattr(fs_class, prefix + name, async_spy if prefix else spy)
+    fs_class.clear_instance_cache()  # an instance made before keeps the unwrapped coroutines
     bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
     with MapDir(uri) as md:
         md.update(bags[:1], tile_build(tiles))
@@ -719,14 +761,14 @@ def test_a_version_moves_to_and_from_an_object_store_in_whole_lists(
         assert {rel: new.read_bytes(rel) for rel in tiles} == tiles
 
 
-@pytest.mark.parametrize("backend", ["memory", "store"])
+@pytest.mark.parametrize("backend", ["memory", "s3", "store"])
 def test_a_parent_off_the_local_disk_is_read_and_carried_without_its_tile_folders(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, request: pytest.FixtureRequest
 ) -> None:
     """A nightly build of a map on an object store downloads the parent version but its
     tile folders; it downloads a tile file only when it reads one, and the tiles it carries
     unchanged are copied on the storage at commit, never downloaded and uploaded again."""
-    uri = off_the_local_disk(backend, tmp_path, monkeypatch)
+    uri = off_the_local_disk(backend, tmp_path, monkeypatch, request)
     bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
     old = {
         "state/origin.json": b"{}",
@@ -796,11 +838,11 @@ def test_a_parent_off_the_local_disk_is_read_and_carried_without_its_tile_folder
         assert md.current().id == "000002"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("backend", ["memory", "store"])
+@pytest.mark.parametrize("backend", ["memory", "s3", "store"])
 def test_roll_back_off_the_local_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    uri = off_the_local_disk(backend, tmp_path, monkeypatch)
+    uri = off_the_local_disk(backend, tmp_path, monkeypatch, request)
     bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
     with MapDir(uri, MapDirSettings(staging_dir=str(tmp_path / "stage"))) as md:
         md.update(bags[:1], tile_build({"grid/0_0.tif": b"tile 0_0", "trajectory/d0.tum": b"0"}))
@@ -814,14 +856,14 @@ def test_roll_back_off_the_local_disk(
         assert again.current() == version
 
 
-@pytest.mark.parametrize("backend", ["local", "memory"])
+@pytest.mark.parametrize("backend", ["local", "memory", "s3"])
 def test_export_copies_a_version_out_whole_or_not_at_all(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, request: pytest.FixtureRequest
 ) -> None:
     uri = (
         str(tmp_path / "map")
         if backend == "local"
-        else off_the_local_disk(backend, tmp_path, monkeypatch)
+        else off_the_local_disk(backend, tmp_path, monkeypatch, request)
     )
     files = {"lanelet2_map.osm": b"<osm/>", "pointcloud_map/0_0.pcd": b"pcd", "state/x.npz": b"s"}
     with MapDir(uri) as md:

@@ -1,4 +1,5 @@
-"""The conformance suite against every backend: local tiered, Alluxio over HTTP, file, memory."""
+"""The conformance suite against every backend: local tiered, Alluxio over HTTP, file, memory,
+and S3 (s3fs against the S3 test server over HTTP)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from adcloud.store import (
     FsspecStore,
     LocalStore,
     Store,
+    StoreExistsError,
+    StoreNotFoundError,
+    StorePreconditionError,
     StoreServer,
     open_store,
 )
@@ -75,6 +79,53 @@ class TestMemoryStore(StoreConformance):
     def test_pickles_as_description(self, store: Store) -> None:
         # memory:// lives in one process; the description still round-trips (same process)
         super().test_pickles_as_description(store)
+
+
+class TestS3Store(StoreConformance):
+    """``s3://BUCKET/PREFIX`` through s3fs, against a real S3-protocol server.  An object
+    store holds keys, not a tree (see :mod:`adcloud.store.fsspec_store`): the three tests
+    of empty directories and of files below files check that behaviour instead."""
+
+    @pytest.fixture
+    def store(self, s3_bucket: str) -> Iterator[Store]:
+        s = open_store(f"{s3_bucket}/conformance")
+        assert isinstance(s, FsspecStore)
+        yield s
+        s.close()
+
+    def test_mkdir(self, store: Store) -> None:
+        store.mkdir("/m/n/o")  # succeeds, and leaves no key behind
+        assert not store.exists("/m/n/o")
+        store.put("/m/n/o/file", b"x")
+        assert store.stat("/m/n/o").is_dir and store.stat("/m/n").is_dir
+        store.mkdir("/m/n/o")  # exists: fine
+        with pytest.raises(StoreExistsError):
+            store.mkdir("/m/n/o/file")
+
+    def test_file_and_directory_conflicts(self, store: Store) -> None:
+        store.put("/c/dir/file", b"x")
+        with pytest.raises(StorePreconditionError):
+            store.put("/c/dir", b"y")
+        with pytest.raises(StorePreconditionError):
+            store.get("/c/dir")
+        store.put("/c/file", b"x")
+        store.put("/c/file/below", b"y")  # keys, not a tree: allowed
+        assert store.get("/c/file") == b"x" and store.get("/c/file/below") == b"y"
+
+    def test_copy_errors(self, store: Store) -> None:
+        store.put("/ce/file", b"x")
+        store.put("/ce/dir/inner", b"i")
+        with pytest.raises(StoreNotFoundError):
+            store.copy("/ce/missing", "/ce/to")
+        assert not store.exists("/ce/to")
+        with pytest.raises(StorePreconditionError):
+            store.copy("/ce/dir", "/ce/to")
+        with pytest.raises(StorePreconditionError):
+            store.copy("/ce/file", "/ce/dir")
+        with pytest.raises(StorePreconditionError):
+            store.copy("/ce/file", "/")
+        assert store.get("/ce/file") == b"x"
+        assert store.stat("/ce/dir").is_dir
 
 
 class TestAlluxioNamespace(StoreConformance):
