@@ -65,6 +65,26 @@ def test_from_bags_matches_rosbags(
     assert rdd.count() == len(reference(path))
 
 
+def test_from_bags_in_s3_matches_rosbags(
+    spark: Any, shared_data: Path, s3_server: str, s3_bucket: str
+) -> None:
+    """Bags in an S3 bucket (the S3 test server): the driver reads their indexes and each
+    Spark task its own byte range, through s3fs with the ``storage_options`` that travel
+    with the partitions (the executors do not see the test's environment)."""
+    import fsspec  # noqa: PLC0415
+
+    options = {"endpoint_url": s3_server, "key": "adcloud-test", "secret": "adcloud-test"}
+    local = [shared_data / LUMINAR, shared_data / HUSKY]
+    uris = [f"{s3_bucket}/drives/{path.name}" for path in local]
+    fsspec.filesystem("s3", **options).put([str(path) for path in local], uris)
+    for uri, path in zip(uris, local, strict=True):
+        rdd = BinPipeRDD.from_bags(spark, uri, partitions_per_bag=3, storage_options=options)
+        assert rdd.getNumPartitions() == 3
+        assert merged(per_partition(rdd)) == reference(path)
+    both = BinPipeRDD.from_bags(spark, f"{s3_bucket}/drives/*.bag", storage_options=options)
+    assert both.count() == sum(len(reference(path)) for path in local)
+
+
 def test_topic_and_time_filters(spark: Any, shared_data: Path) -> None:
     path = shared_data / HUSKY
     ref = reference(path, ["/fix"])
