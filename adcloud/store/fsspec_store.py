@@ -14,7 +14,7 @@ Object stores (``s3://``, ``gs://``, ...) hold keys, not a tree: a directory exi
 file lies below it, so ``mkdir`` of a directory that stays empty leaves nothing behind, and
 a file may be written below a key that is itself a file (the store does not look up every
 parent of every write: that would be a request per level).  Renaming a directory there
-copies its files one by one (in one concurrent batch) and then deletes them.
+copies its files (one fsspec call: concurrent requests) and then deletes them.
 """
 
 from __future__ import annotations
