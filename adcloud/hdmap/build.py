@@ -135,7 +135,8 @@ def _report_grid(overview: Sequence[GridTile]) -> list[ReportGrid]:
 
 
 def _overview_of(files: VersionFiles, stages: StageSettings) -> list[GridTile]:
-    """Coarse copies of every GeoTIFF tile of a version's ``grid/``, read one at a time."""
+    """Coarse copies of every GeoTIFF tile of a version's ``grid/`` (downloaded together
+    where the map is off the local filesystem, then read one at a time)."""
     names = [name for name in files.names(GRID_DIR) if name.endswith(".tif")]
     keys = []
     for name in names:
@@ -148,6 +149,7 @@ def _overview_of(files: VersionFiles, stages: StageSettings) -> list[GridTile]:
                 "version is damaged"
             ) from None
     factor = overview_factor(keys, stages.grid.tile_cells)
+    files.fetch([f"{GRID_DIR}/{name}" for name in names])
     return [
         coarsen_tile(read_grid_tile(files.local(f"{GRID_DIR}/{name}")).tile, factor)
         for name in names

@@ -807,13 +807,16 @@ def _reusable_labels(
     if previous is None:
         return {}
     kept = previous.label_state()
+    wanted = [
+        key
+        for key in sorted(carried)
+        if key in plan.corridor
+        and key in kept
+        and not any((key[0] + dx, key[1] + dy) in near for dx in (-1, 0, 1) for dy in (-1, 0, 1))
+    ]
+    previous.fetch([kept[key] for key in wanted])
     out = {}
-    for key in sorted(carried):
-        if key not in plan.corridor or key not in kept:
-            continue
-        block = ((key[0] + dx, key[1] + dy) for dx in (-1, 0, 1) for dy in (-1, 0, 1))
-        if any(other in near for other in block):
-            continue
+    for key in wanted:
         found = _read_label_cache(previous.local(kept[key]), _label_fingerprint(key, plan, grid))
         if found is not None:
             out[key] = found
@@ -1063,7 +1066,8 @@ class _Reach:
         ) -> tuple[KeptTiles, frozenset[tuple[int, int]]]:
             near = keys_within(sensors, size, radius + _REACH_MARGIN_M)
             merged = sorted(k for k in state if k in near or not previous.carry)
-            # local paths (a map off the local filesystem downloads only these)
+            # local paths (a map off the local filesystem downloads only these, together)
+            previous.fetch([state[k] for k in merged])
             kept = KeptTiles(tuple(str(previous.local(state[k])) for k in merged))
             return kept, frozenset(state) - frozenset(merged)
 
@@ -1109,6 +1113,7 @@ def _grid_stage(
     grid: GridSettings,
     carried: Mapping[tuple[int, int], Callable[[], Path]] | None = None,
     reused: Mapping[tuple[int, int], tuple[TilePaint, GridTile]] | None = None,
+    fetch_carried: Callable[[Sequence[tuple[int, int]]], None] | None = None,
 ) -> GridStageResult:
     """Finish the merged tiles on the executors (files, coarse copies, paint cells of the
     tiles along the roads) in one Spark job, and gather what the driver needs of them.
@@ -1116,7 +1121,8 @@ def _grid_stage(
     with a function giving a local path of its GeoTIFF (which gives its paint cells and
     coarse copy); ``reused``: those of them whose kept label-stage result holds (see
     :func:`_reusable_labels`): they are read only to give their strips to neighbours that
-    are tested again. Every tile's label-stage result is kept in the new version."""
+    are tested again; ``fetch_carried``: makes the GeoTIFFs of carried tiles local in one
+    batch before they are read. Every tile's label-stage result is kept in the new version."""
     carried = carried or {}
     reused = reused or {}
     sc = merged.context
@@ -1137,6 +1143,8 @@ def _grid_stage(
             )
         }
         reads = sorted(tested | strips)
+        if reads and fetch_carried is not None:
+            fetch_carried(reads)
         if reads:
             sources: list[tuple[tuple[int, int], str | bytes, bool]]
             if _on_one_host(sc):
@@ -1282,6 +1290,7 @@ def run_pipeline(
             if previous is not None
             else None,
             reused=reused,
+            fetch_carried=previous.fetch_grid if previous is not None else None,
         )
         exchange.drop(merged)
         _check_carried(tiles.patches, carried, "grid")

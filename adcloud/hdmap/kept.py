@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -128,6 +128,10 @@ class VersionFiles(Protocol):
     def local(self, rel: str) -> Path:
         """A local path holding the version's file ``rel``."""
 
+    def fetch(self, rels: Sequence[str]) -> None:
+        """Make the files ``rels`` local (:meth:`local`) in one batch: a map off the local
+        filesystem downloads the missing ones together, not one round trip after another."""
+
     def carry(self, rel: str, out_dir: Path) -> None:
         """Give the version being built in ``out_dir`` the file ``rel`` as it is."""
 
@@ -148,6 +152,10 @@ class LocalFiles:
         if not path.is_file():
             raise missing_from_previous(str(path))
         return path
+
+    def fetch(self, rels: Sequence[str]) -> None:
+        for rel in rels:
+            self.local(rel)
 
     def carry(self, rel: str, out_dir: Path) -> None:
         target = out_dir / rel
@@ -231,6 +239,14 @@ class KeptVersion:
     def local(self, rel: str) -> Path:
         """A local path of the version's file ``rel`` (downloaded if it must be)."""
         return self._files.local(rel)
+
+    def fetch(self, rels: Sequence[str]) -> None:
+        """Make the version's files ``rels`` local together (see :meth:`VersionFiles.fetch`)."""
+        self._files.fetch(rels)
+
+    def fetch_grid(self, keys: Iterable[TileKey]) -> None:
+        """:meth:`fetch` the GeoTIFFs of grid tiles ``keys``."""
+        self.fetch([f"{GRID_DIR}/{tile_file_name(key)}" for key in keys])
 
     def grid_tile(self, key: TileKey) -> Path:
         """A local path of the GeoTIFF of grid tile ``key``."""

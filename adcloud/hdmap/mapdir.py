@@ -229,14 +229,18 @@ class _Files(abc.ABC):
     def get_file(self, path: str, local: Path) -> None:
         """Copy the file ``path`` to the local path ``local`` (its folder exists)."""
 
+    def get_files(self, pairs: Sequence[tuple[str, Path]]) -> None:
+        """:meth:`get_file` every ``(path, local)``."""
+        for path, local in pairs:
+            self.get_file(path, local)
+
     def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
         """Copy the files below ``path`` into ``local_dir``, but those below the relative
         folders ``skip``."""
-        for rel, _ in self.find(path):
-            if not lies_below(rel, skip):
-                target = local_dir / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                self.get_file(posixpath.join(path, rel), target)
+        rels = [rel for rel, _ in self.find(path) if not lies_below(rel, skip)]
+        for folder in sorted({(local_dir / rel).parent for rel in rels}):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.get_files([(posixpath.join(path, rel), local_dir / rel) for rel in rels])
 
     def copy(self, source: str, target: str) -> None:
         """Copy one file on the backend (through this process unless the backend can)."""
@@ -504,14 +508,9 @@ class _FsspecFiles(_Files):
     def get_file(self, path: str, local: Path) -> None:
         self.fs.get_file(path, str(local))
 
-    def get_tree(self, path: str, local_dir: Path, *, skip: Sequence[str] = ()) -> None:
-        rels = [rel for rel, _ in self.find(path) if not lies_below(rel, skip)]
-        for folder in sorted({(local_dir / rel).parent for rel in rels}):
-            folder.mkdir(parents=True, exist_ok=True)
-        if rels:
-            self.fs.get(
-                [posixpath.join(path, rel) for rel in rels], [str(local_dir / rel) for rel in rels]
-            )
+    def get_files(self, pairs: Sequence[tuple[str, Path]]) -> None:
+        if pairs:
+            self.fs.get([path for path, _ in pairs], [str(local) for _, local in pairs])
 
     def copy(self, source: str, target: str) -> None:
         self.copy_many([(source, target)])
@@ -1031,6 +1030,22 @@ class MapVersion:
             raise
         return names
 
+    def download(self, relpaths: Sequence[str], into: Path) -> None:
+        """Download the version's files ``relpaths`` to ``into/relpath`` in one batch (each
+        written beside its place and renamed, so a failed download leaves no torn file)."""
+        pairs = []
+        for rel in relpaths:
+            target = into / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f".{target.name}.partial")
+            pairs.append((posixpath.join(self._root, rel), partial))
+        try:
+            self._files.get_files(pairs)
+        except FileNotFoundError as err:
+            raise MapFormatError(f"{self.uri}: a file is missing from the version: {err}") from err
+        for rel, (_, partial) in zip(relpaths, pairs, strict=True):
+            partial.replace(into / rel)
+
     def fetch(
         self, dest: str | os.PathLike[str] | None = None, *, skip: Sequence[str] = ()
     ) -> Path:
@@ -1491,14 +1506,15 @@ class StoredParent:
         )
 
     def local(self, rel: str) -> Path:
-        path = self.root / rel
-        if not path.is_file():
+        self.fetch([rel])
+        return self.root / rel
+
+    def fetch(self, rels: Sequence[str]) -> None:
+        missing = sorted({rel for rel in rels if not (self.root / rel).is_file()})
+        for rel in missing:
             self._check(rel)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f".{path.name}.partial")
-            partial.write_bytes(self._parent.read_bytes(rel))
-            partial.replace(path)
-        return path
+        if missing:
+            self._parent.download(missing, self.root)
 
     def carry(self, rel: str, out_dir: Path) -> None:
         if out_dir.resolve() != self._staging.path.resolve():

@@ -516,8 +516,16 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
         opened.append(f"{mode} {self._strip_protocol(path)}")
         return store_open(self, path, mode, **kw)
 
+    batches: list[list[str]] = []
+    store_get = MemoryFileSystem.get
+
+    def get_spy(self: MemoryFileSystem, rpath: Any, lpath: Any, **kw: Any) -> Any:
+        batches.append(list(rpath) if isinstance(rpath, list) else [rpath])
+        return store_get(self, rpath, lpath, **kw)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(MemoryFileSystem, "_open", spy)
+        patch.setattr(MemoryFileSystem, "get", get_spy)
         on_store = build_map(spark, bags, f"memory://{remote}").result.version
     assert on_store is not None and on_store.id == v2.id
     varying = {"manifest.json", "report/summary.html"}
@@ -539,6 +547,10 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
     carried_state = [f"/{remote}/versions/{v1.id}/state/tiles/{Path(k).stem}.npz" for k in carried]
     assert not set(carried_state) & read  # carried tiles' statistics: copied, never downloaded
     assert 0 < len(state_read) < len(old_tiles)  # the tiles it merges are downloaded
+    # ... together: one batch of every merged tile's statistics, not a request per tile
+    tile_batches = [b for b in batches if any("/state/tiles/" in p for p in b)]
+    assert len(tile_batches) == 1
+    assert {p for p in state_read if "/state/tiles/" in p} == set(tile_batches[0])
 
     # labels with no new drive: a version of their own on the store, its tiles copied there
     _, label_file = _labels_for(v2.path, tmp_path)
