@@ -448,7 +448,10 @@ def _same_items(a: Path, b: Path) -> bool:
 
 
 def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
-    spark: SparkSession, short_drives: tuple[DriveResult, DriveResult], tmp_path: Path
+    spark: SparkSession,
+    short_drives: tuple[DriveResult, DriveResult],
+    tmp_path: Path,
+    s3_bucket: str,
 ) -> None:
     """The 30 s drive's map, then the 20 s drive along its first part: the tiles out of the
     new drive's reach are copied into the new version as they are, and hold what a build
@@ -459,6 +462,11 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
     assert v1 is not None and v1.path is not None
     shutil.copytree(uri, full_uri)
     remote = _upload(uri, f"hdmap-carry-{os.getpid()}-{time.monotonic_ns()}")
+    s3_map = f"{s3_bucket}/maps/city"
+    on_s3 = [p for p in sorted(uri.rglob("*")) if p.is_file()]
+    fsspec.filesystem("s3").put(
+        [str(p) for p in on_s3], [f"{s3_map}/{p.relative_to(uri).as_posix()}" for p in on_s3]
+    )
     bags = [str(second.bag), str(first.bag)]
     v2 = build_map(spark, bags, str(uri)).result.version
 
@@ -569,6 +577,16 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
             assert f"/{remote}/versions/{on_store.id}/{rel}" not in read, rel
             assert v3.read_bytes(rel) == on_store.read_bytes(rel), rel
     assert v3.read_bytes("semantic.geojson") != on_store.read_bytes("semantic.geojson")
+
+    # the same nightly build of the map in an S3 bucket (the S3 test server, through s3fs)
+    in_s3 = build_map(spark, bags, s3_map).result.version
+    assert in_s3 is not None and in_s3.id == v2.id and sorted(in_s3.files()) == sorted(new)
+    differ = [
+        rel
+        for rel in new
+        if rel not in varying and in_s3.read_bytes(rel) != (v2.path / rel).read_bytes()
+    ]
+    assert differ == [] or sums_in_any_order(), differ
 
 
 def test_files_mode_gives_the_same_map(
