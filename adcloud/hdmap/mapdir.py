@@ -1012,16 +1012,13 @@ class MapVersion:
         partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
         try:
             for rel in names:
-                out = partial / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
+                (partial / rel).parent.mkdir(parents=True, exist_ok=True)
                 if self.path is not None:
-                    shutil.copy2(self.path / rel, out)
-                else:
-                    with (
-                        self._files.open_read(posixpath.join(self._root, rel)) as f,
-                        out.open("wb") as w,
-                    ):
-                        shutil.copyfileobj(f, w, 8 << 20)
+                    shutil.copy2(self.path / rel, partial / rel)
+            if self.path is None:  # one batch download (concurrent on object stores)
+                self._files.get_files(
+                    [(posixpath.join(self._root, rel), partial / rel) for rel in names]
+                )
             if target.exists():
                 target.rmdir()  # empty: checked above
             partial.rename(target)

@@ -3,6 +3,7 @@ and atomicity under SIGKILL (real child processes killed mid-build)."""
 
 from __future__ import annotations
 
+import builtins
 import errno
 import hashlib
 import json
@@ -10,7 +11,6 @@ import logging
 import os
 import pickle
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -884,18 +884,14 @@ def test_export_copies_a_version_out_whole_or_not_at_all(
         assert len(version.export(tmp_path / "empty", lambda rel: True)) == 4
 
         # the disk fills up halfway: nothing is left, neither the target nor the partial copy
-        copies = {"copy2": shutil.copy2, "copyfileobj": shutil.copyfileobj}
+        real_open = builtins.open
 
-        def full(name: str) -> Any:
-            def copy(source: Any, target: Any, *args: Any) -> Any:
-                if str(getattr(target, "name", target)).endswith(".pcd"):
-                    raise OSError("No space left on device")
-                return copies[name](source, target, *args)
+        def full(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            if str(file).endswith(".pcd") and "w" in mode:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_open(file, mode, *args, **kwargs)
 
-            return copy
-
-        for name in copies:
-            monkeypatch.setattr(shutil, name, full(name))
+        monkeypatch.setattr(builtins, "open", full)
         with pytest.raises(OSError, match="No space left"):
             version.export(tmp_path / "half", lambda rel: True)
         monkeypatch.undo()
