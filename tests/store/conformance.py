@@ -230,9 +230,14 @@ class StoreConformance:
         store.copy("/c/other", "/c/other")  # onto itself: unchanged
         assert store.get("/c/other") == data
 
+    def make_directory(self, store: Store, path: str) -> None:
+        """Make ``path`` a directory (an object store, which keeps no empty directory, puts
+        a file below it)."""
+        store.mkdir(path)
+
     def test_copy_errors(self, store: Store) -> None:
         store.put("/ce/file", b"x")
-        store.mkdir("/ce/dir")
+        self.make_directory(store, "/ce/dir")
         with pytest.raises(StoreNotFoundError):
             store.copy("/ce/missing", "/ce/to")
         assert not store.exists("/ce/to")
