@@ -70,6 +70,7 @@ from adcloud.hdmap.mapdir import (
     BuildPlan,
     BuildResult,
     DriveRecord,
+    HashProgress,
     MapDir,
     MapDirSettings,
     MapVersion,
@@ -457,10 +458,12 @@ def plan_build(
     readmit: Sequence[str] = (),
     trust_mtime: bool = False,
     settings: HdmapSettings | None = None,
+    progress: HashProgress | None = None,
 ) -> BuildPlan:
-    """What :func:`build_map` would do, without Spark (e.g. to skip starting a session)."""
+    """What :func:`build_map` would do, without Spark (e.g. to skip starting a session).
+    ``progress(bytes hashed, bytes to hash)`` follows the hashing of the new bags."""
     mapdir = MapDir(map_uri, _mapdir_settings(settings or HdmapSettings()))
-    return mapdir.plan(bag_uris(bags), readmit=readmit, trust_mtime=trust_mtime)
+    return mapdir.plan(bag_uris(bags), readmit=readmit, trust_mtime=trust_mtime, progress=progress)
 
 
 def _mapdir_settings(settings: HdmapSettings) -> MapDirSettings:

@@ -83,13 +83,19 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
 
     settings = _settings(args)
     stages = StageSettings.load(settings, file=args.config)
-    with console.status(f"planning {args.map}: hashing the bags the map does not know ..."):
+    planning = f"planning {args.map}: hashing the bags the map does not know"
+    with console.status(f"{planning} ...") as status:
+
+        def hashed(done: int, total: int) -> None:
+            status.update(f"{planning}: {done / 1e9:.2f} of {total / 1e9:.2f} GB")
+
         plan = plan_build(
             args.bags,
             args.map,
             readmit=args.readmit,
             trust_mtime=args.trust_mtime,
             settings=settings,
+            progress=hashed,
         )
     for uri in plan.skipped:
         console.print(

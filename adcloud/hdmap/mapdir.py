@@ -75,6 +75,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -675,45 +676,72 @@ class _HashCancelledError(Exception):
     """A bag's hashing stopped because another bag of the same plan failed."""
 
 
-def _hash_stream(h: Any, f: IO[bytes], chunk: int, stop: threading.Event | None) -> None:
+#: ``progress(bytes hashed, bytes to hash)`` of a plan's hashing.
+HashProgress = Callable[[int, int], None]
+
+
+class _HashControl:
+    """Shared by the bags one plan hashes: ``stop`` ends them all at their next chunk, and
+    :meth:`advance` reports the bytes hashed to ``progress`` (at most every 0.2 s, and once
+    at the end)."""
+
+    def __init__(self, total: int, progress: HashProgress | None) -> None:
+        self.stop = threading.Event()
+        self._total = total
+        self._progress = progress
+        self._done = 0
+        self._told = 0.0
+        self._lock = threading.Lock()
+
+    def advance(self, n: int) -> None:
+        if self._progress is None:
+            return
+        with self._lock:
+            self._done += n
+            now = time.monotonic()
+            if now - self._told < 0.2 and self._done < self._total:
+                return
+            self._told = now
+            self._progress(min(self._done, self._total), self._total)
+
+
+def _hash_stream(h: Any, f: IO[bytes], chunk: int, control: _HashControl | None) -> None:
     while True:
-        if stop is not None and stop.is_set():
+        if control is not None and control.stop.is_set():
             raise _HashCancelledError
         block = f.read(chunk)
         if not block:
             return
         h.update(block)
+        if control is not None:
+            control.advance(len(block))
 
 
 def _content_hash(
-    files: _Files, path: str, chunk: int, stop: threading.Event | None = None
+    files: _Files, path: str, chunk: int, control: _HashControl | None = None
 ) -> tuple[str, int]:
     h = hashlib.sha256()
     total = 0
     if not files.isdir(path):
         with files.open_read(path) as f:
-            _hash_stream(h, f, chunk, stop)
+            _hash_stream(h, f, chunk, control)
         return h.hexdigest(), files.size_mtime(path)[0]
     for rel, size in files.find(path):
         h.update(int(size).to_bytes(8, "little"))
         with files.open_read(posixpath.join(path, rel)) as f:
-            _hash_stream(h, f, chunk, stop)
+            _hash_stream(h, f, chunk, control)
         total += size
     return h.hexdigest(), total
 
 
 def _hash_bag(
-    raw: str | os.PathLike[str],
-    uri: str,
-    size: int,
-    chunk: int,
-    stop: threading.Event | None = None,
+    raw: str | os.PathLike[str], uri: str, size: int, chunk: int, control: _HashControl
 ) -> tuple[str, int]:
     _LOG.info("hashing %s (%d bytes)", uri, size)
     files, path = _locate(raw)
     try:
         with files:
-            return _content_hash(files, path, chunk, stop)
+            return _content_hash(files, path, chunk, control)
     except FileNotFoundError as err:
         raise HdmapError(f"{uri}: no such bag file or directory") from err
     except OSError as err:
@@ -721,22 +749,27 @@ def _hash_bag(
 
 
 def _hash_bags(
-    bags: Sequence[tuple[str | os.PathLike[str], str, int]], chunk: int, threads: int
+    bags: Sequence[tuple[str | os.PathLike[str], str, int]],
+    chunk: int,
+    threads: int,
+    progress: HashProgress | None = None,
 ) -> list[tuple[str, int]]:
     """``(sha256, size)`` of every ``(raw, uri, size)`` bag, in order, ``threads`` bags at a
     time.  The first bag (in order) that cannot be read raises; then the other bags stop
     being read at their next chunk."""
+    control = _HashControl(sum(size for *_, size in bags), progress)
     if len(bags) <= 1 or threads == 1:
-        return [_hash_bag(raw, uri, size, chunk) for raw, uri, size in bags]
-    stop = threading.Event()
+        return [_hash_bag(raw, uri, size, chunk, control) for raw, uri, size in bags]
     pool = concurrent.futures.ThreadPoolExecutor(
         min(threads, len(bags)), thread_name_prefix="hdmap-hash"
     )
     try:
-        futures = [pool.submit(_hash_bag, raw, uri, size, chunk, stop) for raw, uri, size in bags]
+        futures = [
+            pool.submit(_hash_bag, raw, uri, size, chunk, control) for raw, uri, size in bags
+        ]
         return [future.result() for future in futures]
     finally:
-        stop.set()  # a no-op once every bag is hashed
+        control.stop.set()  # a no-op once every bag is hashed
         pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -1634,11 +1667,14 @@ class MapDir:
         *,
         trust_mtime: bool = False,
         readmit: Collection[str] = (),
+        progress: HashProgress | None = None,
     ) -> BuildPlan:
         """Compare the bags with the current manifest by content hash (see
-        :class:`BuildPlan`).  ``trust_mtime`` reuses the recorded hash of a bag whose URI,
-        size and mtime are unchanged instead of reading it (rsync's quick check: a nightly
-        build then reads only new bags; a bag without a modification time is hashed).
+        :class:`BuildPlan`).  ``progress(bytes hashed, bytes to hash)`` follows the hashing
+        (from the hashing threads, a few times a second).  ``trust_mtime`` reuses the
+        recorded hash of a bag whose URI, size and mtime are unchanged instead of reading it
+        (rsync's quick check: a nightly build then reads only new bags; a bag without a
+        modification time is hashed).
         Bags whose bytes a rollback held out are skipped, unless ``readmit`` names them (by
         drive name or a prefix of at least 8 digits of their SHA-256): then they are new
         drives, and their bags must be among ``bag_uris``.  Reads the bags; writes nothing."""
@@ -1672,7 +1708,9 @@ class MapDir:
             stated.append((raw, uri, size, mtime, prev.sha256 if trusted and prev else None))
         unread = [(raw, uri, size) for raw, uri, size, _, digest in stated if digest is None]
         settings = self.settings
-        hashed = iter(_hash_bags(unread, settings.hash_chunk_bytes, settings.hash_threads))
+        hashed = iter(
+            _hash_bags(unread, settings.hash_chunk_bytes, settings.hash_threads, progress)
+        )
         for _, uri, stat_size, mtime, known_digest in stated:
             digest, size = (known_digest, stat_size) if known_digest else next(hashed)
             if digest in seen:

@@ -387,9 +387,9 @@ def _rolled_back(
     hashed: list[str] = []
     hashing = mapdir_module._content_hash
 
-    def spy(files: Any, path: str, chunk: int, stop: Any = None) -> tuple[str, int]:
+    def spy(files: Any, path: str, chunk: int, control: Any = None) -> tuple[str, int]:
         hashed.append(Path(path).name)
-        return hashing(files, path, chunk, stop)
+        return hashing(files, path, chunk, control)
 
     monkeypatch.setattr(mapdir_module, "_content_hash", spy)
     assert main([*args, "--trust-mtime"]) == 0  # no new drive, no Spark session

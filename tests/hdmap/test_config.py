@@ -100,9 +100,9 @@ def test_hash_threads_reach_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyP
     real = mapdir._content_hash
     threads: list[str] = []
 
-    def spy(files: object, path: str, chunk: int, stop: object = None) -> tuple[str, int]:
+    def spy(files: object, path: str, chunk: int, control: object = None) -> tuple[str, int]:
         threads.append(threading.current_thread().name)
-        return real(files, path, chunk, stop)  # type: ignore[arg-type]
+        return real(files, path, chunk, control)  # type: ignore[arg-type]
 
     monkeypatch.setattr(mapdir, "_content_hash", spy)
     build = ["hdmap", "build", "--bags", str(bags), "--map", str(tmp_path / "map"), "--dry-run"]

@@ -237,15 +237,19 @@ def test_plan_hashes_several_bags_at_a_time(
     real = mapdir_module._content_hash
     barrier = threading.Barrier(2, timeout=10)
 
-    def meet(files: Any, path: str, chunk: int, stop: Any = None) -> tuple[str, int]:
+    def meet(files: Any, path: str, chunk: int, control: Any = None) -> tuple[str, int]:
         if Path(path).name in ("d1.bag", "d2.bag"):
             barrier.wait()  # raises BrokenBarrierError if d2 only starts after d1 ended
-        return real(files, path, chunk, stop)
+        return real(files, path, chunk, control)
 
     monkeypatch.setattr(mapdir_module, "_content_hash", meet)
     md = MapDir(tmp_path / "map", MapDirSettings(hash_threads=2, hash_chunk_bytes=4096))
-    plan = md.plan(bags)
+    progress: list[tuple[int, int]] = []
+    plan = md.plan(bags, progress=lambda done, total: progress.append((done, total)))
     assert [d.name for d in plan.new_drives] == ["d0", "d1", "d2", "d3"]
+    total = sum(bag.stat().st_size for bag in bags)  # reported as it goes, and at the end
+    assert progress and progress[-1] == (total, total)
+    assert [done for done, _ in progress] == sorted(done for done, _ in progress)
     for rec, bag in zip(plan.new_drives, bags, strict=True):
         assert rec.sha256 == hashlib.sha256(bag.read_bytes()).hexdigest()
         assert rec.size == bag.stat().st_size
@@ -289,13 +293,13 @@ def test_plan_stops_hashing_when_a_bag_cannot_be_read(
     started = threading.Event()
     outcome: list[str] = []
 
-    def hashing(files: Any, path: str, chunk: int, stop: Any = None) -> tuple[str, int]:
+    def hashing(files: Any, path: str, chunk: int, control: Any = None) -> tuple[str, int]:
         if Path(path).name == "bad.bag":
             assert started.wait(10)
             raise OSError(errno.EIO, "Input/output error")
         started.set()
         try:
-            return real(files, path, chunk, stop)
+            return real(files, path, chunk, control)
         except BaseException as err:
             outcome.append(type(err).__name__)
             raise
