@@ -209,6 +209,7 @@ def bench_partitioned_read(mb: int, workdir: Path) -> dict[str, float]:
     t_ros = timed(lambda: rosbags_read(bag), repeat=2)
     results = {"rosbags": bag.stat().st_size / t_ros / 1e6}
     shares: dict[int, CpuShare] = {}
+    tasks: dict[int, int] = {}
     for workers in (1, 2):
         with StandaloneCluster(
             workers=workers, cores=1, memory="1g", log_dir=workdir / f"cluster-{workers}"
@@ -223,6 +224,8 @@ def bench_partitioned_read(mb: int, workdir: Path) -> dict[str, float]:
             def read(spark: Any = spark) -> None:
                 assert BinPipeRDD.from_bags(spark, str(bag)).count() == expected
 
+            tasks[workers] = BinPipeRDD.from_bags(spark, str(bag)).rdd.getNumPartitions()
+
             with CpuShare() as share:
                 seconds = timed(read, repeat=REPEAT_READ, warmup=WARMUP_READ)
             results[f"{workers}x"] = bag.stat().st_size / seconds / 1e6
@@ -230,8 +233,8 @@ def bench_partitioned_read(mb: int, workdir: Path) -> dict[str, float]:
             spark.stop()
     print(
         f"  rosbags, one process            {results['rosbags']:7.0f} MB/s\n"
-        f"  BinPipeRDD, 1 executor          {results['1x']:7.0f} MB/s\n"
-        f"  BinPipeRDD, 2 executors         {results['2x']:7.0f} MB/s   "
+        f"  BinPipeRDD, 1 executor          {results['1x']:7.0f} MB/s   ({tasks[1]} tasks)\n"
+        f"  BinPipeRDD, 2 executors         {results['2x']:7.0f} MB/s   ({tasks[2]} tasks) "
         f"{results['2x'] / results['1x']:.2f}x one executor (target >= 1.7), "
         f"{results['2x'] / 2 / results['rosbags']:.2f} per core vs rosbags (target >= 0.9)\n"
         f"  1 executor:  {shares[1]}\n"
