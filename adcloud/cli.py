@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from adcloud.errors import AdcloudError, ConfigError
@@ -70,7 +71,7 @@ def _cmd_bag_info(args: argparse.Namespace, console: Console) -> int:
         return 0
     for s in summaries:
         duration = (s.end - s.start) / 1e9 if s.message_count else 0.0
-        console.print(f"[bold]{s.uri}[/bold]")
+        console.print(f"[bold]{escape(s.uri)}[/bold]", markup=True)
         console.print(
             f"  format {s.format}  size {s.size:,} B  chunks {s.chunk_count}  "
             f"compression {s.compression}  indexed {'yes' if s.indexed else 'NO'}"
@@ -204,7 +205,10 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     bags = [Path(b) for b in args.bag] if args.bag else [drive.bag, *_demo_bags()]
     spark = _session(args)
     console.rule("adcloud binpipe: ROS bags as binary Spark partitions")
-    console.print(f"Spark {spark.version} master [bold]{spark.sparkContext.master}[/bold]")
+    console.print(
+        f"Spark {spark.version} master [bold]{escape(spark.sparkContext.master)}[/bold]",
+        markup=True,
+    )
     for bag in bags:
         s = summarize(str(bag))
         console.print(
@@ -231,7 +235,8 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     manifest = rdd.save(str(ingest_dir), overwrite=True)
     console.print(
         f"saved {manifest['records']:,} records as {len(manifest['partitions'])} BinPipe "
-        f"streams under [bold]{ingest_dir}[/bold]"
+        f"streams under [bold]{escape(str(ingest_dir))}[/bold]",
+        markup=True,
     )
     outputs.append(("BinPipe partitions (manifest.json, part-*.binpipe)", ingest_dir))
 
@@ -272,7 +277,7 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
 
     console.rule("outputs")
     for what, where in outputs:
-        console.print(f"{what}: [bold]{where}[/bold]", soft_wrap=True)
+        console.print(f"{what}: [bold]{escape(str(where))}[/bold]", soft_wrap=True, markup=True)
     return 0
 
 
@@ -521,12 +526,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    console = Console()
+    # Markup is off: paths, topics and error texts hold square brackets ("run[2].bag");
+    # the few lines that style themselves say markup=True and escape what they quote.
+    console = Console(markup=False)
     had_spark = _active_spark() is not None
     try:
         return int(args.func(args, console))
     except AdcloudError as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True, markup=True
+        )
         return 2
     except Exception as err:
         # Errors raised on executors reach the driver wrapped by Spark, with the
@@ -535,7 +544,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if remote is None:
             raise
         console.print(
-            f"[red]error (in a Spark task):[/red] {remote}", highlight=False, soft_wrap=True
+            f"[red]error (in a Spark task):[/red] {escape(str(remote))}",
+            highlight=False,
+            soft_wrap=True,
+            markup=True,
         )
         return 2
     except KeyboardInterrupt:

@@ -68,6 +68,17 @@ def test_bag_info_missing_file_is_a_clear_error(
     assert "nope.bag" in out and "does not exist" in out
 
 
+def test_errors_keep_square_brackets_in_paths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Rich would take "[night]" for a style tag and drop it from the message.
+    missing = tmp_path / "run[night].bag"
+    assert main(["bag", "info", str(missing)]) == 2
+    out = capsys.readouterr().out.replace("\n", "")
+    assert "run[night].bag" in out
+    assert "error:" in out
+
+
 def test_ingest_then_load(
     spark: Any, shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 __all__ = ["add_parser"]
 
@@ -179,7 +181,9 @@ def _dry_run(args: argparse.Namespace, plan: Any, bad: dict[str, str], console: 
         table.add_column(col)
     fate = "skipped" if args.skip_bad_bags else "fails the build"
     for d in plan.new_drives:
-        what = f"[red]new: cannot be mapped, {fate} (below)" if d.uri in bad else "new: built"
+        what = (
+            Text(f"new: cannot be mapped, {fate} (below)", "red") if d.uri in bad else "new: built"
+        )
         table.add_row(d.name, d.uri, f"{d.size:,}", what)
     for d in plan.known_drives:
         table.add_row(d.name, d.uri, f"{d.size:,}", f"in the map since {d.added_in}")
@@ -216,7 +220,11 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
             table.add_column(col)
         for m in result.metrics:
             value = "n/a" if m.value is None else f"{m.value:.4g} {m.unit}"
-            mark = {True: "[green]yes", False: "[red]no", None: "-"}[m.passed]
+            mark = (
+                Text("-")
+                if m.passed is None
+                else Text(*(("no", "red"), ("yes", "green"))[m.passed])
+            )
             table.add_row(m.name, value, f"{m.op} {m.target:g} {m.unit}", mark)
         console.print(table)
         for note in result.notes:
@@ -600,5 +608,8 @@ def run_demo(spark: Any, bag: str | None, out_dir: str, console: Console) -> Pat
             if m.value is not None:
                 figures.append(f"{m.name} {m.value:.3g} {m.unit}".rstrip())
         console.print("against the truth: " + "; ".join(figures), highlight=False)
-    console.print(f"map: [bold]{version.uri}[/bold] (report/summary.html, lanelet2_map.osm)")
+    console.print(
+        f"map: [bold]{escape(version.uri)}[/bold] (report/summary.html, lanelet2_map.osm)",
+        markup=True,
+    )
     return Path(version.uri.removeprefix("file://"))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["add_parser"]
@@ -60,14 +61,18 @@ def _cmd_devices(args: argparse.Namespace, console: Console) -> int:
         console.print_json(json.dumps(doc))
         return 0
     if problem is not None:
-        console.print(f"[yellow]no OpenCL:[/yellow] {problem}", highlight=False)
+        console.print(
+            f"[yellow]no OpenCL:[/yellow] {escape(str(problem))}", highlight=False, markup=True
+        )
     for path in hidden:
         console.print(
-            f"[yellow]unregistered OpenCL driver:[/yellow] {path} is here but no ICD file names "
-            f"it, so its devices are not listed; register it with `{icd_registration(path)}` "
+            f"[yellow]unregistered OpenCL driver:[/yellow] {escape(str(path))} is here but no ICD "
+            f"file names it, so its devices are not listed; register it with "
+            f"`{escape(icd_registration(path))}` "
             "(or put that file in a folder named by OCL_ICD_VENDORS)",
             highlight=False,
             soft_wrap=True,  # the command stays on one line for copying
+            markup=True,
         )
     table = Table(title="OpenCL devices")
     for column in ("address", "kind", "device", "platform", "CUs", "memory", "local", "OpenCL"):
@@ -88,9 +93,11 @@ def _cmd_devices(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     chosen = select_device(settings).info
     console.print(
-        f"kernels outside Spark resource scheduling run on [bold]{chosen.describe()}[/bold] "
+        "kernels outside Spark resource scheduling run on "
+        f"[bold]{escape(chosen.describe())}[/bold] "
         f"(policy: {', '.join(settings.prefer)}; set ADCLOUD_HETERO_DEVICE to pin one)",
         highlight=False,
+        markup=True,
     )
     return 0
 
@@ -124,8 +131,9 @@ def _cmd_features(args: argparse.Namespace, console: Console) -> int:
     console.print(
         f"HOG features of {result.images:,} images from {len(args.bags)} bag argument(s) in "
         f"{result.partitions} partitions: {result.seconds:.2f} s, "
-        f"[bold]{result.images_per_second:,.1f} images/s[/bold]; devices: {devices}",
+        f"[bold]{result.images_per_second:,.1f} images/s[/bold]; devices: {escape(devices)}",
         highlight=False,
+        markup=True,
     )
     console.print(f"outputs: {result.out}  (manifest.json, part-*.npz, settings.json)")
     return 0

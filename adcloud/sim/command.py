@@ -17,7 +17,9 @@ import math
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from adcloud.sim.adapters import ADAPTERS, NodeSpec, ReplayTiming
 from adcloud.sim.evaluators import EVALUATORS, parse_evaluator
@@ -226,7 +228,7 @@ def _table(results: ReplayResults) -> Table:
     for r in results.results:
         table.add_row(
             r.scenario,
-            "[green]pass[/green]" if r.passed else "[red]FAIL[/red]",
+            Text("pass", "green") if r.passed else Text("FAIL", "red"),
             str(sum(r.output_counts.values())),
             f"{r.latency_p50_ms:.1f}",
             f"{r.latency_p95_ms:.1f}",
@@ -250,13 +252,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
     return 0 if results.passed else 1
 
 
-def _load_row(load: CameraLoad) -> tuple[str, ...]:
+def _load_row(load: CameraLoad) -> tuple[str | Text, ...]:
     def ms(value: float) -> str:
         return "" if math.isnan(value) else f"{value:.1f}"  # NaN: no answer at all
 
     return (
         str(load.cameras),
-        "[green]pass[/green]" if load.passed else "[red]FAIL[/red]",
+        Text("pass", "green") if load.passed else Text("FAIL", "red"),
         str(load.frames),
         f"{100 * load.loss_rate:.1f}",
         f"{load.throughput_fps:.1f}",
@@ -334,5 +336,8 @@ def run_demo(spark: Any, bag: str, out_dir: str, console: Console) -> ReplayResu
     console.print(_table(results))
     report = write_report(results, f"{out_dir}/sim")
     verdict = "all passed" if results.passed else f"{len(results.failed)} failed"
-    console.print(f"{len(results.results)} scenarios, {verdict}; report: [bold]{report}[/bold]")
+    console.print(
+        f"{len(results.results)} scenarios, {verdict}; report: [bold]{escape(str(report))}[/bold]",
+        markup=True,
+    )
     return results

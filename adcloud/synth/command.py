@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from adcloud.config import load_settings
@@ -171,10 +172,11 @@ def _report(result: DriveResult, console: Console) -> None:
     console.print(
         f"simulated {result.seconds:g} s in {result.wall_s:.1f} s wall ({ratio:.2f}x real time)"
     )
-    console.print(f"bag:   [bold]{result.bag}[/bold]")
+    console.print(f"bag:   [bold]{escape(str(result.bag))}[/bold]", markup=True)
     console.print(
-        f"truth: [bold]{result.truth}[/bold]  "
-        "(poses.txt, map.geojson, raster.npz, world.json, config.json)"
+        f"truth: [bold]{escape(str(result.truth))}[/bold]  "
+        "(poses.txt, map.geojson, raster.npz, world.json, config.json)",
+        markup=True,
     )
 
 

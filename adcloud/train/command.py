@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["add_parser"]
@@ -255,9 +256,11 @@ def run_demo(
             result = run_training(spark, config)
     console.print(
         f"{result.steps} steps, loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}, "
-        f"{result.samples_per_second:.1f} samples/s; exported model: [bold]{out}/model[/bold] "
+        f"{result.samples_per_second:.1f} samples/s; exported model: "
+        f"[bold]{escape(str(out))}/model[/bold] "
         "(adcloud train inspect shows it)",
         highlight=False,
+        markup=True,
     )
     if heldout and result.metrics:
         console.print(
