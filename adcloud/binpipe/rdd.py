@@ -14,6 +14,7 @@ a command line); bags and files are opened on the executors.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -59,7 +60,8 @@ log = logging.getLogger(__name__)
 
 _PART_SUFFIX = ".binpipe"
 #: What :meth:`BinPipeRDD.save` writes into its directory (``overwrite`` replaces only such).
-_SAVED_NAMES = frozenset({"_SUCCESS", "manifest.json", "_temporary"})
+_TEMPORARY = "_temporary"
+_SAVED_NAMES = frozenset({"_SUCCESS", "manifest.json", _TEMPORARY})
 _PART_NAME = re.compile(r"part-\d+\.binpipe")
 #: Default target size of a bag partition: big enough that reading dominates a task's
 #: fixed cost, small enough to spread a bag over many executors (and never fewer partitions
@@ -182,11 +184,19 @@ def _save_partition(
     blocks: Iterable[bytes | bytearray],
     url: str,
     storage_options: Mapping[str, Any],
-) -> Iterator[tuple[int, int, int]]:
-    """Write one partition as a stream, atomically: temp file, then rename."""
+    job: str,
+) -> Iterator[tuple[int, int, int, str]]:
+    """Write one partition as a stream into the save's own ``_temporary/<job>/``.
+
+    Each attempt writes a file of its own name, and the driver moves the file of the
+    attempt Spark reports into place once every partition is written (see
+    :meth:`BinPipeRDD.save`): a retried, speculative or killed attempt never touches the
+    output, and a failed job leaves it as it was.
+    """
     fs, root = open_fs(url, tuple(storage_options.items()))
-    final = posixpath.join(root, f"part-{index:05d}{_PART_SUFFIX}")
-    tmp = posixpath.join(root, "_temporary", f"part-{index:05d}-{uuid.uuid4().hex}{_PART_SUFFIX}")
+    tmp = posixpath.join(
+        root, _TEMPORARY, job, f"part-{index:05d}-{uuid.uuid4().hex}{_PART_SUFFIX}"
+    )
     fs.makedirs(posixpath.dirname(tmp), exist_ok=True)
     try:
         with fs.open(tmp, "wb") as out:
@@ -197,7 +207,6 @@ def _save_partition(
                 writer.write_block(seal_block(raw))
             writer.close()
             size = writer.bytes_written
-        fs.mv(tmp, final)
     except BaseException:
         try:
             if fs.exists(tmp):
@@ -205,7 +214,7 @@ def _save_partition(
         except OSError:
             log.warning("could not remove temporary file %s", tmp)
         raise
-    yield (index, count, size)
+    yield (index, count, size, tmp)
 
 
 def _load_file(url: str, storage_options: Mapping[str, Any]) -> Iterator[bytearray]:
@@ -529,14 +538,23 @@ class BinPipeRDD:
     ) -> dict[str, Any]:
         """Write each partition as one stream file ``part-NNNNN.binpipe`` under ``uri``.
 
-        Each file is written to ``_temporary/`` and renamed into place, so readers
-        never see half a partition; ``_SUCCESS`` and ``manifest.json`` are written
-        last by the driver.  Blocks get payload CRCs on the way to storage.
-        Returns the manifest.
+        Tasks write into ``_temporary/`` inside ``uri``; once every partition is written
+        the driver moves the files into place and writes ``manifest.json`` and, last,
+        ``_SUCCESS``, so readers never see half a partition or a mix of two saves.  A job
+        that fails leaves ``uri`` as it was: nothing half-written, and with
+        ``overwrite=True`` the earlier save still whole (which also lets an RDD loaded from
+        ``uri`` be saved back over it).  ``overwrite`` replaces only an earlier save's
+        files; a directory holding anything else is refused.  Blocks get payload CRCs on the
+        way to storage.  Returns the manifest.
         """
         options = dict(storage_options or {})
         fs, root = open_fs(uri, tuple(options.items()))
-        entries = fs.ls(root, detail=False) if fs.exists(root) else []
+        existed = fs.exists(root)
+        entries = [
+            e
+            for e in (fs.ls(root, detail=False) if existed else [])
+            if posixpath.basename(e.rstrip("/")) != _TEMPORARY  # a crashed save's leftovers
+        ]
         if entries:
             if not overwrite:
                 raise BinpipeError(
@@ -556,22 +574,38 @@ class BinPipeRDD:
                     f"{posixpath.basename(foreign[0].rstrip('/'))}); refusing to replace it: "
                     "choose an empty or new directory"
                 )
-            fs.rm(root, recursive=True)
-        fs.makedirs(root, exist_ok=True)
-        written = self.rdd.mapPartitionsWithIndex(
-            functools.partial(_save_partition, url=uri, storage_options=options)
-        ).collect()
-        tmp_dir = posixpath.join(root, "_temporary")
-        if fs.exists(tmp_dir):
-            fs.rm(tmp_dir, recursive=True)
+        job = uuid.uuid4().hex
+        fs.makedirs(posixpath.join(root, _TEMPORARY, job), exist_ok=True)
+        try:
+            written = self.rdd.mapPartitionsWithIndex(
+                functools.partial(_save_partition, url=uri, storage_options=options, job=job)
+            ).collect()
+        except BaseException:
+            # The output stays as it was: an earlier save is still whole and readable
+            # (this one may even have been reading it).
+            with contextlib.suppress(OSError):
+                fs.rm(posixpath.join(root, _TEMPORARY, job), recursive=True)
+                if not existed:
+                    fs.rm(root, recursive=True)
+                elif not fs.ls(posixpath.join(root, _TEMPORARY), detail=False):
+                    fs.rm(posixpath.join(root, _TEMPORARY), recursive=True)
+            raise
+        # Commit.  _SUCCESS goes first and comes back last, so a reader never takes a mix
+        # of two saves for a complete one (load refuses a directory without it).
+        for entry in entries:
+            fs.rm(entry, recursive=True)
+        for index, _, _, tmp in written:
+            fs.mv(tmp, posixpath.join(root, f"part-{index:05d}{_PART_SUFFIX}"))
+        with contextlib.suppress(FileNotFoundError):  # object stores: gone with its files
+            fs.rm(posixpath.join(root, _TEMPORARY), recursive=True)
         manifest = {
             "format": "binpipe",
             "version": 1,
             "partitions": [
                 {"file": f"part-{i:05d}{_PART_SUFFIX}", "records": n, "bytes": size}
-                for i, n, size in sorted(written)
+                for i, n, size, _ in sorted(written)
             ],
-            "records": sum(n for _, n, _ in written),
+            "records": sum(n for _, n, _, _ in written),
             "source": self.lineage,
         }
         with fs.open(posixpath.join(root, "manifest.json"), "w") as out:

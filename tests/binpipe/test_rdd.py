@@ -16,7 +16,7 @@ import pytest
 from rosbags.highlevel import AnyReader
 from rosbags.typesys import Stores, get_typestore
 
-from adcloud.binpipe import BinpipeError, BinPipeRDD, Block, BlockKind, Message, StreamReader
+from adcloud.binpipe import BinpipeError, BinPipeRDD, Block, BlockKind, Message
 from adcloud.binpipe.datasource import register_rosbag_source
 
 pytestmark = pytest.mark.spark
@@ -83,6 +83,15 @@ def test_from_bags_in_s3_matches_rosbags(
         assert merged(per_partition(rdd)) == reference(path)
     both = BinPipeRDD.from_bags(spark, f"{s3_bucket}/drives/*.bag", storage_options=options)
     assert both.count() == sum(len(reference(path)) for path in local)
+    # saved into the bucket, then saved again over it: the commit moves objects there too
+    out = f"{s3_bucket}/ingest"
+    manifest = both.save(out, storage_options=options)
+    fixes = BinPipeRDD.load(spark, out, storage_options=options).filter(lambda m: m.topic == "/fix")
+    assert fixes.save(out, overwrite=True, storage_options=options)["records"] == 989
+    names = {p.rsplit("/", 1)[-1] for p in fsspec.filesystem("s3", **options).find(out)}
+    assert names == {"_SUCCESS", "manifest.json"} | {
+        f"part-{i:05d}.binpipe" for i in range(len(manifest["partitions"]))
+    }
 
 
 def test_topic_and_time_filters(spark: Any, shared_data: Path) -> None:
@@ -247,10 +256,46 @@ def test_failed_save_leaves_no_partial_output(
     with pytest.raises(Exception, match="_SUCCESS"):
         BinPipeRDD.load(spark, str(out))
     # whatever partitions finished are whole streams, never half-written files
-    for part in out.glob("part-*.binpipe"):
-        with part.open("rb") as f:
-            for _ in StreamReader(f, name=str(part)):
-                pass
+    # nothing at all is left of the failed save
+    assert not out.exists()
+
+
+def test_a_failed_overwrite_keeps_the_earlier_save(
+    spark: Any, shared_data: Path, tmp_path: Path
+) -> None:
+    rdd = BinPipeRDD.from_bags(spark, str(shared_data / HUSKY), partitions_per_bag=3)
+    out = tmp_path / "kept"
+    manifest = rdd.save(str(out))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def explode(msg: Message) -> Message:
+        if msg.topic == "/imu/data" and msg.timestamp % 97 == 0:
+            raise RuntimeError("executor blew up")
+        return msg
+
+    with pytest.raises(Exception, match="executor blew up"):
+        rdd.map_records(explode).save(str(out), overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # byte for byte
+    assert BinPipeRDD.load(spark, str(out)).count() == manifest["records"]
+
+
+def test_a_save_may_replace_the_save_it_reads(
+    spark: Any, shared_data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "filtered"
+    BinPipeRDD.from_bags(spark, str(shared_data / HUSKY), partitions_per_bag=3).save(str(out))
+    fixes = BinPipeRDD.load(spark, str(out)).filter(lambda m: m.topic == "/fix")
+    manifest = fixes.save(str(out), overwrite=True)
+    assert manifest["records"] == 989
+    again = BinPipeRDD.load(spark, str(out)).collect_records()
+    assert len(again) == 989 and {m.topic for m in again} == {"/fix"}
+    assert sorted(p.name for p in out.iterdir()) == [
+        "_SUCCESS",
+        "manifest.json",
+        "part-00000.binpipe",
+        "part-00001.binpipe",
+        "part-00002.binpipe",
+    ]
 
 
 def test_to_dataframe(spark: Any, shared_data: Path) -> None:
