@@ -74,13 +74,16 @@ DEFAULT_PARTITION_BYTES = 128 << 20
 def expand_uris(
     uris: str | Sequence[str], storage_options: Mapping[str, Any] | None = None
 ) -> list[str]:
-    """Expand globs and directories into a sorted list of bag URLs.
+    """Expand globs and directories into a sorted list of bag URLs, each bag once.
 
-    A directory expands to the ``*.bag`` and ``*.mcap`` files in it and, for ROS 2,
-    to itself when it holds a ``metadata.yaml``.
+    A directory expands to the ``*.bag`` and ``*.mcap`` files in it and to the ROS 2 bag
+    directories in it (those holding a ``metadata.yaml``), or, for ROS 2, to itself when
+    it holds a ``metadata.yaml``.  A bag named more than once (``a.bag`` and ``.``, or
+    two overlapping globs) is read once, under its first name.
     """
     items = [uris] if isinstance(uris, str) else list(uris)
     out: list[str] = []
+    seen: dict[str, str] = {}
     for item in items:
         fs, path = open_fs(item, tuple((storage_options or {}).items()))
         protocol = item.split("://", 1)[0] + "://" if "://" in item else ""
@@ -88,21 +91,42 @@ def expand_uris(
         def url(p: str, fs: Any = fs, protocol: str = protocol) -> str:
             return protocol + p if protocol else p
 
+        def add(name: str, where: str, fs: Any = fs, protocol: str = protocol) -> None:
+            key = protocol + fs._strip_protocol(where)  # one spelling per bag
+            if key in seen:
+                log.warning("%s names %s again: it is read once", name, seen[key])
+                return
+            seen[key] = name
+            out.append(name)
+
         if any(ch in path for ch in "*?["):
             found = sorted(fs.glob(path))
             if not found:
                 raise BinpipeError(f"no bag matches {item!r}")
-            out.extend(url(p) for p in found)
+            for p in found:
+                add(url(p), p)
         elif fs.isdir(path):
             if fs.exists(posixpath.join(path, "metadata.yaml")):
-                out.append(item)
+                add(item, path)
                 continue
-            found = sorted(p for p in fs.ls(path, detail=False) if p.endswith((".bag", ".mcap")))
+            found = sorted(
+                e["name"]
+                for e in fs.ls(path, detail=True)
+                if (e["type"] != "directory" and e["name"].endswith((".bag", ".mcap")))
+                or (
+                    e["type"] == "directory"
+                    and fs.exists(posixpath.join(e["name"], "metadata.yaml"))
+                )
+            )
             if not found:
-                raise BinpipeError(f"directory {item!r} holds no .bag or .mcap file")
-            out.extend(url(p) for p in found)
+                raise BinpipeError(
+                    f"directory {item!r} holds no .bag or .mcap file and no ROS 2 bag "
+                    "directory (one with a metadata.yaml)"
+                )
+            for p in found:
+                add(url(p), p)
         elif fs.exists(path):
-            out.append(item)
+            add(item, path)
         else:
             raise BinpipeError(f"bag {item!r} does not exist")
     return out

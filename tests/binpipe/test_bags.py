@@ -813,3 +813,14 @@ def test_uris_fsspec_cannot_open_are_named(uri: str, says: str) -> None:
         expand_uris([uri])
     with pytest.raises(BagError, match=says):
         plan_partitions(uri)
+
+
+def test_a_directory_expands_to_every_bag_in_it_once(bags: dict[str, Path]) -> None:
+    folder = bags["ros1-none"].parent
+    # files of every format and the ROS 2 bag directories beside them
+    assert expand_uris([str(folder)]) == sorted(str(p) for p in bags.values())
+    # named three times (by itself, by its folder, by a glob): read once, under its own name
+    first = str(bags["ros1-lz4"])
+    again = expand_uris([first, str(folder), f"{folder}/*.bag"])
+    assert again[0] == first
+    assert sorted(again) == sorted(str(p) for p in bags.values())
