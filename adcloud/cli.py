@@ -537,6 +537,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True, markup=True
         )
         return 2
+    except OSError as err:
+        # A file the user named cannot be opened or written (missing, a directory, no
+        # permission): say which, without a traceback (-v shows it).
+        if err.filename is None or args.verbose:
+            raise
+        where = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
+        console.print(
+            f"[red]error:[/red] {escape(str(where))}: {escape(err.strerror or str(err))}",
+            highlight=False,
+            soft_wrap=True,
+            markup=True,
+        )
+        return 2
     except Exception as err:
         # Errors raised on executors reach the driver wrapped by Spark, with the
         # Python traceback as text: show the adcloud error inside, not the wrapper.

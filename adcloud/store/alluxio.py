@@ -41,6 +41,7 @@ from adcloud.store.base import (
     FileStatus,
     TtlAction,
     WriteType,
+    check_ttl,
     join_path,
     normalize_path,
 )
@@ -296,6 +297,7 @@ class AlluxioStore(BaseStore):
     ) -> BinaryIO:
         """A read stream, or a write stream that completes the file on close."""
         if mode == "wb":
+            check_ttl(ttl, path)
             ident = self._create(path, self._create_options(write_type, ttl))
             return cast(BinaryIO, _AlluxioWriter(self, ident, path, pinned))
         if mode != "rb":

@@ -46,6 +46,7 @@ __all__ = [
     "Store",
     "TtlAction",
     "WriteType",
+    "check_ttl",
     "format_size",
     "install_hint",
     "join_path",
@@ -233,6 +234,17 @@ _UNITS = {
     "tib": 1024**4,
     "ti": 1024**4,
 }
+
+
+def check_ttl(ttl: float | None, path: str) -> None:
+    """Refuse a TTL a new file cannot have: it expires ``ttl`` seconds after creation, so
+    anything but a positive finite number (or None, never) would delete it as it is
+    written -- and with it the file it replaced."""
+    if ttl is not None and not (isinstance(ttl, (int, float)) and 0 < ttl < float("inf")):
+        raise StoreError(
+            f"{path}: TTL must be a positive number of seconds after creation, got {ttl!r} "
+            "(leave it out for a file that never expires); nothing was written"
+        )
 
 
 def parse_size(text: str | int) -> int:

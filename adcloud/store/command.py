@@ -135,6 +135,13 @@ def _cmd_ls(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _write_type(text: str) -> WriteType:
+    try:
+        return WriteType.parse(text)
+    except StoreError as err:  # argparse reports ArgumentTypeError as a usage error
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _cmd_cat(args: argparse.Namespace, console: Console) -> int:
     store, path = locate(args.url)
     with _closing(store), store.open(path, "rb") as stream:
@@ -380,10 +387,12 @@ def add_parser(subparsers: Any) -> None:
     put.add_argument("url", help=_URL_HELP)
     put.add_argument(
         "--write-type",
-        type=WriteType.parse,
+        type=_write_type,
         help="MUST_CACHE, CACHE_THROUGH, THROUGH or ASYNC_THROUGH (default: the store's)",
     )
-    put.add_argument("--ttl", type=float, help="delete the file this many seconds after creation")
+    put.add_argument(
+        "--ttl", type=_seconds, help="delete the file this many seconds after creation (> 0)"
+    )
     put.add_argument("--pin", action="store_true", help="never evict the file from its tier")
     put.add_argument("--no-wait", action="store_true", help="do not wait for async persists")
     put.add_argument(
@@ -405,7 +414,7 @@ def add_parser(subparsers: Any) -> None:
     cp.add_argument("-r", "--recursive", action="store_true", help="copy a whole directory")
     cp.add_argument(
         "--write-type",
-        type=WriteType.parse,
+        type=_write_type,
         help="MUST_CACHE, CACHE_THROUGH, THROUGH or ASYNC_THROUGH (default: the store's)",
     )
     cp.add_argument("--pin", action="store_true", help="never evict the copies from their tier")

@@ -80,6 +80,7 @@ from adcloud.store.base import (
     PersistenceState,
     TtlAction,
     WriteType,
+    check_ttl,
     format_size,
     join_path,
     normalize_path,
@@ -470,6 +471,7 @@ class LocalStore(BaseStore):
         """Store ``data`` at ``path`` (see :class:`~adcloud.store.base.Store`)."""
         key = self._key(path)
         self._check_file_key(key)
+        check_ttl(ttl, path)
         wt = self._write_type if write_type is None else WriteType.parse(write_type)
         view = memoryview(data).cast("B")
         if wt is WriteType.THROUGH:
@@ -511,6 +513,7 @@ class LocalStore(BaseStore):
         wt = self._write_type if write_type is None else WriteType.parse(write_type)
         dst_key = self._key(dst)
         self._check_file_key(dst_key)
+        check_ttl(ttl, dst)
         src_key = self._key(src)
         if wt is not WriteType.THROUGH:
             for _ in range(_READ_RETRIES):
@@ -546,6 +549,7 @@ class LocalStore(BaseStore):
         key = self._key(path)
         if mode == "wb":
             self._check_file_key(key)
+            check_ttl(ttl, path)
             wt = self._write_type if write_type is None else WriteType.parse(write_type)
             return cast(BinaryIO, _LocalWriter(self, key, wt, ttl, pinned))
         if mode != "rb":

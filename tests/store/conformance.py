@@ -297,6 +297,23 @@ class StoreConformance:
         store.set_ttl("/ttl/long", None)
         assert store.stat("/ttl/long").ttl is None
 
+    @pytest.mark.parametrize("ttl", [0, -5, float("nan"), float("inf")])
+    def test_a_write_with_a_ttl_it_cannot_have_changes_nothing(
+        self, store: Store, ttl: float
+    ) -> None:
+        if "ttl" not in store.capabilities:
+            return  # every TTL is refused (test_ttl)
+        store.put("/ttl/kept", b"old")
+        with pytest.raises(StoreError, match="TTL must be a positive number"):
+            store.put("/ttl/kept", b"new", ttl=ttl)
+        with pytest.raises(StoreError, match="TTL must be a positive number"):
+            store.open("/ttl/kept", "wb", ttl=ttl).close()
+        store.put("/ttl/source", b"src")
+        with pytest.raises(StoreError, match="TTL must be a positive number"):
+            store.copy("/ttl/source", "/ttl/kept", ttl=ttl)
+        time.sleep(0.2)  # an expiry would have run by now
+        assert store.get("/ttl/kept") == b"old" and store.stat("/ttl/kept").ttl is None
+
     # -- concurrency and descriptions -------------------------------------------------------
 
     def test_threads_see_whole_versions(self, store: Store) -> None:

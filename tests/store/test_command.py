@@ -241,3 +241,47 @@ def test_serve_takes_its_time_limits_from_the_command_line(
     ]:
         with pytest.raises(SystemExit):
             run("store", "serve", "--port", "0", option, value)
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--ttl", "-5"], "argument --ttl: '-5': give a number of seconds > 0"),
+        (["--ttl", "0"], "argument --ttl: '0': give a number of seconds > 0"),
+        (["--write-type", "BOGUS"], "argument --write-type: unknown write type 'BOGUS'"),
+    ],
+)
+def test_put_refuses_bad_options_before_touching_the_file(
+    tmp_path: Path,
+    store_root: Path,
+    option: list[str],
+    says: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"first")
+    assert run("store", "put", str(src), "local:///kept.bin")[0] == 0
+    src.write_bytes(b"second")
+    with pytest.raises(SystemExit) as info:
+        run("store", "put", *option, str(src), "local:///kept.bin")
+    assert info.value.code == 2 and says in capsys.readouterr().err
+    with LocalStore(root=store_root) as store:
+        assert store.get("/kept.bin") == b"first"
+
+
+def test_files_the_user_names_are_one_line_errors(
+    tmp_path: Path, store_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adcloud.cli import main  # noqa: PLC0415
+
+    missing = tmp_path / "missing.bag"
+    assert main(["store", "put", str(missing), "local:///x.bag"]) == 2
+    out = capsys.readouterr().out
+    assert f"error: {missing}: No such file or directory" in out.replace("\n", "")
+    (tmp_path / "a.bin").write_bytes(b"a")
+    assert main(["store", "put", str(tmp_path / "a.bin"), "local:///a.bin"]) == 0
+    target = tmp_path / "no-such-dir" / "a.bin"
+    assert main(["store", "cat", "local:///a.bin", "-o", str(target)]) == 2
+    assert f"error: {target}: No such file or directory" in capsys.readouterr().out.replace(
+        "\n", ""
+    )
