@@ -87,8 +87,9 @@ def _cmd_bag_info(args: argparse.Namespace, console: Console) -> int:
         table.add_column("count", justify="right")
         table.add_column("Hz", justify="right")
         for t in s.topics:
-            hz = t.count / duration if duration > 0 else 0.0
-            table.add_row(t.topic, t.msgtype, f"{t.count:,}", f"{hz:.1f}")
+            # the topic's own rate (as the JSON has it), not its count over the whole bag
+            hz = "-" if t.frequency is None else f"{t.frequency:.1f}"
+            table.add_row(t.topic, t.msgtype, f"{t.count:,}", hz)
         console.print(table)
     return 0
 

@@ -58,6 +58,13 @@ def test_bag_info_text_and_json(shared_data: Path, capsys: pytest.CaptureFixture
     data = json.loads(capsys.readouterr().out)
     assert data[0]["message_count"] == 15
     assert data[0]["chunk_count"] == 6
+    # the text's Hz column is each topic's own rate, as in the JSON: 11.1 Hz for the
+    # LiDAR, not its 5 sweeps over the whole bag's 7.6 s
+    assert main(["bag", "info", str(shared_data / LUMINAR)]) == 0
+    rows = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines()}
+    for topic in data[0]["topics"]:
+        assert rows[topic["topic"]] == f"{topic['frequency']:.1f}", topic
+    assert rows["/luminar_pointcloud"] == "11.1"
 
 
 def test_bag_info_missing_file_is_a_clear_error(
