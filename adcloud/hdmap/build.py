@@ -254,6 +254,16 @@ def _labels_change_map(parent: MapVersion, fresh: SemanticMap) -> bool:
     return not same_features(kept, combine_labels(kept, fresh))
 
 
+def labels_would_change(plan: BuildPlan, labels: str) -> bool:
+    """Whether importing the label file ``labels`` into the version ``plan`` builds on
+    changes the labels the map keeps (what ``build --dry-run --labels`` reports).  The file
+    is read and checked as a build reads it: a missing or malformed file raises
+    :class:`HdmapError` naming it.  True on a map without a version, where the labels go
+    into the first version with its drives."""
+    fresh = import_labels(labels, default_source="external")
+    return plan.parent is None or _labels_change_map(plan.parent, fresh)
+
+
 def _write_semantic(
     out: Path,
     auto: SemanticMap,

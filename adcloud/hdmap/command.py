@@ -80,7 +80,12 @@ def _session(args: argparse.Namespace) -> Any:
 
 
 def _cmd_build(args: argparse.Namespace, console: Console) -> int:
-    from adcloud.hdmap.build import build_map, plan_build, unmappable  # noqa: PLC0415
+    from adcloud.hdmap.build import (  # noqa: PLC0415
+        build_map,
+        labels_would_change,
+        plan_build,
+        unmappable,
+    )
     from adcloud.hdmap.job import StageSettings  # noqa: PLC0415
 
     settings = _settings(args)
@@ -111,7 +116,8 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
     origin_known = settings.origin is not None or plan.parent is not None
     bad = unmappable(plan.new_drives, settings, origin_known=origin_known)
     if args.dry_run:
-        return _dry_run(args, plan, bad, console)
+        relabel = bool(args.labels) and labels_would_change(plan, args.labels)
+        return _dry_run(args, plan, bad, relabel, console)
     if bad and not args.skip_bad_bags:
         for why in bad.values():
             console.print(f"error: {why}", highlight=False)
@@ -172,8 +178,11 @@ def _print_skipped(skipped: dict[str, str], console: Console) -> None:
         console.print(f"skipped (--skip-bad-bags; tried again next build): {why}", highlight=False)
 
 
-def _dry_run(args: argparse.Namespace, plan: Any, bad: dict[str, str], console: Console) -> int:
-    """What ``build`` would do, with ``bad``: the new bags that lack what mapping needs."""
+def _dry_run(
+    args: argparse.Namespace, plan: Any, bad: dict[str, str], relabel: bool, console: Console
+) -> int:
+    """What ``build`` would do, with ``bad``: the new bags that lack what mapping needs, and
+    ``relabel``: whether ``--labels`` changes the labels the map keeps."""
     parent = plan.parent
     on = f"version {parent.id}" if parent is not None else "an empty map"
     table = Table(title=f"{args.map}: a build now would add to {on}")
@@ -200,9 +209,15 @@ def _dry_run(args: argparse.Namespace, plan: Any, bad: dict[str, str], console: 
     if bad and not args.skip_bad_bags:
         verdict = f"the build would fail on {len(bad)} bag(s) (--skip-bad-bags leaves them out)"
     elif good:
-        verdict = f"{good} new drive(s) to build"
+        verdict = f"{good} new drive(s) to build" + (
+            f", with the labels of {args.labels}" if relabel else ""
+        )
+    elif relabel:
+        verdict = f"a new version with the labels of {args.labels} (no new drive: no Spark)"
     else:
-        verdict = "up to date: nothing would be written"
+        verdict = "up to date: nothing would be written" + (
+            f" (the labels of {args.labels} are in the map already)" if args.labels else ""
+        )
     console.print(f"dry run, nothing written: {verdict}", highlight=False)
     return 1 if bad and not args.skip_bad_bags else 0
 

@@ -237,6 +237,15 @@ def _labels_without_new_drives(
     bad.write_text('{"type": "FeatureCollection", "adcloud:frame": "map", "features": 3}')
     with pytest.raises(MapFormatError, match=r"bad\.geojson: \"features\" must be a list"):
         build_map(None, str(first.bag), map_uri, labels=str(bad))
+    # a dry run reads the label file as the build would, and says what it would change
+    args = ["hdmap", "build", "--bags", str(first.bag), "--map", map_uri]
+    missing = label_file.with_name("missing.geojson")
+    assert main([*args, "--labels", str(missing), "--dry-run"]) == 2
+    assert "missing.geojson: no such label file" in " ".join(capsys.readouterr().out.split())
+    assert main([*args, "--labels", str(label_file), "--dry-run"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"dry run, nothing written: a new version with the labels of {label_file}" in said
+    assert MapDir(map_uri).current().id == v1.id  # type: ignore[union-attr]
     summary = build_map(None, str(first.bag), map_uri, labels=str(label_file))
     assert summary.changed and summary.counts["drives_new"] == 0
     assert summary.counts["labels_imported"] == 2
@@ -261,9 +270,10 @@ def _labels_without_new_drives(
     assert (version.path / "report" / "summary.html").is_file()
     # the same labels again: nothing to do, from Python or the CLI
     assert not build_map(None, str(first.bag), map_uri, labels=str(label_file)).changed
-    args = ["hdmap", "build", "--bags", str(first.bag), "--map", map_uri]
     assert main([*args, "--labels", str(label_file)]) == 0
     assert "the labels are in it already" in " ".join(capsys.readouterr().out.split())
+    assert main([*args, "--labels", str(label_file), "--dry-run"]) == 0
+    assert "are in the map already" in " ".join(capsys.readouterr().out.split())
     assert MapDir(map_uri).current().id == version.id  # type: ignore[union-attr]
 
 
@@ -277,6 +287,7 @@ def test_new_drive_is_merged_into_the_previous_version(
     """A second drive merged into the map; between the two builds a label file is imported
     with no new drive, and the second build keeps the labels. The first version's tile
     statistics are read by the executors, not by the driver."""
+    monkeypatch.setenv("COLUMNS", "400")  # long paths on one line each
     first, second = short_drives
     map_uri = str(tmp_path / "map")
     v1 = build_map(spark, str(first.bag), map_uri).result.version
