@@ -429,7 +429,7 @@ def export_map(
     with MapDir(map_uri) as mapdir:
         chosen = mapdir.version(version) if version is not None else mapdir.current()
         if chosen is None:
-            raise HdmapError(f"{map_uri}: no version yet (build it with adcloud hdmap build)")
+            raise HdmapError(mapdir.no_version_text())
 
         def wanted(rel: str) -> bool:
             if autoware:

@@ -260,7 +260,7 @@ def _cmd_info(args: argparse.Namespace, console: Console) -> int:
     mapdir = MapDir(args.map)
     current = mapdir.current()
     if current is None:
-        console.print(f"{args.map}: no version yet (build it with adcloud hdmap build)")
+        console.print(mapdir.no_version_text())
         return 1
     history = [_history_row(mapdir, vid) for vid in mapdir.versions()]
     if args.json:

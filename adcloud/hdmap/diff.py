@@ -39,7 +39,7 @@ from scipy.spatial import cKDTree
 
 from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.evaluate import SEMANTIC_NAME, densify, features_from_geojson
-from adcloud.hdmap.mapdir import MapDir, MapVersion
+from adcloud.hdmap.mapdir import MapDir, MapVersion, version_name
 
 __all__ = ["DiffSettings", "MapDiff", "SignChange", "TileChange", "diff_versions"]
 
@@ -511,7 +511,7 @@ def _resolve(
         raise HdmapError(f"{mapdir.uri}: the map has no version yet; build it first")
 
     def pick(vid: str) -> MapVersion:
-        padded = vid.zfill(6) if vid.isdigit() else vid
+        padded = version_name(vid)
         if padded not in versions:
             raise HdmapError(
                 f"{mapdir.uri}: no version {vid}; the versions kept are {', '.join(versions)} "

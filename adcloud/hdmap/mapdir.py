@@ -112,6 +112,7 @@ __all__ = [
     "lies_below",
     "link_or_copy",
     "missing_from_previous",
+    "version_name",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -124,6 +125,13 @@ MANIFEST_FORMAT = "adcloud.hdmap.manifest"
 MANIFEST_VERSION = 2
 _STAGING_PREFIX = ".staging-"
 _VERSION_RE = re.compile(r"^\d{6,}$")
+
+
+def version_name(version_id: str) -> str:
+    """A version id as the map directory names it: ``"3"`` is ``"000003"``."""
+    return version_id.zfill(6) if version_id.isdigit() else version_id
+
+
 _BAG_SUFFIXES = (".bag", ".mcap")
 _ROSBAG2_METADATA = "metadata.yaml"
 _GLOB = re.compile(r"[*?\[]")
@@ -1572,6 +1580,11 @@ class MapDir:
         self._uri_text = os.fspath(uri)
         self._files, self._root = _locate(self._uri_text, fsync=self.settings.fsync)
         self.uri = self._files.describe(self._root)
+        if self._files.local and Path(self._root).is_file():
+            raise HdmapError(
+                f"{self._uri_text} is a file, not a map directory; give --map the directory "
+                "a build made (it holds CURRENT and versions/), or a new one"
+            )
         self._held: BuildLock | None = None
         self._active: Staging | None = None
 
@@ -1620,16 +1633,29 @@ class MapDir:
         vid = self._current_id()
         return None if vid is None else self.version(vid)
 
+    def no_version_text(self) -> str:
+        """Why :meth:`current` is None, for a message: nothing at all at the map's URI (a
+        mistyped path?), or a map directory no build has committed to yet."""
+        if not self._files.exists(self._root):
+            return (
+                f"{self._uri_text}: no map there (nothing at that path); check the path, or "
+                "build one with adcloud hdmap build"
+            )
+        return f"{self._uri_text}: no version yet (build it with adcloud hdmap build)"
+
     def version(self, version_id: str) -> MapVersion:
-        """The committed version ``version_id``; MapFormatError if it is missing or broken."""
+        """The committed version ``version_id`` (``"000003"``, or ``"3"``); MapFormatError if
+        it is missing or broken."""
+        version_id = version_name(version_id)
         root = self._path(VERSIONS_DIR, version_id)
         where = self._files.describe(posixpath.join(root, MANIFEST_NAME))
         try:
             text = self._files.read_bytes(posixpath.join(root, MANIFEST_NAME))
         except FileNotFoundError:
+            kept = ", ".join(self.versions()) or "none"
             raise MapFormatError(
                 f"{where}: missing; version {version_id} of {self.uri} does not exist or was "
-                "never committed (see `versions()`)"
+                f"never committed (the versions kept: {kept}; adcloud hdmap info lists them)"
             ) from None
         manifest = Manifest.from_json(text, where)
         return MapVersion(
@@ -1905,7 +1931,7 @@ class MapDir:
             current = self.current()
             if current is None:
                 raise HdmapError(f"{self.uri}: no version to roll back")
-            target_id = to if to is not None else current.manifest.parent
+            target_id = version_name(to) if to is not None else current.manifest.parent
             if target_id is None:
                 raise HdmapError(
                     f"{self.uri}: version {current.id} is the first version; there is none "

@@ -406,6 +406,7 @@ def test_roll_back_restores_an_earlier_map_and_holds_its_drives_out(tmp_path: Pa
     assert v1 is not None and v2 is not None and v1.path is not None
     assert (v2.path / "trajectory" / "d2.tum").is_file()  # type: ignore[operator]
 
+    assert md.version("2") == v2  # short ids name versions too
     v3 = md.roll_back()  # the bad build (d2) goes
     assert v3.id == "000003" and md.current() == v3 and v3.path is not None
     assert md.versions() == ["000001", "000002", "000003"]  # nothing deleted
@@ -450,7 +451,7 @@ def test_roll_back_restores_an_earlier_map_and_holds_its_drives_out(tmp_path: Pa
     assert v6.manifest.restores == "000004" and [d.name for d in v6.manifest.held_out] == ["d2"]
     v7 = md.roll_back()
     assert v7.manifest.restores == "000005" and v7.manifest.held_out == ()
-    v8 = md.roll_back("000001")
+    v8 = md.roll_back("1")  # as "000001"
     assert {d.name for d in v8.manifest.held_out} == {"d2", "d3"}
     with pytest.raises(HdmapError, match="000008 is current already"):
         md.roll_back("000008")
@@ -546,8 +547,16 @@ def test_broken_map_files_are_reported(tmp_path: Path) -> None:
     manifest.write_text(json.dumps(data))
     with pytest.raises(MapFormatError, match=r"drives\[0\]: missing field 'sha256'"):
         md.current()
+    with pytest.raises(MapFormatError, match=r"version 000009 .*\(the versions kept: 000001"):
+        md.version("9")
     with pytest.raises(HdmapError, match="no such bag"):
         MapDir(tmp_path / "m2").plan([tmp_path / "missing.bag"])
+    # a mistyped --map: a file, nothing at all, or a directory no build committed to
+    with pytest.raises(HdmapError, match=r"a\.bag is a file, not a map directory"):
+        MapDir(tmp_path / "a.bag")
+    assert "no map there (nothing at that path)" in MapDir(tmp_path / "typo").no_version_text()
+    (tmp_path / "empty").mkdir()
+    assert "empty: no version yet" in MapDir(tmp_path / "empty").no_version_text()
     with pytest.raises(BuildError, match="keep_versions"):
         MapDirSettings(keep_versions=-1)
 
