@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import types
 import typing
@@ -51,6 +52,8 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             if text in _FALSE:
                 return False
             raise ValueError(value)
+        if typ is float and value is None:
+            return float("nan")  # unset, as settings_dict writes it
         if typ in (int, float, str):
             return typ(value)
         if typ is Path:
@@ -111,7 +114,8 @@ def load_settings(
 
 
 def settings_dict(settings: object) -> dict[str, Any]:
-    """Plain, JSON-serialisable form of a settings dataclass (paths as strings)."""
+    """Plain, JSON-serialisable form of a settings dataclass (paths as strings; a float
+    left unset, NaN, as ``None``: JSON has no NaN, and strict readers refuse one)."""
     if not dataclasses.is_dataclass(settings) or isinstance(settings, type):
         raise TypeError(f"{settings!r} is not a dataclass instance")
     out: dict[str, Any] = {}
@@ -120,6 +124,8 @@ def settings_dict(settings: object) -> dict[str, Any]:
             out[key] = str(value)
         elif isinstance(value, tuple):
             out[key] = list(value)
+        elif isinstance(value, float) and math.isnan(value):
+            out[key] = None
         else:
             out[key] = value
     return out

@@ -104,6 +104,18 @@ def test_json_file_and_missing_section(tmp_path: Path) -> None:
     assert load_settings(Example, "absent", file=file, environ={}) == Example()
 
 
+def test_an_unset_float_is_null_in_json_and_reads_back_unset(tmp_path: Path) -> None:
+    from adcloud.hdmap.config import HdmapSettings  # noqa: PLC0415 - real settings with NaN
+
+    written = settings_dict(HdmapSettings())
+    text = json.dumps({"hdmap": written}, allow_nan=False)  # strict JSON: no NaN in it
+    assert written["origin_lat"] is None and written["resolution"] == 0.05
+    file = tmp_path / "settings.json"
+    file.write_text(text)
+    again = load_settings(HdmapSettings, "hdmap", file=file, environ={})
+    assert again.origin is None and settings_dict(again) == written  # (NaN != NaN)
+
+
 def test_unknown_key_in_file_is_an_error(tmp_path: Path) -> None:
     file = tmp_path / "adcloud.yaml"
     file.write_text("example:\n  wokers: 4\n")

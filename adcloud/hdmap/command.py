@@ -58,6 +58,16 @@ example:
 """
 
 
+def _map_uri(text: str) -> str:
+    if text.lower().startswith("memory://"):
+        raise argparse.ArgumentTypeError(
+            f"{text}: memory:// lives inside one process, so a map there is gone when the "
+            "command exits; give a path or a file://, s3://, local:// or alluxio:// URL "
+            "(memory:// is for the Python API)"
+        )
+    return text
+
+
 def _settings(args: argparse.Namespace) -> Any:
     from adcloud.config import load_settings  # noqa: PLC0415
     from adcloud.hdmap.config import HdmapSettings  # noqa: PLC0415
@@ -437,7 +447,7 @@ def add_parser(subparsers: Any) -> None:
     build.add_argument(
         "--bags", nargs="+", required=True, help="bags, directories or globs (any URL)"
     )
-    build.add_argument("--map", required=True, help="map directory: a path or URL")
+    build.add_argument("--map", required=True, type=_map_uri, help="map directory: a path or URL")
     build.add_argument(
         "--labels",
         help="GeoJSON of human/external labels to keep in the map (every later version keeps "
@@ -498,7 +508,9 @@ def add_parser(subparsers: Any) -> None:
         epilog=_EPILOG_EVAL,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ev.add_argument("--map", required=True, help="map directory or URL (its current version)")
+    ev.add_argument(
+        "--map", required=True, type=_map_uri, help="map directory or URL (its current version)"
+    )
     ev.add_argument("--truth", required=True, help="the drive's truth directory (<bag>.truth)")
     ev.add_argument("--drive", help="which of the map's drives the truth belongs to")
     ev.add_argument("--report", help="write summary.html with error plots here")
@@ -512,7 +524,7 @@ def add_parser(subparsers: Any) -> None:
         description="Show the current version, the versions kept and the "
         "drives (by content hash) the map was built from.",
     )
-    info.add_argument("--map", required=True, help="map directory or URL")
+    info.add_argument("--map", required=True, type=_map_uri, help="map directory or URL")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=_cmd_info)
 
@@ -525,7 +537,7 @@ def add_parser(subparsers: Any) -> None:
         "pointcloud_map_metadata.yaml, lanelet2_map.osm, map_projector_info.yaml). Copies, "
         "never links: the export can be edited without touching the map.",
     )
-    export.add_argument("--map", required=True, help="map directory or URL")
+    export.add_argument("--map", required=True, type=_map_uri, help="map directory or URL")
     export.add_argument("--out", required=True, help="a new (or empty) local directory")
     export.add_argument("--version", help="the version to copy (default: the current one)")
     export.add_argument(
@@ -547,7 +559,7 @@ def add_parser(subparsers: Any) -> None:
         "  adcloud hdmap diff --map s3://maps/town --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    diff.add_argument("--map", required=True, help="map directory or URL")
+    diff.add_argument("--map", required=True, type=_map_uri, help="map directory or URL")
     diff.add_argument(
         "--from",
         dest="from_version",
@@ -577,7 +589,7 @@ def add_parser(subparsers: Any) -> None:
         epilog=_EPILOG_ROLLBACK,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rollback.add_argument("--map", required=True, help="map directory or URL")
+    rollback.add_argument("--map", required=True, type=_map_uri, help="map directory or URL")
     rollback.add_argument(
         "--to",
         metavar="VERSION",

@@ -117,3 +117,12 @@ def test_hash_threads_reach_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("ADCLOUD_HDMAP_HASH_THREADS", "0")
     with pytest.raises(ConfigError, match=r"hdmap\.hash_threads: 0 must be >= 1"):
         load_settings(HdmapSettings, "hdmap")
+
+
+@pytest.mark.parametrize("command", ["build", "info", "export", "eval", "diff", "rollback"])
+def test_the_cli_refuses_a_map_in_memory(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # memory:// lives in one process: a map built there would be gone when the command exits
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["hdmap", command, "--map", "memory://m"])
+    assert info.value.code == 2
+    assert "memory:// lives inside one process" in capsys.readouterr().err
