@@ -54,6 +54,10 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             raise ValueError(value)
         if typ is float and value is None:
             return float("nan")  # unset, as settings_dict writes it
+        if typ in (int, float) and isinstance(value, bool):
+            raise ValueError(value)  # YAML's true/false is no number: int(True) would be 1
+        if typ is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)  # 5.7 steps: never truncate silently
         if typ in (int, float, str):
             return typ(value)
         if typ is Path:

@@ -146,6 +146,25 @@ def test_bad_value_names_the_field(variable: str, value: str, field: str) -> Non
     assert repr(value.rsplit(",", maxsplit=1)[-1]) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("workers: 2.9", "example.workers"),  # never truncated to 2
+        ("workers: true", "example.workers"),  # YAML's true is no count
+        ("ratio: false", "example.ratio"),
+        ("sizes: [1, 2.5]", "example.sizes"),
+    ],
+)
+def test_numbers_in_a_file_are_read_exactly(tmp_path: Path, line: str, field: str) -> None:
+    file = tmp_path / "adcloud.yaml"
+    file.write_text(f"example:\n  {line}\n")
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        load_settings(Example, "example", file=file, environ={})
+    file.write_text("example:\n  workers: 3.0\n  ratio: 2\n")  # whole and int values are fine
+    loaded = load_settings(Example, "example", file=file, environ={})
+    assert (loaded.workers, loaded.ratio) == (3, 2.0)
+
+
 def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read settings file"):
         load_settings(Example, "example", file=tmp_path / "missing.yaml", environ={})
