@@ -45,6 +45,7 @@ _NOT_IN_RUN_ID = frozenset(
     {
         "run",
         "out",
+        "heldout_bags",  # scored, never trained on
         "progress",
         "log_every",
         "eval_every",

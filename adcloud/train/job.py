@@ -36,6 +36,7 @@ joins the ``env://`` process group.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -56,11 +57,14 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import numpy as np
 
+from adcloud.errors import AdcloudError
 from adcloud.store import open_store
 from adcloud.train.checkpoint import Checkpointer
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import TrainError
 from adcloud.train.evaluate import (
+    EVAL_FILE,
+    PLOT_FILE,
     Evaluation,
     score_bag_samples,
     score_parameters,
@@ -123,6 +127,19 @@ def bag_uris(bags: Sequence[str]) -> list[str]:
     from adcloud.binpipe import expand_uris  # noqa: PLC0415
 
     return expand_uris([_absolute(b) for b in bags]) if bags else []
+
+
+def check_bags(config: TrainConfig) -> None:
+    """Fail now, naming the setting, when ``config`` has no training bags or names a bag
+    (training or held out) that is not there: before Spark starts, not once the training is
+    done and the held-out bags are read."""
+    if not config.bags:
+        raise TrainError("no bags to train on: set train.bags (files, directories or globs)")
+    for name, bags in (("bags", config.bags), ("heldout_bags", config.heldout_bags)):
+        try:
+            bag_uris(bags)
+        except AdcloudError as err:
+            raise TrainError(f"train.{name}: {err}") from err
 
 
 def data_identity(bags: Sequence[str]) -> str:
@@ -689,6 +706,11 @@ def _write_outputs(
     write_outputs(result, config, out, task=task, examples=examples[:2])
     if evaluation is not None:
         evaluation.write(out)
+    else:  # an earlier run's scores in the same directory would pass for this run's
+        fs, root = fsspec.core.url_to_fs(out)
+        for name in (EVAL_FILE, PLOT_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(posixpath.join(root, name))
     log.info("run %s: model and results in %s", result.run, out)
     return result
 
@@ -769,6 +791,8 @@ def run_training(
     started = time.perf_counter()
     # the run's name, fixed before steps resolve; it covers what the bags are now
     run = config.run_id(data_identity(bag_uris(config.bags)) if keyed is None else "")
+    if keyed is None:
+        check_bags(config)
     if keyed is None:
         keyed = etl_samples(spark, config, task, config.bags)
     made_dir = ""

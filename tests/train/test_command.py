@@ -65,6 +65,18 @@ def test_run_trains_prints_a_table_and_inspect_reads_the_model(
     # the same command again resumes the finished run instead of training it anew
     code, text = _call(argv)
     assert code == 0 and "3 (resumed at 3)" in text
+    # held-out bags are scored, never trained on: without them it is the same run, and
+    # the directory keeps no scores that are not this run's
+    assert (out / "eval.json").is_file()
+    unscored = [
+        a
+        for k, v in settings.items()
+        if k not in ("heldout_bags", "eval_every")
+        for a in ("--set", f"{k}={v}")
+    ]
+    code, text = _call(["train", "run", *unscored])
+    assert code == 0 and "3 (resumed at 3)" in text, text
+    assert not (out / "eval.json").exists() and not (out / "confusion.png").exists()
 
     code, text = _call(["train", "inspect", str(out / "model")])
     assert code == 0 and "lidar_seg" in text
@@ -90,3 +102,31 @@ def test_run_names_an_unknown_task_before_starting_spark(monkeypatch: pytest.Mon
     monkeypatch.setattr(command, "_session", no_spark)
     with pytest.raises(TrainError, match="unknown task 'lidar_sg': choose one of"):
         _call(["train", "run", "--set", "task=lidar_sg", "--set", "bags=x.bag"])
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ([], "no bags to train on: set train.bags"),
+        (["bags={here}/nope.bag"], "train.bags: bag '{here}/nope.bag' does not exist"),
+        (
+            ["bags={bag}", "heldout_bags={here}/typo.bag"],
+            "train.heldout_bags: bag '{here}/typo.bag' does not exist",
+        ),
+    ],
+)
+def test_run_names_a_missing_bag_before_starting_spark(
+    train_drive: DriveResult,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: list[str],
+    says: str,
+) -> None:
+    def no_spark(args: argparse.Namespace) -> None:
+        raise AssertionError("Spark started for a run that cannot train")
+
+    monkeypatch.setattr(command, "_session", no_spark)
+    fill = {"here": str(tmp_path), "bag": str(train_drive.bag)}
+    argv = [a for item in settings for a in ("--set", item.format(**fill))]
+    with pytest.raises(TrainError, match=re.escape(says.format(**fill))):
+        _call(["train", "run", *argv])
