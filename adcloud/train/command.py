@@ -53,7 +53,7 @@ def _session(args: argparse.Namespace) -> Any:
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from adcloud.train.config import TrainConfig  # noqa: PLC0415
-    from adcloud.train.job import check_bags, load_task, run_training  # noqa: PLC0415
+    from adcloud.train.job import load_task, preflight, run_training  # noqa: PLC0415
 
     overrides: dict[str, Any] = {}
     for item in args.set:
@@ -64,7 +64,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         overrides[key.strip()] = value
     config = TrainConfig.load(file=args.config, **overrides).validate()
     task = load_task(config)  # a wrong task name or option fails before Spark starts
-    check_bags(config)  # and so does a missing bag
+    preflight(config)  # and so do a missing bag and checkpoints of another trainer count
     spark = _session(args)
     with console.status(f"training {config.task} ({config.sync}) on {spark.sparkContext.master}"):
         result = run_training(spark, config, task=task)

@@ -59,9 +59,9 @@ import numpy as np
 
 from adcloud.errors import AdcloudError
 from adcloud.store import open_store
-from adcloud.train.checkpoint import Checkpointer
+from adcloud.train.checkpoint import Checkpointer, latest_checkpoint
 from adcloud.train.config import TrainConfig
-from adcloud.train.errors import TrainError
+from adcloud.train.errors import CheckpointError, TrainError
 from adcloud.train.evaluate import (
     EVAL_FILE,
     PLOT_FILE,
@@ -127,6 +127,33 @@ def bag_uris(bags: Sequence[str]) -> list[str]:
     from adcloud.binpipe import expand_uris  # noqa: PLC0415
 
     return expand_uris([_absolute(b) for b in bags]) if bags else []
+
+
+def _check_resumable(config: TrainConfig, run: str) -> None:
+    """On the driver, before any Spark work: a run whose newest checkpoint was written by
+    another number of trainers cannot resume (each trainer would find out in its task)."""
+    store = open_store(config.store, **config.store_kwargs())
+    try:
+        info = latest_checkpoint(store, run)
+    finally:
+        store.close()
+    if info is not None and info.world != config.world:
+        raise CheckpointError(
+            f"run {run}: checkpoint {store.uri}{info.key} was written by {info.world} "
+            f"trainer(s), this run has {config.world}; run with workers={info.world} to resume "
+            "it, or give the run a new name (train.run)"
+        )
+
+
+def preflight(config: TrainConfig) -> str:
+    """The run's name (fixed before steps resolve; it covers what the bags are now), after
+    the checks that need no Spark: every bag is there (:func:`check_bags`) and the run's
+    checkpoints, if any, were written by as many trainers as it has.  ``adcloud train run``
+    calls it before it starts Spark; :func:`run_training` calls it too."""
+    check_bags(config)
+    run = config.run_id(data_identity(bag_uris(config.bags)))
+    _check_resumable(config, run)
+    return run
 
 
 def check_bags(config: TrainConfig) -> None:
@@ -789,10 +816,11 @@ def run_training(
             "has none: set eval_every=0"
         )
     started = time.perf_counter()
-    # the run's name, fixed before steps resolve; it covers what the bags are now
-    run = config.run_id(data_identity(bag_uris(config.bags)) if keyed is None else "")
     if keyed is None:
-        check_bags(config)
+        run = preflight(config)
+    else:
+        run = config.run_id()
+        _check_resumable(config, run)
     if keyed is None:
         keyed = etl_samples(spark, config, task, config.bags)
     made_dir = ""

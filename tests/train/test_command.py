@@ -14,7 +14,7 @@ from rich.console import Console
 
 from adcloud.synth import DriveResult
 from adcloud.train import command
-from adcloud.train.errors import TrainError
+from adcloud.train.errors import CheckpointError, TrainError
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -77,12 +77,23 @@ def test_run_trains_prints_a_table_and_inspect_reads_the_model(
     code, text = _call(["train", "run", *unscored])
     assert code == 0 and "3 (resumed at 3)" in text, text
     assert not (out / "eval.json").exists() and not (out / "confusion.png").exists()
+    # its checkpoints were written by one trainer: two cannot resume them, and the run says
+    # so before Spark starts, not from inside each trainer's task
+    monkeypatch.setattr(command, "_session", _no_spark)
+    run = json.loads((out / "result.json").read_text())["run"]
+    two = ["--set", f"run={run}", "--set", "sync=allreduce", "--set", "workers=2"]
+    with pytest.raises(CheckpointError, match=r"written by 1 trainer\(s\), this run has 2"):
+        _call([*argv, *two])
 
     code, text = _call(["train", "inspect", str(out / "model")])
     assert code == 0 and "lidar_seg" in text
     code, text = _call(["train", "inspect", "--json", str(out / "model")])
     info = json.loads(text)
     assert info["task"] == "lidar_seg" and info["path"] == str(out / "model")
+
+
+def _no_spark(args: argparse.Namespace) -> None:
+    raise AssertionError("Spark started for a run that cannot train")
 
 
 def test_run_rejects_settings_that_are_not_key_value(tmp_path: Path) -> None:
