@@ -94,6 +94,30 @@ def _cmd_bag_info(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _cmd_bag_reindex(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.binpipe import BagError, summarize  # noqa: PLC0415
+    from adcloud.binpipe.reindex import ReindexReport, reindex_bag  # noqa: PLC0415
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise BagError(f"{out} exists; pass --overwrite to replace it, or choose another path")
+    report = ReindexReport()
+    reindex_bag(args.bag, out, report=report)
+    console.print(
+        f"wrote {out}: {report.messages:,} messages in {report.chunks} chunks on "
+        f"{report.connections} connections"
+    )
+    for what in report.dropped:
+        console.print(f"dropped: {what}")
+    summary = summarize(str(out))  # the copy reads back through its new index
+    if summary.message_count != report.messages:
+        raise BagError(
+            f"{out}: the copy's index lists {summary.message_count} messages, not "
+            f"{report.messages}; please report this with the source bag"
+        )
+    return 0
+
+
 def _session(args: argparse.Namespace) -> Any:
     from adcloud.spark import SparkSettings, get_session  # noqa: PLC0415
 
@@ -419,6 +443,19 @@ Every output is listed at the end, under --out.""",
     info.add_argument("bags", nargs="+", help="bag files, directories or globs")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=_cmd_bag_info)
+    reindex = bag_sub.add_parser(
+        "reindex",
+        help="write an indexed, readable copy of a ROS 1 bag cut off or never closed",
+        description="Write an indexed copy of a ROS 1 bag whose index is missing or damaged "
+        "(a recording cut off, a copy still being written): every complete chunk is kept "
+        "byte for byte, a truncated or undecodable one is dropped and reported. The source is "
+        "only read (any fsspec URL); the copy is a local file, written whole or not at all. "
+        "adcloud ingest --reindex-dir DIR does the same on the fly.",
+    )
+    reindex.add_argument("bag", help="the damaged ROS 1 bag (file or URL)")
+    reindex.add_argument("out", help="the indexed copy to write (a local .bag path)")
+    reindex.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    reindex.set_defaults(func=_cmd_bag_reindex)
 
     ingest = sub.add_parser(
         "ingest",

@@ -202,7 +202,19 @@ def test_ingest_reindexes_an_unindexed_bag(
     bag.write_bytes(bytes(data))
     out = tmp_path / "out"
     assert main(["ingest", str(bag), "--out", str(out), "--quiet"]) == 2
-    assert "reindex" in capsys.readouterr().out.lower()
+    said = " ".join(capsys.readouterr().out.split())
+    assert "adcloud bag reindex BAG COPY.bag" in said and "--reindex-dir DIR" in said
+    # the command the message names writes a copy that reads back, message for message
+    copy = tmp_path / "copy.bag"
+    assert main(["bag", "reindex", str(bag), str(copy)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    with Reader(shared_data / LUMINAR) as src:
+        want = [(c.topic, t, bytes(raw)) for c, t, raw in src.messages()]
+    with Reader(copy) as got:
+        assert [(c.topic, t, bytes(raw)) for c, t, raw in got.messages()] == want
+    assert main(["bag", "reindex", str(bag), str(copy)]) == 2  # no silent overwrite
+    assert "--overwrite" in capsys.readouterr().out
+    assert bag.read_bytes() == bytes(data)  # the source is never touched
     code = main(
         [
             "ingest",

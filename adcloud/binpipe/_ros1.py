@@ -102,8 +102,8 @@ _NS = 1_000_000_000
 _NO_ENTRIES: npt.NDArray[np.uint32] = np.empty((0, 4), _U32LE)
 _NO_TIMES: npt.NDArray[np.int64] = np.empty(0, np.int64)
 _REINDEX_HINT = (
-    "; write an indexed copy with adcloud.binpipe.reindex.reindex_bag "
-    "(or plan_partitions(..., reindex_dir=DIR))"
+    "; read an indexed copy instead: adcloud bag reindex BAG COPY.bag, or adcloud ingest "
+    "--reindex-dir DIR (Python: reindex_dir=DIR of BinPipeRDD.from_bags or plan_partitions)"
 )
 
 
