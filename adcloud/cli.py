@@ -131,15 +131,18 @@ def _cmd_ingest(args: argparse.Namespace, console: Console) -> int:
     from tqdm import tqdm  # noqa: PLC0415
 
     from adcloud.binpipe import BinPipeRDD, expand_uris, plan_partitions  # noqa: PLC0415
+    from adcloud.binpipe.rdd import check_save_target  # noqa: PLC0415
 
     uris = expand_uris(args.bags)
+    check_save_target(args.out, overwrite=args.overwrite)  # before Spark starts
+    topics = _topics(args.topics)
     spark = _session(args)
     parts = []
     for uri in tqdm(uris, desc="indexing bags", unit="bag", disable=args.quiet):
         parts.extend(
             plan_partitions(
                 uri,
-                topics=_topics(args.topics),
+                topics=topics,
                 start=args.start,
                 end=args.end,
                 partitions_per_bag=args.partitions_per_bag,
@@ -149,6 +152,7 @@ def _cmd_ingest(args: argparse.Namespace, console: Console) -> int:
                 min_partitions=spark.sparkContext.defaultParallelism,
             )
         )
+    _check_selection(uris, parts, topics, args, console)
     rdd = BinPipeRDD.from_partitions(spark, parts)
     started = time.monotonic()
     with _SparkProgress(spark, total=len(parts), quiet=args.quiet):
@@ -161,6 +165,43 @@ def _cmd_ingest(args: argparse.Namespace, console: Console) -> int:
         f"in {elapsed:.1f} s"
     )
     return 0
+
+
+def _check_selection(
+    uris: list[str], parts: list[Any], topics: list[str] | None, args: Any, console: Console
+) -> None:
+    """Say which requested topics no bag has (an error when none of them is there, as when
+    no message lies in the time range): an empty save is almost always a typo."""
+    from adcloud.binpipe import BinpipeError, summarize  # noqa: PLC0415
+
+    found = {c.topic for part in parts for c in part.connections}
+    if parts and all(t in found for t in topics or ()):
+        return
+    summaries = [summarize(uri) for uri in uris]  # the bags' whole index, for the message
+    have = sorted({t.topic for s in summaries for t in s.topics})
+    missing = [t for t in topics or () if t not in have]
+    if missing:
+        text = (
+            f"--topics {', '.join(missing)}: no such topic in the bag(s); they have "
+            f"{', '.join(have) or 'none'}"
+        )
+        if len(missing) == len(topics or ()):
+            raise BinpipeError(f"{text}. Nothing was written")
+        console.print(f"warning: {text}", highlight=False)
+    if parts or (args.start is None and args.end is None):
+        return
+    spans = [(s.start, s.end) for s in summaries if s.message_count]
+    span = (
+        f"the bags' messages span {min(a for a, _ in spans) / 1e9:.3f} to "
+        f"{max(b for _, b in spans) / 1e9:.3f} s ({_fmt_time(min(a for a, _ in spans))} to "
+        f"{_fmt_time(max(b for _, b in spans))} UTC)"
+        if spans
+        else "the bags hold no message"
+    )
+    raise BinpipeError(
+        f"no message of {', '.join(topics) if topics else 'any topic'} lies in the time range "
+        f"given (--start {args.start}, --end {args.end}); {span}. Nothing was written"
+    )
 
 
 class _SparkProgress:

@@ -100,6 +100,55 @@ def test_ingest_then_load(
     assert BinPipeRDD.load(spark, str(out)).count() == 989
 
 
+def test_ingest_says_what_a_selection_misses(
+    spark: Any,
+    shared_data: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ADCLOUD_SPARK_MASTER", spark.sparkContext.master)
+    monkeypatch.setenv("COLUMNS", "400")
+    bag = str(shared_data / HUSKY)
+    out = tmp_path / "out"
+    # a typo: no such topic at all is an error that lists the bag's topics; nothing written
+    assert main(["ingest", bag, "--out", str(out), "--topics", "fix", "--quiet"]) == 2
+    said = capsys.readouterr().out
+    assert "--topics fix: no such topic in the bag(s); they have /fix, " in said
+    assert not out.exists()
+    # one of two missing: a warning, and the other is ingested
+    assert main(["ingest", bag, "--out", str(out), "--topics", "/fix,/nope", "--quiet"]) == 0
+    assert "warning: --topics /nope: no such topic" in capsys.readouterr().out
+    assert json.loads((out / "manifest.json").read_text())["records"] == 989
+    # a time range past the end names the bag's span
+    late = ["--start", "2000000000.0", "--topics", "/fix", "--quiet"]
+    assert main(["ingest", bag, "--out", str(tmp_path / "late"), *late]) == 2
+    said = capsys.readouterr().out
+    assert "no message of /fix lies in the time range given" in said
+    assert "the bags' messages span 1432235" in said and not (tmp_path / "late").exists()
+
+
+def test_ingest_refuses_an_existing_output_before_spark_starts(
+    shared_data: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import adcloud.cli as cli  # noqa: PLC0415
+
+    def no_spark(args: Any) -> None:
+        raise AssertionError("Spark started for an ingest that cannot write")
+
+    monkeypatch.setattr(cli, "_session", no_spark)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["ingest", str(shared_data / HUSKY), "--out", str(out), "--quiet"]) == 2
+    assert "already exists and is not empty" in capsys.readouterr().out
+    assert main(["ingest", str(shared_data / HUSKY), "--out", str(out), "--overwrite"]) == 2
+    assert "refusing to replace it" in capsys.readouterr().out
+
+
 def test_ingest_of_a_corrupt_bag_names_the_file(
     spark: Any,
     shared_data: Path,

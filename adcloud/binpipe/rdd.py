@@ -241,6 +241,46 @@ def _save_partition(
     yield (index, count, size, tmp)
 
 
+def _save_target(fs: Any, root: str, uri: str, overwrite: bool) -> tuple[bool, list[str]]:
+    """Whether ``root`` exists and the entries of an earlier save there (replaced only with
+    ``overwrite``); raises :class:`BinpipeError` when the save may not go there."""
+    existed = bool(fs.exists(root))
+    entries = [
+        e
+        for e in (fs.ls(root, detail=False) if existed else [])
+        if posixpath.basename(e.rstrip("/")) != _TEMPORARY  # a crashed save's leftovers
+    ]
+    if entries:
+        if not overwrite:
+            raise BinpipeError(
+                f"{uri} already exists and is not empty; pass overwrite=True "
+                "(adcloud ingest --overwrite) to replace it, or choose a new directory"
+            )
+        # Replace only what a save wrote: a mistyped --out must not wipe other data.
+        foreign = [
+            e
+            for e in entries
+            if posixpath.basename(e.rstrip("/")) not in _SAVED_NAMES
+            and not _PART_NAME.fullmatch(posixpath.basename(e.rstrip("/")))
+        ]
+        if foreign:
+            raise BinpipeError(
+                f"{uri} holds files a BinPipe save did not write (e.g. "
+                f"{posixpath.basename(foreign[0].rstrip('/'))}); refusing to replace it: "
+                "choose an empty or new directory"
+            )
+    return existed, entries
+
+
+def check_save_target(
+    uri: str, *, overwrite: bool = False, storage_options: Mapping[str, Any] | None = None
+) -> None:
+    """Raise :class:`BinpipeError` now if :meth:`BinPipeRDD.save` to ``uri`` would refuse
+    (before any Spark work: ``adcloud ingest`` checks its ``--out`` with it)."""
+    fs, root = open_fs(uri, tuple((storage_options or {}).items()))
+    _save_target(fs, root, uri, overwrite)
+
+
 def _load_file(url: str, storage_options: Mapping[str, Any]) -> Iterator[bytearray]:
     with fsspec.open(url, "rb", **storage_options) as src:
         for block in StreamReader(src, name=url):
@@ -573,31 +613,7 @@ class BinPipeRDD:
         """
         options = dict(storage_options or {})
         fs, root = open_fs(uri, tuple(options.items()))
-        existed = fs.exists(root)
-        entries = [
-            e
-            for e in (fs.ls(root, detail=False) if existed else [])
-            if posixpath.basename(e.rstrip("/")) != _TEMPORARY  # a crashed save's leftovers
-        ]
-        if entries:
-            if not overwrite:
-                raise BinpipeError(
-                    f"{uri} already exists and is not empty; pass overwrite=True "
-                    "(adcloud ingest --overwrite) to replace it, or choose a new directory"
-                )
-            # Replace only what a save wrote: a mistyped --out must not wipe other data.
-            foreign = [
-                e
-                for e in entries
-                if posixpath.basename(e.rstrip("/")) not in _SAVED_NAMES
-                and not _PART_NAME.fullmatch(posixpath.basename(e.rstrip("/")))
-            ]
-            if foreign:
-                raise BinpipeError(
-                    f"{uri} holds files a BinPipe save did not write (e.g. "
-                    f"{posixpath.basename(foreign[0].rstrip('/'))}); refusing to replace it: "
-                    "choose an empty or new directory"
-                )
+        existed, entries = _save_target(fs, root, uri, overwrite)
         job = uuid.uuid4().hex
         fs.makedirs(posixpath.join(root, _TEMPORARY, job), exist_ok=True)
         try:
