@@ -13,7 +13,9 @@ that is fixed upstream, narrowing is explicit, through options, and always corre
 Options: ``topics`` (comma-separated), ``start``/``end`` (ns, record time),
 ``partitionsPerBag``, ``partitionBytes`` (target partition size when
 ``partitionsPerBag`` is not set; 0 for one partition per chunk), ``minPartitions``,
-``timeSource`` (``record`` or ``header``), ``batchSize`` (rows per Arrow batch).
+``timeSource`` (``record`` or ``header``), ``batchSize`` (rows per Arrow batch),
+``reindexDir`` (where an indexed copy of a ROS 1 bag without a usable index is written and
+read instead; a path or URL the executors can read).  Any other option is an error.
 Paths: ``load(path)`` or ``load([path, ...])``; globs and directories are expanded.
 
 Columns: ``bag`` (its URL), ``topic``, ``timestamp`` (ns; per ``timeSource``),
@@ -80,6 +82,22 @@ class RosbagDataSource(DataSource):
         return RosbagReader(dict(self.options))
 
 
+#: The reader's options (Spark passes them case-insensitively).
+_OPTIONS = (
+    "topics",
+    "start",
+    "end",
+    "partitionsPerBag",
+    "partitionBytes",
+    "minPartitions",
+    "timeSource",
+    "batchSize",
+    "reindexDir",
+    "path",
+    "paths",
+)
+
+
 def _paths(options: dict[str, str]) -> list[str]:
     if "paths" in options:
         raw = options["paths"]
@@ -128,6 +146,12 @@ class RosbagReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         # Spark hands options over case-insensitively (as lower-case keys once copied).
         options = {key.lower(): value for key, value in options.items()}
+        unknown = sorted(set(options) - {name.lower() for name in _OPTIONS})
+        if unknown:  # a misspelt option would otherwise read every topic, silently
+            raise BinpipeError(
+                f'spark.read.format("rosbag"): unknown option(s) {", ".join(unknown)}; the '
+                f"options are {', '.join(_OPTIONS)}"
+            )
         self.options = options
         topics = options.get("topics")
         self.topics: set[str] | None = (
@@ -149,6 +173,7 @@ class RosbagReader(DataSourceReader):
         )
         self.min_partitions = _int_option(options, "minPartitions", os.cpu_count() or 2, minimum=1)
         self.batch_size = _int_option(options, "batchSize", 1024, minimum=1)
+        self.reindex_dir = options.get("reindexdir") or None
 
     def partitions(self) -> Sequence[InputPartition]:
         parts: list[InputPartition] = []
@@ -162,6 +187,7 @@ class RosbagReader(DataSourceReader):
                 time_source=self.time_source,
                 partition_bytes=self.partition_bytes or None,
                 min_partitions=self.min_partitions,
+                reindex_dir=self.reindex_dir,
             ):
                 parts.append(_Partition(part))
         if not parts:

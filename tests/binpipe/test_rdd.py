@@ -327,6 +327,7 @@ def test_to_dataframe(spark: Any, shared_data: Path) -> None:
         ("minPartitions", "0", "option minPartitions=0 must be at least 1"),
         ("start", "1.5e9", "option start='1.5e9' is not an integer"),
         ("timeSource", "gps", "option timeSource='gps' is not one of record, header"),
+        ("topic", "/fix", "unknown option(s) topic; the options are topics, start, end"),
     ],
 )
 def test_rosbag_datasource_option_errors_name_the_option(
@@ -336,6 +337,23 @@ def test_rosbag_datasource_option_errors_name_the_option(
     reader = spark.read.format("rosbag").option(option, value)
     with pytest.raises(Exception, match=re.escape(message)):
         reader.load(str(shared_data / HUSKY)).count()
+
+
+def test_rosbag_datasource_reads_an_unindexed_bag_through_a_reindexed_copy(
+    spark: Any, shared_data: Path, tmp_path: Path
+) -> None:
+    register_rosbag_source(spark)
+    data = bytearray((shared_data / LUMINAR).read_bytes())
+    pos = data.index(b"index_pos=") + len(b"index_pos=")
+    data[pos : pos + 8] = bytes(8)  # as a killed recorder leaves it
+    bag = tmp_path / "killed.bag"
+    bag.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="reindex"):
+        spark.read.format("rosbag").load(str(bag)).count()
+    df = spark.read.format("rosbag").option("reindexDir", str(tmp_path / "re")).load(str(bag))
+    rows = df.select("topic", "record_time", "data").orderBy("record_time", "topic").collect()
+    got = sorted((r["topic"], r["record_time"], bytes(r["data"])) for r in rows)
+    assert got == sorted(reference(shared_data / LUMINAR))
 
 
 def test_rosbag_datasource(spark: Any, shared_data: Path) -> None:
