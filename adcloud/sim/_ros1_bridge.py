@@ -250,13 +250,30 @@ def _await(cond, state, seen, quiet, node, limit):
             return
 
 
-def _wait(pred, timeout):
+def _wait(pred, timeout, alive=None):
+    """Poll ``pred`` until it holds (True) or ``timeout`` s pass (False); with ``alive``,
+    also stop (False) once ``alive()`` says the node is gone, checked every 0.2 s (it
+    scans /proc)."""
     deadline = time.monotonic() + timeout
+    polls = 0
     while not pred():
         if time.monotonic() > deadline:
             return False
+        polls += 1
+        if alive is not None and polls % 20 == 0 and not alive():
+            return pred()
         time.sleep(0.01)
     return True
+
+
+def _group_alive(pgid):
+    """Whether a process of group ``pgid`` still runs (one that has exited but is not yet
+    reaped, a zombie, does not count)."""
+    for name in os.listdir("/proc"):  # noqa: PTH208
+        fields = _stat(name) if name.isdigit() else None
+        if fields is not None and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
 
 
 def main():
@@ -303,7 +320,9 @@ def main():
             cond.notify_all()
 
     subs = [rospy.Subscriber(t, rospy.AnyMsg, on_output, callback_args=t) for t in split]
-    node = _GroupCpu(args.node_pgid) if args.node_pgid else None
+    # the node's CPU decides when it is idle in synchronous mode; its process group also
+    # tells, in either mode, whether it is still there to subscribe at all
+    node = _GroupCpu(args.node_pgid) if args.node_pgid and args.sync else None
     triggers = {t for t in args.triggers.split(",") if t}
     pubs = {}
     started = False
@@ -317,8 +336,15 @@ def main():
                 # Wait until the node is wired up, then answer with an empty META block:
                 # the feeder starts the replay clock on it.
                 started = True
+                alive = (lambda: _group_alive(args.node_pgid)) if args.node_pgid else None
                 for topic, (pub, _cls) in pubs.items():
-                    if not _wait(lambda p=pub: p.get_num_connections() > 0, args.startup_timeout):
+                    if not _wait(
+                        lambda p=pub: p.get_num_connections() > 0, args.startup_timeout, alive
+                    ):
+                        if alive is not None and not alive():
+                            raise SystemExit(
+                                f"adcloud bridge: the node exited before it subscribed to {topic}"
+                            )
                         raise SystemExit(
                             f"adcloud bridge: no node subscribed to {topic} "
                             f"within {args.startup_timeout} s"

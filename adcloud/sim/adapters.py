@@ -868,9 +868,9 @@ class Ros1Adapter:
                 "--output-wait",
                 str(self.output_wait_s),
             ]
+            bridge += ["--node-pgid", str(node_proc.pid)]
             if timing.sync:
-                bridge += ["--sync", "--node-pgid", str(node_proc.pid)]
-                bridge += ["--max-wait", str(timing.timeout_s)]
+                bridge += ["--sync", "--max-wait", str(timing.timeout_s)]
             run = drive_pipe(
                 bridge,
                 inputs,
@@ -884,13 +884,17 @@ class Ros1Adapter:
             )
             code = node_proc.poll()
             if code is not None and code != 0:
-                # The node died on its own: that is the scenario's failure, whatever the
-                # bridge then reported.
+                # The node died on its own: that is the scenario's failure, in its own last
+                # words; what the bridge then reported (its input cut short) is noise.
+                if run.failure:
+                    log.debug("bridge, after the node exited: %s", run.failure)
+                tail = _tail(node_log)
+                last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "")
                 run.failure = f"node {shlex.join(node.args)!r} exited with code {code}" + (
-                    f" ({run.failure})" if run.failure else ""
+                    f": {last.strip()[:200]}" if last else ""
                 )
                 run.exit_code = code
-                run.stderr_tail = _tail(node_log)
+                run.stderr_tail = tail
             elif run.failure is not None:
                 run.stderr_tail = (
                     f"--- bridge ---\n{run.stderr_tail}\n--- node ---\n{_tail(node_log)}"

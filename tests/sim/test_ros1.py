@@ -160,6 +160,22 @@ def test_node_that_never_subscribes(drive: DriveResult, monkeypatch: pytest.Monk
     assert recorder.all_gone()
 
 
+def test_a_node_that_dies_before_subscribing_fails_at_once(drive: DriveResult) -> None:
+    # a startup timeout far longer than the run may take: the bridge sees the node's
+    # process group gone and stops waiting for it to subscribe
+    job = _job(
+        drive.bag,
+        "bash -c 'echo no licence for this detector >&2; exit 7'",
+        ("/obstacles",),
+        startup_timeout_s=120,
+    )
+    started = time.monotonic()
+    result = _run(job)
+    assert time.monotonic() - started < 60
+    assert not result.passed and result.exit_code == 7
+    assert result.reason.endswith("exited with code 7: no licence for this detector")
+
+
 def test_missing_node_program(drive: DriveResult, tmp_path: Path) -> None:
     result = _run(_job(drive.bag, str(tmp_path / "nope"), ("/obstacles",)))
     assert not result.passed
