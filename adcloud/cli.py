@@ -64,11 +64,28 @@ def _fmt_time(ns: int) -> str:
 
 def _cmd_bag_info(args: argparse.Namespace, console: Console) -> int:
     from adcloud.binpipe import expand_uris, summarize  # noqa: PLC0415 - keep --help fast
+    from adcloud.errors import AdcloudError  # noqa: PLC0415
 
-    summaries = [summarize(uri) for uri in expand_uris(args.bags)]
+    uris = expand_uris(args.bags)
+    summaries = []
+    problems: dict[str, str] = {}  # one unreadable bag does not hide the others
+    for uri in uris:
+        try:
+            summaries.append(summarize(uri))
+        except AdcloudError as err:
+            if len(uris) == 1:
+                raise
+            problems[uri] = str(err)
+    code = 2 if problems else 0
     if args.json:
-        console.print_json(json.dumps([s.to_dict() for s in summaries]))
-        return 0
+        data = [s.to_dict() for s in summaries]
+        data += [{"uri": uri, "error": text} for uri, text in problems.items()]
+        console.print_json(json.dumps(data))
+        return code
+    for text in problems.values():
+        console.print(
+            f"[red]error:[/red] {escape(text)}", highlight=False, soft_wrap=True, markup=True
+        )
     for s in summaries:
         duration = (s.end - s.start) / 1e9 if s.message_count else 0.0
         console.print(f"[bold]{escape(s.uri)}[/bold]", markup=True)
@@ -91,7 +108,9 @@ def _cmd_bag_info(args: argparse.Namespace, console: Console) -> int:
             hz = "-" if t.frequency is None else f"{t.frequency:.1f}"
             table.add_row(t.topic, t.msgtype, f"{t.count:,}", hz)
         console.print(table)
-    return 0
+    if problems:
+        console.print(f"{len(problems)} of {len(uris)} bags could not be read (above)")
+    return code
 
 
 def _cmd_bag_reindex(args: argparse.Namespace, console: Console) -> int:

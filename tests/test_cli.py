@@ -75,6 +75,23 @@ def test_bag_info_missing_file_is_a_clear_error(
     assert "nope.bag" in out and "does not exist" in out
 
 
+def test_bag_info_reports_every_bag_it_can_read(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "night"
+    folder.mkdir()
+    shutil.copy(shared_data / LUMINAR, folder / "a.bag")
+    (folder / "b.bag").write_bytes(b"not a bag at all")  # a copy still being written
+    assert main(["bag", "info", str(folder)]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "b.bag" in out and "error:" in out and "/luminar_pointcloud" in out
+    assert "1 of 2 bags could not be read" in out
+    assert main(["bag", "info", "--json", str(folder)]) == 2
+    data = json.loads(capsys.readouterr().out)
+    assert data[0]["message_count"] == 15 and data[1]["uri"].endswith("b.bag")
+    assert "error" in data[1]
+
+
 def test_errors_keep_square_brackets_in_paths(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
