@@ -3,8 +3,10 @@
 Spark partitions the bags (:class:`~adcloud.binpipe.BinPipeRDD`); each task decodes its
 ``sensor_msgs/Image`` messages, batches them by size, computes
 :func:`~adcloud.hetero.features.hog_features` on the device Spark assigned to it (or the
-policy's), and writes one ``.npz`` per partition and image size.  The driver writes
-``manifest.json`` and the effective settings (``settings.json``) beside them.
+policy's), and writes one ``.npz`` per partition and image size into the job's own
+``_temporary/`` directory.  Once every partition is written the driver moves the files into
+place and writes ``manifest.json`` and the effective settings (``settings.json``) beside
+them: a failed job leaves the output directory as it was.
 
 Output format ``adcloud-hog``, version 1 (one file per partition and image size,
 ``part-PPPPP-HxW.npz``, written to a temporary name and renamed, read with
@@ -21,12 +23,14 @@ History: version 1 is the first.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
 import logging
 import os
 import posixpath
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -82,6 +86,11 @@ class FeatureJobResult:
 def _absolute(url: str) -> str:
     """Local paths made absolute; URLs with a scheme unchanged."""
     return url if "://" in url else str(Path(url).expanduser().resolve())
+
+
+_TEMPORARY = "_temporary"
+#: What a feature job writes into its output directory (and may replace there).
+_OUTPUT_NAME = re.compile(r"part-\d+-\d+x\d+\.npz|manifest\.json|settings\.json")
 
 
 def _write_npz(
@@ -171,9 +180,12 @@ def _partition_features(
     for (height, width), parts in sorted(done.items()):
         stamps = np.concatenate([s for s, _ in parts])
         features = np.concatenate([f for _, f in parts])
-        url = posixpath.join(out, f"part-{index:05d}-{height}x{width}.npz")
+        name = f"part-{index:05d}-{height}x{width}.npz"
+        # into the job's staging directory: the driver moves the files into place once
+        # every partition is written (see extract_features)
+        url = posixpath.join(out, name)
         _write_npz(url, stamps, features, (height, width), (cell, bins), storage_options)
-        files.append(url)
+        files.append(name)
         count += len(stamps)
     yield {
         "partition": index,
@@ -220,11 +232,24 @@ def extract_features(
     out = _absolute(out)
     bags = [_absolute(b) for b in ([bags] if isinstance(bags, str) else bags)]
     fs, root = fsspec.core.url_to_fs(out, **options)
-    if fs.exists(root) and fs.ls(root, detail=False):
+    existed = bool(fs.exists(root))
+    entries = [
+        e
+        for e in (fs.ls(root, detail=False) if existed else [])
+        if posixpath.basename(e.rstrip("/")) != _TEMPORARY  # a crashed job's leftovers
+    ]
+    if entries:
         if not overwrite:
             raise HeteroError(f"{out} exists and is not empty; pass overwrite=True to replace it")
-        fs.rm(root, recursive=True)
-    fs.makedirs(root, exist_ok=True)
+        foreign = [e for e in entries if not _OUTPUT_NAME.fullmatch(posixpath.basename(e))]
+        if foreign:  # a mistyped --out must not wipe other data
+            raise HeteroError(
+                f"{out} holds files a feature job did not write (e.g. "
+                f"{posixpath.basename(foreign[0])}); refusing to replace it: choose an empty or "
+                "new directory"
+            )
+    staging = posixpath.join(out, _TEMPORARY, uuid.uuid4().hex)
+    fs.makedirs(posixpath.join(root, _TEMPORARY, posixpath.basename(staging)), exist_ok=True)
     rdd = BinPipeRDD.from_bags(
         spark,
         bags,
@@ -235,7 +260,7 @@ def extract_features(
     )
     job = functools.partial(
         _partition_features,
-        out=out,
+        out=staging,
         topic=topic,
         cell=cell,
         bins=bins,
@@ -244,8 +269,28 @@ def extract_features(
         storage_options=options,
     )
     started = time.perf_counter()
-    reports = rdd.rdd.mapPartitionsWithIndex(job).collect()
+    staged = posixpath.join(root, _TEMPORARY, posixpath.basename(staging))
+    try:
+        reports = rdd.rdd.mapPartitionsWithIndex(job).collect()
+    except BaseException:
+        # the output stays as it was: an earlier job's features are still whole
+        with contextlib.suppress(OSError):
+            fs.rm(staged, recursive=True)
+            if not existed:
+                fs.rm(root, recursive=True)
+            elif not fs.ls(posixpath.join(root, _TEMPORARY), detail=False):
+                fs.rm(posixpath.join(root, _TEMPORARY), recursive=True)
+        raise
     seconds = time.perf_counter() - started
+    # Commit: the manifest goes first and comes back last (read_features starts from it).
+    for entry in sorted(entries, key=lambda e: not e.endswith("manifest.json")):
+        fs.rm(entry, recursive=True)
+    for report in reports:
+        for name in report["files"]:
+            fs.mv(posixpath.join(staged, name), posixpath.join(root, name))
+        report["files"] = [posixpath.join(out, name) for name in report["files"]]
+    with contextlib.suppress(FileNotFoundError):  # object stores: gone with its files
+        fs.rm(posixpath.join(root, _TEMPORARY), recursive=True)
     devices: dict[str, int] = defaultdict(int)
     for report in reports:
         devices[report["address"]] += report["images"]

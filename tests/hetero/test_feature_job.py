@@ -84,8 +84,20 @@ def test_existing_output_and_wrong_topic(
     with pytest.raises(HeteroError, match="exists and is not empty"):
         extract_features(spark, str(image_bags["bgr"]), str(out))
     assert extract_features(spark, str(image_bags["bgr"]), str(out), overwrite=True).images == 10
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert not (out / "_temporary").exists()
+    # a job that fails, overwriting or not, leaves the output as it was
+    with pytest.raises(Exception, match="not sensor_msgs/Image"):
+        extract_features(spark, str(image_bags["rgb"]), str(out), topic="/status", overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     with pytest.raises(Exception, match="not sensor_msgs/Image"):
         extract_features(spark, str(image_bags["rgb"]), str(tmp_path / "status"), topic="/status")
+    assert not (tmp_path / "status").exists()
+    # and overwrite never replaces a directory holding anything else (a mistyped --out)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(HeteroError, match=r"notes\.txt\); refusing to replace it"):
+        extract_features(spark, str(image_bags["bgr"]), str(out), overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "manifest.json").is_file()
 
 
 def run(argv: list[str]) -> tuple[int, str]:
