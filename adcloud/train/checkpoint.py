@@ -70,6 +70,9 @@ class CheckpointInfo:
     step: int
     key: str
     world: int
+    #: The settings the run had when it wrote the checkpoint (``TrainConfig.pinned_settings``;
+    #: None for checkpoints written without them).
+    settings: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,7 @@ class Checkpointer:
         keep: int = 3,
         timeout_s: float = 120.0,
         write_type: WriteType | str | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         if every < 0 or keep < 1:
             raise CheckpointError(f"checkpoint every={every} must be >= 0 and keep={keep} >= 1")
@@ -176,6 +180,7 @@ class Checkpointer:
         self.keep = keep
         self.timeout_s = timeout_s
         self.write_type = write_type
+        self.settings = None if settings is None else dict(settings)
         self.saved_seconds = 0.0
 
     def due(self, step: int, *, last: bool = False) -> bool:
@@ -232,6 +237,7 @@ class Checkpointer:
                 "losses": np.asarray(losses, dtype=np.float64),
                 # JSON text (the scores' names vary by task): [[step, {name: value}], ...]
                 "validation": json.dumps([[k, dict(v)] for k, v in validation]),
+                "settings": json.dumps(self.settings, sort_keys=True, default=str),
             }
             meta = {"format": _FORMAT, "version": _VERSION, "kind": "state", "run": self.run}
             self._put(f"{base}/state", encode_tree(state, meta))
@@ -414,7 +420,9 @@ def _newest_good(
                 step,
                 len(problems) + len(incomplete),
             )
-        return CheckpointInfo(run, step, _dir_key(run, step), world), state, part
+        settings = json.loads(state.get("settings") or "null")
+        info = CheckpointInfo(run, step, _dir_key(run, step), world, settings)
+        return info, state, part
     if problems:
         raise CheckpointError(
             f"run {run}: none of its {len(steps)} checkpoint(s) in {store.uri} is usable: "

@@ -41,6 +41,23 @@ DEVICES = ("auto", "cpu", "cuda")
 
 # Fields that decide nothing about the trained parameters: they are left out of the default
 # run id so that re-running the same training resumes it, wherever its output goes.
+_PINNED_BY_CHECKPOINT = (
+    "task",
+    "task_options",
+    "bags",
+    "sync",
+    "workers",
+    "batch_size",
+    "optimizer",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "schedule",
+    "warmup_steps",
+    "final_lr_ratio",
+    "seed",
+)
+
 _NOT_IN_RUN_ID = frozenset(
     {
         "run",
@@ -244,6 +261,13 @@ class TrainConfig:
             decisive["data"] = data
         text = json.dumps(decisive, sort_keys=True, default=str)
         return f"{self.task}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+    def pinned_settings(self) -> dict[str, Any]:
+        """The settings a checkpoint records: what decides the parameters trained so far
+        (data, model, optimizer, seed), so that a run resumed with other values is told
+        (``steps`` and ``epochs`` may grow; the rest does not change the math)."""
+        data = self.to_dict()
+        return {name: data[name] for name in _PINNED_BY_CHECKPOINT}
 
     def output_dir(self, run: str) -> str:
         """:attr:`out` for the run named ``run`` (``{run}`` replaced)."""

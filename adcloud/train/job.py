@@ -143,6 +143,22 @@ def _check_resumable(config: TrainConfig, run: str) -> None:
             f"trainer(s), this run has {config.world}; run with workers={info.world} to resume "
             "it, or give the run a new name (train.run)"
         )
+    if info is not None and info.settings is not None:
+        now = json.loads(json.dumps(config.pinned_settings(), sort_keys=True, default=str))
+        changed = [
+            f"{name} {info.settings.get(name)!r} -> {now[name]!r}"
+            for name in now
+            if info.settings.get(name) != now[name]
+        ]
+        if changed:
+            log.warning(
+                "run %s resumes at step %d from a checkpoint trained with other settings (%s): "
+                "the steps before it keep those; give the run a new name (train.run) to train "
+                "afresh with these",
+                run,
+                info.step,
+                "; ".join(changed),
+            )
 
 
 def preflight(config: TrainConfig) -> str:
@@ -550,6 +566,7 @@ def _barrier_train(
         every=config.checkpoint_every,
         keep=config.keep_checkpoints,
         timeout_s=config.sync_timeout_s,
+        settings=config.pinned_settings(),
     )
     try:
         result = train(
@@ -844,6 +861,7 @@ def run_training(
                 every=config.checkpoint_every,
                 keep=config.keep_checkpoints,
                 timeout_s=config.sync_timeout_s,
+                settings=config.pinned_settings(),
             )
             held = None
             if validating:  # decoded once, kept on the executors, scored there
@@ -961,6 +979,7 @@ def run_torchrun(
         every=config.checkpoint_every,
         keep=config.keep_checkpoints,
         timeout_s=config.sync_timeout_s,
+        settings=config.pinned_settings(),
     )
     shard = [samples[i] for i in range(rank, len(samples), world)]
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def test_run_trains_prints_a_table_and_inspect_reads_the_model(
     heldout_drive: DriveResult,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(command, "_session", lambda args: spark)
     out = tmp_path / "run"
@@ -84,6 +86,12 @@ def test_run_trains_prints_a_table_and_inspect_reads_the_model(
     two = ["--set", f"run={run}", "--set", "sync=allreduce", "--set", "workers=2"]
     with pytest.raises(CheckpointError, match=r"written by 1 trainer\(s\), this run has 2"):
         _call([*argv, *two])
+    # resumed under its name with another learning rate: it runs, and says what changed
+    monkeypatch.setattr(command, "_session", lambda args: spark)
+    with caplog.at_level(logging.WARNING, logger="adcloud.train.job"):
+        code, text = _call([*argv, "--set", f"run={run}", "--set", "lr=0.01", "--set", "steps=4"])
+    assert code == 0 and "4 (resumed at 3)" in text, text
+    assert "trained with other settings (lr 0.001 -> 0.01)" in caplog.text
 
     code, text = _call(["train", "inspect", str(out / "model")])
     assert code == 0 and "lidar_seg" in text
