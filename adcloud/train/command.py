@@ -84,7 +84,12 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             "loss first -> last",
             f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f}" if result.losses else "-",
         ),
-        ("samples/s", f"{result.samples_per_second:,.1f}"),
+        (
+            "samples/s",
+            "- (no step left to train)"
+            if result.start_step >= result.steps
+            else f"{result.samples_per_second:,.1f}",
+        ),
         *_curve_row(result.validation),
         *((name, f"{value:.4f}") for name, value in sorted(result.metrics.items())),
     ]

@@ -66,7 +66,7 @@ def test_run_trains_prints_a_table_and_inspect_reads_the_model(
     assert "eval.json, confusion.png" in text
     # the same command again resumes the finished run instead of training it anew
     code, text = _call(argv)
-    assert code == 0 and "3 (resumed at 3)" in text
+    assert code == 0 and "3 (resumed at 3)" in text and "no step left to train" in text
     # held-out bags are scored, never trained on: without them it is the same run, and
     # the directory keeps no scores that are not this run's
     assert (out / "eval.json").is_file()
