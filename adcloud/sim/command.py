@@ -233,7 +233,7 @@ def _table(results: ReplayResults) -> Table:
             f"{r.latency_p50_ms:.1f}",
             f"{r.latency_p95_ms:.1f}",
             f"{r.wall_s:.2f}",
-            r.reason[:80],
+            r.reason if len(r.reason) <= 80 else r.reason[:79] + "…",
         )
     return table
 
@@ -249,6 +249,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.report:
         url = write_report(results, args.report)
         console.print(f"report: {url}/report.html")
+        if not results.passed:
+            console.print(
+                f"full reasons, exit codes and stderr of the failed scenarios: {url}/results.jsonl"
+            )
+    else:  # no report to read them in: the failed scenarios' whole reasons, here
+        for r in results.results:
+            if not r.passed and len(r.reason) > 80:
+                console.print(f"{r.scenario}: {r.reason}", highlight=False, soft_wrap=True)
     return 0 if results.passed else 1
 
 

@@ -128,3 +128,5 @@ def test_run_prints_a_table_and_writes_the_report(
     assert "FAIL" in text
     assert "0 of 1 scenarios passed" in text
     assert (tmp_path / "rep" / "report.html").exists()
+    assert "full reasons, exit codes and stderr of the failed scenarios: " in text
+    assert "rep/results.jsonl" in text
