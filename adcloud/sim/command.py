@@ -47,6 +47,23 @@ Evaluators, written name:key=value,key=value (see adcloud.sim.evaluators):
 """
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds >= 0")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
+    return value
+
+
 def _topics(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
@@ -94,12 +111,14 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--window",
-        type=float,
+        type=_positive_seconds,
         default=10.0,
         help="window length, s (--cut window); a last window shorter than half of it is "
         "merged into the one before",
     )
-    p.add_argument("--warmup", type=float, default=0.0, help="warm-up before each window, s")
+    p.add_argument(
+        "--warmup", type=_seconds, default=0.0, help="warm-up before each window, s (>= 0)"
+    )
     p.add_argument("--scenarios", metavar="FILE", help="scenario file (implies --cut file)")
     p.add_argument(
         "--rate", type=float, default=0.0, help="0: as fast as possible; r: r x real time"

@@ -30,6 +30,7 @@ Built-in evaluators:
 from __future__ import annotations
 
 import bisect
+import inspect
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -398,6 +399,18 @@ def _factory(name: str) -> Callable[..., Evaluator]:
 def build_evaluator(spec: EvaluatorSpec) -> Evaluator:
     """The evaluator ``spec`` names; raises :class:`SimError` on unknown names or bad params."""
     factory = _factory(spec.name)
+    params: Mapping[str, inspect.Parameter] | None
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a callable without a signature: the call decides
+        params = None
+    if params is not None and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = [k for k in dict(spec.params) if k not in params]
+        if unknown:
+            raise SimError(
+                f"evaluator {spec.name!r}: unknown parameter(s) {', '.join(unknown)}; it takes "
+                f"{', '.join(params)}"
+            )
     try:
         return factory(**dict(spec.params))
     except (TypeError, ValueError) as err:

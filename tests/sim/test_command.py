@@ -130,3 +130,19 @@ def test_run_prints_a_table_and_writes_the_report(
     assert (tmp_path / "rep" / "report.html").exists()
     assert "full reasons, exit codes and stderr of the failed scenarios: " in text
     assert "rep/results.jsonl" in text
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--window", "0"], "argument --window: '0': give a number of seconds > 0"),
+        (["--warmup", "-1"], "argument --warmup: '-1': give a number of seconds >= 0"),
+    ],
+)
+def test_window_options_are_checked_as_given(
+    drive: DriveResult, option: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sim", "run", str(drive.bag), "--node", "cat", "--inputs", "/lidar/points"]
+    with pytest.raises(SystemExit) as info:
+        _parse([*argv, "--cut", "window", *option])
+    assert info.value.code == 2 and says in capsys.readouterr().err

@@ -68,8 +68,10 @@ def test_parse_evaluator() -> None:
 def test_unknown_evaluator_and_bad_params() -> None:
     with pytest.raises(SimError, match="known: "):
         build_evaluator(EvaluatorSpec("nope"))
+    with pytest.raises(SimError, match=r"'rate': unknown parameter\(s\) min_hzz; it takes topic, "):
+        build_evaluator(EvaluatorSpec.of("rate", topic="/x", min_hzz=1))
     with pytest.raises(SimError, match="bad parameters"):
-        build_evaluator(EvaluatorSpec.of("rate", topic="/x", min_hz=1, colour="red"))
+        build_evaluator(EvaluatorSpec.of("rate", topic="/x", min_hz="fast"))
     with pytest.raises(SimError, match="stat"):
         build_evaluator(EvaluatorSpec.of("latency", max_ms=1, stat="p42"))
 
