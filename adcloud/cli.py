@@ -379,6 +379,21 @@ def _driver_defaults(confs: Sequence[str]) -> list[str]:
     return [f"{key}={merged[key]}" for key in keys if key not in given]
 
 
+#: The YARN-only options of ``adcloud submit`` and their defaults.
+_YARN_DEFAULTS: dict[str, object] = {
+    "queue": "default",
+    "deploy_mode": "cluster",
+    "executors": 2,
+    "executor_memory": "4g",
+    "gpus_per_executor": 0,
+    "fpgas_per_executor": 0,
+    "tasks_per_device": 1,
+    "fpga_ip_id": None,
+    "fpga_binaries": None,
+    "docker_image": None,
+}
+
+
 def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     from adcloud.spark import spark_home  # noqa: PLC0415
 
@@ -392,14 +407,26 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
         )
         return 2
     confs = list(args.conf or [])
+    bad = [c for c in confs if "=" not in c or c.startswith("=")]
+    if bad:
+        raise ConfigError(f"--conf takes KEY=VALUE, got {bad[0]!r}")
+    if args.master != "yarn":
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name, default in _YARN_DEFAULTS.items()
+            if getattr(args, name) != default
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} apply to --master yarn only (containers); on "
+                f"{args.master} give Spark settings with --conf, e.g. --conf "
+                "spark.executor.resource.gpu.amount=1 --conf spark.executor.instances=4"
+            )
     if not any(c.startswith("spark.log.level=") for c in confs):
         confs.append("spark.log.level=WARN")  # spark-submit's default INFO drowns the job's output
     if args.master == "yarn":
         from adcloud.hetero.yarn import yarn_submit_args  # noqa: PLC0415
 
-        bad = [c for c in confs if "=" not in c]
-        if bad:
-            raise ConfigError(f"--conf takes KEY=VALUE, got {bad[0]!r}")
         options = yarn_submit_args(
             args.queue,
             args.gpus_per_executor,
@@ -600,16 +627,37 @@ Every output is listed at the end, under --out.""",
         "YARN (--master yarn)", "containers with GPUs/FPGAs; see deploy/yarn/README.md"
     )
     yarn.add_argument(
-        "--queue", default="default", help="YARN queue: simulation, training, mapping"
+        "--queue", default=_YARN_DEFAULTS["queue"], help="YARN queue: simulation, training, mapping"
     )
-    yarn.add_argument("--deploy-mode", choices=["cluster", "client"], default="cluster")
-    yarn.add_argument("--executors", type=int, default=2, help="executor containers")
-    yarn.add_argument("--executor-memory", default="4g", help="memory per executor (JVM notation)")
-    yarn.add_argument("--gpus-per-executor", type=int, default=0, help="yarn.io/gpu per container")
     yarn.add_argument(
-        "--fpgas-per-executor", type=int, default=0, help="yarn.io/fpga per container"
+        "--deploy-mode", choices=["cluster", "client"], default=_YARN_DEFAULTS["deploy_mode"]
     )
-    yarn.add_argument("--tasks-per-device", type=int, default=1, help="tasks sharing one device")
+    yarn.add_argument(
+        "--executors", type=int, default=_YARN_DEFAULTS["executors"], help="executor containers"
+    )
+    yarn.add_argument(
+        "--executor-memory",
+        default=_YARN_DEFAULTS["executor_memory"],
+        help="memory per executor (JVM notation)",
+    )
+    yarn.add_argument(
+        "--gpus-per-executor",
+        type=int,
+        default=_YARN_DEFAULTS["gpus_per_executor"],
+        help="yarn.io/gpu per container",
+    )
+    yarn.add_argument(
+        "--fpgas-per-executor",
+        type=int,
+        default=_YARN_DEFAULTS["fpgas_per_executor"],
+        help="yarn.io/fpga per container",
+    )
+    yarn.add_argument(
+        "--tasks-per-device",
+        type=int,
+        default=_YARN_DEFAULTS["tasks_per_device"],
+        help="tasks sharing one device",
+    )
     yarn.add_argument("--fpga-ip-id", help="FPGA image id (required with FPGAs)")
     yarn.add_argument("--fpga-binaries", help="archive URL of prebuilt FPGA kernels")
     yarn.add_argument("--docker-image", help="run the containers in this image (GPU jobs)")

@@ -223,6 +223,22 @@ def test_submit_keeps_the_users_own_driver_settings(capsys: pytest.CaptureFixtur
     ]
 
 
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--gpus-per-executor", "1"], "--gpus-per-executor apply to --master yarn only"),
+        (["--executors", "4", "--queue", "mapping"], "--queue, --executors apply to --master"),
+        (["--conf", "notkv"], "--conf takes KEY=VALUE, got 'notkv'"),
+    ],
+)
+def test_submit_refuses_what_would_be_ignored(
+    options: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["submit", "--dry-run", "--master", "spark://127.0.0.1:7077", *options]
+    assert main([*argv, "--", "ingest", "a.bag", "--out", "o"]) == 2
+    assert says in " ".join(capsys.readouterr().out.split())
+
+
 def test_submit_runs_the_job_through_spark_submit(shared_data: Path, tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("adcloud")
     out = tmp_path / "submitted"
