@@ -322,8 +322,10 @@ def _count_records(raw: bytes | bytearray) -> int:
 
 def _bags_lineage(parts: Sequence[BagPartition]) -> dict[str, Any]:
     """What :meth:`BinPipeRDD.save` records of bag input: each bag with its format and
-    indexed message count, and the filters as planned (the same for every partition of
-    one planning call, so the first partition's are the call's)."""
+    ``messages``, the index's count of the messages of the selected topics in the chunks
+    planned (a time range reads whole chunks; the save adds each bag's ``records``), and
+    the filters as planned (the same for every partition of one planning call, so the
+    first partition's are the call's)."""
     bags: dict[str, dict[str, Any]] = {}
     for part in parts:
         entry = bags.setdefault(
@@ -646,13 +648,29 @@ class BinPipeRDD:
                 for i, n, size, _ in sorted(written)
             ],
             "records": sum(n for _, n, _, _ in written),
-            "source": self.lineage,
+            "source": self._saved_lineage(written),
         }
         with fs.open(posixpath.join(root, "manifest.json"), "w") as out:
             out.write(json.dumps(manifest, indent=2) + "\n")
         with fs.open(posixpath.join(root, "_SUCCESS"), "w") as out:
             out.write("")
         return manifest
+
+    def _saved_lineage(self, written: Sequence[tuple[int, int, int, str]]) -> dict[str, Any]:
+        """:attr:`lineage`, with each bag's ``records``: how many of the saved records came
+        from it (its ``messages`` count whole chunks by the index, before any time filter
+        and derivation step)."""
+        lineage = dict(self.lineage)
+        if self.partition_bags is None or lineage.get("origin") != "bags":
+            return lineage
+        per_bag: dict[str, int] = {}
+        for index, count, _, _ in written:
+            uri = self.partition_bags[index]
+            per_bag[uri] = per_bag.get(uri, 0) + count
+        lineage["bags"] = [
+            {**entry, "records": per_bag.get(entry["uri"], 0)} for entry in lineage["bags"]
+        ]
+        return lineage
 
     def to_dataframe(self, spark: SparkSession | None = None, *, bag: bool = False) -> DataFrame:
         """Message records as a DataFrame ``(topic, timestamp, msgtype, data)``; ``spark``

@@ -198,6 +198,7 @@ def test_save_manifest_records_where_the_records_came_from(
     assert entry["uri"] == bag and entry["format"] == "ros1"
     assert entry["partitions"] == rdd.getNumPartitions()
     assert entry["messages"] == len(reference(Path(bag), ["/fix", "/imu/data"]))
+    assert entry["records"] == manifest["records"] == 989  # what the save holds from it
     assert source["steps"] == [
         {"op": "filter", "fn": f"{__name__}.keep_fix"},
         {"op": "pipe", "command": "cat -"},
