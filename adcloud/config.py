@@ -9,12 +9,14 @@ effective settings are written next to every output with :func:`write_settings`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import logging
 import math
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +30,9 @@ T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+log = logging.getLogger(__name__)
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
@@ -68,6 +73,25 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     return value
 
 
+def _warn_near_misses(
+    given: Sequence[str], known: Sequence[str], say: Callable[[str], str]
+) -> None:
+    """Log a warning for each name in ``given`` that is not in ``known`` but nearly is (a
+    misspelt ``ADCLOUD_HDMAP_RESOLUTOIN`` would otherwise be ignored without a word);
+    ``say`` spells a name as the user wrote it.  Names of other sections
+    (``ADCLOUD_HDMAP_GRID_...`` beside ``hdmap``) are not near: they differ in length."""
+    for name in given:
+        if name in known:
+            continue
+        near = [
+            k
+            for k in difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+            if abs(len(k) - len(name)) <= 2
+        ]
+        if near:
+            log.warning("%s is not a setting: did you mean %s?", say(name), say(near[0]))
+
+
 def load_settings(
     cls: type[T],
     section: str,
@@ -99,11 +123,18 @@ def load_settings(
         if not isinstance(part, dict):
             raise ConfigError(f"{path}: section {section!r} must be a mapping")
         values.update(part)
+        if isinstance(loaded, dict) and section not in loaded:
+            _warn_near_misses(
+                [str(k) for k in loaded], [section], lambda name: f"section {name!r} of {path}"
+            )
     prefix = f"ADCLOUD_{section.upper()}_"
     for field in dataclasses.fields(cls):
         env_name = prefix + field.name.upper()
         if env_name in environ:
             values[field.name] = environ[env_name]
+    fields = [f.name.upper() for f in dataclasses.fields(cls)]
+    spare = [n.removeprefix(prefix) for n in environ if n.startswith(prefix)]
+    _warn_near_misses(spare, fields, lambda name: prefix + name)
     values.update({k: v for k, v in overrides.items() if v is not None})
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path
@@ -192,3 +193,20 @@ def test_written_settings_load_back(tmp_path: Path) -> None:
     assert data["example"]["root"] == str(tmp_path)
     assert data["example"]["topics"] == ["/a"]
     assert load_settings(Example, "example", file=out, environ={}) == settings
+
+
+def test_near_misses_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    file = tmp_path / "adcloud.yaml"
+    file.write_text("exmaple:\n  workers: 4\nother_section:\n  x: 1\n")
+    environ = {
+        "ADCLOUD_EXAMPLE_WROKERS": "3",  # misspelt: ignored, but said
+        "ADCLOUD_EXAMPLE_SUB_FIELD": "1",  # another section's, far from every field
+        "ADCLOUD_EXAMPLE_RATIO": "0.25",
+    }
+    with caplog.at_level(logging.WARNING, logger="adcloud.config"):
+        loaded = load_settings(Example, "example", file=file, environ=environ)
+    assert loaded.workers == 2 and loaded.ratio == 0.25
+    said = caplog.text
+    assert "ADCLOUD_EXAMPLE_WROKERS is not a setting: did you mean ADCLOUD_EXAMPLE_WORKERS?" in said
+    assert f"section 'exmaple' of {file} is not a setting: did you mean section 'example'" in said
+    assert "SUB_FIELD" not in said and "other_section" not in said
