@@ -241,6 +241,28 @@ def _save_partition(
     yield (index, count, size, tmp)
 
 
+def _part_name(index: int) -> str:
+    return f"part-{index:05d}{_PART_SUFFIX}"
+
+
+def _move_all(fs: Any, pairs: Sequence[tuple[str, str]]) -> None:
+    """Move each ``(source, target)`` file: renames on a local filesystem, and on an object
+    store one batch (copies there are server-side, and s3fs/gcsfs send a batch's requests
+    concurrently, as the tasks moving their own files would)."""
+    if not pairs:
+        return
+    if "file" in _protocols(fs) or len(pairs) == 1:
+        for source, target in pairs:
+            fs.mv(source, target)
+        return
+    fs.mv([s for s, _ in pairs], [t for _, t in pairs])
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
 def _save_target(fs: Any, root: str, uri: str, overwrite: bool) -> tuple[bool, list[str]]:
     """Whether ``root`` exists and the entries of an earlier save there (replaced only with
     ``overwrite``); raises :class:`BinpipeError` when the save may not go there."""
@@ -636,15 +658,14 @@ class BinPipeRDD:
         # of two saves for a complete one (load refuses a directory without it).
         for entry in entries:
             fs.rm(entry, recursive=True)
-        for index, _, _, tmp in written:
-            fs.mv(tmp, posixpath.join(root, f"part-{index:05d}{_PART_SUFFIX}"))
+        _move_all(fs, [(tmp, posixpath.join(root, _part_name(i))) for i, *_, tmp in written])
         with contextlib.suppress(FileNotFoundError):  # object stores: gone with its files
             fs.rm(posixpath.join(root, _TEMPORARY), recursive=True)
         manifest = {
             "format": "binpipe",
             "version": 1,
             "partitions": [
-                {"file": f"part-{i:05d}{_PART_SUFFIX}", "records": n, "bytes": size}
+                {"file": _part_name(i), "records": n, "bytes": size}
                 for i, n, size, _ in sorted(written)
             ],
             "records": sum(n for _, n, _, _ in written),
