@@ -14,7 +14,6 @@ a command line); bags and files are opened on the executors.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from adcloud._commit import JobOutput
 from adcloud.binpipe.bags import (
     BagPartition,
     TimeSource,
@@ -60,8 +60,7 @@ log = logging.getLogger(__name__)
 
 _PART_SUFFIX = ".binpipe"
 #: What :meth:`BinPipeRDD.save` writes into its directory (``overwrite`` replaces only such).
-_TEMPORARY = "_temporary"
-_SAVED_NAMES = frozenset({"_SUCCESS", "manifest.json", _TEMPORARY})
+_SAVED_NAMES = frozenset({"_SUCCESS", "manifest.json"})
 _PART_NAME = re.compile(r"part-\d+\.binpipe")
 #: Default target size of a bag partition: big enough that reading dominates a task's
 #: fixed cost, small enough to spread a bag over many executors (and never fewer partitions
@@ -208,19 +207,16 @@ def _save_partition(
     blocks: Iterable[bytes | bytearray],
     url: str,
     storage_options: Mapping[str, Any],
-    job: str,
+    staging: str,
 ) -> Iterator[tuple[int, int, int, str]]:
-    """Write one partition as a stream into the save's own ``_temporary/<job>/``.
+    """Write one partition as a stream into the save's staging directory.
 
-    Each attempt writes a file of its own name, and the driver moves the file of the
-    attempt Spark reports into place once every partition is written (see
-    :meth:`BinPipeRDD.save`): a retried, speculative or killed attempt never touches the
-    output, and a failed job leaves it as it was.
+    Each attempt writes a file of its own name; the driver moves the file of the attempt
+    Spark reports into place once every partition is written (:class:`adcloud._commit.
+    JobOutput`): a retried, speculative or killed attempt never touches the output.
     """
-    fs, root = open_fs(url, tuple(storage_options.items()))
-    tmp = posixpath.join(
-        root, _TEMPORARY, job, f"part-{index:05d}-{uuid.uuid4().hex}{_PART_SUFFIX}"
-    )
+    fs, _ = open_fs(url, tuple(storage_options.items()))
+    tmp = posixpath.join(staging, f"part-{index:05d}-{uuid.uuid4().hex}{_PART_SUFFIX}")
     fs.makedirs(posixpath.dirname(tmp), exist_ok=True)
     try:
         with fs.open(tmp, "wb") as out:
@@ -245,53 +241,17 @@ def _part_name(index: int) -> str:
     return f"part-{index:05d}{_PART_SUFFIX}"
 
 
-def _move_all(fs: Any, pairs: Sequence[tuple[str, str]]) -> None:
-    """Move each ``(source, target)`` file: renames on a local filesystem, and on an object
-    store one batch (copies there are server-side, and s3fs/gcsfs send a batch's requests
-    concurrently, as the tasks moving their own files would)."""
-    if not pairs:
-        return
-    if "file" in _protocols(fs) or len(pairs) == 1:
-        for source, target in pairs:
-            fs.mv(source, target)
-        return
-    fs.mv([s for s, _ in pairs], [t for _, t in pairs])
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-def _save_target(fs: Any, root: str, uri: str, overwrite: bool) -> tuple[bool, list[str]]:
-    """Whether ``root`` exists and the entries of an earlier save there (replaced only with
-    ``overwrite``); raises :class:`BinpipeError` when the save may not go there."""
-    existed = bool(fs.exists(root))
-    entries = [
-        e
-        for e in (fs.ls(root, detail=False) if existed else [])
-        if posixpath.basename(e.rstrip("/")) != _TEMPORARY  # a crashed save's leftovers
-    ]
-    if entries:
-        if not overwrite:
-            raise BinpipeError(
-                f"{uri} already exists and is not empty; pass overwrite=True "
-                "(adcloud ingest --overwrite) to replace it, or choose a new directory"
-            )
-        # Replace only what a save wrote: a mistyped --out must not wipe other data.
-        foreign = [
-            e
-            for e in entries
-            if posixpath.basename(e.rstrip("/")) not in _SAVED_NAMES
-            and not _PART_NAME.fullmatch(posixpath.basename(e.rstrip("/")))
-        ]
-        if foreign:
-            raise BinpipeError(
-                f"{uri} holds files a BinPipe save did not write (e.g. "
-                f"{posixpath.basename(foreign[0].rstrip('/'))}); refusing to replace it: "
-                "choose an empty or new directory"
-            )
-    return existed, entries
+def _save_output(fs: Any, root: str, uri: str, overwrite: bool) -> JobOutput:
+    return JobOutput(
+        fs,
+        root,
+        uri,
+        overwrite=overwrite,
+        ours=lambda name: name in _SAVED_NAMES or bool(_PART_NAME.fullmatch(name)),
+        error=BinpipeError,
+        what="a BinPipe save",
+        hint="pass overwrite=True (adcloud ingest --overwrite) to replace it",
+    )
 
 
 def check_save_target(
@@ -300,7 +260,7 @@ def check_save_target(
     """Raise :class:`BinpipeError` now if :meth:`BinPipeRDD.save` to ``uri`` would refuse
     (before any Spark work: ``adcloud ingest`` checks its ``--out`` with it)."""
     fs, root = open_fs(uri, tuple((storage_options or {}).items()))
-    _save_target(fs, root, uri, overwrite)
+    _save_output(fs, root, uri, overwrite)
 
 
 def _load_file(url: str, storage_options: Mapping[str, Any]) -> Iterator[bytearray]:
@@ -637,30 +597,19 @@ class BinPipeRDD:
         """
         options = dict(storage_options or {})
         fs, root = open_fs(uri, tuple(options.items()))
-        existed, entries = _save_target(fs, root, uri, overwrite)
-        job = uuid.uuid4().hex
-        fs.makedirs(posixpath.join(root, _TEMPORARY, job), exist_ok=True)
+        output = _save_output(fs, root, uri, overwrite)
+        output.start()
         try:
             written = self.rdd.mapPartitionsWithIndex(
-                functools.partial(_save_partition, url=uri, storage_options=options, job=job)
+                functools.partial(
+                    _save_partition, url=uri, storage_options=options, staging=output.staging
+                )
             ).collect()
         except BaseException:
-            # The output stays as it was: an earlier save is still whole and readable
-            # (this one may even have been reading it).
-            with contextlib.suppress(OSError):
-                fs.rm(posixpath.join(root, _TEMPORARY, job), recursive=True)
-                if not existed:
-                    fs.rm(root, recursive=True)
-                elif not fs.ls(posixpath.join(root, _TEMPORARY), detail=False):
-                    fs.rm(posixpath.join(root, _TEMPORARY), recursive=True)
+            output.abort()  # an earlier save stays whole (this one may have been reading it)
             raise
-        # Commit.  _SUCCESS goes first and comes back last, so a reader never takes a mix
-        # of two saves for a complete one (load refuses a directory without it).
-        for entry in entries:
-            fs.rm(entry, recursive=True)
-        _move_all(fs, [(tmp, posixpath.join(root, _part_name(i))) for i, *_, tmp in written])
-        with contextlib.suppress(FileNotFoundError):  # object stores: gone with its files
-            fs.rm(posixpath.join(root, _TEMPORARY), recursive=True)
+        # _SUCCESS goes first and comes back last: load refuses a directory without it
+        output.commit([(tmp, _part_name(i)) for i, *_, tmp in written], first=("_SUCCESS",))
         manifest = {
             "format": "binpipe",
             "version": 1,

@@ -23,7 +23,6 @@ History: version 1 is the first.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import json
@@ -43,6 +42,7 @@ import fsspec
 import numpy as np
 from numpy.typing import NDArray
 
+from adcloud._commit import TEMPORARY, JobOutput
 from adcloud.config import settings_dict
 from adcloud.hetero.devices import HeteroSettings, select_device, spark_assignment
 from adcloud.hetero.errors import HeteroError
@@ -88,7 +88,6 @@ def _absolute(url: str) -> str:
     return url if "://" in url else str(Path(url).expanduser().resolve())
 
 
-_TEMPORARY = "_temporary"
 #: What a feature job writes into its output directory (and may replace there).
 _OUTPUT_NAME = re.compile(r"part-\d+-\d+x\d+\.npz|manifest\.json|settings\.json")
 
@@ -232,24 +231,16 @@ def extract_features(
     out = _absolute(out)
     bags = [_absolute(b) for b in ([bags] if isinstance(bags, str) else bags)]
     fs, root = fsspec.core.url_to_fs(out, **options)
-    existed = bool(fs.exists(root))
-    entries = [
-        e
-        for e in (fs.ls(root, detail=False) if existed else [])
-        if posixpath.basename(e.rstrip("/")) != _TEMPORARY  # a crashed job's leftovers
-    ]
-    if entries:
-        if not overwrite:
-            raise HeteroError(f"{out} exists and is not empty; pass overwrite=True to replace it")
-        foreign = [e for e in entries if not _OUTPUT_NAME.fullmatch(posixpath.basename(e))]
-        if foreign:  # a mistyped --out must not wipe other data
-            raise HeteroError(
-                f"{out} holds files a feature job did not write (e.g. "
-                f"{posixpath.basename(foreign[0])}); refusing to replace it: choose an empty or "
-                "new directory"
-            )
-    staging = posixpath.join(out, _TEMPORARY, uuid.uuid4().hex)
-    fs.makedirs(posixpath.join(root, _TEMPORARY, posixpath.basename(staging)), exist_ok=True)
+    output = JobOutput(
+        fs,
+        root,
+        out,
+        overwrite=overwrite,
+        ours=lambda name: bool(_OUTPUT_NAME.fullmatch(name)),
+        error=HeteroError,
+        what="a feature job",
+    )
+    output.start()
     rdd = BinPipeRDD.from_bags(
         spark,
         bags,
@@ -260,7 +251,7 @@ def extract_features(
     )
     job = functools.partial(
         _partition_features,
-        out=staging,
+        out=posixpath.join(out, TEMPORARY, output.job),  # the staging directory, as a URL
         topic=topic,
         cell=cell,
         bins=bins,
@@ -269,28 +260,19 @@ def extract_features(
         storage_options=options,
     )
     started = time.perf_counter()
-    staged = posixpath.join(root, _TEMPORARY, posixpath.basename(staging))
     try:
         reports = rdd.rdd.mapPartitionsWithIndex(job).collect()
     except BaseException:
-        # the output stays as it was: an earlier job's features are still whole
-        with contextlib.suppress(OSError):
-            fs.rm(staged, recursive=True)
-            if not existed:
-                fs.rm(root, recursive=True)
-            elif not fs.ls(posixpath.join(root, _TEMPORARY), detail=False):
-                fs.rm(posixpath.join(root, _TEMPORARY), recursive=True)
+        output.abort()  # an earlier job's features stay whole
         raise
     seconds = time.perf_counter() - started
-    # Commit: the manifest goes first and comes back last (read_features starts from it).
-    for entry in sorted(entries, key=lambda e: not e.endswith("manifest.json")):
-        fs.rm(entry, recursive=True)
+    # the manifest goes first and comes back last: read_features starts from it
+    names = [name for report in reports for name in report["files"]]
+    output.commit(
+        [(posixpath.join(output.staging, name), name) for name in names], first=("manifest.json",)
+    )
     for report in reports:
-        for name in report["files"]:
-            fs.mv(posixpath.join(staged, name), posixpath.join(root, name))
         report["files"] = [posixpath.join(out, name) for name in report["files"]]
-    with contextlib.suppress(FileNotFoundError):  # object stores: gone with its files
-        fs.rm(posixpath.join(root, _TEMPORARY), recursive=True)
     devices: dict[str, int] = defaultdict(int)
     for report in reports:
         devices[report["address"]] += report["images"]

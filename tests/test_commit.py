@@ -1,0 +1,96 @@
+"""``adcloud._commit``: an output directory a job fills in staging and the driver commits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec
+import pytest
+
+from adcloud._commit import JobOutput
+from adcloud.errors import AdcloudError
+
+
+class RefusedError(AdcloudError):
+    pass
+
+
+@pytest.fixture
+def fs() -> Iterator[Any]:
+    memory = fsspec.filesystem("memory")
+    yield memory
+    if memory.exists("/out"):
+        memory.rm("/out", recursive=True)
+
+
+def _output(fs: Any, overwrite: bool = True) -> JobOutput:
+    return JobOutput(
+        fs,
+        "/out",
+        "memory://out",
+        overwrite=overwrite,
+        ours=lambda name: name.startswith("part-") or name in ("DONE", "index.json"),
+        error=RefusedError,
+        what="this job",
+    )
+
+
+def _tree(fs: Any) -> dict[str, bytes]:
+    return {p.removeprefix("/out/"): fs.cat_file(p) for p in fs.find("/out")}
+
+
+def test_the_old_output_goes_marker_first_and_the_new_one_comes_whole(fs: Any) -> None:
+    for name, data in {
+        "part-0": b"old0",
+        "part-1": b"old1",
+        "index.json": b"{}",
+        "DONE": b"",
+    }.items():
+        fs.pipe(f"/out/{name}", data)
+    output = _output(fs)
+    output.start()
+    staged = [f"{output.staging}/part-0-attempt2", f"{output.staging}/part-1-attempt1"]
+    for path in staged:
+        fs.pipe(path, b"new")
+    removed: list[str] = []
+    rm = fs.rm
+
+    def spy(path: Any, *args: Any, **kwargs: Any) -> Any:
+        removed.append(str(path).rsplit("/", 1)[-1])
+        return rm(path, *args, **kwargs)
+
+    fs.rm = spy
+    try:
+        output.commit(list(zip(staged, ["part-0", "part-1"], strict=True)), first=("DONE",))
+    finally:
+        del fs.rm
+    assert removed[0] == "DONE"  # a reader never takes the mix for a complete output
+    assert _tree(fs) == {"part-0": b"new", "part-1": b"new"}  # the caller writes DONE last
+
+
+def test_a_failed_job_leaves_the_output_as_it_was(fs: Any) -> None:
+    fs.pipe("/out/part-0", b"old")
+    output = _output(fs)
+    output.start()
+    fs.pipe(f"{output.staging}/part-0-x", b"half")
+    output.abort()
+    assert _tree(fs) == {"part-0": b"old"}
+    fresh = JobOutput(
+        fs, "/fresh", "memory://fresh", overwrite=False, ours=bool, error=RefusedError, what="it"
+    )
+    fresh.start()
+    fresh.abort()
+    assert not fs.exists("/fresh")  # a directory the job made goes with it
+
+
+def test_what_is_not_ours_is_never_replaced(fs: Any) -> None:
+    fs.pipe("/out/part-0", b"old")
+    with pytest.raises(RefusedError, match="already exists and is not empty; pass overwrite=True"):
+        _output(fs, overwrite=False)
+    fs.pipe("/out/notes.txt", b"mine")
+    with pytest.raises(RefusedError, match=r"files this job did not write \(e\.g\. notes\.txt\)"):
+        _output(fs)
+    fs.rm("/out/notes.txt")
+    fs.pipe("/out/_temporary/crashed/part-0-y", b"left by a killed driver")
+    _output(fs)  # a crashed job's staging is no reason to refuse
