@@ -430,6 +430,14 @@ def export_map(
         chosen = mapdir.version(version) if version is not None else mapdir.current()
         if chosen is None:
             raise HdmapError(mapdir.no_version_text())
+        if chosen.path is not None:  # a map on the local disk: versions/<id> below its root
+            root = chosen.path.parent.parent.resolve()
+            target = Path(dest).expanduser().resolve()
+            if target == root or root in target.parents:
+                raise HdmapError(
+                    f"{dest} lies inside the map directory {map_uri}: export to a directory "
+                    "outside it (a build manages everything below it)"
+                )
 
         def wanted(rel: str) -> bool:
             if autoware:

@@ -1041,3 +1041,16 @@ def test_sigkill_at_random_moments_never_exposes_a_partial_version(tmp_path: Pat
     assert len(ids) == len(seen)
     assert ids == sorted(ids)  # the map only moves forward
     assert len(MapDir(root).versions()) <= 4  # gc ran (3 kept, + at most one orphan)
+
+
+def test_export_refuses_a_target_inside_the_map(tmp_path: Path) -> None:
+    from adcloud.hdmap.build import export_map  # noqa: PLC0415
+
+    md = MapDir(tmp_path / "map")
+    md.update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
+    inside = tmp_path / "map" / "versions" / "exported"
+    with pytest.raises(HdmapError, match="lies inside the map directory"):
+        export_map(str(tmp_path / "map"), inside)
+    assert not inside.exists() and md.versions() == ["000001"]
+    version, names = export_map(str(tmp_path / "map"), tmp_path / "out")
+    assert version.id == "000001" and names and (tmp_path / "out" / names[0]).is_file()
