@@ -294,6 +294,7 @@ def test_ingest_reindexes_an_unindexed_bag(
         want = [(c.topic, t, bytes(raw)) for c, t, raw in src.messages()]
     with Reader(copy) as got:
         assert [(c.topic, t, bytes(raw)) for c, t, raw in got.messages()] == want
+    assert copy.stat().st_mode & 0o777 == bag.stat().st_mode & 0o777  # as the umask allows
     assert main(["bag", "reindex", str(bag), str(copy)]) == 2  # no silent overwrite
     assert "--overwrite" in capsys.readouterr().out
     assert bag.read_bytes() == bytes(data)  # the source is never touched
