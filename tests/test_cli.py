@@ -310,7 +310,12 @@ def test_ingest_reindexes_an_unindexed_bag(
         ]
     )
     assert code == 0
-    assert json.loads((out / "manifest.json").read_text())["records"] == 15
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["records"] == 15
+    [entry] = manifest["source"]["bags"]  # the copy read, and the bag it stands for
+    assert entry["reindexed_from"] == str(bag) and entry["uri"].startswith(
+        str(tmp_path / "reindexed")
+    )
     assert bag.read_bytes() == bytes(data)  # the source is untouched
 
 

@@ -218,13 +218,15 @@ def plan_partitions(
         if reindex_dir is None or fmt is not BagFormat.ROS1:
             raise
         copy, copy_options = _reindexed(uri, options, str(reindex_dir))
-        uri, request = copy, replace(request, storage_options=copy_options)
-        parts = _BACKENDS[fmt].plan(uri, request)
+        source, uri, request = uri, copy, replace(request, storage_options=copy_options)
+        parts = [replace(p, reindexed_from=source) for p in _BACKENDS[fmt].plan(uri, request)]
     if partitions_per_bag is None and partition_bytes and fmt is not BagFormat.ROS2 and parts:
         total = sum(p.end_offset - p.start_offset for p in parts)
         wanted = max(-(-total // partition_bytes), min(len(parts), min_partitions))
         if wanted < len(parts):
-            parts = _BACKENDS[fmt].plan(uri, replace(request, partitions_per_bag=wanted))
+            source = parts[0].reindexed_from
+            grouped = _BACKENDS[fmt].plan(uri, replace(request, partitions_per_bag=wanted))
+            parts = [replace(p, reindexed_from=source) for p in grouped]
     _log.info(
         "%s: %d partitions (%s), %d messages by the index",
         uri,

@@ -106,7 +106,8 @@ class BagPartition:
     are the filters (record time, ns, ``[start, end)``).  ``message_count`` comes from
     the index: ROS 1 and MCAP count the selected topics in the partition's chunks
     before the time filter; rosbag2 sqlite3 counts exactly.  ``storage_options`` are
-    fsspec options as sorted key/value pairs.
+    fsspec options as sorted key/value pairs.  ``reindexed_from`` is the bag ``uri`` is an
+    indexed copy of (``plan_partitions(reindex_dir=...)``), or ``""``.
     """
 
     uri: str
@@ -122,6 +123,7 @@ class BagPartition:
     message_count: int
     storage_options: tuple[tuple[str, object], ...] = ()
     member: str = ""
+    reindexed_from: str = ""
 
 
 @dataclass(frozen=True)

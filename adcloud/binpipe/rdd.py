@@ -313,6 +313,8 @@ def _bags_lineage(parts: Sequence[BagPartition]) -> dict[str, Any]:
         entry = bags.setdefault(
             part.uri, {"uri": part.uri, "format": part.format.value, "partitions": 0, "messages": 0}
         )
+        if part.reindexed_from:
+            entry["reindexed_from"] = part.reindexed_from
         entry["partitions"] += 1
         entry["messages"] += part.message_count
     first = parts[0] if parts else None
