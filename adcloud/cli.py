@@ -20,8 +20,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,8 +84,9 @@ def _cmd_bag_info(args: argparse.Namespace, console: Console) -> int:
         data += [{"uri": uri, "error": text} for uri, text in problems.items()]
         console.print_json(json.dumps(data))
         return code
+    errors = Console(stderr=True, markup=False)
     for text in problems.values():
-        console.print(
+        errors.print(
             f"[red]error:[/red] {escape(text)}", highlight=False, soft_wrap=True, markup=True
         )
     for s in summaries:
@@ -666,6 +669,15 @@ Every output is listed at the end, under --out.""",
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (timeout, systemd, a scheduler) unwinds like Ctrl-C, so every command's
+    clean-up of half-written output runs for it too."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``adcloud`` console script."""
     parser = build_parser()
@@ -674,22 +686,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     # Markup is off: paths, topics and error texts hold square brackets ("run[2].bag");
     # the few lines that style themselves say markup=True and escape what they quote.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     console = Console(markup=False)
+    errors = Console(stderr=True, markup=False)  # stdout stays the command's output
     had_spark = _active_spark() is not None
     try:
         return int(args.func(args, console))
     except AdcloudError as err:
-        console.print(
+        errors.print(
             f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True, markup=True
         )
         return 2
+    except BrokenPipeError:
+        # the reader of our stdout went away (`adcloud store cat URL | head`): as cat does,
+        # stop without a word; stdout is pointed at /dev/null so the exit flush is quiet
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except OSError as err:
         # A file the user named cannot be opened or written (missing, a directory, no
         # permission): say which, without a traceback (-v shows it).
         if err.filename is None or args.verbose:
             raise
         where = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
-        console.print(
+        errors.print(
             f"[red]error:[/red] {escape(str(where))}: {escape(err.strerror or str(err))}",
             highlight=False,
             soft_wrap=True,
@@ -702,15 +723,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         remote = _remote_adcloud_error(err)
         if remote is None:
             raise
-        console.print(
+        errors.print(
             f"[red]error (in a Spark task):[/red] {escape(str(remote))}",
             highlight=False,
             soft_wrap=True,
             markup=True,
         )
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as err:
+        return 143 if isinstance(err, _Terminated) else 130
     finally:
         # Stop a SparkContext this command started (not one a notebook or caller
         # already had), so its Python workers shut down cleanly before exit.

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +73,7 @@ def test_bag_info_missing_file_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["bag", "info", str(tmp_path / "nope.bag")]) == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "nope.bag" in out and "does not exist" in out
 
 
@@ -83,8 +85,9 @@ def test_bag_info_reports_every_bag_it_can_read(
     shutil.copy(shared_data / LUMINAR, folder / "a.bag")
     (folder / "b.bag").write_bytes(b"not a bag at all")  # a copy still being written
     assert main(["bag", "info", str(folder)]) == 2
-    out = " ".join(capsys.readouterr().out.split())
-    assert "b.bag" in out and "error:" in out and "/luminar_pointcloud" in out
+    said = capsys.readouterr()
+    out, err = " ".join(said.out.split()), " ".join(said.err.split())
+    assert "b.bag" in err and "error:" in err and "/luminar_pointcloud" in out
     assert "1 of 2 bags could not be read" in out
     assert main(["bag", "info", "--json", str(folder)]) == 2
     data = json.loads(capsys.readouterr().out)
@@ -98,7 +101,7 @@ def test_errors_keep_square_brackets_in_paths(
     # Rich would take "[night]" for a style tag and drop it from the message.
     missing = tmp_path / "run[night].bag"
     assert main(["bag", "info", str(missing)]) == 2
-    out = capsys.readouterr().out.replace("\n", "")
+    out = capsys.readouterr().err.replace("\n", "")
     assert "run[night].bag" in out
     assert "error:" in out
 
@@ -130,7 +133,7 @@ def test_ingest_says_what_a_selection_misses(
     out = tmp_path / "out"
     # a typo: no such topic at all is an error that lists the bag's topics; nothing written
     assert main(["ingest", bag, "--out", str(out), "--topics", "fix", "--quiet"]) == 2
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err
     assert "--topics fix: no such topic in the bag(s); they have /fix, " in said
     assert not out.exists()
     # one of two missing: a warning, and the other is ingested
@@ -140,7 +143,7 @@ def test_ingest_says_what_a_selection_misses(
     # a time range past the end names the bag's span
     late = ["--start", "2000000000.0", "--topics", "/fix", "--quiet"]
     assert main(["ingest", bag, "--out", str(tmp_path / "late"), *late]) == 2
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err
     assert "no message of /fix lies in the time range given" in said
     assert "the bags' messages span 1432235" in said and not (tmp_path / "late").exists()
 
@@ -161,9 +164,9 @@ def test_ingest_refuses_an_existing_output_before_spark_starts(
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     assert main(["ingest", str(shared_data / HUSKY), "--out", str(out), "--quiet"]) == 2
-    assert "already exists and is not empty" in capsys.readouterr().out
+    assert "already exists and is not empty" in capsys.readouterr().err
     assert main(["ingest", str(shared_data / HUSKY), "--out", str(out), "--overwrite"]) == 2
-    assert "refusing to replace it" in capsys.readouterr().out
+    assert "refusing to replace it" in capsys.readouterr().err
 
 
 def test_ingest_of_a_corrupt_bag_names_the_file(
@@ -181,7 +184,7 @@ def test_ingest_of_a_corrupt_bag_names_the_file(
     bag.write_bytes(bytes(data))
     out = tmp_path / "out"
     assert main(["ingest", str(bag), "--out", str(out), "--quiet"]) == 2
-    text = capsys.readouterr().out
+    text = capsys.readouterr().err
     assert "broken.bag" in text
     assert not (out / "_SUCCESS").exists()
 
@@ -236,7 +239,7 @@ def test_submit_refuses_what_would_be_ignored(
 ) -> None:
     argv = ["submit", "--dry-run", "--master", "spark://127.0.0.1:7077", *options]
     assert main([*argv, "--", "ingest", "a.bag", "--out", "o"]) == 2
-    assert says in " ".join(capsys.readouterr().out.split())
+    assert says in " ".join(capsys.readouterr().err.split())
 
 
 def test_submit_runs_the_job_through_spark_submit(shared_data: Path, tmp_path: Path) -> None:
@@ -284,7 +287,7 @@ def test_ingest_reindexes_an_unindexed_bag(
     bag.write_bytes(bytes(data))
     out = tmp_path / "out"
     assert main(["ingest", str(bag), "--out", str(out), "--quiet"]) == 2
-    said = " ".join(capsys.readouterr().out.split())
+    said = " ".join(capsys.readouterr().err.split())
     assert "adcloud bag reindex BAG COPY.bag" in said and "--reindex-dir DIR" in said
     # the command the message names writes a copy that reads back, message for message
     copy = tmp_path / "copy.bag"
@@ -296,7 +299,7 @@ def test_ingest_reindexes_an_unindexed_bag(
         assert [(c.topic, t, bytes(raw)) for c, t, raw in got.messages()] == want
     assert copy.stat().st_mode & 0o777 == bag.stat().st_mode & 0o777  # as the umask allows
     assert main(["bag", "reindex", str(bag), str(copy)]) == 2  # no silent overwrite
-    assert "--overwrite" in capsys.readouterr().out
+    assert "--overwrite" in capsys.readouterr().err
     assert bag.read_bytes() == bytes(data)  # the source is never touched
     code = main(
         [
@@ -349,3 +352,47 @@ def test_demo_runs_end_to_end(
     assert f"mIoU {scored['scores']['miou']:.3f}" in text
     # the training checkpoints and every other scratch directory went with the run
     assert [p.name for p in scratch.iterdir() if p.name.startswith(("adcloud", "hdmap"))] == []
+
+
+def test_errors_go_to_stderr_and_a_closed_pipe_is_no_error(tmp_path: Path) -> None:
+    adcloud = str(Path(sys.executable).with_name("adcloud"))
+    missing = subprocess.run(
+        [adcloud, "bag", "info", str(tmp_path / "nope.bag")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode == 2 and missing.stdout == ""  # stdout stays the output
+    assert "nope.bag" in missing.stderr
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(8 << 20))
+    env = {**os.environ, "ADCLOUD_STORE_ROOT": str(tmp_path / "store")}
+    subprocess.run([adcloud, "store", "put", str(big), "local:///big.bin"], env=env, check=True)
+    # `adcloud store cat URL | head -c 10`: the reader goes away early, as with cat
+    done = subprocess.run(
+        f"{shlex.quote(adcloud)} store cat local:///big.bin | head -c 10 > /dev/null",
+        shell=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def test_sigterm_unwinds_like_ctrl_c(tmp_path: Path) -> None:
+    adcloud = str(Path(sys.executable).with_name("adcloud"))
+    out = tmp_path / "long.bag"
+    proc = subprocess.Popen(
+        [adcloud, "synth", "--seconds", "120", "--no-camera", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)  # until it has started writing
+    time.sleep(1.0)
+    proc.terminate()
+    assert proc.wait(timeout=60) == 143, proc.stderr.read() if proc.stderr else ""
+    assert not out.exists() and not (tmp_path / "long.bag.truth").exists()

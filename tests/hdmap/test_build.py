@@ -241,7 +241,7 @@ def _labels_without_new_drives(
     args = ["hdmap", "build", "--bags", str(first.bag), "--map", map_uri]
     missing = label_file.with_name("missing.geojson")
     assert main([*args, "--labels", str(missing), "--dry-run"]) == 2
-    assert "missing.geojson: no such label file" in " ".join(capsys.readouterr().out.split())
+    assert "missing.geojson: no such label file" in " ".join(capsys.readouterr().err.split())
     assert main([*args, "--labels", str(label_file), "--dry-run"]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert f"dry run, nothing written: a new version with the labels of {label_file}" in said

@@ -206,7 +206,7 @@ def test_cli_prints_the_change_and_names_missing_versions(
     assert json.loads(capsys.readouterr().out)["drives_added"] == ["d1"]
 
     assert main(["hdmap", "diff", "--map", uri, "--from", "9"]) == 2
-    assert "no version 9; the versions kept are 000001, 000002" in capsys.readouterr().out
+    assert "no version 9; the versions kept are 000001, 000002" in capsys.readouterr().err
     with pytest.raises(HdmapError, match="version 000001 has no kept parent"):
         diff_versions(uri, after="1")
     with pytest.raises(HdmapError, match="tolerance_m"):

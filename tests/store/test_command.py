@@ -276,12 +276,12 @@ def test_files_the_user_names_are_one_line_errors(
 
     missing = tmp_path / "missing.bag"
     assert main(["store", "put", str(missing), "local:///x.bag"]) == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert f"error: {missing}: No such file or directory" in out.replace("\n", "")
     (tmp_path / "a.bin").write_bytes(b"a")
     assert main(["store", "put", str(tmp_path / "a.bin"), "local:///a.bin"]) == 0
     target = tmp_path / "no-such-dir" / "a.bin"
     assert main(["store", "cat", "local:///a.bin", "-o", str(target)]) == 2
-    assert f"error: {target}: No such file or directory" in capsys.readouterr().out.replace(
+    assert f"error: {target}: No such file or directory" in capsys.readouterr().err.replace(
         "\n", ""
     )
