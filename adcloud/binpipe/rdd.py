@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import posixpath
 import re
 import shlex
@@ -71,16 +72,21 @@ DEFAULT_PARTITION_BYTES = 128 << 20
 
 
 def expand_uris(
-    uris: str | Sequence[str], storage_options: Mapping[str, Any] | None = None
+    uris: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    storage_options: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Expand globs and directories into a sorted list of bag URLs, each bag once.
+
+    Local paths come back absolute, as this process resolves them: executors run in other
+    working directories (a relative ``drive.bag`` would be looked for there).
 
     A directory expands to the ``*.bag`` and ``*.mcap`` files in it and to the ROS 2 bag
     directories in it (those holding a ``metadata.yaml``), or, for ROS 2, to itself when
     it holds a ``metadata.yaml``.  A bag named more than once (``a.bag`` and ``.``, or
     two overlapping globs) is read once, under its first name.
     """
-    items = [uris] if isinstance(uris, str) else list(uris)
+    given = [uris] if isinstance(uris, (str, os.PathLike)) else list(uris)
+    items = [_absolute_local(os.fspath(u)) for u in given]
     out: list[str] = []
     seen: dict[str, str] = {}
     for item in items:
@@ -129,6 +135,12 @@ def expand_uris(
         else:
             raise BinpipeError(f"bag {item!r} does not exist")
     return out
+
+
+def _absolute_local(uri: str) -> str:
+    """``uri`` with a local path made absolute (URLs, ``file://`` included, unchanged)."""
+    # abspath, not resolve(): ".." is folded, symlinks (a shared mount) are kept
+    return uri if "://" in uri else os.path.abspath(os.path.expanduser(uri))  # noqa: PTH100, PTH111
 
 
 def _connection_infos(part: BagPartition) -> list[ConnectionInfo]:
@@ -377,7 +389,7 @@ class BinPipeRDD:
     def from_bags(
         cls,
         spark: SparkSession,
-        uris: str | Sequence[str],
+        uris: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         topics: Sequence[str] | None = None,
         start: int | None = None,
@@ -462,9 +474,14 @@ class BinPipeRDD:
 
     @classmethod
     def load(
-        cls, spark: SparkSession, uri: str, *, storage_options: Mapping[str, Any] | None = None
+        cls,
+        spark: SparkSession,
+        uri: str | os.PathLike[str],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> BinPipeRDD:
         """Read streams written by :meth:`save` (one partition per part file)."""
+        uri = _absolute_local(os.fspath(uri))
         options = dict(storage_options or {})
         fs, root = open_fs(uri, tuple(options.items()))
         if not fs.exists(posixpath.join(root, "_SUCCESS")):
@@ -581,7 +598,7 @@ class BinPipeRDD:
 
     def save(
         self,
-        uri: str,
+        uri: str | os.PathLike[str],
         *,
         overwrite: bool = False,
         storage_options: Mapping[str, Any] | None = None,
@@ -597,6 +614,7 @@ class BinPipeRDD:
         files; a directory holding anything else is refused.  Blocks get payload CRCs on the
         way to storage.  Returns the manifest.
         """
+        uri = _absolute_local(os.fspath(uri))
         options = dict(storage_options or {})
         fs, root = open_fs(uri, tuple(options.items()))
         output = _save_output(fs, root, uri, overwrite)

@@ -6,6 +6,7 @@ import heapq
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import textwrap
@@ -470,3 +471,21 @@ def test_decode_save_and_datasource_on_standalone_cluster(
     register_rosbag_source(cluster_spark)
     df = cluster_spark.read.format("rosbag").option("topics", "/fix").load(str(path))
     assert df.count() == 989
+
+
+def test_relative_paths_and_path_objects_mean_what_they_mean_here(
+    spark: Any, shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executors run in another working directory: a relative bag path, or one given
+    as a Path, is the file this process means."""
+    here = tmp_path / "here"
+    here.mkdir()
+    shutil.copy(shared_data / HUSKY, here / "drive.bag")
+    monkeypatch.chdir(here)
+    rdd = BinPipeRDD.from_bags(spark, "drive.bag", topics=["/fix"])
+    assert rdd.partition_bags and rdd.partition_bags[0] == str(here / "drive.bag")
+    assert rdd.count() == 989
+    assert BinPipeRDD.from_bags(spark, [Path("drive.bag")], topics=["/fix"]).count() == 989
+    rdd.save(Path("saved"))
+    assert (here / "saved" / "_SUCCESS").is_file()
+    assert BinPipeRDD.load(spark, Path("saved")).count() == 989
