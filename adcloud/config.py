@@ -123,10 +123,6 @@ def load_settings(
         if not isinstance(part, dict):
             raise ConfigError(f"{path}: section {section!r} must be a mapping")
         values.update(part)
-        if isinstance(loaded, dict) and section not in loaded:
-            _warn_near_misses(
-                [str(k) for k in loaded], [section], lambda name: f"section {name!r} of {path}"
-            )
     prefix = f"ADCLOUD_{section.upper()}_"
     for field in dataclasses.fields(cls):
         env_name = prefix + field.name.upper()

@@ -208,5 +208,5 @@ def test_near_misses_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureF
     assert loaded.workers == 2 and loaded.ratio == 0.25
     said = caplog.text
     assert "ADCLOUD_EXAMPLE_WROKERS is not a setting: did you mean ADCLOUD_EXAMPLE_WORKERS?" in said
-    assert f"section 'exmaple' of {file} is not a setting: did you mean section 'example'" in said
-    assert "SUB_FIELD" not in said and "other_section" not in said
+    # sections of a file are not guessed at: hdmap_labels and hdmap_lanelet are both real
+    assert "SUB_FIELD" not in said and "section" not in said
