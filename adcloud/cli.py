@@ -384,7 +384,7 @@ def _driver_defaults(confs: Sequence[str]) -> list[str]:
 
 #: The YARN-only options of ``adcloud submit`` and their defaults.
 _YARN_DEFAULTS: dict[str, object] = {
-    "queue": "default",
+    "queue": "simulation",  # as deploy/yarn/spark-defaults.conf (the shipped queues)
     "deploy_mode": "cluster",
     "executors": 2,
     "executor_memory": "4g",
@@ -630,7 +630,9 @@ Every output is listed at the end, under --out.""",
         "YARN (--master yarn)", "containers with GPUs/FPGAs; see deploy/yarn/README.md"
     )
     yarn.add_argument(
-        "--queue", default=_YARN_DEFAULTS["queue"], help="YARN queue: simulation, training, mapping"
+        "--queue",
+        default=_YARN_DEFAULTS["queue"],
+        help="YARN queue: simulation (default), training, mapping (deploy/yarn's queues)",
     )
     yarn.add_argument(
         "--deploy-mode", choices=["cluster", "client"], default=_YARN_DEFAULTS["deploy_mode"]

@@ -241,3 +241,10 @@ def test_spark_submit_accepts_the_yarn_submit_line(tmp_path: Path) -> None:
     # spark-defaults.conf from deploy/yarn was read as well
     assert conf["spark.yarn.resourceGpuDeviceName"] == "yarn.io/gpu"
     assert conf["spark.executorEnv.YARN_CONTAINER_RUNTIME_TYPE"] == "docker"
+
+
+def test_the_submit_default_queue_is_a_shipped_one() -> None:
+    from adcloud.cli import build_parser  # noqa: PLC0415
+
+    args = build_parser().parse_args(["submit", "--master", "yarn", "--", "ingest", "a.bag"])
+    assert args.queue in QUEUES  # a queue capacity-scheduler.xml defines
