@@ -958,7 +958,7 @@ def _pick_drive(products: MapProducts, truth: Truth, drive: str | None) -> str:
         return names[0]
     raise HdmapError(
         f"{products.source}: cannot tell which of the drives {names} the truth "
-        f"{truth.name!r} belongs to; pass drive=..."
+        f"{truth.name!r} belongs to; name it (adcloud hdmap eval --drive NAME, or drive=NAME)"
     )
 
 
