@@ -24,7 +24,7 @@ import yaml
 
 from adcloud.errors import ConfigError
 
-__all__ = ["load_settings", "settings_dict", "write_settings"]
+__all__ = ["load_settings", "names", "settings_dict", "write_settings"]
 
 T = TypeVar("T")
 
@@ -142,6 +142,14 @@ def load_settings(
         name: _coerce(value, hints[name], f"{section}.{name}") for name, value in values.items()
     }
     return cls(**coerced)
+
+
+def names(value: Any) -> tuple[str, ...]:
+    """A settings field that holds several names (bags, topics) as a tuple of strings: one
+    string or path is one name, not its characters (``bags="drive.bag"``)."""
+    if isinstance(value, (str, os.PathLike)):
+        return (os.fspath(value),)
+    return tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in value)
 
 
 def settings_dict(settings: object) -> dict[str, Any]:

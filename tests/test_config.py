@@ -210,3 +210,21 @@ def test_near_misses_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureF
     assert "ADCLOUD_EXAMPLE_WROKERS is not a setting: did you mean ADCLOUD_EXAMPLE_WORKERS?" in said
     # sections of a file are not guessed at: hdmap_labels and hdmap_lanelet are both real
     assert "SUB_FIELD" not in said and "section" not in said
+
+
+def test_one_name_is_one_name_not_its_characters() -> None:
+    from adcloud.config import names  # noqa: PLC0415
+    from adcloud.sim.replay import NodeSpec, ReplayJob  # noqa: PLC0415
+    from adcloud.train.config import TrainConfig  # noqa: PLC0415
+
+    assert names("drive.bag") == ("drive.bag",) and names(Path("a/b.bag")) == ("a/b.bag",)
+    assert names([Path("x.bag"), "y.bag"]) == ("x.bag", "y.bag")
+    config = TrainConfig(bags="drive.bag", heldout_bags=Path("test.bag"))  # type: ignore[arg-type]
+    assert (config.bags, config.heldout_bags) == (("drive.bag",), ("test.bag",))
+    job = ReplayJob(
+        bags="drive.bag",  # type: ignore[arg-type]
+        node=NodeSpec("cat"),
+        input_topics="/lidar/points",  # type: ignore[arg-type]
+        output_topics=(),
+    ).validate()
+    assert job.bags == ("drive.bag",) and job.input_topics == ("/lidar/points",)

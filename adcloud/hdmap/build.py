@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -44,7 +45,7 @@ from typing import Any
 import numpy as np
 from pyspark.sql import SparkSession
 
-from adcloud.config import settings_dict
+from adcloud.config import names, settings_dict
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import check_topics
 from adcloud.hdmap.errors import DriveDataError, HdmapError, MapFormatError
@@ -399,10 +400,16 @@ def _write_version(
     return _semantic_counts(published, lanelets)
 
 
-def bag_uris(bags: str | Sequence[str]) -> list[str]:
-    """The bags named by ``bags`` (files, directories, globs, URIs); an error if one names none."""
+def bag_uris(
+    bags: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+) -> list[str]:
+    """The bags named by ``bags`` (files, directories, globs, URIs; one string or path is
+    one name); an error if there is none or one names none."""
+    items = names(bags)
+    if not items:
+        raise HdmapError("no bags given: give bag files, a directory or a glob")
     uris: list[str] = []
-    for item in [bags] if isinstance(bags, str) else bags:
+    for item in items:
         found = find_bags(item)
         if not found:
             raise HdmapError(f"no bag found at {item}; give bag files, a directory or a glob")
@@ -470,7 +477,7 @@ def unmappable(
 
 
 def plan_build(
-    bags: str | Sequence[str],
+    bags: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     map_uri: str,
     *,
     readmit: Sequence[str] = (),
@@ -490,7 +497,7 @@ def _mapdir_settings(settings: HdmapSettings) -> MapDirSettings:
 
 def build_map(
     spark: SparkSession | None,
-    bags: str | Sequence[str],
+    bags: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     map_uri: str,
     settings: HdmapSettings | None = None,
     *,

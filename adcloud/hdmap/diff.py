@@ -527,8 +527,9 @@ def _resolve(
     parent = new.manifest.parent
     if parent is None or parent not in versions:
         raise HdmapError(
-            f"{mapdir.uri}: version {new.id} has no kept parent to compare with; give "
-            "--from VERSION (the versions kept: " + ", ".join(versions) + ")"
+            f"{mapdir.uri}: version {new.id} has no kept parent to compare with; name the "
+            "one to compare with (adcloud hdmap diff --from VERSION, or before=VERSION; the "
+            "versions kept: " + ", ".join(versions) + ")"
         )
     return mapdir.version(parent), new
 

@@ -48,6 +48,7 @@ import numpy as np
 from adcloud.binpipe.bags import plan_partitions, read_partition
 from adcloud.binpipe.codec import Message
 from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder
+from adcloud.config import names
 from adcloud.sim.adapters import (
     ADAPTERS,
     NodeRun,
@@ -93,6 +94,10 @@ class ReplayJob:
     cut: ScenarioCut = field(default_factory=ScenarioCut)
     timing: ReplayTiming = field(default_factory=ReplayTiming)
     storage_options: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("bags", "input_topics", "output_topics"):  # one string is one name
+            object.__setattr__(self, name, names(getattr(self, name)))
 
     def validate(self) -> ReplayJob:
         """Return ``self`` if usable, else raise :class:`SimError` naming the problem."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adcloud.config import load_settings, settings_dict
+from adcloud.config import load_settings, names, settings_dict
 from adcloud.train.errors import TrainError
 
 __all__ = ["DEVICES", "ETL_MODES", "OPTIMIZERS", "SCHEDULES", "SYNC_MODES", "TrainConfig"]
@@ -153,6 +153,8 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("bags", "heldout_bags"):  # bags="drive.bag" is one bag
+            object.__setattr__(self, name, names(getattr(self, name)))
         # From the environment or a flat file, task_options arrives as JSON text.
         options: Any = self.task_options
         if isinstance(options, str):

@@ -42,6 +42,7 @@ import torch
 from numpy.typing import NDArray
 from rich.table import Table
 
+from adcloud.config import names
 from adcloud.train.errors import ExportError, TrainError
 from adcloud.train.task import CountingTask, Task, get_task
 
@@ -410,7 +411,7 @@ def _evaluation(
 def evaluate_model(
     spark: SparkSession,
     model: str | os.PathLike[str],
-    bags: Sequence[str],
+    bags: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     partitions_per_bag: int | None = None,
     out: str | None = None,
@@ -432,6 +433,7 @@ def evaluate_model(
     )
 
     started = time.perf_counter()
+    bags = names(bags)  # one bag given as a string or path is one bag
     if not bags:
         raise TrainError("no bags to evaluate on: give at least one bag, directory or glob")
     with local_model(model) as directory:

@@ -18,8 +18,10 @@
    resumes from the last one.  Rank 0 returns the final parameters as bytes.
 4. ``single`` mode collects the samples and runs the same function in the driver.
 
-Held-out bags are decoded the same way and scored in the driver
-(:meth:`Task.evaluate <adcloud.train.task.Task.evaluate>`).  With ``out`` set, the job
+Held-out bags are decoded the same way and scored on the executors, each task summing the
+scores of its share (:mod:`adcloud.train.evaluate`; a task whose scores are not sums is
+scored in the driver with :meth:`Task.evaluate <adcloud.train.task.Task.evaluate>`).  With
+``out`` set, the job
 writes ``parameters.tensors`` (:mod:`adcloud.train.tensors` format), ``result.json`` (loss
 curve, throughput, metrics) and ``settings.json`` (the effective config) there.
 
@@ -819,9 +821,9 @@ def run_training(
     """Train ``config.task`` on ``config.bags`` in one Spark job (see the module docstring).
 
     ``task`` replaces ``load_task(config)``; ``keyed`` replaces the ETL of ``config.bags``
-    with ready ``((partition, ordinal), sample)`` pairs.  Held-out bags are scored in the
-    driver.  The model and results go to ``config.output_dir(run)`` (the result's
-    ``output``).
+    with ready ``((partition, ordinal), sample)`` pairs.  Held-out bags are scored on the
+    executors (in the driver for a task whose scores are not sums).  The model and results
+    go to ``config.output_dir(run)`` (the result's ``output``).
     """
     config = config.validate()
     task = load_task(config) if task is None else task

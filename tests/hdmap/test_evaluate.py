@@ -501,7 +501,9 @@ def test_evaluate_map_bad_inputs(truth_dir: Path, tmp_path: Path, products: MapP
     with pytest.raises(HdmapError, match="not a truth directory"):
         evaluate_map(good, tmp_path)
     two = MapProducts(trajectories={"a": good.trajectories["t"], "b": good.trajectories["t"]})
-    with pytest.raises(HdmapError, match=r"name it \(adcloud hdmap eval --drive NAME, or drive=NAME\)"):
+    with pytest.raises(
+        HdmapError, match=r"name it \(adcloud hdmap eval --drive NAME, or drive=NAME\)"
+    ):
         evaluate_map(two, truth_dir)
     assert evaluate_map(two, truth_dir, drive="b").drive == "b"
     with pytest.raises(MapFormatError, match="no trajectory"):

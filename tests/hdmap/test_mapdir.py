@@ -1054,3 +1054,12 @@ def test_export_refuses_a_target_inside_the_map(tmp_path: Path) -> None:
     assert not inside.exists() and md.versions() == ["000001"]
     version, names = export_map(str(tmp_path / "map"), tmp_path / "out")
     assert version.id == "000001" and names and (tmp_path / "out" / names[0]).is_file()
+
+
+def test_a_build_needs_bags(tmp_path: Path) -> None:
+    from adcloud.hdmap.build import bag_uris, plan_build  # noqa: PLC0415
+
+    with pytest.raises(HdmapError, match="no bags given"):
+        plan_build([], str(tmp_path / "map"))
+    bag = make_bag(tmp_path / "a.bag", 1)
+    assert bag_uris(Path(bag)) == bag_uris(str(bag)) == bag_uris([Path(bag)])
