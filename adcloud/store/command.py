@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import shutil
 import sys
@@ -294,7 +295,18 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
         min_body_rate=args.min_rate,
     )
     store = open_store(args.store)
-    server = StoreServer(store, host=args.host, port=args.port, token=token, limits=limits)
+    try:
+        server = StoreServer(store, host=args.host, port=args.port, token=token, limits=limits)
+    except OSError as err:
+        store.close()
+        raise StoreError(
+            f"cannot listen on {args.host}:{args.port}: {err.strerror or err}; "
+            + (
+                "another process holds that port: stop it, or give --port (0 picks a free one)"
+                if err.errno == errno.EADDRINUSE
+                else "check --host and --port"
+            )
+        ) from err
     console.print(
         f"serving {store.uri} as an Alluxio 2.x REST proxy at {server.uri} "
         f"({'token required' if token else 'no token'}); Ctrl-C stops"
@@ -327,6 +339,33 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text}: a port is 0-65535 (0: any free one)")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give a number >= 1")
+    return value
+
+
+def _positive_size(text: str) -> int:
+    value = _size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a size > 0, e.g. 64GiB")
     return value
 
 
@@ -396,7 +435,7 @@ def add_parser(subparsers: Any) -> None:
     put.add_argument("--pin", action="store_true", help="never evict the file from its tier")
     put.add_argument("--no-wait", action="store_true", help="do not wait for async persists")
     put.add_argument(
-        "--wait-timeout", type=float, default=600.0, help="seconds to wait for persists"
+        "--wait-timeout", type=_seconds, default=600.0, help="seconds to wait for persists"
     )
     put.set_defaults(func=_cmd_put)
 
@@ -421,7 +460,7 @@ def add_parser(subparsers: Any) -> None:
     cp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     cp.add_argument("--no-wait", action="store_true", help="do not wait for async persists")
     cp.add_argument(
-        "--wait-timeout", type=float, default=600.0, help="seconds to wait for persists"
+        "--wait-timeout", type=_seconds, default=600.0, help="seconds to wait for persists"
     )
     cp.set_defaults(func=_cmd_cp)
 
@@ -463,15 +502,17 @@ def add_parser(subparsers: Any) -> None:
     )
     serve.add_argument("--store", default="local://", help="store to serve (default local://)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=39999, help="port (default 39999; 0: any)")
+    serve.add_argument("--port", type=_port, default=39999, help="port (default 39999; 0: any)")
     serve.add_argument("--token", help="require this bearer token (prefer --token-file)")
     serve.add_argument("--token-file", help="read the bearer token from this file")
     serve.add_argument(
         "--max-request-bytes", type=_size, default="256MiB", help="largest write request"
     )
-    serve.add_argument("--max-file-bytes", type=_size, default="64GiB", help="largest file")
-    serve.add_argument("--max-streams", type=int, default=256, help="open streams at most")
-    serve.add_argument("--max-connections", type=int, default=64, help="connections at most")
+    serve.add_argument(
+        "--max-file-bytes", type=_positive_size, default="64GiB", help="largest file"
+    )
+    serve.add_argument("--max-streams", type=_positive, default=256, help="open streams at most")
+    serve.add_argument("--max-connections", type=_positive, default=64, help="connections at most")
     serve.add_argument(
         "--socket-timeout",
         type=_seconds,

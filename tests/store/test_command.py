@@ -285,3 +285,23 @@ def test_files_the_user_names_are_one_line_errors(
     assert f"error: {target}: No such file or directory" in capsys.readouterr().err.replace(
         "\n", ""
     )
+
+
+def test_serve_says_why_it_cannot_listen(
+    store_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket  # noqa: PLC0415
+
+    from adcloud.cli import main  # noqa: PLC0415
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["store", "serve", "--port", str(port)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "another process holds that port" in err
+    for option in (["--port", "70000"], ["--max-streams", "-3"], ["--max-file-bytes", "0"]):
+        with pytest.raises(SystemExit) as info:
+            parser().parse_args(["store", "serve", *option])
+        assert info.value.code == 2, option
