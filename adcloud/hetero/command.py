@@ -123,9 +123,14 @@ def _cmd_features(args: argparse.Namespace, console: Console) -> int:
             partitions_per_bag=args.partitions_per_bag,
             settings=settings,
             overwrite=args.overwrite,
+            hint="pass --overwrite to replace it",
         )
     if not result.images:
-        console.print(f"no image on {args.topic} in {', '.join(args.bags)}")
+        console.print(
+            f"error: no image on {args.topic} in {', '.join(args.bags)} (adcloud bag info lists "
+            f"the topics); {result.out} holds an empty result",
+            highlight=False,
+        )
         return 1
     devices = ", ".join(f"{address} ({n})" for address, n in sorted(result.devices.items()))
     console.print(

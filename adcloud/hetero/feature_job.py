@@ -214,6 +214,7 @@ def extract_features(
     settings: HeteroSettings | None = None,
     storage_options: dict[str, Any] | None = None,
     overwrite: bool = False,
+    hint: str = "pass overwrite=True to replace it",
 ) -> FeatureJobResult:
     """HOG descriptors of every image on ``topic`` of ``bags``, saved under ``out``.
 
@@ -221,11 +222,21 @@ def extract_features(
     URL that every executor can write (the same machine, or a shared store).  ``batch``:
     images per kernel launch.  ``partitions_per_bag`` / ``partition_mb``: how finely Spark
     splits each bag (default: partitions of about 16 MB, at least one per core).  Raises
-    :class:`HeteroError` when ``out`` exists and is not empty (unless ``overwrite``).
+    :class:`HeteroError` when ``out`` exists and is not empty (unless ``overwrite``; ``hint``
+    says how to overwrite in the message), and for bad ``cell``/``bins``/``batch`` or a
+    pinned device that is not there, before any task runs.
     """
     from adcloud.binpipe import BinPipeRDD  # noqa: PLC0415 - pyspark is heavy
 
+    # checked here, before any task: in a task they would fail every attempt
+    for name, value in (("cell", cell), ("bins", bins), ("batch", batch)):
+        if value < 1:
+            raise HeteroError(f"{name} must be >= 1, got {value}")
+    if partitions_per_bag is not None and partitions_per_bag < 1:
+        raise HeteroError(f"partitions_per_bag must be >= 1, got {partitions_per_bag}")
     settings = HeteroSettings.load() if settings is None else settings
+    if settings.device:
+        select_device(settings)  # a pinned device that is not there fails now
     options = dict(storage_options or {})
     # Executors run in other working directories: local paths must be absolute.
     out = _absolute(out)
@@ -239,6 +250,7 @@ def extract_features(
         ours=lambda name: bool(_OUTPUT_NAME.fullmatch(name)),
         error=HeteroError,
         what="a feature job",
+        hint=hint,
     )
     output.start()
     rdd = BinPipeRDD.from_bags(

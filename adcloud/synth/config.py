@@ -134,6 +134,7 @@ class DriveConfig:
             if isinstance(value, float) and not math.isfinite(value):
                 problems.append(f"{name} must be finite, not {value}")
         need(0 < self.seconds <= 1e6, f"seconds must be in (0, 1e6], not {self.seconds}")
+        need(0 <= self.seed < 2**63, f"seed must be in [0, 2**63), not {self.seed}")
         need(
             self.format in FORMATS,
             f"format must be one of {', '.join(FORMATS)}, not {self.format!r}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from rich.console import Console
 
 from adcloud.hetero import HeteroError, extract_features, hog_features, read_features
 from adcloud.hetero.command import add_parser
+from adcloud.hetero.devices import HeteroSettings
 
 from .conftest import smooth_images, write_image_bag
 
@@ -98,6 +100,26 @@ def test_existing_output_and_wrong_topic(
     with pytest.raises(HeteroError, match=r"notes\.txt\); refusing to replace it"):
         extract_features(spark, str(image_bags["bgr"]), str(out), overwrite=True)
     assert (out / "notes.txt").read_text() == "mine" and (out / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"cell": 0}, "cell must be >= 1, got 0"),
+        ({"bins": 0}, "bins must be >= 1, got 0"),
+        ({"batch": 0}, "batch must be >= 1, got 0"),
+        ({"partitions_per_bag": 0}, "partitions_per_bag must be >= 1, got 0"),
+        ({"settings": HeteroSettings(device="7:7")}, "device 7:7"),
+    ],
+)
+def test_bad_parameters_fail_before_any_task(
+    spark: SparkSession, image_bags: dict, tmp_path: Path, change: dict, says: str
+) -> None:
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
+    with pytest.raises(HeteroError, match=re.escape(says)):
+        extract_features(spark, str(image_bags["bgr"]), str(tmp_path / "out"), **change)
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs  # no Spark job
+    assert not (tmp_path / "out").exists()
 
 
 def run(argv: list[str]) -> tuple[int, str]:

@@ -39,6 +39,7 @@ def test_defaults_are_valid() -> None:
         ({"gps_outage": (3.0, -1.0)}, "gps_outage"),
         ({"cameras": 0}, "cameras must be an integer in [1, 8], not 0"),
         ({"cameras": 9}, "cameras must be an integer in [1, 8], not 9"),
+        ({"seed": -1}, "seed must be in [0, 2**63), not -1"),
     ],
 )
 def test_bad_settings_raise_synth_error(change: dict[str, object], words: str) -> None:
