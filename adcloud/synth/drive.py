@@ -17,6 +17,7 @@ at ``k / truth_hz``; IMU at ``k / imu_hz + 1 ms``; odometry and ``/tf`` at
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -335,9 +336,16 @@ def generate_drive(
     config.validate()
     bag = Path(out)
     truth = truth_dir_for(bag)
-    if overwrite:
-        _remove(bag)
-        _remove(truth)
+    # With overwrite the old drive is moved aside, not deleted, until the new one is whole:
+    # a failed or interrupted run puts it back.
+    aside: list[tuple[Path, Path]] = []
+    if overwrite and bag.parent.is_dir():
+        for path in (bag, truth):
+            if path.exists() or path.is_symlink():
+                kept = path.with_name(f".{path.name}.replaced-{os.getpid()}")
+                _remove(kept)
+                path.rename(kept)
+                aside.append((kept, path))
     for path in (bag, truth):
         if path.exists():
             raise SynthError(
@@ -352,18 +360,25 @@ def generate_drive(
     log.info(
         "synth: %s s drive, seed %d, %s -> %s", config.seconds, config.seed, config.format, bag
     )
-    drive = _open_drive(config, bag, world)
     ok = False
     try:
-        _run(drive, driver, config, progress)
-        drive.writer.close()
-        ok = True
+        drive = _open_drive(config, bag, world)
+        try:
+            _run(drive, driver, config, progress)
+            drive.writer.close()
+            ok = True
+        finally:
+            if not ok:  # leave no partial drive behind (an error, Ctrl-C or SIGTERM)
+                drive.writer.abort()
+                drive.truth.abort()
+                _remove(bag)
+                _remove(truth)
     finally:
-        if not ok:  # leave no partial drive behind (an error or Ctrl-C)
-            drive.writer.abort()
-            drive.truth.abort()
-            _remove(bag)
-            _remove(truth)
+        for kept, path in aside:
+            if ok:
+                _remove(kept)
+            else:
+                kept.rename(path)
     lidar_info = None
     if drive.lidar is not None:
         lm = drive.lidar

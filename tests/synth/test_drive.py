@@ -229,6 +229,13 @@ def test_an_interrupted_drive_leaves_nothing_behind(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         generate_drive(TINY, tmp_path / "cut.bag", progress=stop)
     assert list(tmp_path.iterdir()) == []
+    # overwriting: the drive it was replacing comes back whole
+    first = generate_drive(TINY, tmp_path / "kept.bag")
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(KeyboardInterrupt):
+        generate_drive(TINY, first.bag, overwrite=True, progress=stop)
+    after = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before
 
 
 _MEMORY = """
