@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import posixpath
 import shutil
 import sys
 from collections import defaultdict
@@ -155,9 +156,20 @@ def _cmd_cat(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _into(store: Any, path: str, text: str, name: str) -> str:
+    """As cp does: a target that ends with / or is a directory takes the file under its own
+    ``name``."""
+    if text.endswith("/") or (store.exists(path) and store.stat(path).is_dir):
+        if not name:
+            raise StoreError(f"{text} is a directory: give the file's name after it")
+        return join_path(path, name)
+    return path
+
+
 def _cmd_put(args: argparse.Namespace, console: Console) -> int:
     store, path = locate(args.url)
     with _closing(store):
+        path = _into(store, path, args.url, "" if args.source == "-" else Path(args.source).name)
         source = sys.stdin.buffer if args.source == "-" else Path(args.source).open("rb")  # noqa: SIM115
         try:
             with store.open(
@@ -171,8 +183,9 @@ def _cmd_put(args: argparse.Namespace, console: Console) -> int:
         if flush is not None and not args.no_wait:
             flush(timeout=args.wait_timeout)
         status = store.stat(path)
+        where = f"{store.uri.removesuffix('/')}{path}"
     console.print(
-        f"stored {format_size(status.size)} at {args.url} "
+        f"stored {format_size(status.size)} at {where} "
         f"(tier {status.tier or 'under-store'}, {status.persistence})"
     )
     return 0
@@ -185,6 +198,7 @@ def _cmd_cp(args: argparse.Namespace, console: Console) -> int:
         status = src_store.stat(src)
         if not status.is_dir:
             files = [status]
+            dst = _into(dst_store, dst, args.target, posixpath.basename(src))
         elif args.recursive:
             files = [e for e in src_store.list(src, recursive=True) if not e.is_dir]
         else:

@@ -294,9 +294,15 @@ class LocalStore(BaseStore):
         )
 
     def _full_error(self, size: int, key: str) -> StoreFullError:
+        largest = max(t.capacity for t in self._tiers)
+        why = (
+            f"it is larger than the largest tier ({format_size(largest)})"
+            if size > largest
+            else "the rest is pinned or not yet persisted"
+        )
         return StoreFullError(
             f"cannot place {key} ({format_size(size)}) in any tier: "
-            f"{self._describe_tiers()} -- the rest is pinned or not yet persisted; {_FULL_HINT}"
+            f"{self._describe_tiers()} -- {why}; {_FULL_HINT}"
         )
 
     # -- recovery --------------------------------------------------------------------------

@@ -305,3 +305,16 @@ def test_serve_says_why_it_cannot_listen(
         with pytest.raises(SystemExit) as info:
             parser().parse_args(["store", "serve", *option])
         assert info.value.code == 2, option
+
+
+def test_a_directory_target_takes_the_file_under_its_name(tmp_path: Path, store_root: Path) -> None:
+    src = tmp_path / "scan.bin"
+    src.write_bytes(b"s" * 300)
+    code, out = run("store", "put", str(src), "local:///drives/")
+    assert code == 0 and "local:///drives/scan.bin" in out
+    assert run("store", "put", str(src), "local:///drives")[0] == 0  # an existing directory
+    code, _ = run("store", "cp", "local:///drives/scan.bin", "local:///copies/")
+    assert code == 0
+    with LocalStore(root=store_root) as store:
+        assert store.stat("/drives").is_dir and store.get("/drives/scan.bin") == b"s" * 300
+        assert store.get("/copies/scan.bin") == b"s" * 300

@@ -159,6 +159,9 @@ def test_full_of_pinned_data_is_a_clear_error(make_store: MakeStore, store_root:
     assert not store.exists("/p3")
     assert used(store) == {"MEM": 3000}
     assert list((store_root / "mem" / "tmp").iterdir()) == []
+    # a file no tier could ever hold says so, not that the tiers are full of pinned data
+    with pytest.raises(StoreFullError, match=r"larger than the largest tier \(3\.9 KiB\)"):
+        store.put("/huge", bytes(8000), write_type=WriteType.MUST_CACHE)
 
 
 def test_unpersisted_data_never_leaves_the_last_tier(make_store: MakeStore) -> None:
