@@ -183,7 +183,8 @@ def _cmd_put(args: argparse.Namespace, console: Console) -> int:
         if flush is not None and not args.no_wait:
             flush(timeout=args.wait_timeout)
         status = store.stat(path)
-        where = f"{store.uri.removesuffix('/')}{path}"
+        base = store.uri if store.uri.endswith("://") else store.uri.removesuffix("/")
+        where = base + path
     console.print(
         f"stored {format_size(status.size)} at {where} "
         f"(tier {status.tier or 'under-store'}, {status.persistence})"
