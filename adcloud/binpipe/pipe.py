@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import IO
 
+from adcloud._lifeline import Lifeline
 from adcloud.binpipe.codec import (
     DEFAULT_MAX_BLOCK_BYTES,
     Block,
@@ -135,6 +136,7 @@ def pipe_blocks(
     max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
     on_start: Callable[[int], None] | None = None,
     on_exit: Callable[[int, str], None] | None = None,
+    lifeline: Lifeline | None = None,
 ) -> Iterator[bytearray]:
     """Send ``blocks`` through ``command`` and yield the blocks it writes back.
 
@@ -147,12 +149,17 @@ def pipe_blocks(
     ``on_start`` is called with the process id once the command runs, before the first
     block is sent; ``on_exit`` with the exit code and the tail of its stderr once it has
     finished successfully (failures raise :class:`PipeCommandError`, which carries both).
+    The group is guarded by ``lifeline`` (by a :class:`~adcloud._lifeline.Lifeline` of its
+    own when none is given): if this process dies mid-run -- a Spark task killed with its
+    Python worker, a lost executor -- the command is killed too instead of running on.
     """
     args = _args(command)
     shown = shlex.join(args)
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
+    own_lifeline = lifeline is None
+    guard = Lifeline() if lifeline is None else lifeline
     try:
         proc = subprocess.Popen(
             args,
@@ -167,12 +174,15 @@ def pipe_blocks(
             process_group=0,
         )
     except OSError as err:
+        if own_lifeline:
+            guard.release()
         raise PipeCommandError(
             f"cannot start {shown!r}: {err.strerror}; check the command and PATH",
             command=shown,
             returncode=None,
             stderr_tail="",
         ) from err
+    guard.guard_group(proc.pid)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     for stream in (proc.stdin, proc.stdout):
         _grow_pipe(stream.fileno())
@@ -260,3 +270,5 @@ def pipe_blocks(
         if not completed:
             _kill_group(proc)
             proc.wait()
+        if own_lifeline:
+            guard.release()

@@ -530,7 +530,9 @@ class BinPipeRDD:
         The command reads one BinPipe stream and writes one (see
         :mod:`adcloud.binpipe.node` for the Python side).  A failing command fails
         the task with :class:`~adcloud.binpipe.errors.PipeCommandError` carrying the
-        exit code and stderr tail.  ``timeout`` is per partition, in seconds.
+        exit code and stderr tail.  ``timeout`` is per partition, in seconds.  The
+        command runs in a process group of its own, killed with the task: when a job is
+        cancelled or an executor's Python worker dies, the command does not run on.
         """
         fn = functools.partial(
             _pipe_partition,

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from adcloud._lifeline import Lifeline
 from adcloud.binpipe.codec import Block, BlockKind, Message, encode_block
 from adcloud.binpipe.decode import ConnectionInfo, meta_block
 from adcloud.binpipe.errors import BinpipeError, PipeCommandError
@@ -402,10 +403,9 @@ def drive_pipe(
         feed.cpu = CpuWatch(watch_group, group=True)
 
     def watch(pid: int) -> None:
-        # pipe_blocks starts the command as the leader of its own process group: guard and
-        # watch the group, so a node behind a wrapper script counts with its children
-        if lifeline is not None:
-            lifeline.guard_group(pid)
+        # pipe_blocks starts the command as the leader of its own process group (and
+        # guards it with ``lifeline``): watch the group, so a node behind a wrapper
+        # script counts with its children
         if feed.cpu is None:
             feed.cpu = CpuWatch(pid, group=True)
 
@@ -420,6 +420,7 @@ def drive_pipe(
         timeout=timing.timeout_s,
         on_start=watch,
         on_exit=finished,
+        lifeline=lifeline,
     )
     try:
         for raw in outputs:
@@ -456,128 +457,6 @@ def drive_pipe(
     run.sent = feed.sent
     run.wall_s = time.monotonic() - started
     return run
-
-
-# The reaper: a shell that reads process groups ("g<pgid>") and processes ("p<pid>") to
-# guard, one a line, from a pipe whose only writer is the adapter's process.  "done" means
-# the adapter tore everything down itself; end of file without it means the adapter died
-# (its executor was SIGKILLed, Spark killed its Python worker), so the reaper kills what
-# it guards and removes the run's temporary directory ($1).  PR_SET_PDEATHSIG would not
-# do: it follows the thread that forked, not the process, it is not inherited by the
-# processes a node starts, and a SIGKILLed roscore cannot stop rosmaster and rosout,
-# which roslaunch starts in sessions of their own.
-_REAPER = r"""
-tmp=$1
-guarded=""
-while IFS= read -r line; do
-  case "$line" in
-    done) exit 0 ;;
-    g|p|g*[!0-9]*|p*[!0-9]*) ;;
-    g*|p*) guarded="$guarded $line" ;;
-  esac
-done
-# The guarded processes' children, found before anything is signalled and again before
-# SIGKILL (a roscore still starting up may start rosout meanwhile): roslaunch starts
-# rosmaster and rosout in sessions of their own, and if roscore is SIGKILLed before it
-# stopped them, nothing else would.  They get SIGKILL only: SIGINT is roscore's to send.
-parents=" "
-for entry in $guarded; do parents="$parents${entry#?} "; done
-children=""
-find_children() {
-  for stat in /proc/[0-9]*/stat; do
-    IFS= read -r fields < "$stat" 2>/dev/null || continue
-    set -- ${fields##*) }
-    case "$parents" in
-      *" $2 "*) pid=${stat#/proc/}; children="$children g${pid%/stat} p${pid%/stat}" ;;
-    esac
-  done
-}
-find_children
-send() {
-  for entry in $guarded; do
-    case "$entry" in
-      g*) kill -s "$1" -- "-${entry#g}" 2>/dev/null ;;
-      p*) kill -s "$1" "${entry#p}" 2>/dev/null ;;
-    esac
-  done
-}
-alive() {
-  for entry in $guarded $children; do
-    case "$entry" in
-      g*) kill -s 0 -- "-${entry#g}" 2>/dev/null && return 0 ;;
-      p*) kill -s 0 "${entry#p}" 2>/dev/null && return 0 ;;
-    esac
-  done
-  return 1
-}
-# SIGINT first: roslaunch (roscore) then stops rosmaster and rosout; SIGKILL whatever is
-# left after 3 s.
-send INT
-tries=0
-while [ "$tries" -lt 30 ] && alive; do
-  sleep 0.1
-  tries=$((tries + 1))
-done
-find_children
-guarded="$guarded $children"
-send KILL
-[ -n "$tmp" ] && rm -rf -- "$tmp"
-exit 0
-"""
-
-
-class Lifeline:
-    """Kills a run's processes if the process running it dies before tearing them down.
-
-    A scenario's node, roscore and bridge outlive a Spark Python worker that is killed
-    (SIGKILL, or the SIGHUP PySpark's daemon sends its workers when the executor dies):
-    they are in sessions of their own (the ROS processes) or blocked elsewhere than on
-    their stdin.  A :class:`Lifeline` starts a small reaper in its own session that kills
-    every guarded process and group -- and removes ``tmp`` -- as soon as this process
-    goes away without calling :meth:`release`.
-    """
-
-    def __init__(self, tmp: Path | None = None) -> None:
-        self._proc = subprocess.Popen(
-            ["/bin/sh", "-c", _REAPER, "adcloud-reaper", str(tmp or "")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self._lock = threading.Lock()
-
-    @property
-    def pid(self) -> int:
-        """The reaper's process id."""
-        return self._proc.pid
-
-    def _send(self, line: str) -> None:
-        stdin = self._proc.stdin
-        assert stdin is not None
-        with self._lock, contextlib.suppress(OSError, ValueError):
-            stdin.write(line.encode("ascii") + b"\n")
-            stdin.flush()
-
-    def guard_group(self, pgid: int) -> None:
-        """Kill process group ``pgid`` (a leader started with its own session) on death."""
-        self._send(f"g{int(pgid)}")
-
-    def guard_process(self, pid: int) -> None:
-        """Kill process ``pid`` on death."""
-        self._send(f"p{int(pid)}")
-
-    def release(self) -> None:
-        """Everything guarded is torn down: let the reaper exit without killing."""
-        self._send("done")
-        with contextlib.suppress(OSError):
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
 
 
 class PipeAdapter:

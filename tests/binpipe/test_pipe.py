@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -172,6 +173,38 @@ def test_timeout_kills_what_a_wrapper_script_started(tmp_path: Path) -> None:
     while _running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(child)
+
+
+def test_a_killed_caller_takes_its_command_along(tmp_path: Path) -> None:
+    """The process running ``pipe_blocks`` is SIGKILLed (a Spark task killed with its
+    Python worker) while its command hangs without reading: the command, in a process
+    group of its own, is killed too instead of running on."""
+    pidfile = tmp_path / "command.pid"
+    caller = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from adcloud.binpipe.pipe import pipe_blocks\n"
+            f"list(pipe_blocks([], ['sh', '-c', 'echo $$ > {pidfile}; exec sleep 60']))",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            assert caller.poll() is None, "the caller ended before its command started"
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.05)
+        command = int(pidfile.read_text())
+        assert _running(command)
+        caller.kill()
+        caller.wait()
+        deadline = time.monotonic() + 10
+        while _running(command) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(command), "the command outlived the process that started it"
+    finally:
+        caller.kill()
+        caller.wait()
 
 
 def _running(pid: int) -> bool:

@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,52 @@ def test_pipe_failure_reaches_the_driver(spark: Any, shared_data: Path) -> None:
             ["sh", "-c", "cat >/dev/null; echo 'node: lidar driver failed' >&2; exit 7"]
         ).count()
     assert "lidar driver failed" in str(info.value)
+
+
+def test_a_cancelled_job_kills_its_hanging_pipe_commands(
+    spark: Any, shared_data: Path, tmp_path: Path
+) -> None:
+    """A job whose pipe command hangs is cancelled (Ctrl-C in a notebook, a scheduler's
+    timeout): Spark kills the tasks' Python workers, and their commands go with them
+    instead of running on in the executors."""
+    import threading  # noqa: PLC0415
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    rdd = BinPipeRDD.from_bags(spark, str(shared_data / LUMINAR), partitions_per_bag=2)
+    command = ["sh", "-c", f"echo $$ > {pids}/$$; exec sleep 120"]
+    sc = spark.sparkContext
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        sc.setJobGroup("hanging-pipe", "a pipe that never ends", interruptOnCancel=True)
+        try:
+            rdd.pipe(command).count()
+        except BaseException as err:  # the cancellation, checked below
+            failure.append(err)
+
+    job = threading.Thread(target=run, daemon=True)
+    job.start()
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2:
+        assert time.monotonic() < deadline, "the pipe commands never started"
+        time.sleep(0.1)
+    commands = [int(p.name) for p in pids.iterdir()]
+    sc.cancelJobGroup("hanging-pipe")
+    job.join(timeout=60)
+    assert not job.is_alive() and failure, "the job was not cancelled"
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in commands) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in commands if _running(pid)], "commands outlived their job"
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def test_map_filter_and_decode(spark: Any, shared_data: Path) -> None:

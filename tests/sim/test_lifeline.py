@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from adcloud.sim.adapters import Lifeline, _stop_group, _stoppable
+from adcloud._lifeline import Lifeline
+from adcloud.sim.adapters import _stop_group, _stoppable
 
 
 def _alive(pid: int) -> bool:
@@ -96,7 +97,7 @@ def test_killing_the_owner_kills_guarded_groups_and_processes(tmp_path: Path) ->
         f"""
         import subprocess, time
         from pathlib import Path
-        from adcloud.sim.adapters import Lifeline
+        from adcloud._lifeline import Lifeline
         line = Lifeline(Path({str(run_dir)!r}))
         # a group leader with a child of its own, as roscore has rosmaster and rosout
         group = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)
@@ -263,7 +264,7 @@ def test_the_reaper_kills_children_a_killed_leader_left_in_sessions_of_their_own
         f"""
         import os, subprocess, sys, time
         from pathlib import Path
-        from adcloud.sim.adapters import Lifeline
+        from adcloud._lifeline import Lifeline
         line = Lifeline()
         leader = subprocess.Popen(
             [sys.executable, "-c", {_STUBBORN_LEADER!r}],

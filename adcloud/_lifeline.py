@@ -1,0 +1,143 @@
+"""A reaper that kills a task's child processes when the process that started them dies.
+
+External programs a task starts -- a ``pipe`` command, a replayed node, its roscore --
+are in process groups or sessions of their own, so that a kill reaches everything they
+started; but for the same reason nothing kills them when the Spark Python worker that
+started them is SIGKILLed (a cancelled job, a lost executor, Spark's task reaper).  A
+command that reads its stdin sees end of file then and stops; one that hangs or ignores
+its input would run for ever.  A :class:`Lifeline` closes that gap.
+
+Used by :func:`adcloud.binpipe.pipe.pipe_blocks` and the node adapters of
+:mod:`adcloud.sim`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+from pathlib import Path
+
+__all__ = ["Lifeline"]
+
+
+# The reaper: a shell that reads process groups ("g<pgid>") and processes ("p<pid>") to
+# guard, one a line, from a pipe whose only writer is the adapter's process.  "done" means
+# the adapter tore everything down itself; end of file without it means the adapter died
+# (its executor was SIGKILLed, Spark killed its Python worker), so the reaper kills what
+# it guards and removes the run's temporary directory ($1).  PR_SET_PDEATHSIG would not
+# do: it follows the thread that forked, not the process, it is not inherited by the
+# processes a node starts, and a SIGKILLed roscore cannot stop rosmaster and rosout,
+# which roslaunch starts in sessions of their own.
+_REAPER = r"""
+tmp=$1
+guarded=""
+while IFS= read -r line; do
+  case "$line" in
+    done) exit 0 ;;
+    g|p|g*[!0-9]*|p*[!0-9]*) ;;
+    g*|p*) guarded="$guarded $line" ;;
+  esac
+done
+# The guarded processes' children, found before anything is signalled and again before
+# SIGKILL (a roscore still starting up may start rosout meanwhile): roslaunch starts
+# rosmaster and rosout in sessions of their own, and if roscore is SIGKILLed before it
+# stopped them, nothing else would.  They get SIGKILL only: SIGINT is roscore's to send.
+parents=" "
+for entry in $guarded; do parents="$parents${entry#?} "; done
+children=""
+find_children() {
+  for stat in /proc/[0-9]*/stat; do
+    IFS= read -r fields < "$stat" 2>/dev/null || continue
+    set -- ${fields##*) }
+    case "$parents" in
+      *" $2 "*) pid=${stat#/proc/}; children="$children g${pid%/stat} p${pid%/stat}" ;;
+    esac
+  done
+}
+find_children
+send() {
+  for entry in $guarded; do
+    case "$entry" in
+      g*) kill -s "$1" -- "-${entry#g}" 2>/dev/null ;;
+      p*) kill -s "$1" "${entry#p}" 2>/dev/null ;;
+    esac
+  done
+}
+alive() {
+  for entry in $guarded $children; do
+    case "$entry" in
+      g*) kill -s 0 -- "-${entry#g}" 2>/dev/null && return 0 ;;
+      p*) kill -s 0 "${entry#p}" 2>/dev/null && return 0 ;;
+    esac
+  done
+  return 1
+}
+# SIGINT first: roslaunch (roscore) then stops rosmaster and rosout; SIGKILL whatever is
+# left after 3 s.
+send INT
+tries=0
+while [ "$tries" -lt 30 ] && alive; do
+  sleep 0.1
+  tries=$((tries + 1))
+done
+find_children
+guarded="$guarded $children"
+send KILL
+[ -n "$tmp" ] && rm -rf -- "$tmp"
+exit 0
+"""
+
+
+class Lifeline:
+    """Kills a run's processes if the process running it dies before tearing them down.
+
+    A scenario's node, roscore and bridge outlive a Spark Python worker that is killed
+    (SIGKILL, or the SIGHUP PySpark's daemon sends its workers when the executor dies):
+    they are in sessions of their own (the ROS processes) or blocked elsewhere than on
+    their stdin.  A :class:`Lifeline` starts a small reaper in its own session that kills
+    every guarded process and group -- and removes ``tmp`` -- as soon as this process
+    goes away without calling :meth:`release`.
+    """
+
+    def __init__(self, tmp: Path | None = None) -> None:
+        self._proc = subprocess.Popen(
+            ["/bin/sh", "-c", _REAPER, "adcloud-reaper", str(tmp or "")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        """The reaper's process id."""
+        return self._proc.pid
+
+    def _send(self, line: str) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            stdin.write(line.encode("ascii") + b"\n")
+            stdin.flush()
+
+    def guard_group(self, pgid: int) -> None:
+        """Kill process group ``pgid`` (a leader started with its own session) on death."""
+        self._send(f"g{int(pgid)}")
+
+    def guard_process(self, pid: int) -> None:
+        """Kill process ``pid`` on death."""
+        self._send(f"p{int(pid)}")
+
+    def release(self) -> None:
+        """Everything guarded is torn down: let the reaper exit without killing."""
+        self._send("done")
+        with contextlib.suppress(OSError):
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
