@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,7 @@ class _SparkProgress:
         self._total = total
         self._quiet = quiet
         self._stop = False
+        self._failed = False
         self._thread: Any = None
 
     def __enter__(self) -> _SparkProgress:
@@ -258,7 +260,8 @@ class _SparkProgress:
                     bar.update(now - done)
                     done = now
                 time.sleep(0.2)
-            bar.update(self._total - done)
+            if not self._failed:  # a failed job's bar stays where the job stopped
+                bar.update(self._total - done)
             bar.close()
 
         self._thread = threading.Thread(target=poll, daemon=True)
@@ -266,6 +269,7 @@ class _SparkProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._failed = exc[0] is not None
         self._stop = True
         if self._thread is not None:
             self._thread.join()
@@ -725,6 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         remote = _remote_adcloud_error(err)
         if remote is None:
             raise
+        if args.verbose:  # the whole traceback, the task's Python traceback in it
+            traceback.print_exc()
         errors.print(
             f"[red]error (in a Spark task):[/red] {escape(str(remote))}",
             highlight=False,

@@ -189,6 +189,45 @@ def test_ingest_of_a_corrupt_bag_names_the_file(
     assert not (out / "_SUCCESS").exists()
 
 
+def test_a_failing_spark_job_prints_one_line_per_attempt_not_tracebacks(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """Spark logs a failed task's Python traceback twice per attempt (hundreds of lines for
+    four attempts); adcloud's log profile keeps one line each, the error ends the output,
+    the progress bar stays where the job stopped, and -v adds the whole traceback."""
+    bag = tmp_path / "broken.bag"
+    data = bytearray((shared_data / HUSKY).read_bytes())
+    data[200_000:200_400] = bytes(400)  # zero a stretch inside a compressed chunk
+    bag.write_bytes(bytes(data))
+    adcloud = str(Path(sys.executable).with_name("adcloud"))
+    env = {**os.environ, "ADCLOUD_SPARK_MASTER": "local[2,4]"}
+    runs = {
+        flags: subprocess.run(
+            [adcloud, *flags, "ingest", str(bag), "--out", str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=300,
+        )
+        for flags in ((), ("-v",))
+    }
+    quiet, verbose = runs[()], runs[("-v",)]
+    assert quiet.returncode == 2, quiet.stderr
+    lines = quiet.stderr.splitlines()
+    assert lines[-1].startswith("error (in a Spark task): ")
+    assert str(bag) in lines[-1] and "offset" in lines[-1]
+    assert "Traceback" not in quiet.stderr and "\tat " not in quiet.stderr
+    lost = [line for line in lines if "Lost task" in line]
+    assert lost and all("BagError: " in line for line in lost), lost
+    assert len(lines) < 30, quiet.stderr
+    assert "partitions: 100%" not in quiet.stderr
+    assert verbose.returncode == 2
+    assert "Traceback (most recent call last)" in verbose.stderr
+    assert "error (in a Spark task): " in verbose.stderr
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+
+
 def _dry_run(capsys: pytest.CaptureFixture[str], *confs: str) -> tuple[str, list[str]]:
     """The line ``adcloud submit --dry-run`` prints for an ingest job, and its ``--conf``s."""
     argv = ["submit", "--dry-run", "--master", "spark://127.0.0.1:7077"]
