@@ -361,6 +361,8 @@ def read_partition(part: BagPartition) -> Iterator[RawMessage]:
 
         return load
 
+    floors = dict(part.time_floors)
+
     def chunks() -> Iterator[tuple[int | None, Callable[[], list[tuple[SortKey, RawMessage]]]]]:
         for seq, item in enumerate(scan()):
             if isinstance(item, _Chunk):
@@ -370,12 +372,18 @@ def read_partition(part: BagPartition) -> Iterator[RawMessage]:
                     end is not None and item.start_time >= end
                 ):
                     continue
-                yield item.start_time, chunk_loader(item, seq)
+                # chunks out of time order: hold messages until no later chunk can
+                # hold an earlier one (a chunk the plan does not know: until the end)
+                floor = floors.get(item.offset) if floors else item.start_time
+                yield floor, chunk_loader(item, seq)
             else:
                 time, channel, data = item
                 conn = keep(channel, time)
                 if conn is not None:
-                    yield time, _loaded([((time, 0, seq, 0), RawMessage(time, conn, data))])
+                    yield (
+                        None if floors else time,
+                        _loaded([((time, 0, seq, 0), RawMessage(time, conn, data))]),
+                    )
 
     yield from merge_chunk_messages(chunks())
 

@@ -805,9 +805,13 @@ def _read_runs(part: BagPartition, make: _Make[_T]) -> Iterator[_T]:
         # Opened on the first next(), not on the call: nothing happens before that.
         fs, path = open_fs(uri, part.storage_options)
         reader = WindowReader(fs, path, part.start_offset, part.end_offset, uri=uri, where=where)
+        floors = dict(part.time_floors)
         for seq, chunk in enumerate(scan_chunks(reader)):
             if relevant(chunk):
-                yield chunk.min_time, loader(reader, chunk, seq)
+                # chunks out of time order: hold messages until no later chunk can
+                # hold an earlier one (a chunk the plan does not know: until the end)
+                floor = floors.get(chunk.offset) if floors else chunk.min_time
+                yield floor, loader(reader, chunk, seq)
 
     return merge_sorted_runs(chunks())
 

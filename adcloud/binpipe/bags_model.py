@@ -107,7 +107,12 @@ class BagPartition:
     the index: ROS 1 and MCAP count the selected topics in the partition's chunks
     before the time filter; rosbag2 sqlite3 counts exactly.  ``storage_options`` are
     fsspec options as sorted key/value pairs.  ``reindexed_from`` is the bag ``uri`` is an
-    indexed copy of (``plan_partitions(reindex_dir=...)``), or ``""``.
+    indexed copy of (``plan_partitions(reindex_dir=...)``), or ``""``.  ``time_floors``
+    pairs each chunk's byte offset with the least start time of that chunk and every later
+    one of the partition, when the chunks are not in record-time order (a bag stamped
+    with header times, or merged by a script); it is empty when they are, and then each
+    chunk's own start time is that bound.  The reader yields a message only once no
+    chunk still to come can hold an earlier one.
     """
 
     uri: str
@@ -124,6 +129,7 @@ class BagPartition:
     storage_options: tuple[tuple[str, object], ...] = ()
     member: str = ""
     reindexed_from: str = ""
+    time_floors: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ chunks.  A group never reorders chunks, so partition indexes follow file order.
 from __future__ import annotations
 
 import heapq
+import itertools
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
@@ -35,6 +36,7 @@ __all__ = [
     "select_chunks",
     "select_connections",
     "summary_from_chunks",
+    "time_floors",
 ]
 
 
@@ -194,9 +196,29 @@ def chunk_partitions(
                 message_count=count,
                 storage_options=request.storage_options,
                 member=member,
+                time_floors=time_floors(group),
             )
         )
     return parts
+
+
+def time_floors(chunks: Sequence[ChunkRef]) -> tuple[tuple[int, int], ...]:
+    """``(start offset, floor)`` of each of ``chunks`` (in file order), where the floor is
+    the least start time of that chunk and every later one; ``()`` when the start times
+    never decrease, so that each chunk's own start time is its floor.
+
+    A streaming reader may yield the messages it holds that are older than the floor of
+    the next chunk: no chunk still to come can hold an earlier one.
+    """
+    starts = [c.start_time for c in chunks]
+    if all(a <= b for a, b in itertools.pairwise(starts)):
+        return ()
+    floors: list[tuple[int, int]] = []
+    low: int | None = None
+    for chunk in reversed(chunks):
+        low = chunk.start_time if low is None else min(low, chunk.start_time)
+        floors.append((chunk.start_offset, low))
+    return tuple(reversed(floors))
 
 
 #: Sort key of a message inside a partition: (record time, connection rank, chunk

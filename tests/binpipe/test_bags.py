@@ -227,6 +227,65 @@ def test_ties_across_connections_follow_rosbags(tmp_path: Path) -> None:
     assert merged(plan_partitions(str(path))) == ref
 
 
+#: Record times (s after bf.T0) of a drive whose chunks are out of time order, as in a bag
+#: stamped with header times or merged by a script: a later chunk holds earlier times.
+_SHUFFLED = [0, 2, 6, 4, 8, 9, 1, 3, 5, 12, 10, 7, 11]
+
+
+def _shuffled_ros1(path: Path) -> Path:
+    ts = bf.ROS1
+    with Ros1Writer(path) as w:
+        w.chunk_threshold = 100  # two or three messages a chunk
+        conn = w.add_connection("/a", "std_msgs/msg/String", typestore=ts)
+        for t in _SHUFFLED:
+            data = ts.serialize_ros1(ts.types["std_msgs/msg/String"](data=str(t)), conn.msgtype)
+            w.write(conn, bf.T0 + t * 10**9, data)
+    return path
+
+
+def _shuffled_mcap(path: Path) -> Path:
+    from mcap.writer import CompressionType  # noqa: PLC0415
+    from mcap.writer import Writer as McapWriter  # noqa: PLC0415
+
+    msgdef, _ = bf.ROS2.generate_msgdef("std_msgs/msg/String", ros_version=2)
+    with path.open("wb") as out:
+        writer = McapWriter(out, chunk_size=64, compression=CompressionType.NONE)
+        writer.start(profile="ros2", library="adcloud-tests")
+        schema = writer.register_schema(
+            name="std_msgs/msg/String", encoding="ros2msg", data=msgdef.encode()
+        )
+        channel = writer.register_channel(topic="/a", message_encoding="cdr", schema_id=schema)
+        for seq, t in enumerate(_SHUFFLED):
+            data = bf.ROS2.serialize_cdr(
+                bf.ROS2.types["std_msgs/msg/String"](data=str(t)), "std_msgs/msg/String"
+            )
+            stamp = bf.T0 + t * 10**9
+            writer.add_message(
+                channel_id=channel, log_time=stamp, publish_time=stamp, sequence=seq, data=data
+            )
+        writer.finish()  # type: ignore[no-untyped-call]
+    return path
+
+
+@pytest.mark.parametrize("write", [_shuffled_ros1, _shuffled_mcap], ids=["ros1", "mcap"])
+@pytest.mark.parametrize("k", PARTITIONINGS)
+def test_chunks_out_of_time_order_still_read_in_time_order(
+    tmp_path: Path, write: Any, k: int | None
+) -> None:
+    """Every partition yields its messages by record time even when a later chunk holds
+    earlier times; the partitions merged are rosbags' order."""
+    path = write(tmp_path / ("shuffled.mcap" if write is _shuffled_mcap else "shuffled.bag"))
+    parts = plan_partitions(str(path), partitions_per_bag=k)
+    if k in (None, 1000):
+        assert len(parts) > 3, "the bag should have several chunks"
+    for part in parts:
+        times = [m.timestamp for m in read_partition(part)]
+        assert times == sorted(times), (part.index, times)
+    assert merged(parts) == reference(path)
+    (whole,) = plan_partitions(str(path), partitions_per_bag=1)
+    assert [(t - bf.T0) // 10**9 for _, t, _, _ in merged([whole])] == sorted(_SHUFFLED)
+
+
 # ------------------------------------------------------------------------- URLs, fsspec
 
 
