@@ -356,6 +356,44 @@ def _saved_source(fs: Any, root: str) -> Any:
         return None
 
 
+def _saved_parts(fs: Any, root: str, uri: str) -> list[str]:
+    """The part files of the save at ``root``, as its manifest lists them (checked)."""
+    sizes = {
+        posixpath.basename(entry["name"]): entry.get("size")
+        for entry in fs.ls(root, detail=True)
+        if entry.get("type") != "directory"
+    }
+    found = sorted(n for n in sizes if n.startswith("part-") and n.endswith(_PART_SUFFIX))
+    try:
+        with fs.open(posixpath.join(root, "manifest.json"), "r") as src:
+            listed = json.load(src)["partitions"]
+        names = [str(p["file"]) for p in listed]
+        want = {str(p["file"]): p.get("bytes") for p in listed}
+    except FileNotFoundError:
+        return [posixpath.join(root, n) for n in found]  # a save without a manifest
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BinpipeError(f"{uri}/manifest.json is damaged ({err}); save the data again") from err
+    for name in names:
+        if name not in sizes:
+            raise BinpipeError(
+                f"{uri}: {name} is missing, though manifest.json lists it; "
+                "the save is incomplete: save the data again"
+            )
+        if want[name] is not None and sizes[name] is not None and sizes[name] != want[name]:
+            raise BinpipeError(
+                f"{uri}: {name} holds {sizes[name]} bytes, manifest.json says {want[name]}; "
+                "the file was changed after the save: save the data again"
+            )
+    stray = sorted(set(found) - set(names))
+    if stray:
+        log.warning(
+            "%s: left out %s, not listed in manifest.json (not written by this save)",
+            uri,
+            ", ".join(stray),
+        )
+    return [posixpath.join(root, n) for n in names]
+
+
 class BinPipeRDD:
     """An RDD of BinPipe blocks with record-level operations.
 
@@ -480,21 +518,25 @@ class BinPipeRDD:
         *,
         storage_options: Mapping[str, Any] | None = None,
     ) -> BinPipeRDD:
-        """Read streams written by :meth:`save` (one partition per part file)."""
+        """Read streams written by :meth:`save` (one partition per part file).
+
+        The part files are those ``manifest.json`` lists, in its order: one that is
+        missing or not of the size the manifest says is an error naming it, and a part
+        file the manifest does not list (a stray copy) is left out with a warning.
+        """
         uri = _absolute_local(os.fspath(uri))
         options = dict(storage_options or {})
         fs, root = open_fs(uri, tuple(options.items()))
+        if not fs.isdir(root):
+            what = "is a file, not" if fs.exists(root) else "does not exist; expected"
+            raise BinpipeError(f"{uri} {what} a directory written by BinPipeRDD.save")
         if not fs.exists(posixpath.join(root, "_SUCCESS")):
             raise BinpipeError(
                 f"{uri} is not a complete BinPipe save (no _SUCCESS marker); "
                 "was the job that wrote it interrupted?"
             )
         protocol = uri.split("://", 1)[0] + "://" if "://" in uri else ""
-        files = sorted(
-            p
-            for p in fs.ls(root, detail=False)
-            if posixpath.basename(p).startswith("part-") and p.endswith(_PART_SUFFIX)
-        )
+        files = _saved_parts(fs, root, uri)
         urls = [protocol + p if protocol else p for p in files]
         lineage = {"origin": "save", "uri": uri, "saved": _saved_source(fs, root), "steps": []}
         sc = spark.sparkContext

@@ -225,6 +225,34 @@ def test_save_and_load_round_trip(spark: Any, shared_data: Path, tmp_path: Path)
     assert (out / "notes.txt").read_text() == "keep me" and (out / "_SUCCESS").exists()
 
 
+def test_load_reads_what_the_manifest_lists_and_names_what_is_wrong(
+    spark: Any, shared_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rdd = BinPipeRDD.from_bags(spark, str(shared_data / HUSKY), partitions_per_bag=3)
+    out = tmp_path / "saved"
+    manifest = rdd.save(out)
+    part = out / "part-00001.binpipe"
+    # a stray part file (a copy from another save) is not read
+    shutil.copy(out / "part-00000.binpipe", out / "part-00007.binpipe")
+    with caplog.at_level("WARNING", logger="adcloud.binpipe.rdd"):
+        assert BinPipeRDD.load(spark, out).count() == manifest["records"]
+    assert "part-00007.binpipe" in caplog.text
+    # a listed part that changed or went missing is an error naming it, not a short read
+    data = part.read_bytes()
+    part.write_bytes(data[:-100])
+    with pytest.raises(BinpipeError, match=r"part-00001\.binpipe holds \d+ bytes"):
+        BinPipeRDD.load(spark, out)
+    part.unlink()
+    with pytest.raises(BinpipeError, match=r"part-00001\.binpipe is missing"):
+        BinPipeRDD.load(spark, out)
+    part.write_bytes(data)
+    assert BinPipeRDD.load(spark, out).count() == manifest["records"]
+    with pytest.raises(BinpipeError, match="does not exist"):
+        BinPipeRDD.load(spark, tmp_path / "nowhere")
+    with pytest.raises(BinpipeError, match="is a file, not a directory"):
+        BinPipeRDD.load(spark, shared_data / HUSKY)
+
+
 def keep_fix(msg: Message) -> bool:
     return msg.topic == "/fix"
 
@@ -302,11 +330,13 @@ def test_failed_save_leaves_no_partial_output(
     with pytest.raises(Exception, match="executor blew up"):
         rdd.map_records(explode).save(str(out))
     assert not (out / "_SUCCESS").exists()
-    with pytest.raises(Exception, match="_SUCCESS"):
-        BinPipeRDD.load(spark, str(out))
-    # whatever partitions finished are whole streams, never half-written files
-    # nothing at all is left of the failed save
+    # nothing at all is left of the failed save, not even whole partitions
     assert not out.exists()
+    with pytest.raises(BinpipeError, match="does not exist"):
+        BinPipeRDD.load(spark, str(out))
+    out.mkdir()  # a directory without the marker: a save that never finished
+    with pytest.raises(BinpipeError, match="no _SUCCESS marker"):
+        BinPipeRDD.load(spark, str(out))
 
 
 def test_a_failed_overwrite_keeps_the_earlier_save(
