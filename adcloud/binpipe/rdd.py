@@ -71,6 +71,15 @@ _PART_NAME = re.compile(r"part-\d+\.binpipe")
 DEFAULT_PARTITION_BYTES = 128 << 20
 
 
+def _bag_key(fs: Any, path: str) -> str:
+    """One spelling per bag: ``/x.bag``, ``file:///x.bag`` and a symlink to it are one."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    where = fs._strip_protocol(path)
+    if protocol in ("file", "local"):
+        where = os.path.realpath(where)
+    return f"{protocol}://{where}"
+
+
 def expand_uris(
     uris: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     storage_options: Mapping[str, Any] | None = None,
@@ -82,8 +91,9 @@ def expand_uris(
 
     A directory expands to the ``*.bag`` and ``*.mcap`` files in it and to the ROS 2 bag
     directories in it (those holding a ``metadata.yaml``), or, for ROS 2, to itself when
-    it holds a ``metadata.yaml``.  A bag named more than once (``a.bag`` and ``.``, or
-    two overlapping globs) is read once, under its first name.
+    it holds a ``metadata.yaml``.  A bag named more than once (``a.bag`` and ``.``, two
+    overlapping globs, ``file://`` and a plain path, a symlink and its target) is read
+    once, under its first name.
     """
     given = [uris] if isinstance(uris, (str, os.PathLike)) else list(uris)
     items = [_absolute_local(os.fspath(u)) for u in given]
@@ -96,8 +106,8 @@ def expand_uris(
         def url(p: str, fs: Any = fs, protocol: str = protocol) -> str:
             return protocol + p if protocol else p
 
-        def add(name: str, where: str, fs: Any = fs, protocol: str = protocol) -> None:
-            key = protocol + fs._strip_protocol(where)  # one spelling per bag
+        def add(name: str, where: str, fs: Any = fs) -> None:
+            key = _bag_key(fs, where)
             if key in seen:
                 log.warning("%s names %s again: it is read once", name, seen[key])
                 return

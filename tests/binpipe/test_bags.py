@@ -883,3 +883,15 @@ def test_a_directory_expands_to_every_bag_in_it_once(bags: dict[str, Path]) -> N
     again = expand_uris([first, str(folder), f"{folder}/*.bag"])
     assert again[0] == first
     assert sorted(again) == sorted(str(p) for p in bags.values())
+
+
+def test_one_bag_under_two_spellings_is_read_once(bags: dict[str, Path], tmp_path: Path) -> None:
+    """A plain path and its file:// URL, or a symlink and its target, are the same bag."""
+    bag = bags["ros1-lz4"]
+    link = tmp_path / "link.bag"
+    link.symlink_to(bag)
+    assert expand_uris([str(bag), f"file://{bag}", str(link)]) == [str(bag)]
+    assert expand_uris([f"file://{bag}", str(bag)]) == [f"file://{bag}"]
+    other = tmp_path / "copy.bag"
+    shutil.copy(bag, other)  # the same bytes in another file is another bag
+    assert expand_uris([str(bag), str(other)]) == [str(bag), str(other)]
