@@ -19,16 +19,54 @@ standard error, which the caller keeps the tail of for error reports.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import BinaryIO
 
 from adcloud.binpipe.codec import BlockKind, Record, StreamReader, StreamWriter, as_message
+from adcloud.binpipe.errors import BinpipeError
 
-__all__ = ["NodeFunction", "read_records", "run_node"]
+__all__ = ["NodeFunction", "read_records", "records_from", "run_node"]
 
 #: Maps one input record to nothing (None), one output record (a tuple), or an
 #: iterable of output records.
 NodeFunction = Callable[[Record], "Record | Iterable[Record] | None"]
+
+
+def records_from(out: object, fn: Callable[..., object]) -> Iterable[Record]:
+    """The records ``fn`` returned as ``out`` when it is not one tuple: none for None, else
+    the tuples of an iterable, checked as they come.
+
+    A ``str``, ``bytes`` or ``dict`` is iterable but no iterable of records (iterating it
+    would make a record of each character or byte): that, and anything else that is
+    not a tuple or an iterable of tuples, is a :class:`BinpipeError` naming ``fn``.
+    """
+    if out is None:
+        return ()
+    if isinstance(out, tuple):
+        return (out,)
+    if isinstance(out, (str, bytes, bytearray, memoryview, Mapping)) or not isinstance(
+        out, Iterable
+    ):
+        raise _bad_return(fn, out, "")
+    return _tuples(out, fn)
+
+
+def _tuples(items: Iterable[object], fn: Callable[..., object]) -> Iterator[Record]:
+    for item in items:
+        if not isinstance(item, tuple):
+            raise _bad_return(fn, item, f"a {type(items).__name__} holding ")
+        yield item
+
+
+def _bad_return(fn: Callable[..., object], value: object, holding: str) -> BinpipeError:
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return BinpipeError(
+        f"{name} returned {holding}{type(value).__name__} {shown}; return a record (a tuple, "
+        "e.g. (topic, timestamp, msgtype, data)), an iterable of records, or None to drop it"
+    )
 
 
 def read_records(stdin: BinaryIO | None = None) -> Iterator[Record]:
@@ -63,12 +101,10 @@ def run_node(
             continue
         for rec in block:
             out = fn(as_message(rec))
-            if out is None:
-                continue
             if isinstance(out, tuple):
                 writer.write(out)
             else:
-                for item in out:
+                for item in records_from(out, fn):
                     writer.write(item)
         writer.flush_block()
         sink.flush()

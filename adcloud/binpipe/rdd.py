@@ -49,6 +49,7 @@ from adcloud.binpipe.codec import (
 )
 from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder, meta_block
 from adcloud.binpipe.errors import BinpipeError
+from adcloud.binpipe.node import records_from
 from adcloud.binpipe.pipe import pipe_blocks
 
 if TYPE_CHECKING:
@@ -196,12 +197,10 @@ def _transform(
                         yield item
                     continue
                 out = fn(*args)
-                if out is None:
-                    continue
                 if isinstance(out, tuple):
                     yield out
                 else:
-                    yield from out
+                    yield from records_from(out, fn)
 
     meta: list[bytes] = []
     # META blocks are passed on ahead of the data they describe.

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -237,6 +238,29 @@ def test_run_node_in_process_and_read_records() -> None:
     got = list(read_records(dst))
     assert all(isinstance(m, Message) and bytes(m.data) == b"!" for m in got)
     assert [m[1] for m in got] == [r[1] for r in _records(20)]
+
+
+@pytest.mark.parametrize(
+    ("returned", "says"),
+    [
+        (lambda m: m.topic, r"returned str '/t0'"),
+        (lambda m: bytes(m.data), r"returned bytes b"),
+        (lambda m: {"topic": m.topic}, r"returned dict \{'topic'"),
+        (lambda m: 7, r"returned int 7"),
+        (lambda m: [m, "oops"], r"returned a list holding str 'oops'"),
+    ],
+)
+def test_a_node_function_returning_no_record_is_named(returned: Any, says: str) -> None:
+    """A str, bytes or dict is iterable, but no iterable of records: it would become a
+    record per character or byte; say what was returned instead."""
+    src = io.BytesIO()
+    with StreamWriter(src) as w:
+        for r in _records(3):
+            w.write(r)
+    src.seek(0)
+    with pytest.raises(BinpipeError, match=says) as info:
+        run_node(returned, stdin=src, stdout=io.BytesIO())
+    assert "an iterable of records, or None" in str(info.value)
 
 
 def test_node_without_end_block_is_truncated() -> None:

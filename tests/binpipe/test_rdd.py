@@ -253,6 +253,15 @@ def test_load_reads_what_the_manifest_lists_and_names_what_is_wrong(
         BinPipeRDD.load(spark, shared_data / HUSKY)
 
 
+def test_map_records_returning_a_string_is_an_error_not_a_record_per_character(
+    spark: Any, shared_data: Path
+) -> None:
+    rdd = BinPipeRDD.from_bags(spark, str(shared_data / HUSKY), topics=["/fix"])
+    with pytest.raises(Exception, match=r"returned str '/fix'; return a record"):
+        rdd.map_records(lambda m: m.topic).count()
+    assert rdd.map_records(lambda m: [m, m]).count() == 2 * rdd.count()
+
+
 def keep_fix(msg: Message) -> bool:
     return msg.topic == "/fix"
 
