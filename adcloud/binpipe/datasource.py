@@ -155,8 +155,14 @@ class RosbagReader(DataSourceReader):
         self.options = options
         topics = options.get("topics")
         self.topics: set[str] | None = (
-            {t.strip() for t in topics.split(",") if t.strip()} if topics else None
+            None if topics is None else {t.strip() for t in topics.split(",") if t.strip()}
         )
+        if self.topics is not None and not self.topics:
+            # an empty list joined (",".join([])) would otherwise read every topic
+            raise BinpipeError(
+                f'spark.read.format("rosbag"): option topics={topics!r} names no topic; name '
+                "them separated by commas, or leave the option out to read every topic"
+            )
         self.start = _int_option(options, "start", None)
         self.end = _int_option(options, "end", None)
         self.partitions_per_bag = _int_option(options, "partitionsPerBag", None, minimum=1)

@@ -323,30 +323,57 @@ def _count_records(raw: bytes | bytearray) -> int:
     return header.n_records if header.kind == BlockKind.DATA else 0
 
 
-def _bags_lineage(parts: Sequence[BagPartition]) -> dict[str, Any]:
+def _bags_lineage(
+    parts: Sequence[BagPartition],
+    *,
+    bags: Sequence[str] = (),
+    request: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """What :meth:`BinPipeRDD.save` records of bag input: each bag with its format and
     ``messages``, the index's count of the messages of the selected topics in the chunks
     planned (a time range reads whole chunks; the save adds each bag's ``records``), and
     the filters as planned (the same for every partition of one planning call, so the
-    first partition's are the call's)."""
-    bags: dict[str, dict[str, Any]] = {}
+    first partition's are the call's).  ``bags`` and ``request`` are what the call was
+    given, so that a bag the filters leave nothing of is listed too (with no partitions),
+    and the filters are recorded when no bag has a partition left."""
+    entries: dict[str, dict[str, Any]] = {
+        uri: {"uri": uri, "partitions": 0, "messages": 0} for uri in bags
+    }
     for part in parts:
-        entry = bags.setdefault(
-            part.uri, {"uri": part.uri, "format": part.format.value, "partitions": 0, "messages": 0}
-        )
+        key = part.reindexed_from if part.reindexed_from in entries else part.uri
+        entry = entries.setdefault(key, {"uri": key, "partitions": 0, "messages": 0})
+        entry["format"] = part.format.value
         if part.reindexed_from:
+            entry["uri"] = part.uri
             entry["reindexed_from"] = part.reindexed_from
         entry["partitions"] += 1
         entry["messages"] += part.message_count
     first = parts[0] if parts else None
+    if first is not None:
+        topics = None if first.topics is None else list(first.topics)
+        start, end, time_source = first.start, first.end, first.time_source.value
+    elif request is not None:
+        given = request.get("topics")
+        topics = None if given is None else list(dict.fromkeys(given))
+        start, end = request.get("start"), request.get("end")
+        time_source = TimeSource(request.get("time_source", TimeSource.RECORD)).value
+    else:
+        topics, start, end, time_source = None, None, None, None
     return {
         "origin": "bags",
-        "bags": list(bags.values()),
+        "bags": [
+            {
+                key: e[key]
+                for key in ("uri", "format", "reindexed_from", "partitions", "messages")
+                if key in e
+            }
+            for e in entries.values()
+        ],
         "topics": sorted({c.topic for p in parts for c in p.connections}),
-        "topic_filter": list(first.topics) if first and first.topics is not None else None,
-        "start": first.start if first else None,
-        "end": first.end if first else None,
-        "time_source": first.time_source.value if first else None,
+        "topic_filter": topics,
+        "start": start,
+        "end": end,
+        "time_source": time_source,
         "steps": [],
     }
 
@@ -460,7 +487,8 @@ class BinPipeRDD:
         partition per chunk.
         """
         parts: list[BagPartition] = []
-        for uri in expand_uris(uris, storage_options):
+        bags = expand_uris(uris, storage_options)
+        for uri in bags:
             parts.extend(
                 plan_partitions(
                     uri,
@@ -476,7 +504,11 @@ class BinPipeRDD:
                 )
             )
         log.info("planned %d partitions from %s", len(parts), uris)
-        return cls.from_partitions(spark, parts, block_bytes=block_bytes)
+        rdd = cls.from_partitions(spark, parts, block_bytes=block_bytes)
+        # every bag asked for, and the filters, even where they leave no partition
+        request = {"topics": topics, "start": start, "end": end, "time_source": time_source}
+        rdd.lineage = _bags_lineage(parts, bags=bags, request=request)
+        return rdd
 
     @classmethod
     def from_partitions(

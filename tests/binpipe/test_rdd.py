@@ -299,6 +299,18 @@ def test_save_manifest_records_where_the_records_came_from(
     assert second["steps"][0]["op"] == "map_records" and "<lambda>" in second["steps"][0]["fn"]
     records = BinPipeRDD.from_records(spark, [("x", 1)]).save(str(tmp_path / "c"))
     assert records["source"] == {"origin": "records", "records": 1, "steps": []}
+    # filters that leave nothing of a bag: it and the filters are still on record
+    other = str(shared_data / LUMINAR)
+    none = BinPipeRDD.from_bags(spark, [bag, other], topics=["/fix"], end=5).save(tmp_path / "d")
+    assert none["records"] == 0
+    assert none["source"]["bags"] == [
+        {"uri": bag, "partitions": 0, "messages": 0, "records": 0},
+        {"uri": other, "partitions": 0, "messages": 0, "records": 0},
+    ]
+    assert none["source"]["topic_filter"] == ["/fix"] and none["source"]["end"] == 5
+    assert none["source"]["time_source"] == "record"
+    some = BinPipeRDD.from_bags(spark, [bag, other], topics=["/fix"]).save(tmp_path / "e")
+    assert [(b["uri"], b["records"]) for b in some["source"]["bags"]] == [(bag, 989), (other, 0)]
 
 
 def test_each_partition_knows_the_bag_it_reads(spark: Any, shared_data: Path) -> None:
@@ -416,6 +428,8 @@ def test_to_dataframe(spark: Any, shared_data: Path) -> None:
         ("start", "1.5e9", "option start='1.5e9' is not an integer"),
         ("timeSource", "gps", "option timeSource='gps' is not one of record, header"),
         ("topic", "/fix", "unknown option(s) topic; the options are topics, start, end"),
+        ("topics", "", "option topics='' names no topic"),
+        ("topics", " , ", "option topics=' , ' names no topic"),
     ],
 )
 def test_rosbag_datasource_option_errors_name_the_option(
