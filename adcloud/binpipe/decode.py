@@ -141,9 +141,16 @@ class MessageDecoder:
                 return store.deserialize_ros1(bytes(message.data), msgtype)
             return store.deserialize_cdr(bytes(message.data), msgtype)
         except Exception as err:
+            hint = ""
+            if message.topic not in self._serialization and msgtype not in self._serialization:
+                # nothing said how it is serialized: CDR was a guess
+                hint = (
+                    "; no message definition (META block) for it reached this partition, so "
+                    "CDR was assumed: a pipe command must pass META blocks on (run_node does)"
+                )
             raise BinpipeError(
                 f"cannot decode a {msgtype} message on {message.topic} at t={message.timestamp} "
-                f"({serialization} serialization): {err}"
+                f"({serialization} serialization): {err}{hint}"
             ) from err
 
 

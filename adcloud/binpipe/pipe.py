@@ -244,7 +244,17 @@ def pipe_blocks(
                 # The input itself failed (e.g. a corrupt bag): that is the cause.
                 raise feeder.error from None
             code = proc.returncode
-            reason = f"exited before finishing its output: {err}" if code else f"wrote {err}"
+            detail = str(err).removeprefix(f"output of {shown!r}: ")
+            if detail.startswith("empty input at offset 0"):
+                reason = (
+                    "exited without writing anything on stdout"
+                    if code
+                    else "wrote nothing on stdout, where a BinPipe stream was expected"
+                )
+            elif code:
+                reason = f"exited before finishing its output: {detail}"
+            else:
+                reason = f"wrote a malformed stream: {detail}"
             raise failure(reason, err) from err
         code = proc.wait()
         feeder.join()

@@ -75,3 +75,17 @@ def test_a_broken_definition_names_type_and_topic() -> None:
     )
     with pytest.raises(BinpipeError, match=r"survey_msgs/msg/Landmark \(topic /landmarks\)"):
         MessageDecoder([conn]).decode(Message("/landmarks", 5, "survey_msgs/msg/Landmark", b""))
+
+
+def test_a_message_whose_definition_never_arrived_says_so() -> None:
+    """ROS 1 bytes of a standard type with no META block (a pipe command that dropped it):
+    CDR is assumed, and the error says why instead of only 'missing string terminator'."""
+    store = get_typestore(Stores.ROS1_NOETIC)
+    msg = store.types["std_msgs/msg/String"](data="hello")
+    data = bytes(store.serialize_ros1(msg, "std_msgs/msg/String"))[:-2]
+    with pytest.raises(BinpipeError, match=r"no message definition \(META block\)"):
+        MessageDecoder().decode(Message("/chatter", 5, "std_msgs/msg/String", data))
+    conn = ConnectionInfo("/chatter", "std_msgs/msg/String", "", "", "", "ros1")
+    with pytest.raises(BinpipeError) as info:  # said to be ROS 1 and still broken: no hint
+        MessageDecoder([conn]).decode(Message("/chatter", 5, "std_msgs/msg/String", data))
+    assert "META" not in str(info.value)

@@ -150,6 +150,21 @@ def test_garbage_output_is_a_clear_error(tmp_path: Path) -> None:
     assert "not a BinPipe stream" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("script", "says"),
+    [
+        ("cat >/dev/null", r"wrote nothing on stdout, where a BinPipe stream was expected \(exit"),
+        ("cat >/dev/null; exit 3", r"exited without writing anything on stdout \(exit code 3\)"),
+        ("cat >/dev/null; printf abc", r"wrote a malformed stream: truncated stream at offset 0"),
+        ("cat >/dev/null; printf abc; exit 3", r"exited before finishing its output: truncated"),
+    ],
+)
+def test_a_command_without_a_stream_on_stdout_says_what_it_wrote(script: str, says: str) -> None:
+    with pytest.raises(PipeCommandError, match=says) as info:
+        list(pipe_blocks(list(encode_blocks(_records(3))), ["sh", "-c", script]))
+    assert str(info.value).count("sh -c") == 1  # the command is named once
+
+
 def test_missing_command(tmp_path: Path) -> None:
     with pytest.raises(PipeCommandError, match="cannot start"):
         list(pipe_blocks([], str(tmp_path / "no-such-program")))
