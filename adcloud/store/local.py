@@ -300,6 +300,14 @@ class LocalStore(BaseStore):
             if size > largest
             else "the rest is pinned or not yet persisted"
         )
+        old = self._cat.file(self._key(key))
+        if size <= largest and old is not None and old.tier is not None:
+            # a replaced file's old version stays readable until the new one is complete
+            tier = next((t.name for t in self._tiers if t.level == old.tier), "a tier")
+            why += (
+                f"; the version of {key} being replaced holds {format_size(old.size)} of "
+                f"{tier} until the new one is complete"
+            )
         return StoreFullError(
             f"cannot place {key} ({format_size(size)}) in any tier: "
             f"{self._describe_tiers()} -- {why}; {_FULL_HINT}"

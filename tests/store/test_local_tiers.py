@@ -164,6 +164,19 @@ def test_full_of_pinned_data_is_a_clear_error(make_store: MakeStore, store_root:
         store.put("/huge", bytes(8000), write_type=WriteType.MUST_CACHE)
 
 
+def test_replacing_a_file_that_only_fits_once_says_the_old_version_holds_the_space(
+    make_store: MakeStore,
+) -> None:
+    store = make_store(mem_capacity="4KB", ssd_capacity="0", hdd_capacity="0")
+    store.put("/m", bytes(2500), write_type=WriteType.MUST_CACHE)
+    with pytest.raises(StoreFullError, match=r"the version of /m being replaced holds 2\.4 KiB"):
+        store.put("/m", bytes(2500), write_type=WriteType.MUST_CACHE)
+    assert store.get("/m") == bytes(2500)  # the old version stays whole
+    with pytest.raises(StoreFullError) as info:  # another file: no such words
+        store.put("/n", bytes(2500), write_type=WriteType.MUST_CACHE)
+    assert "being replaced" not in str(info.value)
+
+
 def test_unpersisted_data_never_leaves_the_last_tier(make_store: MakeStore) -> None:
     store = make_store(mem_capacity="4KB", ssd_capacity="0", hdd_capacity="0")
     store.put("/m1", blob(1), write_type=WriteType.MUST_CACHE)
