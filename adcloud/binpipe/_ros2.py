@@ -156,6 +156,12 @@ def read_layout(fs: Any, path: str, uri: str) -> Ros2Layout | None:
             compression_format=str(info.get("compression_format") or ""),
             distro=str(info.get("ros_distro") or ""),
         )
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise BagError(
+            f"{uri}: metadata.yaml is not valid YAML{where}: {err.problem or err.context}"
+        ) from err
     except (yaml.YAMLError, KeyError, TypeError, ValueError) as err:
         raise BagError(f"{uri}: metadata.yaml is not valid rosbag2 metadata: {err}") from err
 

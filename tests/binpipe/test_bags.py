@@ -836,6 +836,25 @@ def test_damaged_sqlite(tmp_path: Path, bags: dict[str, Path]) -> None:
             list(read_partition(part))
 
 
+def test_damaged_metadata_yaml_is_one_line_naming_the_place(
+    tmp_path: Path, bags: dict[str, Path]
+) -> None:
+    bag = tmp_path / "r2"
+    shutil.copytree(bags["ros2-sqlite3"], bag)
+    meta = bag / "metadata.yaml"
+    lines = meta.read_text().splitlines()
+    lines[3] = lines[3].split(":")[0] + ": [1, 2"  # an unclosed flow sequence
+    meta.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        BagError, match=r"metadata\.yaml is not valid YAML at line \d+, col"
+    ) as info:
+        plan_partitions(str(bag))
+    assert "\n" not in str(info.value)
+    meta.write_text("rosbag2_bagfile_information: {version: 9}\n")
+    with pytest.raises(BagError, match=r"metadata\.yaml is not valid rosbag2 metadata"):
+        plan_partitions(str(bag))
+
+
 def test_header_stamp_byte_orders() -> None:
     stamp = struct.pack("<II", 5, 7)
     assert header_stamp(struct.pack("<I", 99) + stamp + b"\0" * 8, "ros1") == 5_000_000_007
