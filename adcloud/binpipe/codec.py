@@ -880,7 +880,10 @@ class StreamReader:
 
     Memory is bounded by the largest block (and by ``max_block_bytes``).  Iterating
     yields DATA and META blocks; the END block's count is checked and a stream that
-    ends without one raises :class:`BinpipeError` naming the offset.
+    ends without one raises :class:`BinpipeError` naming the offset.  After END the
+    reader makes sure nothing follows, reading to the end of input, unless
+    ``check_trailing`` is false (a pipe whose writer's helpers may hold it open: the
+    caller checks once the writer has exited).
     """
 
     def __init__(
@@ -890,11 +893,13 @@ class StreamReader:
         verify_payload: bool = True,
         max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
         name: str = "stream",
+        check_trailing: bool = True,
     ) -> None:
         self._in = fileobj
         self._verify = verify_payload
         self._max = max_block_bytes
         self._name = name
+        self._check_trailing = check_trailing
         self.offset = 0
         self.record_count = 0
 
@@ -982,7 +987,7 @@ class StreamReader:
                 raise BinpipeError(f"{self._name}: {err}") from None
             if block.kind == BlockKind.END:
                 _check_end(block, self.record_count, self._name)
-                if self._in.read(1):
+                if self._check_trailing and self._in.read(1):
                     raise BinpipeError(
                         f"{self._name}: trailing bytes after the END block at offset "
                         f"{self.offset + size}"

@@ -120,6 +120,23 @@ class _TailReader(threading.Thread):
         return data.decode("utf-8", errors="replace")
 
 
+#: Seconds to wait, once the command has exited, for the threads feeding its stdin and
+#: draining its stderr: only a process it left holding them open keeps them longer.
+_AFTER_EXIT_S = 2.0
+
+
+def _trailing_bytes(stdout: IO[bytes]) -> bool:
+    """Whether anything follows the END block on ``stdout``, without waiting for it."""
+    fd = stdout.fileno()
+    os.set_blocking(fd, False)
+    try:
+        return bool(os.read(fd, 1))
+    except BlockingIOError:
+        return False  # open elsewhere, nothing written: a helper left behind holds it
+    finally:
+        os.set_blocking(fd, True)
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the command's process group: the command and whatever it started."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -137,6 +154,7 @@ def pipe_blocks(
     on_start: Callable[[int], None] | None = None,
     on_exit: Callable[[int, str], None] | None = None,
     lifeline: Lifeline | None = None,
+    require_all_input: bool = False,
 ) -> Iterator[bytearray]:
     """Send ``blocks`` through ``command`` and yield the blocks it writes back.
 
@@ -152,6 +170,9 @@ def pipe_blocks(
     The group is guarded by ``lifeline`` (by a :class:`~adcloud._lifeline.Lifeline` of its
     own when none is given): if this process dies mid-run -- a Spark task killed with its
     Python worker, a lost executor -- the command is killed too instead of running on.
+    Once the command has written its END block and exited, what is left of its group is
+    killed.  A command that exits 0 without reading all of its input is logged, or, with
+    ``require_all_input``, a failure.
     """
     args = _args(command)
     shown = shlex.join(args)
@@ -226,7 +247,10 @@ def pipe_blocks(
     completed = False
     try:
         reader = StreamReader(
-            proc.stdout, max_block_bytes=max_block_bytes, name=f"output of {shown!r}"
+            proc.stdout,
+            max_block_bytes=max_block_bytes,
+            name=f"output of {shown!r}",
+            check_trailing=False,  # below, without waiting on helpers holding stdout
         )
         try:
             for block in reader:
@@ -257,15 +281,24 @@ def pipe_blocks(
                 reason = f"wrote a malformed stream: {detail}"
             raise failure(reason, err) from err
         code = proc.wait()
-        feeder.join()
-        stderr.join()
+        # The END block came and the command exited; a process it left behind (a
+        # helper, in its group or in a session of its own) may still hold its stdin,
+        # stdout or stderr open, so nothing below waits for their end of file.
+        trailing = _trailing_bytes(proc.stdout)
+        _kill_group(proc)  # what is left of its group goes with it
+        feeder.join(timeout=_AFTER_EXIT_S)
+        stderr.join(timeout=_AFTER_EXIT_S)
         if feeder.error is not None:
             raise feeder.error
         if timed_out.is_set():
             raise failure("timed out")
         if code != 0:
             raise failure("failed")
-        if feeder.broken_pipe:
+        if trailing:
+            raise failure(f"wrote bytes after its END block at offset {reader.offset}")
+        if feeder.broken_pipe or feeder.is_alive():
+            if require_all_input:
+                raise failure("stopped reading its input before its end")
             # The command closed its stdin early yet exited 0 with a valid stream:
             # that is its right (e.g. `head`), but it is worth a log line.
             log.info("command %r stopped reading its input early", shown)

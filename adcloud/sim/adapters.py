@@ -421,6 +421,7 @@ def drive_pipe(
         on_start=watch,
         on_exit=finished,
         lifeline=lifeline,
+        require_all_input=True,  # a node that stops reading has not been replayed
     )
     try:
         for raw in outputs:
@@ -774,7 +775,24 @@ class Ros1Adapter:
                 )
                 run.exit_code = code
                 run.stderr_tail = tail
+            elif code == 0 and run.failure is None:
+                # a ROS node runs until it is stopped: one that ended by itself did not
+                # see the rest of the replay
+                run.failure = (
+                    f"node {shlex.join(node.args)!r} exited (code 0) before the replay ended"
+                )
+                run.exit_code = 0
+                run.stderr_tail = _tail(node_log)
             elif run.failure is not None:
+                # the bridge says what went wrong in its own last words ("no node
+                # subscribed to ..."): that, not its command line, is the reason
+                said = [
+                    line.removeprefix("adcloud bridge: ").strip()
+                    for line in run.stderr_tail.splitlines()
+                    if line.startswith("adcloud bridge: ")
+                ]
+                if said:
+                    run.failure = said[-1][:300]
                 run.stderr_tail = (
                     f"--- bridge ---\n{run.stderr_tail}\n--- node ---\n{_tail(node_log)}"
                 )[-_TAIL:]

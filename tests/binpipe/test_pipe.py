@@ -191,6 +191,52 @@ def test_timeout_kills_what_a_wrapper_script_started(tmp_path: Path) -> None:
     assert not _running(child)
 
 
+def test_helpers_left_holding_the_pipes_do_not_hold_up_the_run(tmp_path: Path) -> None:
+    """A command that wrote its END block and exited is done, though a helper it started
+    still holds its stdout: one in its group is killed, one in a session of its own is
+    left alone, and neither makes the run wait for it (or time out)."""
+    records = _records(50)
+    sent = list(encode_blocks(records))
+    began = time.monotonic()
+    in_group = list(pipe_blocks(sent, ["sh", "-c", "sleep 60 & exec cat"], timeout=30))
+    assert _decode(in_group) == records
+    pidfile = tmp_path / "helper.pid"
+    node = _node(
+        tmp_path,
+        f"""
+        import subprocess, sys
+        helper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        open({str(pidfile)!r}, "w").write(str(helper.pid))
+        sys.stdout.buffer.write(sys.stdin.buffer.read())
+        """,
+    )
+    try:
+        assert _decode(list(pipe_blocks(sent, node, timeout=30))) == records
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), 9)
+    assert time.monotonic() - began < 20
+
+
+def test_bytes_after_the_end_block_are_an_error() -> None:
+    with pytest.raises(PipeCommandError, match="wrote bytes after its END block at offset"):
+        list(pipe_blocks(list(encode_blocks(_records(5))), ["sh", "-c", "cat; printf x"]))
+
+
+def test_a_command_that_does_not_read_all_its_input(tmp_path: Path) -> None:
+    """Exiting 0 with a valid stream before reading all input is a command's right (as
+    ``head``'s), unless the caller requires the input read (a replayed node must)."""
+    canned = tmp_path / "canned.binpipe"
+    with canned.open("wb") as out, StreamWriter(out) as writer:
+        for record in _records(2):
+            writer.write(record)
+    big = list(encode_blocks(_records(3000, size=1000)))  # more than a pipe buffer holds
+    command = ["sh", "-c", f"exec cat {canned}"]
+    assert len(_decode(list(pipe_blocks(big, command)))) == 2
+    with pytest.raises(PipeCommandError, match="stopped reading its input before its end"):
+        list(pipe_blocks(big, command, require_all_input=True))
+
+
 def test_a_killed_caller_takes_its_command_along(tmp_path: Path) -> None:
     """The process running ``pipe_blocks`` is SIGKILLed (a Spark task killed with its
     Python worker) while its command hangs without reading: the command, in a process

@@ -157,7 +157,29 @@ def test_node_that_never_subscribes(drive: DriveResult, monkeypatch: pytest.Monk
     result = _run(job)
     assert not result.passed
     assert "no node subscribed to /lidar/points" in result.stderr_tail
+    assert result.reason == "no node subscribed to /lidar/points within 2.0 s"
     assert recorder.all_gone()
+
+
+_QUITTER = """
+import os, rospy
+rospy.init_node("quitter")
+seen = []
+def got(msg):
+    seen.append(msg)
+    if len(seen) == 3:
+        os._exit(0)  # gives up quietly, mid-replay
+rospy.Subscriber("/lidar/points", rospy.AnyMsg, got)
+rospy.spin()
+"""
+
+
+def test_a_node_that_exits_0_midway_fails(drive: DriveResult, tmp_path: Path) -> None:
+    node = tmp_path / "quitter.py"
+    node.write_text(_QUITTER)
+    result = _run(_job(drive.bag, f"{SYSTEM_PYTHON} {node}", ("/obstacles",), quiet_s=0.05))
+    assert not result.passed and result.exit_code == 0
+    assert result.reason.endswith("exited (code 0) before the replay ended")
 
 
 def test_a_node_that_dies_before_subscribing_fails_at_once(drive: DriveResult) -> None:

@@ -1,0 +1,40 @@
+"""Pipe nodes that end the replay early: a node must read all of its input."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from adcloud.sim import NodeSpec, ReplayJob, plan_scenarios, run_scenario
+from adcloud.synth import DriveResult
+
+_QUITTER = """
+import sys
+from adcloud.binpipe.codec import BlockKind, StreamReader, StreamWriter
+writer = StreamWriter(sys.stdout.buffer)
+seen = 0
+for block in StreamReader(sys.stdin.buffer):
+    if block.kind == BlockKind.DATA:
+        seen += block.n_records
+    if seen >= 5:
+        break  # gives up quietly, with a valid (empty) output stream
+writer.close()
+sys.stdout.flush()
+"""
+
+
+def test_a_pipe_node_that_stops_reading_and_exits_0_fails(
+    drive: DriveResult, tmp_path: Path
+) -> None:
+    node = tmp_path / "quitter.py"
+    node.write_text(_QUITTER)
+    job = ReplayJob(
+        bags=(str(drive.bag),),
+        node=NodeSpec(f"{sys.executable} {node}"),
+        input_topics=("/lidar/points",),
+        output_topics=("/obstacles",),
+    ).validate()
+    (scenario,) = plan_scenarios(list(job.bags), job.cut)
+    result = run_scenario(scenario, job)
+    assert not result.passed
+    assert "stopped reading its input before its end (exit code 0)" in result.reason
