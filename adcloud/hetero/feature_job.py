@@ -46,7 +46,7 @@ from adcloud._commit import TEMPORARY, JobOutput
 from adcloud.config import settings_dict
 from adcloud.hetero.devices import HeteroSettings, select_device, spark_assignment
 from adcloud.hetero.errors import HeteroError
-from adcloud.hetero.features import decode_image, hog_features
+from adcloud.hetero.features import _MAX_BINS, decode_image, hog_features, hog_size
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -117,6 +117,24 @@ def _write_npz(
     fs.mv(tmp, path)
 
 
+def _check_image_size(shape: tuple[int, int], cell: int, topic: str) -> None:
+    """Raise :class:`HeteroError` when ``shape`` (pixels) holds fewer than the 2x2 cells of
+    ``cell`` pixels that a HOG block needs: its descriptor would be empty."""
+    height, width = shape
+    if hog_size(height, width, cell=cell) > 0:
+        return
+    largest = min(height, width) // 2
+    fix = (
+        f"choose a smaller cell (--cell), at most {largest} pixels for these images"
+        if largest >= 1
+        else "no cell size fits them"
+    )
+    raise HeteroError(
+        f"the {height}x{width} images on {topic} are smaller than 2x2 cells of {cell} pixels, "
+        f"the least a HOG descriptor needs; {fix}"
+    )
+
+
 def _partition_features(
     index: int,
     blocks: Iterable[bytes | bytearray],
@@ -169,6 +187,7 @@ def _partition_features(
             if image.ndim == 3:
                 image = image[:, :, :3]
             shape = (int(msg.height), int(msg.width))
+            _check_image_size(shape, cell, topic)  # before its empty descriptors are saved
             pending[shape].append((message.timestamp, image))
             if len(pending[shape]) >= batch:
                 flush(shape)
@@ -224,7 +243,8 @@ def extract_features(
     splits each bag (default: partitions of about 16 MB, at least one per core).  Raises
     :class:`HeteroError` when ``out`` exists and is not empty (unless ``overwrite``; ``hint``
     says how to overwrite in the message), and for bad ``cell``/``bins``/``batch`` or a
-    pinned device that is not there, before any task runs.
+    pinned device that is not there, before any task runs.  Images smaller than 2x2 cells
+    are only seen by the tasks: the job fails with a :class:`HeteroError` naming their size.
     """
     from adcloud.binpipe import BinPipeRDD  # noqa: PLC0415 - pyspark is heavy
 
@@ -232,6 +252,8 @@ def extract_features(
     for name, value in (("cell", cell), ("bins", bins), ("batch", batch)):
         if value < 1:
             raise HeteroError(f"{name} must be >= 1, got {value}")
+    if bins > _MAX_BINS:  # the kernels' limit (hog_features checks it again)
+        raise HeteroError(f"bins must be <= {_MAX_BINS}, got {bins}")
     if partitions_per_bag is not None and partitions_per_bag < 1:
         raise HeteroError(f"partitions_per_bag must be >= 1, got {partitions_per_bag}")
     settings = HeteroSettings.load() if settings is None else settings
@@ -318,7 +340,12 @@ def extract_features(
 
 
 def read_features(out: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Load a job's output: ``{"HxW": (timestamps, features)}`` sorted by time, per size."""
+    """Load a job's output: ``{"HxW": (timestamps, features)}`` sorted by time, per size.
+
+    Reads the part files the manifest lists (by name, in ``out``: the directory may have
+    been moved), never a glob of ``out``, whose name may hold glob characters.  A listed
+    file that is missing raises :class:`HeteroError`.
+    """
     options = dict(storage_options or {})
     fs, root = fsspec.core.url_to_fs(out, **options)
     with fs.open(posixpath.join(root, "manifest.json")) as handle:
@@ -326,11 +353,18 @@ def read_features(out: str, storage_options: dict[str, Any] | None = None) -> di
     if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
         raise HeteroError(f"{out} is not an {FORMAT} v{FORMAT_VERSION} output")
     groups: dict[str, list[tuple[NDArray[np.int64], NDArray[np.float32]]]] = defaultdict(list)
-    for path in sorted(fs.glob(posixpath.join(root, "part-*.npz"))):
-        with (
-            fs.open(path, "rb") as handle,
-            np.load(io.BytesIO(handle.read()), allow_pickle=False) as data,
-        ):
+    names = sorted(
+        posixpath.basename(url) for part in manifest["partitions"] for url in part["files"]
+    )
+    for name in names:
+        try:
+            with fs.open(posixpath.join(root, name), "rb") as handle:
+                raw = handle.read()
+        except FileNotFoundError as err:
+            raise HeteroError(
+                f"{out} is incomplete: its manifest lists {name}, which is missing"
+            ) from err
+        with np.load(io.BytesIO(raw), allow_pickle=False) as data:
             height, width = (int(v) for v in data["shape"])
             groups[f"{height}x{width}"].append((data["timestamps"], data["features"]))
     result: dict[str, Any] = {}

@@ -107,6 +107,7 @@ def test_existing_output_and_wrong_topic(
     [
         ({"cell": 0}, "cell must be >= 1, got 0"),
         ({"bins": 0}, "bins must be >= 1, got 0"),
+        ({"bins": 33}, "bins must be <= 32, got 33"),  # the kernels' limit
         ({"batch": 0}, "batch must be >= 1, got 0"),
         ({"partitions_per_bag": 0}, "partitions_per_bag must be >= 1, got 0"),
         ({"settings": HeteroSettings(device="7:7")}, "device 7:7"),
@@ -120,6 +121,32 @@ def test_bad_parameters_fail_before_any_task(
         extract_features(spark, str(image_bags["bgr"]), str(tmp_path / "out"), **change)
     assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs  # no Spark job
     assert not (tmp_path / "out").exists()
+
+
+def test_cell_larger_than_the_images_fails_naming_both(
+    spark: SparkSession, image_bags: dict, tmp_path: Path
+) -> None:
+    # 48x64 images hold a single 40-pixel cell: their descriptors would be empty
+    with pytest.raises(
+        Exception, match=r"the 48x64 images on /camera/image_raw are smaller "
+    ) as info:
+        extract_features(spark, str(image_bags["bgr"]), str(tmp_path / "out"), cell=40)
+    assert "2x2 cells of 40 pixels" in str(info.value)
+    assert "choose a smaller cell (--cell), at most 24 pixels" in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_whose_path_holds_glob_characters(
+    spark: SparkSession, image_bags: dict, tmp_path: Path
+) -> None:
+    out = tmp_path / "feat [v2]*?"
+    extract_features(spark, str(image_bags["bgr"]), str(out), partitions_per_bag=2)
+    ((stamps, features),) = read_features(str(out)).values()
+    assert len(stamps) == len(features) == 10
+    # the manifest says which files make the output: one missing is an error, not less data
+    next(out.glob("part-*.npz")).unlink()
+    with pytest.raises(HeteroError, match=r"is incomplete: its manifest lists part-\d+"):
+        read_features(str(out))
 
 
 def run(argv: list[str]) -> tuple[int, str]:
