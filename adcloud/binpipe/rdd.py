@@ -87,6 +87,8 @@ def expand_uris(
 ) -> list[str]:
     """Expand globs and directories into a sorted list of bag URLs, each bag once.
 
+    A name that exists is taken literally, even with ``*``, ``?`` or ``[`` in it.
+
     Local paths come back absolute, as this process resolves them: executors run in other
     working directories (a relative ``drive.bag`` would be looked for there).
 
@@ -115,7 +117,8 @@ def expand_uris(
             seen[key] = name
             out.append(name)
 
-        if any(ch in path for ch in "*?["):
+        # a name that exists is taken as it is ("drive [2].bag"); else it may be a glob
+        if any(ch in path for ch in "*?[") and not fs.exists(path):
             found = sorted(fs.glob(path))
             if not found:
                 raise BinpipeError(f"no bag matches {item!r}")

@@ -914,3 +914,13 @@ def test_one_bag_under_two_spellings_is_read_once(bags: dict[str, Path], tmp_pat
     other = tmp_path / "copy.bag"
     shutil.copy(bag, other)  # the same bytes in another file is another bag
     assert expand_uris([str(bag), str(other)]) == [str(bag), str(other)]
+
+
+def test_a_bag_named_like_a_glob_is_taken_as_it_is(bags: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "b sp"
+    folder.mkdir()
+    odd = folder / "my drive [2].bag"
+    shutil.copy(bags["ros1-lz4"], odd)
+    assert expand_uris([str(odd)]) == [str(odd)]
+    assert expand_uris([str(folder / "*.bag")]) == [str(odd)]  # still a glob when it is one
+    assert merged(plan_partitions(str(odd))) == reference(bags["ros1-lz4"])
