@@ -18,7 +18,9 @@ A relative ``bag`` is resolved against the scenario file's directory.
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 import posixpath
 import re
 from collections import Counter
@@ -207,6 +209,30 @@ def _load_listing(text: str, url: str) -> Any:
         raise SimError(f"{url}: not valid JSON: {err}") from err
 
 
+#: The keys of one scenario in a scenario file.
+_KEYS = ("name", "bag", "start", "end", "warmup")
+
+
+def _check_keys(item: Mapping[str, Any], url: str, index: int) -> None:
+    """A misspelt key (``strat``) would judge another time range than meant: refuse it."""
+    unknown = [str(key) for key in item if key not in _KEYS]
+    if unknown:
+        guess = difflib.get_close_matches(unknown[0], _KEYS, n=1)
+        hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+        raise SimError(
+            f"{url}: scenario {item.get('name') or index!r}: unknown key {unknown[0]!r}{hint}; "
+            f"the keys are {', '.join(_KEYS)}"
+        )
+
+
+def _seconds(item: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    """``item[key]`` as a finite number of seconds (``default`` when absent)."""
+    value = item.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SimError(f"{where}: {key} must be a finite number of seconds, not {value!r}")
+    return float(value)
+
+
 def read_scenario_file(
     url: str, *, storage_options: Mapping[str, Any] | None = None
 ) -> list[Scenario]:
@@ -226,6 +252,7 @@ def read_scenario_file(
     for i, item in enumerate(items):
         if not isinstance(item, dict) or "bag" not in item:
             raise SimError(f"{url}: scenario {i} must be a mapping with at least 'bag'")
+        _check_keys(item, url, i)
         bag = str(item["bag"])
         if "://" not in bag and not bag.startswith("/"):
             bag = posixpath.join(base, bag) if base else bag
@@ -233,18 +260,21 @@ def read_scenario_file(
             spans[bag] = _bag_range(bag, storage_options)
         span = spans[bag]
         name = str(item.get("name") or f"{_stem(bag)}#{i:04d}")
-        try:
-            start_s = float(item.get("start", 0.0))
-            end_s = float(item["end"]) if item.get("end") is not None else None
-            warmup_s = float(item.get("warmup", 0.0))
-        except (TypeError, ValueError) as err:
-            raise SimError(f"{url}: scenario {name!r}: start/end/warmup must be seconds") from err
+        where = f"{url}: scenario {name!r}"
+        start_s = _seconds(item, "start", 0.0, where)
+        end_s = None if item.get("end") is None else _seconds(item, "end", 0.0, where)
+        warmup_s = _seconds(item, "warmup", 0.0, where)
         if start_s < 0 or warmup_s < 0 or (end_s is not None and end_s < start_s):
-            raise SimError(f"{url}: scenario {name!r}: need 0 <= start <= end and warmup >= 0")
+            raise SimError(f"{where}: need 0 <= start <= end and warmup >= 0")
         if span is None:
             out.append(Scenario(name, bag, 0, 0, 0, options))
             continue
         first, stop = span
+        if first + round(start_s * _NS) >= stop:
+            raise SimError(
+                f"{where}: start {start_s:g} s is past the end of {bag}, whose messages "
+                f"span {(stop - first) / _NS:.3f} s"
+            )
         start = first + round(start_s * _NS)
         end = stop if end_s is None else min(stop, first + round(end_s * _NS))
         end = max(start, end)

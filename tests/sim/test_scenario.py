@@ -65,6 +65,30 @@ def test_scenario_file_errors(drive: DriveResult, tmp_path: Path) -> None:
         plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(bad)))
 
 
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"strat": 2.0, "end": 4.0}, r"unknown key 'strat' \(did you mean 'start'\?\)"),
+        ({"start": 1.0, "wramup": 0.5}, r"unknown key 'wramup' \(did you mean 'warmup'\?\)"),
+        ({"start": "1"}, r"start must be a finite number of seconds, not '1'"),
+        ({"end": True}, r"end must be a finite number of seconds, not True"),
+        ({"start": float("nan")}, r"start must be a finite number of seconds, not nan"),
+        ({"end": float("inf")}, r"end must be a finite number of seconds, not inf"),
+        ({"start": 1000.0}, r"start 1000 s is past the end of .*drive\.bag, whose messages span"),
+    ],
+)
+def test_scenario_file_entries_are_checked_field_by_field(
+    drive: DriveResult, tmp_path: Path, entry: dict[str, object], says: str
+) -> None:
+    """A misspelt key would judge another time range than meant; NaN, a string or a start
+    past the bag's end are errors naming the scenario and the field, not tracebacks."""
+    listing = tmp_path / "scenarios.json"
+    listing.write_text(json.dumps({"scenarios": [{"name": "a", "bag": str(drive.bag), **entry}]}))
+    with pytest.raises(SimError, match=says) as info:
+        plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(listing)))
+    assert "scenario 'a'" in str(info.value)
+
+
 def test_bad_cut_settings() -> None:
     with pytest.raises(SimError, match="window_s"):
         ScenarioCut(CutMode.WINDOW, window_s=0).validate()
