@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -135,7 +136,7 @@ class ReplayTiming:
 
     def validate(self) -> ReplayTiming:
         """Return ``self`` if usable, else raise :class:`SimError`."""
-        if self.rate < 0:
+        if not (self.rate >= 0 and math.isfinite(self.rate)):
             raise SimError(f"rate must be >= 0 (0 = as fast as possible), not {self.rate}")
         if not self.quiet_s >= 0:
             raise SimError(f"quiet_s must be >= 0 (seconds of idle node), not {self.quiet_s}")

@@ -1,11 +1,14 @@
-"""Pipe nodes that end the replay early: a node must read all of its input."""
+"""Pipe nodes that end the replay early (a node must read all of its input); timing
+settings that cannot be meant."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from adcloud.sim import NodeSpec, ReplayJob, plan_scenarios, run_scenario
+import pytest
+
+from adcloud.sim import NodeSpec, ReplayJob, ReplayTiming, SimError, plan_scenarios, run_scenario
 from adcloud.synth import DriveResult
 
 _QUITTER = """
@@ -38,3 +41,18 @@ def test_a_pipe_node_that_stops_reading_and_exits_0_fails(
     result = run_scenario(scenario, job)
     assert not result.passed
     assert "stopped reading its input before its end (exit code 0)" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("timing", "says"),
+    [
+        ({"rate": float("nan")}, "rate must be >= 0"),
+        ({"rate": float("inf")}, "rate must be >= 0"),
+        ({"rate": -1.0}, "rate must be >= 0"),
+        ({"quiet_s": float("nan")}, "quiet_s must be >= 0"),
+        ({"timeout_s": float("nan")}, "timeout_s must be > 0"),
+    ],
+)
+def test_replay_timing_refuses_what_it_cannot_mean(timing: dict[str, float], says: str) -> None:
+    with pytest.raises(SimError, match=says):
+        ReplayTiming(**timing).validate()  # type: ignore[arg-type]
