@@ -690,6 +690,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # py4j logs an interrupted gateway call with its traceback: Ctrl-C and SIGTERM are
+    # how a command is stopped, and it says so itself (exit 130/143)
+    logging.getLogger().addFilter(
+        lambda record: record.getMessage() != "KeyboardInterrupt while sending command."
+    )
     # Markup is off: paths, topics and error texts hold square brackets ("run[2].bag");
     # the few lines that style themselves say markup=True and escape what they quote.
     if threading.current_thread() is threading.main_thread():

@@ -33,10 +33,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -280,6 +281,36 @@ def _heap_options(memory: str) -> list[str]:
     return [_G1_REGION] if size < _G1_REGION_BELOW else []
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while the driver JVM starts, and deliver them after.
+
+    Interrupted half-way, PySpark removes the file the JVM is about to write its port
+    into, and the JVM, which only watches for its parent's end once it has written it,
+    runs on for ever with no parent.  Started, it is stopped as usual (``session.stop()``
+    in a ``finally``, or the end of this process).  Only the main thread has handlers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in held}
+    for sig in held:
+        signal.signal(sig, hold)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)  # to the handler it would have gone to
+
+
 def get_session(
     settings: SparkSettings | None = None, **conf: str | int | float | bool
 ) -> SparkSession:
@@ -336,7 +367,8 @@ def get_session(
     for key, value in merged.items():
         builder = builder.config(key, value)
     started = time.monotonic()
-    session = builder.getOrCreate()
+    with _signals_held():
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel(settings.log_level)
     unused = _ignored_executor_memory(
         str(session.sparkContext.master),

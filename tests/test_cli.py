@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -226,6 +227,58 @@ def test_a_failing_spark_job_prints_one_line_per_attempt_not_tracebacks(
     assert "Traceback (most recent call last)" in verbose.stderr
     assert "error (in a Spark task): " in verbose.stderr
     assert not (tmp_path / "out" / "_SUCCESS").exists()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def test_sigterm_while_the_spark_jvm_starts_leaves_no_jvm_behind(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """Interrupted while PySpark waits for the driver JVM to say its port, the JVM would
+    run on with no parent for ever; the signal waits until it has started, and then the
+    command stops it as usual."""
+    adcloud = str(Path(sys.executable).with_name("adcloud"))
+    proc = subprocess.Popen(
+        [adcloud, "ingest", str(shared_data / HUSKY), "--out", str(tmp_path / "out"), "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    jvm = None
+    while jvm is None and time.monotonic() < deadline and proc.poll() is None:
+        for child in _children(proc.pid):  # spark-submit, which execs the driver JVM
+            with contextlib.suppress(OSError):
+                if b"SparkSubmit" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    jvm = child
+        time.sleep(0.01)
+    assert jvm is not None, "the Spark JVM never started"
+    proc.terminate()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    deadline = time.monotonic() + 30
+    while _alive(jvm) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(jvm), "the Spark JVM outlived the command"
+    assert not (tmp_path / "out").exists()
 
 
 def _dry_run(capsys: pytest.CaptureFixture[str], *confs: str) -> tuple[str, list[str]]:
