@@ -25,7 +25,7 @@ from adcloud.sim.adapters import ADAPTERS, NodeSpec, ReplayTiming
 from adcloud.sim.evaluators import EVALUATORS, parse_evaluator
 from adcloud.sim.perception import CameraLoad, camera_sweep
 from adcloud.sim.replay import ReplayJob, ReplayResults, run_replay
-from adcloud.sim.report import write_report
+from adcloud.sim.report import check_report_target, write_report
 from adcloud.sim.scenario import CutMode, ScenarioCut
 
 __all__ = ["add_parser", "run", "run_cameras"]
@@ -260,6 +260,8 @@ def _table(results: ReplayResults) -> Table:
 def run(args: argparse.Namespace, console: Console) -> int:
     """Entry point of ``adcloud sim run``; 0 if every scenario passed, else 1."""
     job = job_from_args(args)
+    if args.report:
+        check_report_target(args.report)  # before the job, not after it
     spark = _session(args.master)
     results = run_replay(spark, job)
     console.print(_table(results))

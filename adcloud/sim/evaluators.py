@@ -8,7 +8,11 @@ function), or name it by import path, ``package.module:attr``, which is imported
 evaluator is built (the module must be installed on the executors).  Each returns an
 :class:`Evaluation`: pass/fail, metrics (floats, named ``<evaluator>.<metric>``) and a
 reason when it fails.  Only outputs and truth inside the scenario's evaluated range
-``[start, end)`` count (not the warm-up).
+``[start, end)`` count (not the warm-up).  An evaluator that cannot judge a scenario (a
+message of another type than it reads, one that does not decode) raises
+:class:`SimError`, naming the topic and the types; :func:`~adcloud.sim.replay.run_scenario`
+fails that evaluation with the reason (and with the exception's text for anything else an
+evaluator raises), never the job.
 
 Built-in evaluators:
 
@@ -186,6 +190,26 @@ class LatencyEvaluator:
         return Evaluation(self.name, ok, {f"latency_{self.stat}_ms": value}, reason)
 
 
+#: Message types the pose-reading evaluators decode (ROS 2 names; ROS 1 ones match too).
+_POSE_ARRAY = ("geometry_msgs/msg/PoseArray",)
+_POSES = (
+    "nav_msgs/msg/Odometry",
+    "geometry_msgs/msg/PoseStamped",
+    "geometry_msgs/msg/PoseWithCovarianceStamped",
+)
+_CLOUD = ("sensor_msgs/msg/PointCloud2",)
+
+
+def _require_type(msgs: Sequence[Message], accepted: Sequence[str]) -> None:
+    """Raise :class:`SimError` naming the topic and the types when a message of ``msgs`` is
+    not of an ``accepted`` type (before decoding it: a field another type lacks would
+    raise ``AttributeError`` deep in the evaluator)."""
+    for msg in msgs:
+        pkg, _, name = msg.msgtype.rpartition("/")
+        if f"{pkg.removesuffix('/msg')}/msg/{name}" not in accepted:
+            raise SimError(f"{msg.topic} carries {msg.msgtype}, not {' or '.join(accepted)}")
+
+
 def _pose_positions(msg: Any) -> list[tuple[float, float, float]]:
     poses = getattr(msg, "poses", None)
     if poses is not None:
@@ -224,11 +248,15 @@ class DetectionEvaluator:
 
     def evaluate(self, data: ScenarioData) -> Evaluation:
         """Match detections to truth per cloud timestamp, greedily by distance."""
+        outputs = data.in_range(data.outputs, self.topic)
+        clouds = data.in_range(data.messages, self.cloud_topic)
+        _require_type(outputs, _POSE_ARRAY)
+        _require_type(clouds, _CLOUD)
         detections: dict[int, list[tuple[float, float, float]]] = {}
-        for out in data.in_range(data.outputs, self.topic):
+        for out in outputs:
             detections.setdefault(out.timestamp, []).extend(_pose_positions(data.decode(out)))
         tp = n_truth = n_det = 0
-        for cloud_msg in data.in_range(data.messages, self.cloud_topic):
+        for cloud_msg in clouds:
             xyz, labels = cloud_points(data.decode(cloud_msg))
             truth = cluster_obstacles(
                 xyz,
@@ -284,10 +312,13 @@ class PoseErrorEvaluator:
             return Evaluation(
                 self.name, False, {}, f"fewer than 2 truth poses on {self.truth_topic}"
             )
+        outputs = data.in_range(data.outputs, self.topic)
+        _require_type(outputs, _POSES)
+        _require_type(truth, _POSES)
         times = [m.timestamp for m in truth]
         pos = np.array([_pose_positions(data.decode(m))[0] for m in truth])
         errors = []
-        for out in data.in_range(data.outputs, self.topic):
+        for out in outputs:
             t = out.timestamp
             k = min(max(bisect.bisect_left(times, t), 1), len(times) - 1)
             t0, t1 = times[k - 1], times[k]

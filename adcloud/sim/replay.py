@@ -38,9 +38,10 @@ import math
 import pickle
 import re
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,6 +62,7 @@ from adcloud.sim.errors import SimError
 from adcloud.sim.evaluators import (
     EVALUATORS,
     Evaluation,
+    Evaluator,
     EvaluatorSpec,
     ScenarioData,
     build_evaluator,
@@ -169,24 +171,39 @@ class ScenarioResult:
     adapter: str
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (NaN latencies become None)."""
-        data = asdict(self)
-        for key in _NAN_FIELDS:
-            if math.isnan(data[key]):
-                data[key] = None
-        data["metrics"] = {k: (None if math.isnan(v) else v) for k, v in self.metrics.items()}
+        """JSON-able form: every float finite or None (NaN and infinite latencies and
+        metrics, the evaluations' included, become None), so strict JSON parsers read it."""
+        data: dict[str, Any] = _finite_json(asdict(self))
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ScenarioResult:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict` (None latencies and metrics become NaN again)."""
         fixed = dict(data)
         for key in _NAN_FIELDS:
             fixed[key] = math.nan if fixed[key] is None else float(fixed[key])
-        fixed["metrics"] = {
-            k: math.nan if v is None else float(v) for k, v in fixed["metrics"].items()
-        }
+        fixed["metrics"] = _nan_metrics(fixed["metrics"])
+        fixed["evaluations"] = [
+            {**e, "metrics": _nan_metrics(e["metrics"])} for e in fixed["evaluations"]
+        ]
         return cls(**fixed)
+
+
+def _finite_json(value: Any) -> Any:
+    """``value`` (JSON-able data) with every NaN or infinite float, at any depth, made None:
+    JSON has no such numbers, and ``json.dumps`` would write ``NaN``, which strict parsers
+    (``jq``, browsers, Java) reject."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+def _nan_metrics(metrics: dict[str, float | None]) -> dict[str, float]:
+    return {k: math.nan if v is None else float(v) for k, v in metrics.items()}
 
 
 def _read_messages(
@@ -240,6 +257,36 @@ def _latencies(run: NodeRun) -> tuple[list[float], float]:
 def _stat(values: Sequence[float], q: float) -> float:
     finite = [v for v in values if math.isfinite(v)]
     return float(np.percentile(finite, q)) if finite else math.nan
+
+
+def _evaluate(evaluator: Evaluator, data: ScenarioData) -> Evaluation:
+    """``evaluator``'s verdict on ``data``, its metrics as floats.
+
+    An evaluator that cannot judge the scenario fails it with the reason: its
+    :class:`SimError`, or the text and place of anything else it raises or a verdict that
+    is not an :class:`Evaluation` (a user's evaluator meeting an unexpected message) --
+    the other evaluations and scenarios, and so the Spark job, go on.
+    """
+    try:
+        verdict = evaluator.evaluate(data)
+        if not isinstance(verdict, Evaluation):
+            raise SimError(f"it returned {type(verdict).__name__}, not an Evaluation")
+        metrics = {str(k): float(v) for k, v in verdict.metrics.items()}
+    except SimError as err:
+        return Evaluation(evaluator.name, False, {}, f"cannot evaluate: {err}")
+    except Exception as err:  # a user's evaluator may raise anything
+        log.warning(
+            "evaluator %s failed on scenario %s", evaluator.name, data.scenario.name, exc_info=True
+        )
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        return Evaluation(
+            evaluator.name,
+            False,
+            {},
+            f"cannot evaluate: {type(err).__name__}: {err} (raised in {where.name}, "
+            f"{where.filename}:{where.lineno})",
+        )
+    return replace(verdict, metrics=metrics)
 
 
 def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
@@ -306,12 +353,7 @@ def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
     decoder = MessageDecoder([*conns, *run.output_connections, *guessed])
     span = run.received[-1] - run.sent[0][1] if run.received and run.sent else math.nan
     data = ScenarioData(scenario, messages, run.outputs, _latencies(run)[0], decoder, span)
-    evals: list[Evaluation] = []
-    for evaluator in evaluators:
-        try:
-            evals.append(evaluator.evaluate(data))
-        except SimError as err:
-            evals.append(Evaluation(evaluator.name, False, {}, f"cannot evaluate: {err}"))
+    evals = [_evaluate(evaluator, data) for evaluator in evaluators]
     failed = [f"{e.name}: {e.reason}" for e in evals if not e.passed]
     return result(run, not failed, "; ".join(failed), evals)
 
@@ -378,7 +420,7 @@ def _task(item: tuple[int, Scenario], job: ReplayJob, carried: tuple[_Carried, .
     with _registered(carried):
         res = run_scenario(scenario, job)
     log.info("scenario %s: %s", scenario.name, "pass" if res.passed else f"FAIL ({res.reason})")
-    return json.dumps(res.to_dict())
+    return json.dumps(res.to_dict(), allow_nan=False)
 
 
 @dataclass(frozen=True)

@@ -12,34 +12,63 @@
 - ``job.json`` -- ``report_version`` (:data:`REPORT_VERSION`), the effective job
   settings (``job``) and the job's wall time (``wall_s``).
 
+The JSON files are strict JSON: a NaN or infinite number is written as ``null``.  The
+text of ``junit.xml`` and ``report.html`` (names, reasons, stderr tails) drops ANSI
+terminal escapes and has every other character XML 1.0 forbids replaced by U+FFFD.  The
+directory is replaced as a whole: the files are written into a staging directory inside
+it and moved into place once all of them are (:class:`adcloud._commit.JobOutput`), so a
+report that fails midway leaves the earlier one whole.
+
 Format history: version 1 -- first version.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 import json
 import math
-from collections.abc import Sequence
+import posixpath
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from adcloud.sim.replay import ReplayResults, ScenarioResult
-from adcloud.store import locate
+from adcloud._commit import JobOutput
+from adcloud.sim.errors import SimError
+from adcloud.sim.replay import ReplayResults, ScenarioResult, _finite_json
+from adcloud.store import Store, StoreError, StoreNotFoundError, locate
 
-__all__ = ["REPORT_VERSION", "junit_xml", "read_results", "write_report"]
+__all__ = ["REPORT_VERSION", "check_report_target", "junit_xml", "read_results", "write_report"]
 
 REPORT_VERSION = 1
+
+#: The files of a report, in the order they are written (``job.json`` last: see
+#: :meth:`JobOutput.commit`).
+_FILES = ("results.jsonl", "junit.xml", "latency.png", "report.html", "job.json")
+
+#: ANSI terminal escapes (colours, cursor moves) that nodes write to stderr.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+#: Characters XML 1.0 forbids: C0 controls but tab, LF and CR; surrogates; U+FFFE, U+FFFF.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def _store_url(uri: str) -> str:
     return uri if "://" in uri else "file://" + str(Path(uri).resolve())
 
 
+def _markup_text(text: str) -> str:
+    """``text`` as XML 1.0 (and HTML) can hold it: ANSI escapes dropped, any other
+    forbidden character replaced by U+FFFD (a node's stderr may hold anything)."""
+    return _NOT_XML.sub("\ufffd", _ANSI.sub("", text))
+
+
 def junit_xml(results: Sequence[ScenarioResult], suite: str = "adcloud.sim") -> bytes:
-    """The results as a JUnit XML document (one test case per scenario)."""
+    """The results as a JUnit XML document (one test case per scenario); always
+    well-formed (see :func:`_markup_text`)."""
     failures = sum(not r.passed for r in results)
+    suite = _markup_text(suite)
     root = ET.Element(
         "testsuite",
         name=suite,
@@ -50,16 +79,21 @@ def junit_xml(results: Sequence[ScenarioResult], suite: str = "adcloud.sim") -> 
     )
     for r in results:
         case = ET.SubElement(
-            root, "testcase", classname=suite, name=r.scenario, time=f"{r.wall_s:.3f}"
+            root,
+            "testcase",
+            classname=suite,
+            name=_markup_text(r.scenario),
+            time=f"{r.wall_s:.3f}",
         )
         props = ET.SubElement(case, "properties")
         for key, value in sorted(r.metrics.items()):
-            ET.SubElement(props, "property", name=key, value=f"{value:g}")
+            ET.SubElement(props, "property", name=_markup_text(key), value=f"{value:g}")
+        reason, stderr = _markup_text(r.reason), _markup_text(r.stderr_tail)
         if not r.passed:
-            fail = ET.SubElement(case, "failure", message=r.reason[:500], type="ScenarioFailed")
-            fail.text = f"{r.reason}\nexit code: {r.exit_code}\n{r.stderr_tail}"
-        if r.stderr_tail:
-            ET.SubElement(case, "system-err").text = r.stderr_tail
+            fail = ET.SubElement(case, "failure", message=reason[:500], type="ScenarioFailed")
+            fail.text = f"{reason}\nexit code: {r.exit_code}\n{stderr}"
+        if stderr:
+            ET.SubElement(case, "system-err").text = stderr
     return bytes(ET.tostring(root, encoding="utf-8", xml_declaration=True))
 
 
@@ -79,14 +113,16 @@ def _plot(results: Sequence[ScenarioResult]) -> bytes:
     ):
         ax1.plot(x, [getattr(r, key) for r in results], marker="o", label=label)
     ax1.set_ylabel("latency (ms)")
-    ax1.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
+    # parse_math=False: scenario names are plain text ("cost $5" is no formula)
+    ticks = {"rotation": 60, "ha": "right", "fontsize": 7, "parse_math": False}
+    ax1.set_xticks(list(x), names, **ticks)
     ax1.legend()
     ax1.set_title("Per-message latency by scenario")
     colors = ["tab:green" if r.passed else "tab:red" for r in results]
     ax2.bar(x, [r.wall_s for r in results], color=colors)
     ax2.set_ylabel("wall time (s)")
     ax2.set_title("Wall time (green: pass, red: fail)")
-    ax2.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
+    ax2.set_xticks(list(x), names, **ticks)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
@@ -98,6 +134,10 @@ def _fmt(value: float | None) -> str:
     return "" if value is None or math.isnan(value) else f"{value:.1f}"
 
 
+def _html_text(text: str) -> str:
+    return html.escape(_markup_text(text))
+
+
 def _html(results: ReplayResults) -> bytes:
     rs = results.results
     passed = sum(r.passed for r in rs)
@@ -107,14 +147,14 @@ def _html(results: ReplayResults) -> bytes:
         metrics = ", ".join(f"{k}={v:.3g}" for k, v in sorted(r.metrics.items()))
         outputs = ", ".join(f"{k}: {v}" for k, v in sorted(r.output_counts.items()))
         rows.append(
-            f"<tr class='{status.lower()}'><td>{html.escape(r.scenario)}</td><td>{status}</td>"
-            f"<td>{html.escape(r.reason)}</td><td>{r.input_count}</td>"
-            f"<td>{html.escape(outputs)}</td><td>{_fmt(r.latency_p50_ms)}</td>"
+            f"<tr class='{status.lower()}'><td>{_html_text(r.scenario)}</td><td>{status}</td>"
+            f"<td>{_html_text(r.reason)}</td><td>{r.input_count}</td>"
+            f"<td>{_html_text(outputs)}</td><td>{_fmt(r.latency_p50_ms)}</td>"
             f"<td>{_fmt(r.latency_p95_ms)}</td><td>{_fmt(r.latency_max_ms)}</td>"
             f"<td>{r.wall_s:.2f}</td><td>{r.exit_code if r.exit_code is not None else ''}</td>"
-            f"<td>{html.escape(metrics)}</td></tr>"
+            f"<td>{_html_text(metrics)}</td></tr>"
         )
-    node = html.escape(" ".join(results.job.node.args))
+    node = _html_text(" ".join(results.job.node.args))
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>adcloud replay report</title>
 <style>body{{font-family:sans-serif}} table{{border-collapse:collapse}}
@@ -122,7 +162,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;font-size:13px}}
 tr.pass td:nth-child(2){{color:#080}} tr.fail td:nth-child(2){{color:#c00;font-weight:bold}}</style>
 </head><body>
 <h1>Replay report: {passed} of {len(rs)} scenarios passed</h1>
-<p>node ({html.escape(results.job.node.adapter)}): <code>{node}</code>;
+<p>node ({_html_text(results.job.node.adapter)}): <code>{node}</code>;
 wall time {results.wall_s:.1f} s</p>
 <img src="latency.png" alt="latency and wall time per scenario">
 <table><tr><th>scenario</th><th>result</th><th>reason</th><th>inputs</th><th>outputs</th>
@@ -133,18 +173,97 @@ wall time {results.wall_s:.1f} s</p>
     return page.encode("utf-8")
 
 
-def write_report(results: ReplayResults, uri: str) -> str:
-    """Write the report files into the directory ``uri`` (any store URI); return its URL."""
-    url = _store_url(uri)
-    store, root = locate(url)
-    base = root.rstrip("/")
-    lines = "".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in results.results)
+class _StoreTree:
+    """A :class:`Store` as the few fsspec filesystem calls :class:`JobOutput` makes (the
+    ``local://`` and ``alluxio://`` stores are not fsspec filesystems); paths are store
+    paths, and a missing one raises ``FileNotFoundError`` as in fsspec."""
+
+    protocol = ("adcloud-store",)
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def exists(self, path: str) -> bool:
+        return self.store.exists(path)
+
+    def ls(self, path: str, detail: bool = False) -> list[str]:
+        try:
+            return [status.path for status in self.store.list(path)]
+        except StoreNotFoundError as err:
+            raise FileNotFoundError(path) from err
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self.store.mkdir(path)
+
+    def rm(self, path: str, recursive: bool = False) -> None:
+        try:
+            self.store.delete(path, recursive=recursive)
+        except StoreNotFoundError as err:
+            raise FileNotFoundError(path) from err
+
+    def mv(self, source: str | list[str], target: str | list[str]) -> None:
+        sources = [source] if isinstance(source, str) else source
+        targets = [target] if isinstance(target, str) else target
+        for src, dst in zip(sources, targets, strict=True):
+            self.store.rename(src, dst)
+
+
+def _results_jsonl(results: Sequence[ScenarioResult]) -> bytes:
+    lines = (json.dumps(r.to_dict(), sort_keys=True, allow_nan=False) + "\n" for r in results)
+    return "".join(lines).encode("utf-8")
+
+
+def _job_json(results: ReplayResults) -> bytes:
     job = {"report_version": REPORT_VERSION, "job": results.job.to_dict(), "wall_s": results.wall_s}
-    store.put(f"{base}/results.jsonl", lines.encode("utf-8"))
-    store.put(f"{base}/junit.xml", junit_xml(results.results))
-    store.put(f"{base}/latency.png", _plot(results.results))
-    store.put(f"{base}/report.html", _html(results))
-    store.put(f"{base}/job.json", (json.dumps(job, indent=2, default=str) + "\n").encode("utf-8"))
+    text = json.dumps(_finite_json(job), indent=2, default=str, allow_nan=False)
+    return (text + "\n").encode("utf-8")
+
+
+def _report_output(url: str) -> tuple[Store, JobOutput]:
+    store, root = locate(url)
+    output = JobOutput(
+        _StoreTree(store),
+        root,
+        url,
+        overwrite=True,
+        ours=lambda name: name in _FILES,
+        error=SimError,
+        what="a replay report",
+    )
+    return store, output
+
+
+def check_report_target(uri: str) -> None:
+    """Raise :class:`SimError` now if :func:`write_report` would refuse ``uri`` (a
+    directory holding other files), before a replay job runs for it."""
+    _report_output(_store_url(uri))
+
+
+def write_report(results: ReplayResults, uri: str) -> str:
+    """Write the report files into the directory ``uri`` (any store URI); return its URL.
+
+    Replaces an earlier report there as a whole, and only once every file is written: a
+    failure leaves the earlier report (or no directory) as it was.  Raises
+    :class:`SimError` for a directory holding files a report does not write.
+    """
+    url = _store_url(uri)
+    store, output = _report_output(url)
+    render: dict[str, Callable[[], bytes]] = {
+        "results.jsonl": lambda: _results_jsonl(results.results),
+        "junit.xml": lambda: junit_xml(results.results),
+        "latency.png": lambda: _plot(results.results),
+        "report.html": lambda: _html(results),
+        "job.json": lambda: _job_json(results),
+    }
+    output.start()
+    try:
+        for name in _FILES:
+            store.put(posixpath.join(output.staging, name), render[name]())
+    except BaseException:
+        with contextlib.suppress(StoreError):  # the failure that matters is the one raised
+            output.abort()
+        raise
+    output.commit([(posixpath.join(output.staging, n), n) for n in _FILES], first=("job.json",))
     return url
 
 

@@ -132,6 +132,34 @@ def test_run_prints_a_table_and_writes_the_report(
     assert "rep/results.jsonl" in text
 
 
+def test_a_report_directory_holding_other_files_is_refused_before_the_job(
+    drive: DriveResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_spark(master: str | None) -> None:
+        raise AssertionError("the job ran, though its report could not be written")
+
+    monkeypatch.setattr(command, "_session", no_spark)
+    report = tmp_path / "rep"
+    report.mkdir()
+    (report / "notes.txt").write_text("mine")
+    args = _parse(
+        [
+            "sim",
+            "run",
+            str(drive.bag),
+            "--node",
+            OBSTACLE_NODE,
+            "--inputs",
+            "/lidar/points",
+            "--report",
+            str(report),
+        ]
+    )
+    with pytest.raises(SimError, match=r"notes\.txt\); refusing to replace it"):
+        args.func(args, Console(file=io.StringIO()))
+    assert (report / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize(
     ("option", "says"),
     [

@@ -100,3 +100,42 @@ def test_evaluator_by_import_path() -> None:
         build_evaluator(EvaluatorSpec("adcloud.sim.evaluators:Nope"))
     with pytest.raises(SimError, match="not a factory"):
         build_evaluator(EvaluatorSpec("adcloud.sim.evaluators:EVALUATORS"))
+
+
+def test_detections_name_an_output_of_another_type() -> None:
+    """A node echoing its clouds where detections belong: the evaluator says which topic
+    carries which type, before decoding anything (no ``AttributeError`` from a field the
+    type lacks)."""
+    data = _data([0], [1.0])
+    data.outputs = [Message("/obstacles", 0, "sensor_msgs/msg/PointCloud2", b"")]
+    evaluator = build_evaluator(EvaluatorSpec.of("detections", topic="/obstacles"))
+    with pytest.raises(
+        SimError,
+        match=r"^/obstacles carries sensor_msgs/msg/PointCloud2, not geometry_msgs/msg/PoseArray$",
+    ):
+        evaluator.evaluate(data)
+    data.outputs = []
+    data.messages = [Message("/lidar/points", 0, "sensor_msgs/msg/Image", b"")]
+    with pytest.raises(SimError, match=r"/lidar/points carries sensor_msgs/msg/Image, not sensor"):
+        evaluator.evaluate(data)
+
+
+def test_pose_error_names_an_output_or_truth_of_another_type() -> None:
+    data = _data([0], [1.0])
+    data.outputs = [Message("/estimate", 0, "sensor_msgs/msg/PointCloud2", b"")]
+    data.messages = [Message("/truth", t, "nav_msgs/msg/Odometry", b"") for t in (0, _NS)]
+    evaluator = build_evaluator(
+        EvaluatorSpec.of("pose_error", topic="/estimate", truth_topic="/truth")
+    )
+    with pytest.raises(
+        SimError,
+        match=r"/estimate carries sensor_msgs/msg/PointCloud2, not nav_msgs/msg/Odometry or "
+        r"geometry_msgs/msg/PoseStamped or geometry_msgs/msg/PoseWithCovarianceStamped$",
+    ):
+        evaluator.evaluate(data)
+    data.outputs = []
+    data.messages = [Message("/truth", t, "sensor_msgs/Imu", b"") for t in (0, _NS)]
+    with pytest.raises(
+        SimError, match=r"^/truth carries sensor_msgs/Imu, not nav_msgs/msg/Odometry"
+    ):
+        evaluator.evaluate(data)

@@ -11,12 +11,15 @@ import pytest
 
 from adcloud.errors import MissingComponentError
 from adcloud.sim import (
+    EVALUATORS,
     CutMode,
+    Evaluation,
     EvaluatorSpec,
     NodeSpec,
     ReplayJob,
     ReplayTiming,
     ScenarioCut,
+    ScenarioData,
     SimError,
     plan_scenarios,
     run_scenario,
@@ -219,3 +222,58 @@ def test_missing_ros_says_how_to_install(
     (scenario,) = plan_scenarios(list(job.bags), job.cut)
     with pytest.raises(MissingComponentError, match="apt-get install"):
         run_scenario(scenario, job)
+
+
+class _Broken:
+    """A user evaluator with a bug: it reads a field the output type lacks (``fails``),
+    or returns something else than an :class:`Evaluation`."""
+
+    truth_topics: tuple[str, ...] = ()
+
+    def __init__(self, returns: bool = False) -> None:
+        self.name = "broken_returns" if returns else "broken"
+        self.returns = returns
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        if self.returns:
+            return None  # type: ignore[return-value]
+        return Evaluation(self.name, True, {"x": data.outputs[0].pose})  # type: ignore[attr-defined]
+
+
+def test_an_evaluator_meeting_another_type_fails_its_evaluation_not_the_task(
+    drive: DriveResult, bad_nodes: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node echoing its clouds where poses belong: the built-in evaluators name the topic
+    and types, a user's evaluator fails with its exception, and the others still judge."""
+    monkeypatch.setitem(EVALUATORS, "broken", _Broken)
+    job = replace(
+        _job(drive.bag, bad_nodes["relay_pose"] + " /lidar/points"),
+        output_topics=("/estimate",),
+        evaluators=(
+            EvaluatorSpec.of("detections", topic="/estimate"),
+            EvaluatorSpec.of("pose_error", topic="/estimate"),
+            EvaluatorSpec.of("broken"),
+            EvaluatorSpec.of("broken", returns=1),
+            EvaluatorSpec.of("rate", topic="/estimate", min_hz=5),
+        ),
+    ).validate()
+    result = _run(job)
+    assert not result.passed
+    verdicts = {e["name"]: e for e in result.evaluations}
+    assert verdicts["detections"]["reason"] == (
+        "cannot evaluate: /estimate carries sensor_msgs/msg/PointCloud2, "
+        "not geometry_msgs/msg/PoseArray"
+    )
+    assert verdicts["pose_error"]["reason"].startswith(
+        "cannot evaluate: /estimate carries sensor_msgs/msg/PointCloud2, not nav_msgs/msg/Odometry"
+    )
+    assert verdicts["broken"]["reason"].startswith(
+        "cannot evaluate: AttributeError: 'Message' object has no attribute 'pose' "
+        "(raised in evaluate, "
+    )
+    assert verdicts["broken_returns"]["reason"] == (
+        "cannot evaluate: it returned NoneType, not an Evaluation"
+    )
+    assert verdicts["rate"]["passed"]
+    assert result.metrics["rate.rate_hz[/estimate]"] > 5
+    assert "detections: cannot evaluate: /estimate carries" in result.reason
