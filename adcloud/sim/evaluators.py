@@ -142,13 +142,50 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(finite, q)) if finite else math.nan
 
 
+def _limit(
+    evaluator: str,
+    name: str,
+    value: object,
+    *,
+    above: float | None = None,
+    least: float | None = None,
+    most: float | None = None,
+) -> float:
+    """``value`` as a finite float within the bounds (``above``: exclusive lower bound;
+    ``least``/``most``: inclusive), else :class:`SimError` naming evaluator and parameter.
+
+    A NaN limit would pass (``loss > nan`` is never true) or fail everything, silently.
+    """
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = math.nan
+    wants = [
+        f"> {above:g}" if above is not None else "",
+        f">= {least:g}" if least is not None else "",
+        f"<= {most:g}" if most is not None else "",
+    ]
+    ok = (
+        math.isfinite(number)
+        and (above is None or number > above)
+        and (least is None or number >= least)
+        and (most is None or number <= most)
+    )
+    if not ok:
+        bounds = " and ".join(w for w in wants if w)
+        raise SimError(
+            f"evaluator {evaluator}: {name} must be a finite number {bounds}, not {value!r}"
+        )
+    return number
+
+
 class RateEvaluator:
     """``rate``: an output topic is published at ``>= min_hz`` over the evaluated range."""
 
     def __init__(self, topic: str, min_hz: float) -> None:
         self.name = "rate"
         self.topic = topic
-        self.min_hz = float(min_hz)
+        self.min_hz = _limit("rate", "min_hz", min_hz, least=0)
         self.truth_topics: tuple[str, ...] = ()
 
     def evaluate(self, data: ScenarioData) -> Evaluation:
@@ -168,7 +205,7 @@ class LatencyEvaluator:
         if stat not in ("max", "p95", "p50"):
             raise SimError(f"latency stat must be max, p95 or p50, not {stat!r}")
         self.name = "latency"
-        self.max_ms = float(max_ms)
+        self.max_ms = _limit("latency", "max_ms", max_ms, above=0)
         self.stat = stat
         self.topic = topic
         self.truth_topics: tuple[str, ...] = ()
@@ -237,13 +274,13 @@ class DetectionEvaluator:
         self.name = "detections"
         self.topic = topic
         self.cloud_topic = cloud_topic
-        self.match_m = float(match_m)
-        self.min_precision = float(min_precision)
-        self.min_recall = float(min_recall)
+        self.match_m = _limit("detections", "match_m", match_m, above=0)
+        self.min_precision = _limit("detections", "min_precision", min_precision, least=0, most=1)
+        self.min_recall = _limit("detections", "min_recall", min_recall, least=0, most=1)
         self.classes = tuple(int(c) for c in re.split(r"[,+ ]", str(classes)) if c.strip())
-        self.cell_m = float(cell_m)
-        self.min_points = int(min_points)
-        self.max_range_m = float(max_range_m)
+        self.cell_m = _limit("detections", "cell_m", cell_m, above=0)
+        self.min_points = int(_limit("detections", "min_points", min_points, least=1))
+        self.max_range_m = _limit("detections", "max_range_m", max_range_m, above=0)
         self.truth_topics: tuple[str, ...] = (cloud_topic,)
 
     def evaluate(self, data: ScenarioData) -> Evaluation:
@@ -302,7 +339,7 @@ class PoseErrorEvaluator:
         self.name = "pose_error"
         self.topic = topic
         self.truth_topic = truth_topic
-        self.max_m = float(max_m)
+        self.max_m = _limit("pose_error", "max_m", max_m, above=0)
         self.truth_topics: tuple[str, ...] = (truth_topic,)
 
     def evaluate(self, data: ScenarioData) -> Evaluation:
@@ -355,8 +392,8 @@ class FrameEvaluator:
         self.name = "frames"
         self.inputs = tuple(t for t in re.split(r"[+ ]", str(inputs)) if t)
         self.output = output
-        self.max_loss = float(max_loss)
-        self.min_fps = float(min_fps)
+        self.max_loss = _limit("frames", "max_loss", max_loss, least=0, most=1)
+        self.min_fps = _limit("frames", "min_fps", min_fps, least=0)
         self.truth_topics: tuple[str, ...] = ()
 
     def evaluate(self, data: ScenarioData) -> Evaluation:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -70,10 +71,34 @@ def test_unknown_evaluator_and_bad_params() -> None:
         build_evaluator(EvaluatorSpec("nope"))
     with pytest.raises(SimError, match=r"'rate': unknown parameter\(s\) min_hzz; it takes topic, "):
         build_evaluator(EvaluatorSpec.of("rate", topic="/x", min_hzz=1))
-    with pytest.raises(SimError, match="bad parameters"):
+    with pytest.raises(SimError, match=r"rate: min_hz must be a finite number >= 0, not 'fast'"):
         build_evaluator(EvaluatorSpec.of("rate", topic="/x", min_hz="fast"))
     with pytest.raises(SimError, match="stat"):
         build_evaluator(EvaluatorSpec.of("latency", max_ms=1, stat="p42"))
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "says"),
+    [
+        ("frames", {"inputs": "/c", "max_loss": math.nan}, "max_loss must be a finite number"),
+        (
+            "frames",
+            {"inputs": "/c", "max_loss": -1},
+            "max_loss must be a finite number >= 0 and <= 1, not -1",
+        ),
+        ("frames", {"inputs": "/c", "min_fps": math.inf}, "min_fps must be a finite number"),
+        ("latency", {"max_ms": math.nan}, "max_ms must be a finite number > 0"),
+        ("rate", {"topic": "/x", "min_hz": math.nan}, "min_hz must be a finite number >= 0"),
+        ("detections", {"min_recall": 1.5}, "min_recall must be a finite number >= 0 and <= 1"),
+        ("pose_error", {"topic": "/x", "max_m": 0}, "max_m must be a finite number > 0, not 0"),
+    ],
+)
+def test_limits_that_would_pass_or_fail_everything_are_refused(
+    name: str, params: dict[str, object], says: str
+) -> None:
+    """``loss > nan`` is never true: a NaN limit passed every camera count."""
+    with pytest.raises(SimError, match=f"evaluator {name}: {re.escape(says)}"):
+        build_evaluator(EvaluatorSpec.of(name, **params))
 
 
 def test_user_evaluator_registration() -> None:
