@@ -226,10 +226,11 @@ def pipe_blocks(
         watchdog.start()
 
     def failure(reason: str, cause: BaseException | None = None) -> PipeCommandError:
+        running = proc.poll() is None
         _kill_group(proc)
         proc.wait()
-        stderr.join(timeout=5)
-        code = proc.returncode
+        stderr.join(timeout=_AFTER_EXIT_S)
+        code = None if running else proc.returncode  # our SIGKILL is not its exit code
         if timed_out.is_set():
             reason = f"timed out after {timeout} s"
             code = None
@@ -237,6 +238,8 @@ def pipe_blocks(
         msg = f"command {shown!r} {reason}"
         if code is not None:
             msg += f" (exit code {code})"
+        elif running and not timed_out.is_set():
+            msg += " (still running: stopped)"
         if tail:
             msg += f"; stderr tail:\n{tail}"
         err = PipeCommandError(msg, command=shown, returncode=code, stderr_tail=tail)

@@ -165,6 +165,15 @@ def test_a_command_without_a_stream_on_stdout_says_what_it_wrote(script: str, sa
     assert str(info.value).count("sh -c") == 1  # the command is named once
 
 
+def test_a_command_stopped_for_garbage_has_no_exit_code_of_ours() -> None:
+    """Killed by the reader for writing garbage while still running, a command has no exit
+    code of its own: the SIGKILL's -9 would read as a crash."""
+    garbage = ["sh", "-c", "printf 'text, not a stream'; sleep 30"]
+    with pytest.raises(PipeCommandError, match=r"\(still running: stopped\)") as info:
+        list(pipe_blocks([], garbage))
+    assert info.value.returncode is None and "exit code" not in str(info.value)
+
+
 def test_missing_command(tmp_path: Path) -> None:
     with pytest.raises(PipeCommandError, match="cannot start"):
         list(pipe_blocks([], str(tmp_path / "no-such-program")))
