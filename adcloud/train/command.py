@@ -64,10 +64,10 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         overrides[key.strip()] = value
     config = TrainConfig.load(file=args.config, **overrides).validate()
     task = load_task(config)  # a wrong task name or option fails before Spark starts
-    preflight(config)  # and so do a missing bag and checkpoints of another trainer count
+    run = preflight(config)  # and so do a missing bag and checkpoints it cannot resume
     spark = _session(args)
     with console.status(f"training {config.task} ({config.sync}) on {spark.sparkContext.master}"):
-        result = run_training(spark, config, task=task)
+        result = run_training(spark, config, task=task, preflighted=run)
     table = Table(title=f"run {result.run}")
     table.add_column("field")
     table.add_column("value", justify="right")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,8 +201,15 @@ class TrainConfig:
             "trainer takes the same share of the global batch",
         )
         need(self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}")
-        need(self.lr > 0, f"lr must be > 0, not {self.lr}")
-        need(self.weight_decay >= 0, "weight_decay must be >= 0")
+        need(math.isfinite(self.lr) and self.lr > 0, f"lr must be > 0 and finite, not {self.lr}")
+        need(
+            math.isfinite(self.momentum) and 0 <= self.momentum < 1,
+            f"momentum must be in [0, 1), not {self.momentum}",
+        )
+        need(
+            math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+            f"weight_decay must be >= 0 and finite, not {self.weight_decay}",
+        )
         need(self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}")
         need(self.warmup_steps >= 0, f"warmup_steps must be >= 0, not {self.warmup_steps}")
         need(

@@ -133,7 +133,8 @@ def bag_uris(bags: Sequence[str]) -> list[str]:
 
 def _check_resumable(config: TrainConfig, run: str) -> None:
     """On the driver, before any Spark work: a run whose newest checkpoint was written by
-    another number of trainers cannot resume (each trainer would find out in its task)."""
+    another number of trainers, or trained with another optimizer, cannot resume (each
+    trainer would find out in its task); one resumed with other settings is warned about."""
     store = open_store(config.store, **config.store_kwargs())
     try:
         info = latest_checkpoint(store, run)
@@ -144,6 +145,14 @@ def _check_resumable(config: TrainConfig, run: str) -> None:
             f"run {run}: checkpoint {store.uri}{info.key} was written by {info.world} "
             f"trainer(s), this run has {config.world}; run with workers={info.world} to resume "
             "it, or give the run a new name (train.run)"
+        )
+    saved_optimizer = (info.settings or {}).get("optimizer") if info is not None else None
+    if info is not None and saved_optimizer not in (None, config.optimizer):
+        raise CheckpointError(
+            f"run {run}: checkpoint {store.uri}{info.key} was trained with optimizer "
+            f"{saved_optimizer}, this run has {config.optimizer}: its optimizer state cannot "
+            f"resume another optimizer; run with optimizer={saved_optimizer} to resume it, or "
+            "give the run a new name (train.run)"
         )
     if info is not None and info.settings is not None:
         now = json.loads(json.dumps(config.pinned_settings(), sort_keys=True, default=str))
@@ -166,8 +175,9 @@ def _check_resumable(config: TrainConfig, run: str) -> None:
 def preflight(config: TrainConfig) -> str:
     """The run's name (fixed before steps resolve; it covers what the bags are now), after
     the checks that need no Spark: every bag is there (:func:`check_bags`) and the run's
-    checkpoints, if any, were written by as many trainers as it has.  ``adcloud train run``
-    calls it before it starts Spark; :func:`run_training` calls it too."""
+    checkpoints, if any, were written by as many trainers as it has, with the same optimizer.
+    ``adcloud train run`` calls it before it starts Spark and hands the name to
+    :func:`run_training`, which calls it otherwise."""
     check_bags(config)
     run = config.run_id(data_identity(bag_uris(config.bags)))
     _check_resumable(config, run)
@@ -817,11 +827,14 @@ def run_training(
     *,
     task: Task | None = None,
     keyed: RDD[tuple[tuple[int, int], Any]] | None = None,
+    preflighted: str = "",
 ) -> TrainResult:
     """Train ``config.task`` on ``config.bags`` in one Spark job (see the module docstring).
 
     ``task`` replaces ``load_task(config)``; ``keyed`` replaces the ETL of ``config.bags``
-    with ready ``((partition, ordinal), sample)`` pairs.  Held-out bags are scored on the
+    with ready ``((partition, ordinal), sample)`` pairs; ``preflighted`` is the run name
+    :func:`preflight` returned for this ``config`` when the caller ran it already (so its
+    checks are not repeated, nor its warnings given twice).  Held-out bags are scored on the
     executors (in the driver for a task whose scores are not sums).  The model and results
     go to ``config.output_dir(run)`` (the result's ``output``).
     """
@@ -835,7 +848,9 @@ def run_training(
             "has none: set eval_every=0"
         )
     started = time.perf_counter()
-    if keyed is None:
+    if preflighted:
+        run = preflighted
+    elif keyed is None:
         run = preflight(config)
     else:
         run = config.run_id()

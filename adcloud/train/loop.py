@@ -276,9 +276,21 @@ class _Batches:
         )
 
 
-def _check_restorable(run: str, restored: Restored, model: torch.nn.Module) -> None:
+def _check_restorable(
+    run: str, restored: Restored, model: torch.nn.Module, config: TrainConfig
+) -> None:
     """Raise :class:`CheckpointError` naming the tensors when ``restored`` was written for
-    another model (a named run resumed after the task or its options changed)."""
+    another model (a named run resumed after the task or its options changed), or naming the
+    optimizers when it was trained with another optimizer (whose state, Adam's moments or
+    SGD's momentum buffers, this one cannot take up)."""
+    saved_optimizer = (restored.info.settings or {}).get("optimizer")
+    if saved_optimizer is not None and saved_optimizer != config.optimizer:
+        raise CheckpointError(
+            f"run {run}: checkpoint {restored.info.key} (step {restored.step}) was trained "
+            f"with optimizer {saved_optimizer}, this run has {config.optimizer}: its optimizer "
+            f"state cannot resume another optimizer; run with optimizer={saved_optimizer} to "
+            "resume it, or give the run a new name (train.run)"
+        )
     state = model.state_dict()
     saved = restored.model
     problems = [f"{name} is missing" for name in sorted(set(state) - set(saved))]
@@ -352,10 +364,19 @@ def train(
     validation: list[tuple[int, dict[str, float]]] = []
     restored = checkpointer.restore(rank=rank, world=world) if checkpointer else None
     if restored is not None:
-        _check_restorable(run, restored, model)
+        _check_restorable(run, restored, model, config)
         model.load_state_dict(restored.model)
         if restored.optimizer is not None:
+            # The saved param groups hold the hyperparameters the checkpoint was trained
+            # with; this run's (weight_decay, momentum, betas, ...) apply from here on, as
+            # its lr does, so what settings.json records is what the steps after it used.
+            settings = [
+                {k: v for k, v in group.items() if k != "params"}
+                for group in optimizer.param_groups
+            ]
             optimizer.load_state_dict(restored.optimizer)
+            for group, setting in zip(optimizer.param_groups, settings, strict=True):
+                group.update(setting)
         restore_rng(restored.rng)
         start, epoch, index = restored.step, restored.epoch, restored.batch_index
         losses = list(restored.losses[:start])

@@ -86,12 +86,15 @@ def test_run_trains_prints_a_table_and_inspect_reads_the_model(
     two = ["--set", f"run={run}", "--set", "sync=allreduce", "--set", "workers=2"]
     with pytest.raises(CheckpointError, match=r"written by 1 trainer\(s\), this run has 2"):
         _call([*argv, *two])
-    # resumed under its name with another learning rate: it runs, and says what changed
+    # nor can another optimizer take up its optimizer state
+    with pytest.raises(CheckpointError, match=r"optimizer adam, this run has sgd: .*train\.run"):
+        _call([*argv, "--set", f"run={run}", "--set", "optimizer=sgd"])
+    # resumed under its name with another learning rate: it runs, and says (once) what changed
     monkeypatch.setattr(command, "_session", lambda args: spark)
     with caplog.at_level(logging.WARNING, logger="adcloud.train.job"):
         code, text = _call([*argv, "--set", f"run={run}", "--set", "lr=0.01", "--set", "steps=4"])
     assert code == 0 and "4 (resumed at 3)" in text, text
-    assert "trained with other settings (lr 0.001 -> 0.01)" in caplog.text
+    assert caplog.text.count("trained with other settings (lr 0.001 -> 0.01)") == 1
 
     code, text = _call(["train", "inspect", str(out / "model")])
     assert code == 0 and "lidar_seg" in text
@@ -112,6 +115,15 @@ def test_run_rejects_settings_that_are_not_key_value(tmp_path: Path) -> None:
 def test_run_names_a_bad_setting(tmp_path: Path) -> None:
     with pytest.raises(TrainError, match="sync must be one of single, ps, allreduce"):
         _call(["train", "run", "--set", "sync=gossip", "--set", "bags=x.bag"])
+
+
+@pytest.mark.parametrize("momentum", ["-1", "nan"])
+def test_run_names_a_bad_momentum_before_starting_spark(
+    momentum: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(command, "_session", _no_spark)
+    with pytest.raises(TrainError, match=r"momentum must be in \[0, 1\), not"):
+        _call(["train", "run", "--set", "optimizer=sgd", "--set", f"momentum={momentum}"])
 
 
 def test_run_names_an_unknown_task_before_starting_spark(monkeypatch: pytest.MonkeyPatch) -> None:

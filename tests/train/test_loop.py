@@ -5,16 +5,20 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from adcloud.store import open_store
+from adcloud.train.checkpoint import Checkpointer
 from adcloud.train.config import TrainConfig
-from adcloud.train.errors import TrainError
+from adcloud.train.errors import CheckpointError, TrainError
 from adcloud.train.loop import batch_generator, learning_rate, resolve_steps, train
 from adcloud.train.sync import SingleProcess
 
@@ -225,6 +229,89 @@ def test_the_loop_steps_with_the_scheduled_learning_rate() -> None:
     assert float(result.state_dict()["w"]) == pytest.approx(expected, rel=1e-6)
     constant = train(_Slope(), list(range(16)), config.replace(schedule="constant", warmup_steps=0))  # type: ignore[arg-type]
     assert float(constant.state_dict()["w"]) == pytest.approx(-0.5 * 9, rel=1e-6)
+
+
+def _slope_run(tmp_path: Path, **kw: Any) -> TrainConfig:
+    """:class:`_Slope` under plain SGD (lr 0.5), checkpointed every 2 steps in ``tmp_path``."""
+    settings: dict[str, Any] = {
+        "task": "toy_slope",
+        "optimizer": "sgd",
+        "momentum": 0.0,
+        "lr": 0.5,
+        "steps": 4,
+        "checkpoint_every": 2,
+        "store": "local:///loop-tests",
+        "store_options": (f"root={tmp_path}",),
+        "run": "slope",
+    }
+    settings.update(kw)
+    return _config(**settings)
+
+
+def _train_slope(config: TrainConfig) -> float:
+    """Train (or resume) ``config``'s slope run as the job does; the final ``w``."""
+    checkpointer = Checkpointer(
+        open_store(config.store, **config.store_kwargs()),
+        config.run_id(),
+        every=config.checkpoint_every,
+        settings=config.pinned_settings(),
+    )
+    result = train(_Slope(), list(range(16)), config, None, checkpointer, 0, 1)  # type: ignore[arg-type]
+    return float(result.state_dict()["w"])
+
+
+def test_a_resumed_run_steps_with_its_own_optimizer_settings(tmp_path: Path) -> None:
+    """Resumed with other momentum and weight decay, the steps after the checkpoint use them
+    (the checkpoint's optimizer state keeps the ones it was trained with)."""
+    assert _train_slope(_slope_run(tmp_path)) == pytest.approx(-2.0)
+    resumed = _train_slope(_slope_run(tmp_path, steps=6, momentum=0.5, weight_decay=0.25))
+    # from w = -2: gradient g = 1 + 0.25 w, momentum buffer b = 0.5 b + g (new: b = g),
+    # w -= 0.5 b.  Step 5: g = 0.5, b = 0.5, w = -2.25; step 6: g = 0.4375, b = 0.6875.
+    assert resumed == pytest.approx(-2.25 - 0.5 * 0.6875, rel=1e-6)
+
+    # Adam: the moments carry on, the weight decay is the new one
+    first = _slope_run(tmp_path, optimizer="adam", run="adam")
+    _train_slope(first)
+    resumed = _train_slope(first.replace(steps=6, weight_decay=0.25))
+    w = torch.nn.Parameter(torch.zeros(()))
+    reference = torch.optim.Adam([w], lr=0.5)
+    for step in range(6):
+        if step == 4:
+            reference.param_groups[0]["weight_decay"] = 0.25
+        reference.zero_grad()
+        (w * 1.0).backward()  # type: ignore[no-untyped-call]
+        reference.step()
+    assert resumed == pytest.approx(float(w.detach()), rel=1e-6)
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused(tmp_path: Path) -> None:
+    _train_slope(_slope_run(tmp_path))
+    with pytest.raises(
+        CheckpointError,
+        match=r"run slope: checkpoint .*step-000000004.* trained with optimizer sgd, this run "
+        r"has adam: .* optimizer=sgd to resume it, or give the run a new name \(train.run\)",
+    ):
+        _train_slope(_slope_run(tmp_path, steps=6, optimizer="adam"))
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ({"momentum": -1.0}, "momentum must be in [0, 1), not -1.0"),
+        ({"momentum": 1.0}, "momentum must be in [0, 1), not 1.0"),
+        ({"momentum": float("nan")}, "momentum must be in [0, 1), not nan"),
+        ({"weight_decay": float("inf")}, "weight_decay must be >= 0 and finite, not inf"),
+        ({"weight_decay": float("nan")}, "weight_decay must be >= 0 and finite, not nan"),
+        ({"weight_decay": -0.1}, "weight_decay must be >= 0 and finite, not -0.1"),
+        ({"lr": float("inf")}, "lr must be > 0 and finite, not inf"),
+        ({"lr": float("nan")}, "lr must be > 0 and finite, not nan"),
+    ],
+)
+def test_config_validation_checks_the_optimizer_settings(
+    setting: dict[str, float], says: str
+) -> None:
+    with pytest.raises(TrainError, match=re.escape(says)):
+        TrainConfig(optimizer="sgd", **setting).validate()  # type: ignore[arg-type]
 
 
 def test_config_validation_names_the_fields() -> None:
