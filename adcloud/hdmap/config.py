@@ -29,9 +29,9 @@ class HdmapSettings:
 
     - ``*_topic``: where each stream is in the bags (defaults: the synthetic drives' names,
       which are also the usual ROS ones).
-    - ``origin_lat/lon/alt``: the map frame's WGS84 origin (ENU tangent plane). Unset (NaN):
-      the first build takes its first drive's first GPS fix and every later build of the
-      same map keeps it.
+    - ``origin_lat/lon/alt``: the map frame's WGS84 origin (ENU tangent plane; degrees,
+      degrees, ellipsoidal metres), all three or none. Unset (NaN): the first build takes
+      its first drive's first GPS fix and every later build of the same map keeps it.
     - ``resolution``: grid cell size (m); ``tile_m``: grid tile size (m; 20 m, as Autoware's
       point-cloud tiles), and the point-cloud tiles' unless ``hdmap_cloud.tile_size`` is set.
     - ``segment_s``: drive segments solved in parallel by the pose stage (s).
@@ -79,12 +79,17 @@ class HdmapSettings:
         parse_mounts(self.mounts)
         if self.mode not in MODES:
             raise ConfigError(f"hdmap.mode: {self.mode!r} is not one of {', '.join(MODES)}")
+        # Written so that NaN fails each test too (every comparison with NaN is False).
         if not 0.005 <= self.resolution <= 5:
             raise ConfigError(f"hdmap.resolution: {self.resolution} m is outside 0.005..5 m")
-        if self.tile_m < 10 * self.resolution:
-            raise ConfigError(f"hdmap.tile_m: {self.tile_m} m must be >= 10 cells")
-        if self.segment_s <= 1:
-            raise ConfigError(f"hdmap.segment_s: {self.segment_s} s must be > 1 s")
+        if not (math.isfinite(self.tile_m) and self.tile_m >= 10 * self.resolution):
+            raise ConfigError(
+                f"hdmap.tile_m: {self.tile_m} m must be a finite size of >= 10 cells "
+                f"({10 * self.resolution:g} m)"
+            )
+        if not (math.isfinite(self.segment_s) and self.segment_s > 1):
+            raise ConfigError(f"hdmap.segment_s: {self.segment_s} s must be finite and > 1 s")
+        _check_origin(self.origin_lat, self.origin_lon, self.origin_alt)
         if self.keep_versions < 1:
             raise ConfigError("hdmap.keep_versions: keep at least 1 version")
         if self.hash_threads < 1:
@@ -110,9 +115,31 @@ class HdmapSettings:
     def origin(self) -> tuple[float, float, float] | None:
         """The configured origin, or None when it is to be taken from the data."""
         values = (self.origin_lat, self.origin_lon, self.origin_alt)
-        if any(math.isnan(v) for v in values):  # unset
+        if all(math.isnan(v) for v in values):  # unset (__post_init__ refuses a partial one)
             return None
         return values
+
+
+def _check_origin(lat: float, lon: float, alt: float) -> None:
+    """Raise :class:`ConfigError` unless the origin is unset (all NaN) or a WGS84 latitude,
+    longitude and height: a partial origin names what is missing, and an impossible one is
+    refused here rather than inside the build's Spark tasks (same wording as theirs)."""
+    values = {"origin_lat": lat, "origin_lon": lon, "origin_alt": alt}
+    unset = [name for name, value in values.items() if math.isnan(value)]
+    if len(unset) == len(values):
+        return
+    if unset:
+        given = ", ".join(f"{n}={v}" for n, v in values.items() if n not in unset)
+        raise ConfigError(
+            f"hdmap.origin: {', '.join(unset)} missing ({given} given); set all of "
+            "origin_lat, origin_lon and origin_alt, or none to take the first GPS fix"
+        )
+    if not (-90 <= lat <= 90 and -180 <= lon <= 180 and math.isfinite(alt)):
+        raise ConfigError(
+            f"hdmap.origin: origin {(lat, lon, alt)!r} is not a WGS84 latitude, longitude and "
+            "height (origin_lat in -90..90 degrees, origin_lon in -180..180 degrees, "
+            "origin_alt finite metres)"
+        )
 
 
 def _mount_entries(values: Sequence[str] | str) -> tuple[str, ...]:

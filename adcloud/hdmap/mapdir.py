@@ -799,16 +799,19 @@ def find_bags(uri: str | os.PathLike[str]) -> list[str]:
     """The bags a ``--bags`` URI names, sorted: the URI itself when it is a bag file or a
     rosbag2 directory (one with ``metadata.yaml``); otherwise every ``*.bag``/``*.mcap``
     file and rosbag2 directory below it (hidden entries and ``*.truth`` directories are
-    skipped).  A URI with glob characters (``*``, ``?``, ``[``) names every match
-    (``s3://fleet/2026-11-20/*.bag``).  Raises :class:`~adcloud.hdmap.errors.HdmapError`
-    if there is nothing."""
+    skipped).  A URI with glob characters (``*``, ``?``, ``[``) that names no existing
+    entry is a pattern and names every match (``s3://fleet/2026-11-20/*.bag``); one that
+    exists (``drive [2].bag``) is taken literally.  Raises
+    :class:`~adcloud.hdmap.errors.HdmapError` if there is nothing."""
     files, path = _locate(uri)
     with files:
         return _find_bags(files, path, os.fspath(uri))
 
 
 def _find_bags(files: _Files, path: str, text: str) -> list[str]:
-    if _GLOB.search(path):
+    # An existing name is never a pattern: "drive [2].bag" as a glob would match only
+    # "drive 2.bag", so a bag with brackets in its name could not be named at all.
+    if _GLOB.search(path) and not files.exists(path):
         matches = files.glob(path)
         if not matches:
             raise HdmapError(f"{text}: the pattern matches nothing")

@@ -34,7 +34,10 @@ Labels kept across rebuilds (:func:`import_labels`, :func:`merge_labels`)
 
     A label file imported into a map that keeps labels already joins them by
     :func:`combine_labels` (the new file's features win, its deletes are kept), so that
-    importing the same file again changes nothing.
+    importing the same file again changes nothing.  A feature without an ``id`` is named
+    by a hash of its kind, geometry and properties (``human-3f2a...``): the same in every
+    import of its file, and never the id of another file's feature, which it would
+    replace.
 
     Lane centre lines are not re-derived from corrected markings here: re-run
     :func:`adcloud.hdmap.labels.lane_centerlines` on the merged markings for that.
@@ -44,10 +47,12 @@ History: version 1, first version.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -373,6 +378,25 @@ def _feature_id(feature: Mapping[str, Any], props: Mapping[str, Any], where: _Wh
     return str(fid)
 
 
+def _content_id(
+    feature: Mapping[str, Any], props: Mapping[str, Any], source: str, seen: Counter[str]
+) -> str:
+    """The id of a feature that has none: ``<source>-<hash>``, the hash of its kind,
+    geometry and properties as written.
+
+    Not its position in the file: :func:`combine_labels` replaces a kept label by a new
+    one with its id, so position ids ("human-0") made every label file's first feature
+    replace the one kept from the file imported before.  A hash names the same feature the
+    same in every import of its file (importing a file again changes nothing) and
+    different features differently; identical features of one file are told apart by a
+    count (``-2``, ``-3`` ...) in file order."""
+    content = {"geometry": feature.get("geometry"), "properties": {**props, "source": source}}
+    text = json.dumps(content, sort_keys=True, default=str)
+    base = f"{source}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    seen[base] += 1
+    return base if seen[base] == 1 else f"{base}-{seen[base]}"
+
+
 @dataclass
 class _Layers:
     markings: list[LaneMarking] = field(default_factory=list)
@@ -380,6 +404,8 @@ class _Layers:
     references: list[ReferenceLine] = field(default_factory=list)
     signs: list[TrafficSign] = field(default_factory=list)
     extras: list[Mapping[str, Any]] = field(default_factory=list)
+    #: content ids given so far (see :func:`_content_id`)
+    unnamed: Counter[str] = field(default_factory=Counter)
 
 
 def _parse_feature(
@@ -405,8 +431,7 @@ def _parse_feature(
         )
     if source not in SOURCES:
         raise where.error(f"properties.source is {source!r}; expected one of {', '.join(SOURCES)}")
-    # features without an id are named by source and position in the file
-    fid = _feature_id(feature, props, where) or f"{source}-{where.index}"
+    fid = _feature_id(feature, props, where) or _content_id(feature, props, source, layers.unnamed)
     geometry = feature.get("geometry")
     if kind == "lane_marking":
         mtype = _text(props, "type", where, "unknown")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 import threading
 from pathlib import Path
@@ -126,3 +127,58 @@ def test_the_cli_refuses_a_map_in_memory(command: str, capsys: pytest.CaptureFix
         build_parser().parse_args(["hdmap", command, "--map", "memory://m"])
     assert info.value.code == 2
     assert "memory:// lives inside one process" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("resolution", r"hdmap\.resolution: .* is outside"),
+        ("tile_m", r"hdmap\.tile_m: .* must be a finite size of >= 10 cells"),
+        ("segment_s", r"hdmap\.segment_s: .* must be finite and > 1 s"),
+    ],
+)
+def test_sizes_must_be_finite(field: str, message: str, value: str) -> None:
+    """A NaN or infinite size fails every range test (a comparison with NaN is False),
+    not a build later (``round(nan)`` in the job)."""
+    env = {f"ADCLOUD_HDMAP_{field.upper()}": value}
+    with pytest.raises(ConfigError, match=message):
+        load_settings(HdmapSettings, "hdmap", environ=env)
+
+
+def test_the_origin_is_all_three_values_or_none() -> None:
+    assert HdmapSettings().origin is None
+    assert HdmapSettings(origin_lat=37.4, origin_lon=-122.1, origin_alt=0.0).origin == (
+        37.4,
+        -122.1,
+        0.0,
+    )
+    with pytest.raises(ConfigError, match=r"hdmap\.origin: origin_alt missing \(origin_lat="):
+        HdmapSettings(origin_lat=37.4, origin_lon=-122.1)
+    with pytest.raises(ConfigError, match=r"origin_lat, origin_lon missing \(origin_alt=12"):
+        load_settings(HdmapSettings, "hdmap", environ={"ADCLOUD_HDMAP_ORIGIN_ALT": "12"})
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        (95.0, 10.0, 0.0),
+        (-90.5, 10.0, 0.0),
+        (37.0, 500.0, 0.0),
+        (37.0, -181.0, 0.0),
+        (37.0, 10.0, math.inf),
+        (math.inf, 10.0, 0.0),
+        (37.0, -math.inf, 0.0),
+    ],
+)
+def test_an_impossible_origin_is_refused_before_the_build(
+    origin: tuple[float, float, float],
+) -> None:
+    """Refused by the settings, in the wording the build's Spark tasks would fail with."""
+    lat, lon, alt = origin
+    with pytest.raises(
+        ConfigError,
+        match=rf"hdmap\.origin: origin \({lat}, {lon}, {alt}\) is not a WGS84 latitude, "
+        "longitude and height",
+    ):
+        HdmapSettings(origin_lat=lat, origin_lon=lon, origin_alt=alt)

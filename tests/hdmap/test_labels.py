@@ -759,6 +759,61 @@ def test_a_label_file_imported_over_kept_labels() -> None:
         combine_labels(kept, replace(fresh, origin=(0.0, 0.0, 0.0)))
 
 
+def test_label_files_without_ids_keep_each_others_labels(tmp_path: Path) -> None:
+    """Features without ids in successive label files (imported as a build does: over the
+    kept labels read back from their file) neither replace the labels of the files before
+    nor undo their deletes; a file imported again changes nothing."""
+    auto = _small_map()
+    auto = replace(
+        auto,
+        signs=(
+            *auto.signs,
+            replace(auto.signs[0], position=np.array([70.4, 4.2, 2.0]), id="sign-1"),
+        ),
+    )
+
+    def label_file(name: str, *features: dict[str, Any]) -> Path:
+        for feature in features:
+            del feature["properties"]["source"]  # another system's file: default external
+        (tmp_path / name).mkdir()
+        return _write(tmp_path / name, list(features))
+
+    fixes = label_file("fixes", _sign_feature([10.0, 5.0, 2.2], facing_yaw_rad=1.57))
+    delete = label_file("delete", _sign_feature([70.4, 4.2, 2.0], action="delete"))
+    third = label_file("third", _sign_feature([-30.0, -20.0, 2.0], type="yield"))
+    kept_file = tmp_path / "kept.geojson"
+
+    def imported(path: Path) -> SemanticMap:
+        fresh = import_labels(path, default_source="external")
+        if kept_file.exists():
+            fresh = combine_labels(import_labels(kept_file), fresh)
+        write_geojson(kept_file, fresh)
+        return import_labels(kept_file)
+
+    def signs(kept: SemanticMap) -> list[tuple[float, float, str]]:
+        merged = merge_labels(auto, kept)
+        return sorted((float(s.position[0]), float(s.position[1]), s.type) for s in merged.signs)
+
+    assert signs(imported(fixes)) == [
+        (10.0, 5.0, "stop"),
+        (30.0, -4.0, "unknown"),
+        (70.4, 4.2, "unknown"),
+    ]
+    assert signs(imported(delete)) == [(10.0, 5.0, "stop"), (30.0, -4.0, "unknown")]
+    kept = imported(third)
+    assert signs(kept) == [(-30.0, -20.0, "yield"), (10.0, 5.0, "stop"), (30.0, -4.0, "unknown")]
+    for path in (fixes, delete, third):
+        again = combine_labels(kept, import_labels(path, default_source="external"))
+        assert _feature_texts(again) == _feature_texts(kept)
+    # ids come from the content: the same in every import, different between features
+    ids = [s.id for s in kept.signs]
+    assert len(set(ids)) == 3 and all(i.startswith("external-") for i in ids)
+    assert import_labels(fixes, default_source="external").signs[0].id in ids
+    twice = label_file("twice", _sign_feature([1.0, 1.0, 2.0]), _sign_feature([1.0, 1.0, 2.0]))
+    first, second = (s.id for s in import_labels(twice, default_source="external").signs)
+    assert second == f"{first}-2"
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

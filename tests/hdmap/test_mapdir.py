@@ -132,6 +132,28 @@ def test_find_bags_and_drive_names(tmp_path: Path) -> None:
     assert drive_name("s3://bucket/drives/run 7.bag") == "run_7"
 
 
+def test_a_bag_named_with_glob_characters_is_found(tmp_path: Path) -> None:
+    """A name that exists is taken literally, glob characters and all ("[2]" as a pattern
+    matches only "2"); a name that does not exist is still a pattern."""
+    root = tmp_path / "b sp"
+    bracket = make_bag(root / "my drive [2].bag", 1)
+    plain = make_bag(root / "my drive 2.bag", 2)  # what "[2]" matches as a pattern
+    star = make_bag(root / "what*?.bag", 3)
+    assert find_bags(bracket) == [str(bracket)]
+    assert find_bags(star) == [str(star)]
+    runs = tmp_path / "runs [old]"
+    make_bag(runs / "a.bag", 4)
+    assert find_bags(runs) == [f"{runs}/a.bag"]
+    assert find_bags(f"{root}/my drive [0-9].bag") == [str(plain)]
+    assert find_bags(f"{tmp_path}/*") == sorted(
+        [str(bracket), str(plain), str(star), f"{runs}/a.bag"]
+    )
+    fs = fsspec.filesystem("memory")
+    base = f"/glob-names-{os.getpid()}-{time.monotonic_ns()}"
+    fs.pipe_file(f"{base}/x [2].bag", b"1")
+    assert find_bags(f"memory://{base}/x [2].bag") == [f"memory://{base}/x [2].bag"]
+
+
 # --------------------------------------------------------------------------- planning
 
 
