@@ -19,6 +19,7 @@ from rosbags.rosbag1 import Reader
 
 from adcloud.binpipe import BinPipeRDD
 from adcloud.cli import build_parser, main
+from tests.processes import alive, children
 
 HUSKY = "02_husky_gps_imu_odom_ros1/robot_localization_test1.bag"
 LUMINAR = "01_embag_luminar_ros1/embag_test.bag"
@@ -229,25 +230,6 @@ def test_a_failing_spark_job_prints_one_line_per_attempt_not_tracebacks(
     assert not (tmp_path / "out" / "_SUCCESS").exists()
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
-
-
 def test_sigterm_while_the_spark_jvm_starts_leaves_no_jvm_behind(
     shared_data: Path, tmp_path: Path
 ) -> None:
@@ -264,7 +246,7 @@ def test_sigterm_while_the_spark_jvm_starts_leaves_no_jvm_behind(
     deadline = time.monotonic() + 60
     jvm = None
     while jvm is None and time.monotonic() < deadline and proc.poll() is None:
-        for child in _children(proc.pid):  # spark-submit, which execs the driver JVM
+        for child in children(proc.pid):  # spark-submit, which execs the driver JVM
             with contextlib.suppress(OSError):
                 if b"SparkSubmit" in Path(f"/proc/{child}/cmdline").read_bytes():
                     jvm = child
@@ -275,9 +257,9 @@ def test_sigterm_while_the_spark_jvm_starts_leaves_no_jvm_behind(
     assert proc.returncode == 143, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     deadline = time.monotonic() + 30
-    while _alive(jvm) and time.monotonic() < deadline:
+    while alive(jvm) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(jvm), "the Spark JVM outlived the command"
+    assert not alive(jvm), "the Spark JVM outlived the command"
     assert not (tmp_path / "out").exists()
 
 

@@ -32,6 +32,7 @@ from adcloud.spark import (
     spark_conf,
     spark_home,
 )
+from tests.processes import alive
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,15 +53,6 @@ def executor_of_this_task(_: object = None) -> tuple[str, int, int, str]:
 def parent_pid(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat[stat.rindex(")") + 2 :].split()[1])
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (zombies waiting to be reaped count as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:

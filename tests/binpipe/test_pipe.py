@@ -25,6 +25,7 @@ from adcloud.binpipe.decode import ConnectionInfo, meta_block
 from adcloud.binpipe.errors import BagError, BinpipeError, PipeCommandError
 from adcloud.binpipe.node import read_records, run_node
 from adcloud.binpipe.pipe import pipe_blocks
+from tests.processes import alive
 
 
 def _records(n: int, size: int = 100) -> list[tuple[str, int, str, bytes]]:
@@ -195,9 +196,9 @@ def test_timeout_kills_what_a_wrapper_script_started(tmp_path: Path) -> None:
     assert time.monotonic() - began < 15
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 5
-    while _running(child) and time.monotonic() < deadline:
+    while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _running(child)
+    assert not alive(child)
 
 
 def test_helpers_left_holding_the_pipes_do_not_hold_up_the_run(tmp_path: Path) -> None:
@@ -266,24 +267,16 @@ def test_a_killed_caller_takes_its_command_along(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the command never started"
             time.sleep(0.05)
         command = int(pidfile.read_text())
-        assert _running(command)
+        assert alive(command)
         caller.kill()
         caller.wait()
         deadline = time.monotonic() + 10
-        while _running(command) and time.monotonic() < deadline:
+        while alive(command) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _running(command), "the command outlived the process that started it"
+        assert not alive(command), "the command outlived the process that started it"
     finally:
         caller.kill()
         caller.wait()
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def test_input_error_propagates_with_its_own_type() -> None:

@@ -20,6 +20,7 @@ from rosbags.typesys import Stores, get_typestore
 
 from adcloud.binpipe import BinpipeError, BinPipeRDD, Block, BlockKind, Message
 from adcloud.binpipe.datasource import register_rosbag_source
+from tests.processes import alive
 
 pytestmark = pytest.mark.spark
 
@@ -167,17 +168,9 @@ def test_a_cancelled_job_kills_its_hanging_pipe_commands(
     job.join(timeout=60)
     assert not job.is_alive() and failure, "the job was not cancelled"
     deadline = time.monotonic() + 30
-    while any(_running(pid) for pid in commands) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in commands) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in commands if _running(pid)], "commands outlived their job"
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
+    assert not [pid for pid in commands if alive(pid)], "commands outlived their job"
 
 
 def test_map_filter_and_decode(spark: Any, shared_data: Path) -> None:
