@@ -146,7 +146,15 @@ class DriveConfig:
             f"(choose from {', '.join(allowed)})",
         )
         need(self.chunk_bytes >= 4096, f"chunk_bytes must be >= 4096, not {self.chunk_bytes}")
-        need(self.start_time_ns >= 0, "start_time_ns must be >= 0")
+        # ROS stamps hold seconds in 32 bits (int32 in ROS 2's builtin_interfaces/Time)
+        last_s = (
+            (self.start_time_ns + self.seconds * _NS) / _NS if math.isfinite(self.seconds) else 0
+        )
+        need(
+            self.start_time_ns >= 0 and last_s < 2**31,
+            f"start_time_ns must be >= 0 and the drive must end before 2038-01-19 "
+            f"(ROS time stamps hold 32-bit seconds), not {self.start_time_ns}",
+        )
         need(0 < self.speed_mps <= 40, f"speed_mps must be in (0, 40], not {self.speed_mps}")
         need(
             0 <= self.start_speed_mps <= 40,

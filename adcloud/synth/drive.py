@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -320,65 +321,8 @@ def _open_drive(config: DriveConfig, bag: Path, world: World) -> _Drive:
         raise
 
 
-def generate_drive(
-    config: DriveConfig,
-    out: str | Path,
-    *,
-    overwrite: bool = False,
-    progress: Callable[[float], None] | None = None,
-) -> DriveResult:
-    """Write the drive ``config`` describes to ``out`` and its truth to ``<out>.truth/``.
-
-    ``out`` is a ``.bag`` file (``ros1``) or a rosbag2 directory (``ros2``, ``mcap``).
-    ``progress`` is called with the simulated seconds done after each window.  Raises
-    :class:`SynthError` for bad settings or an existing output (unless ``overwrite``).
-    """
-    config.validate()
-    bag = Path(out)
-    truth = truth_dir_for(bag)
-    # With overwrite the old drive is moved aside, not deleted, until the new one is whole:
-    # a failed or interrupted run puts it back.
-    aside: list[tuple[Path, Path]] = []
-    if overwrite and bag.parent.is_dir():
-        for path in (bag, truth):
-            if path.exists() or path.is_symlink():
-                kept = path.with_name(f".{path.name}.replaced-{os.getpid()}")
-                _remove(kept)
-                path.rename(kept)
-                aside.append((kept, path))
-    for path in (bag, truth):
-        if path.exists():
-            raise SynthError(
-                f"{path} exists already; remove it or pass overwrite=True (--overwrite)"
-            )
-    if not bag.parent.is_dir():
-        raise SynthError(f"the output directory {bag.parent} does not exist")
-    started = time.perf_counter()
-    world = build_world(config.seed)
-    route = make_route(world, config)
-    driver = Driver(world, route, config)
-    log.info(
-        "synth: %s s drive, seed %d, %s -> %s", config.seconds, config.seed, config.format, bag
-    )
-    ok = False
-    try:
-        drive = _open_drive(config, bag, world)
-        try:
-            _run(drive, driver, config, progress)
-            drive.writer.close()
-            ok = True
-        finally:
-            if not ok:  # leave no partial drive behind (an error, Ctrl-C or SIGTERM)
-                drive.writer.abort()
-                drive.truth.abort()
-                _remove(bag)
-                _remove(truth)
-    finally:
-        for kept, path in aside:
-            if ok:
-                _remove(kept)
-            else:
-                kept.rename(path)
+def _truth_meta(drive: _Drive, config: DriveConfig, bag: Path) -> dict[str, Any]:
+    """What ``world.json`` says of the sensors and the bag."""
     lidar_info = None
     if drive.lidar is not None:
         lm = drive.lidar
@@ -406,15 +350,127 @@ def generate_drive(
                 for k, c in enumerate(drive.cameras)
             ],
         }
-    drive.truth.finish(
-        {
-            "messages": dict(drive.counts),
-            "lidar": lidar_info,
-            "camera": camera_info,
-            "bag": bag.name,
-            "bag_format": config.format,
-        }
+    return {
+        "messages": dict(drive.counts),
+        "lidar": lidar_info,
+        "camera": camera_info,
+        "bag": bag.name,
+        "bag_format": config.format,
+    }
+
+
+#: What a truth directory holds (:class:`~adcloud.synth.truth.TruthWriter`).
+_TRUTH_FILES = frozenset(
+    {
+        "poses.txt",
+        "imu_bias.csv",
+        "odom_scale.csv",
+        "gps.csv",
+        "config.json",
+        "map.geojson",
+        "raster.npz",
+        "world.json",
+    }
+)
+_ROS1_MAGIC = b"#ROSBAG V2.0\n"
+_MCAP_MAGIC = b"\x89MCAP0\r\n"
+
+
+def _is_bag(path: Path) -> bool:
+    """Whether ``path`` is a bag a drive may replace: a ROS 1 or MCAP file, or a rosbag2
+    directory (one with ``metadata.yaml``)."""
+    if path.is_dir():
+        return (path / "metadata.yaml").is_file()
+    try:
+        with path.open("rb") as f:
+            head = f.read(13)
+    except OSError:
+        return False
+    return head.startswith((_ROS1_MAGIC, _MCAP_MAGIC))
+
+
+def _check_replaceable(bag: Path, truth: Path) -> None:
+    """With overwrite, refuse to replace what is not a drive: ``--out precious`` must not
+    take a folder of other files (or any file) with it."""
+    if (bag.exists() or bag.is_symlink()) and not _is_bag(bag):
+        raise SynthError(
+            f"{bag} is not a bag (a ROS 1 or MCAP file, or a rosbag2 directory); refusing "
+            "to replace it: choose another output"
+        )
+    if truth.exists():
+        names = [p.name for p in truth.iterdir()] if truth.is_dir() else [truth.name]
+        # a truth directory, whole or half-written (``*.part`` files of an interrupted run)
+        foreign = [n for n in names if n not in _TRUTH_FILES and not n.endswith(".part")]
+        if foreign:
+            raise SynthError(
+                f"{truth} holds what a drive's truth does not ({foreign[0]}); refusing to "
+                "replace it: choose another output"
+            )
+
+
+def generate_drive(
+    config: DriveConfig,
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    progress: Callable[[float], None] | None = None,
+) -> DriveResult:
+    """Write the drive ``config`` describes to ``out`` and its truth to ``<out>.truth/``.
+
+    ``out`` is a ``.bag`` file (``ros1``) or a rosbag2 directory (``ros2``, ``mcap``).
+    ``progress`` is called with the simulated seconds done after each window.  Raises
+    :class:`SynthError` for bad settings or an existing output (unless ``overwrite``).
+    """
+    config.validate()
+    bag = Path(out)
+    if bag.name in ("", ".", ".."):
+        raise SynthError(f"out must name a bag file or bag directory, not {str(out)!r}")
+    truth = truth_dir_for(bag)
+    # With overwrite the old drive is moved aside, not deleted, until the new one is whole:
+    # a failed or interrupted run puts it back.
+    aside: list[tuple[Path, Path]] = []
+    if overwrite and bag.parent.is_dir():
+        _check_replaceable(bag, truth)
+        for path in (bag, truth):
+            if path.exists() or path.is_symlink():
+                kept = path.with_name(f".{path.name}.replaced-{os.getpid()}")
+                _remove(kept)
+                path.rename(kept)
+                aside.append((kept, path))
+    for path in (bag, truth):
+        if path.exists():
+            raise SynthError(
+                f"{path} exists already; remove it or pass overwrite=True (--overwrite)"
+            )
+    if not bag.parent.is_dir():
+        raise SynthError(f"the output directory {bag.parent} does not exist")
+    started = time.perf_counter()
+    world = build_world(config.seed)
+    route = make_route(world, config)
+    driver = Driver(world, route, config)
+    log.info(
+        "synth: %s s drive, seed %d, %s -> %s", config.seconds, config.seed, config.format, bag
     )
+    ok = False
+    try:
+        drive = _open_drive(config, bag, world)
+        try:
+            _run(drive, driver, config, progress)
+            drive.writer.close()
+            drive.truth.finish(_truth_meta(drive, config, bag))  # inside: all or nothing
+            ok = True
+        finally:
+            if not ok:  # leave no partial drive behind (an error, Ctrl-C or SIGTERM)
+                drive.writer.abort()
+                drive.truth.abort()
+                _remove(bag)
+                _remove(truth)
+    finally:
+        for kept, path in aside:
+            if ok:
+                _remove(kept)
+            else:
+                kept.rename(path)
     wall = time.perf_counter() - started
     log.info("synth: wrote %d messages to %s in %.1f s", sum(drive.counts.values()), bag, wall)
     return DriveResult(

@@ -238,6 +238,56 @@ def test_an_interrupted_drive_leaves_nothing_behind(tmp_path: Path) -> None:
     assert after == before
 
 
+def test_an_error_while_the_truth_is_finished_puts_the_old_drive_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adcloud.synth.truth import TruthWriter  # noqa: PLC0415
+
+    first = generate_drive(TINY, tmp_path / "kept.bag")
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    def disk_full(self: object, meta: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TruthWriter, "finish", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        generate_drive(TINY, first.bag, overwrite=True)
+    after = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before  # the old drive whole, nothing of the new one
+    with pytest.raises(OSError, match="No space left"):
+        generate_drive(TINY, tmp_path / "new.bag")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.bag", "kept.bag.truth"]
+
+
+def test_overwrite_replaces_a_drive_only(tmp_path: Path) -> None:
+    """``--out precious --overwrite`` must not take a folder of other files with it."""
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("important")
+    with pytest.raises(SynthError, match=r"precious is not a bag .* refusing to replace it"):
+        generate_drive(TINY, precious, overwrite=True)
+    text = tmp_path / "notes.bag"
+    text.write_text("not a bag")
+    with pytest.raises(SynthError, match=r"notes\.bag is not a bag"):
+        generate_drive(TINY, text, overwrite=True)
+    drive = generate_drive(TINY, tmp_path / "d.bag")
+    (drive.truth / "my-labels.json").write_text("{}")
+    with pytest.raises(SynthError, match=r"d\.bag\.truth holds what a drive's truth does not"):
+        generate_drive(TINY, drive.bag, overwrite=True)
+    assert (precious / "notes.txt").read_text() == "important"
+    assert text.read_text() == "not a bag" and (drive.truth / "my-labels.json").exists()
+
+
+def test_output_names_and_times_a_bag_cannot_hold_are_refused(tmp_path: Path) -> None:
+    for out in (".", ""):
+        with pytest.raises(SynthError, match="out must name a bag file or bag directory"):
+            generate_drive(TINY, out)
+    late = DriveConfig(seconds=1, start_time_ns=2_200_000_000 * 10**9)
+    with pytest.raises(SynthError, match="must end before 2038-01-19"):
+        generate_drive(late, tmp_path / "late.bag")
+    assert list(tmp_path.iterdir()) == []
+
+
 _MEMORY = """
 import resource, sys
 from adcloud.synth import DriveConfig, generate_drive
