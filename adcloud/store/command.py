@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import posixpath
 import shutil
 import sys
@@ -144,12 +145,27 @@ def _write_type(text: str) -> WriteType:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _copy_to_file(stream: Any, target: Path) -> None:
+    """Copy ``stream`` into ``target`` whole or not at all: into a temporary file beside it,
+    renamed over it once complete, so a read that breaks off (or Ctrl-C) leaves an earlier
+    ``target`` as it was and no half file."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    try:
+        with tmp.open("wb") as out:
+            shutil.copyfileobj(stream, out, 1 << 20)
+        if target.exists():
+            shutil.copymode(target, tmp)  # a replaced file keeps its permissions
+        tmp.replace(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _cmd_cat(args: argparse.Namespace, console: Console) -> int:
     store, path = locate(args.url)
     with _closing(store), store.open(path, "rb") as stream:
         if args.output:
-            with Path(args.output).open("wb") as out:
-                shutil.copyfileobj(stream, out, 1 << 20)
+            _copy_to_file(stream, Path(args.output))
         else:
             shutil.copyfileobj(stream, sys.stdout.buffer, 1 << 20)
             sys.stdout.buffer.flush()

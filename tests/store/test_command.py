@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,6 +94,31 @@ def test_cat(tmp_path: Path, store_root: Path, capsysbinary: pytest.CaptureFixtu
     assert out_file.read_bytes() == bytes(range(256))
     assert run("store", "cat", "local:///c/bytes")[0] == 0
     assert capsysbinary.readouterr().out == bytes(range(256))
+
+
+def test_cat_into_a_file_that_breaks_off_keeps_the_earlier_file(
+    tmp_path: Path, store_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that breaks off (the server dies, Ctrl-C) leaves ``-o FILE`` as it was."""
+    store = LocalStore("local://")
+    store.put("/c/big", bytes(3 << 20))
+    store.close()
+    out_file = tmp_path / "out.bin"
+    out_file.write_bytes(b"precious")
+    real = shutil.copyfileobj
+
+    def breaks_off(src: Any, dst: Any, length: int = 0) -> None:
+        dst.write(src.read(1 << 20))
+        raise OSError("reading /c/big from the proxy broke off")
+
+    monkeypatch.setattr(shutil, "copyfileobj", breaks_off)
+    with pytest.raises(OSError, match="broke off"):
+        run("store", "cat", "local:///c/big", "-o", str(out_file))
+    assert out_file.read_bytes() == b"precious"
+    assert not list(tmp_path.glob(".out.bin*"))  # no half file left beside it
+    monkeypatch.setattr(shutil, "copyfileobj", real)
+    assert run("store", "cat", "local:///c/big", "-o", str(out_file))[0] == 0
+    assert out_file.read_bytes() == bytes(3 << 20)
 
 
 def test_cp_within_a_store_and_between_stores(tmp_path: Path, store_root: Path) -> None:
