@@ -965,6 +965,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     state_dir: Path = args.state_dir
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM unwinds like Ctrl-C, so a start stopped half-way stops what it launched
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         if args.action == "start":
             if (state_dir / _STATE_FILE).exists():
@@ -996,7 +999,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AdcloudError as err:
         sys.stderr.write(f"error: {err}\n")
         return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted: what had started is stopped\n")
+        return 130
     return 0
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

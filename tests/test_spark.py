@@ -32,7 +32,7 @@ from adcloud.spark import (
     spark_conf,
     spark_home,
 )
-from tests.processes import alive
+from tests.processes import alive, children
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -650,6 +650,30 @@ def test_cluster_dies_with_a_killed_parent(tmp_path: Path) -> None:
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
     assert wait_gone(pids, timeout=20) == []
+
+
+@pytest.mark.cluster
+def test_a_cluster_start_stopped_half_way_stops_what_it_launched(tmp_path: Path) -> None:
+    """SIGTERM to ``start-cluster.sh`` while the workers come up: the master and workers it
+    already launched are stopped, not left running with nothing recording them."""
+    env = python_env(ADCLOUD_CLUSTER_STATE=str(tmp_path / "state"), ADCLOUD_PYTHON=sys.executable)
+    start = subprocess.Popen(
+        [str(REPO_ROOT / "deploy" / "local" / "start-cluster.sh"), "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    launched: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(launched) < 2 and time.monotonic() < deadline and start.poll() is None:
+        launched |= set(children(start.pid))  # the master, then the first worker
+        time.sleep(0.05)
+    assert len(launched) >= 2, "the start never launched a master and a worker"
+    start.terminate()
+    _, err = start.communicate(timeout=60)
+    assert start.returncode == 130, err
+    assert wait_gone(sorted(launched), timeout=20) == []
 
 
 @pytest.mark.cluster
