@@ -121,6 +121,8 @@ def _cmd_bag_reindex(args: argparse.Namespace, console: Console) -> int:
     from adcloud.binpipe import BagError, summarize  # noqa: PLC0415
     from adcloud.binpipe.reindex import ReindexReport, reindex_bag  # noqa: PLC0415
 
+    if "://" in args.out:
+        raise BagError(f"{args.out}: OUT is a local .bag path, not a URL; give the path")
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise BagError(f"{out} exists; pass --overwrite to replace it, or choose another path")
@@ -459,7 +461,11 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if args.dry_run:
-        console.print(shlex.join(cmd), soft_wrap=True, markup=False, highlight=False)
+        # the environment the run sets goes with the line, so that it runs as printed
+        # (spark-submit would otherwise start the driver with whatever python3 is first)
+        names = ("SPARK_LOCAL_IP", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+        prefix = [f"{name}={env[name]}" for name in names if name in env]
+        console.print(shlex.join([*prefix, *cmd]), soft_wrap=True, markup=False, highlight=False)
         return 0
     if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
         console.print("Java 17 is needed by spark-submit: apt-get install openjdk-17-jre-headless")

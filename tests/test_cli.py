@@ -263,6 +263,17 @@ def test_sigterm_while_the_spark_jvm_starts_leaves_no_jvm_behind(
     assert not (tmp_path / "out").exists()
 
 
+def test_bag_reindex_refuses_a_url_for_its_output(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = tmp_path / "t.bag"
+    shutil.copy(shared_data / HUSKY, copy)
+    assert main(["bag", "reindex", str(copy), f"file://{copy}", "--overwrite"]) == 2
+    assert "OUT is a local .bag path, not a URL" in capsys.readouterr().err
+    assert copy.read_bytes() == (shared_data / HUSKY).read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.bag"]
+
+
 def _dry_run(capsys: pytest.CaptureFixture[str], *confs: str) -> tuple[str, list[str]]:
     """The line ``adcloud submit --dry-run`` prints for an ingest job, and its ``--conf``s."""
     argv = ["submit", "--dry-run", "--master", "spark://127.0.0.1:7077"]
@@ -276,6 +287,13 @@ def _dry_run(capsys: pytest.CaptureFixture[str], *confs: str) -> tuple[str, list
 
 def test_submit_dry_run_builds_spark_submit_line(capsys: pytest.CaptureFixture[str]) -> None:
     line, confs = _dry_run(capsys, "spark.executor.memory=2g")
+    # the Python the run gives the driver and executors goes with the line as printed
+    words = shlex.split(line)
+    assert (
+        f"PYSPARK_DRIVER_PYTHON={os.environ.get('PYSPARK_DRIVER_PYTHON', sys.executable)}"
+        in (words[:3])
+    )
+    assert "SPARK_LOCAL_IP=127.0.0.1" in words[:3] or "SPARK_LOCAL_IP" in os.environ
     assert "bin/spark-submit --master spark://127.0.0.1:7077" in line
     assert "--conf spark.executor.memory=2g" in line
     assert line.rstrip().endswith("adcloud/cli.py ingest a.bag --out o")
