@@ -404,7 +404,7 @@ _YARN_DEFAULTS: dict[str, object] = {
 
 
 def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
-    from adcloud.spark import spark_home  # noqa: PLC0415
+    from adcloud.spark import check_master, spark_home  # noqa: PLC0415
 
     submit = spark_home() / "bin" / "spark-submit"
     job = list(args.job)
@@ -470,6 +470,7 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
         console.print("Java 17 is needed by spark-submit: apt-get install openjdk-17-jre-headless")
         return 2
+    check_master(args.master)  # a minute of Spark's retries and a stack trace, otherwise
     return subprocess.call(cmd, env=env)
 
 

@@ -281,6 +281,36 @@ def _heap_options(memory: str) -> list[str]:
     return [_G1_REGION] if size < _G1_REGION_BELOW else []
 
 
+#: Master URL schemes Spark takes (``spark://`` standalone, possibly several hosts).
+_MASTER_SCHEMES = ("local", "spark://", "yarn", "k8s://", "mesos://")
+
+
+def check_master(master: str, timeout: float = 3.0) -> None:
+    """Raise :class:`ConfigError` for a master URL Spark does not take, and
+    :class:`SparkClusterError` when no master of a ``spark://`` URL accepts a connection:
+    Spark itself would retry for a minute and end in a Java stack trace."""
+    if not master.startswith(_MASTER_SCHEMES):
+        raise ConfigError(
+            f"Spark master {master!r} is not one Spark takes: local[*], local[N], "
+            "spark://HOST:PORT, yarn or k8s://URL (set --master or ADCLOUD_SPARK_MASTER)"
+        )
+    if not master.startswith("spark://"):
+        return
+    problems = []
+    for hostport in master.removeprefix("spark://").split(","):
+        host, _, port = hostport.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                return
+        except (OSError, ValueError) as err:
+            problems.append(f"{hostport}: {getattr(err, 'strerror', None) or err}")
+    raise SparkClusterError(
+        f"cannot reach the Spark master {master} ({'; '.join(problems)}); start one "
+        "(deploy/local/start-cluster.sh on this machine) or check --master / "
+        "ADCLOUD_SPARK_MASTER"
+    )
+
+
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
     """Hold SIGINT and SIGTERM while the driver JVM starts, and deliver them after.
@@ -353,6 +383,8 @@ def get_session(
         logger.debug("reusing the active SparkSession for %s", active.master)
         return SparkSession.builder.getOrCreate()
 
+    if not under_submit:
+        check_master(settings.master)
     find_java()
     if settings.master.startswith("local") and not under_submit:
         # Everything runs in this machine's JVM: bind to loopback (and skip Spark's warning

@@ -274,6 +274,29 @@ def test_bag_reindex_refuses_a_url_for_its_output(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.bag"]
 
 
+def test_a_master_that_is_not_there_is_one_line_at_once(shared_data: Path, tmp_path: Path) -> None:
+    """Spark would retry an unreachable master for a minute and end in a stack trace."""
+    adcloud = str(Path(sys.executable).with_name("adcloud"))
+    bag = str(shared_data / HUSKY)
+    for argv, says in (
+        (["ingest", bag, "--master", "spark://127.0.0.1:1"], "cannot reach the Spark master"),
+        (["ingest", bag, "--master", "foo://bar"], "'foo://bar' is not one Spark takes"),
+        (["submit", "--master", "spark://127.0.0.1:1", "--", "ingest", bag], "cannot reach"),
+    ):
+        began = time.monotonic()
+        done = subprocess.run(
+            [adcloud, *argv, "--out", str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert time.monotonic() - began < 30
+    assert not (tmp_path / "out").exists()
+
+
 def _dry_run(capsys: pytest.CaptureFixture[str], *confs: str) -> tuple[str, list[str]]:
     """The line ``adcloud submit --dry-run`` prints for an ingest job, and its ``--conf``s."""
     argv = ["submit", "--dry-run", "--master", "spark://127.0.0.1:7077"]
