@@ -172,7 +172,15 @@ class AlluxioStore(BaseStore):
             assert c is not None
             reused = c.sock is not None
             try:
-                c.request("POST", url, body=body, headers=self._headers(content_type, len(body)))
+                try:
+                    c.request(
+                        "POST", url, body=body, headers=self._headers(content_type, len(body))
+                    )
+                except (BrokenPipeError, ConnectionResetError):
+                    response = self._early_answer(c)
+                    if response is None:
+                        raise
+                    return response
                 return c.getresponse()
             except _RETRYABLE as err:
                 if own:
@@ -184,6 +192,21 @@ class AlluxioStore(BaseStore):
                     self._drop_conn()
                 raise self._unavailable(err) from err
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _early_answer(conn: http.client.HTTPConnection) -> http.client.HTTPResponse | None:
+        """The response the server sent before it stopped reading the request, if any.
+
+        A server that refuses a body part-way (over a size limit) answers and closes; the
+        rest of the body then breaks the send with EPIPE or a reset, while the answer already
+        waits in the socket's receive buffer.  ``None`` when there is none: the server is gone.
+        """
+        if conn.sock is None:
+            return None
+        try:
+            return conn.getresponse()
+        except (OSError, http.client.HTTPException):
+            return None
 
     def _unavailable(self, err: BaseException) -> StoreUnavailableError:
         return StoreUnavailableError(

@@ -603,18 +603,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._options()
             raise _HTTPError(400, "INVALID_ARGUMENT", "not a write stream")
         written = 0
+        over = False
         try:
             for piece in self._body_chunks(app.limits.max_request_bytes):
-                if stream.pos + len(piece) > app.limits.max_file_bytes:
-                    raise _HTTPError(
-                        413,
-                        "RESOURCE_EXHAUSTED",
-                        f"file over {app.limits.max_file_bytes} bytes",
-                        close=True,
-                    )
+                # past the limit, read the rest of the body (max_request_bytes at most) and
+                # drop it: an answer sent while the client is still sending is lost to it
+                # when its send breaks on the closed connection
+                over = over or stream.pos + len(piece) > app.limits.max_file_bytes
+                if over:
+                    continue
                 stream.handle.write(piece)
                 stream.pos += len(piece)
                 written += len(piece)
+            if over:
+                raise _HTTPError(
+                    413, "RESOURCE_EXHAUSTED", f"file over {app.limits.max_file_bytes} bytes"
+                )
         except BaseException:
             # a write that did not arrive whole must not become part of any file
             app.close_stream(ident, publish=False)

@@ -388,6 +388,34 @@ def test_sizes_are_bounded(small_server: tuple[StoreServer, LocalStore]) -> None
     one_request.close()
 
 
+def test_a_write_refused_mid_body_reports_the_servers_answer(store_root: Path) -> None:
+    # The bodies are far bigger than the socket buffers, so the server answers and closes
+    # while the client is still sending: the client's send breaks (EPIPE or reset), and the
+    # answer already sent must be what it reports, every time -- not "cannot reach".
+    store = LocalStore("local://")
+    limits = ServerLimits(max_request_bytes=16 << 20, max_file_bytes=1 << 20)
+    server = StoreServer(store, port=0, token="tok", limits=limits).start()
+    backend = AlluxioStore(server.uri, token="tok", chunk_size=4 << 20)
+    try:
+        backend.put("/f", b"kept")
+        for _ in range(5):
+            with pytest.raises(StoreFullError, match=f"write /f: file over {1 << 20} bytes"):
+                backend.put("/f", bytes(6 << 20))
+            assert store.get("/f") == b"kept"
+        one_request = AlluxioStore(server.uri, token="tok", chunk_size=32 << 20)
+        try:
+            for _ in range(5):
+                with pytest.raises(StoreFullError, match=f"request body over {16 << 20} bytes"):
+                    one_request.put("/f", bytes(20 << 20))
+                assert store.get("/f") == b"kept"
+        finally:
+            one_request.close()
+    finally:
+        backend.close()
+        server.shutdown()
+        store.close()
+
+
 def test_idle_and_interrupted_streams_are_never_published(
     small_server: tuple[StoreServer, LocalStore],
 ) -> None:
