@@ -51,6 +51,7 @@ from adcloud.binpipe.bags_io import (
     cache_dir,
     file_size,
     fingerprint,
+    is_local,
     join_member,
     local_copy,
     open_fs,
@@ -84,6 +85,9 @@ _log = logging.getLogger(__name__)
 ROS2_PARTITION_BYTES = 64 << 20
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+
+#: Bytes of the SQLite database header (https://sqlite.org/fileformat.html).
+_SQLITE_HEADER_BYTES = 100
 
 #: What a damaged database raises through :mod:`sqlite3` (text columns that are not
 #: UTF-8 surface as ``UnicodeDecodeError``; odd column values as Type/ValueError).
@@ -199,6 +203,45 @@ def _connect(local: Path, uri: str) -> sqlite3.Connection:
     except _DB_ERRORS as err:
         raise BagError(f"{uri}: not a readable rosbag2 sqlite3 database: {err}") from err
     return db
+
+
+def _check_sqlite(fs: Any, path: str, uri: str, size: int) -> None:
+    """Raise the reader's :class:`BagError` when the ``size``-byte storage file ``uri`` is
+    not a whole rosbag2 sqlite3 database, without reading all its rows.
+
+    On any filesystem: the header's magic, and a file at least as long as the page count
+    times the page size that the header declares (a truncated copy is shorter).  A local
+    file is opened too, for the ``messages`` table and its first and last rows: the two
+    ends of the id b-tree, a few pages each whatever the file's size.
+    """
+    what = f"{uri}: not a readable rosbag2 sqlite3 database"
+    if size < _SQLITE_HEADER_BYTES:
+        raise BagError(
+            f"{what}: the file is empty" if size == 0 else f"{what}: {size} bytes, no header"
+        )
+    header = read_range(fs, path, 0, _SQLITE_HEADER_BYTES, uri=uri, where="sqlite3 header")
+    if not header.startswith(SQLITE_MAGIC):
+        raise BagError(f"{what}: no SQLite header")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    # the page count is valid only when its version stamp matches the change counter
+    # (SQLite before 3.7.0 did not keep it)
+    if pages and header[24:28] == header[92:96] and size < pages * page_size:
+        raise BagError(
+            f"{what}: truncated: {size} bytes where its header declares {pages} pages of "
+            f"{page_size} bytes"
+        )
+    if not is_local(fs):
+        return  # opening it would download the whole file
+    with closing(_connect(Path(path), uri)) as db:
+        try:
+            for order in ("ASC", "DESC"):
+                db.execute(
+                    f"SELECT id, topic_id, timestamp FROM messages ORDER BY id {order} LIMIT 1"
+                ).fetchall()
+        except _DB_ERRORS as err:
+            raise BagError(f"{what}: {err}") from err
 
 
 def _topics(db: sqlite3.Connection, uri: str) -> list[tuple[int, str, str, str]]:
@@ -481,7 +524,12 @@ class Ros2Backend:
     """The rosbag2 entry in the backend registry."""
 
     def summarize(self, uri: str, storage_options: tuple[tuple[str, object], ...]) -> BagSummary:
-        """Counts, topics and time span from ``metadata.yaml`` (queries for a bare ``.db3``)."""
+        """Counts, topics and time span from ``metadata.yaml`` (queries for a bare ``.db3``).
+
+        Each storage file is checked to be there and whole (the MCAP index, the sqlite3
+        header and message table ends; see :func:`_check_sqlite`), so a bag whose metadata
+        outlived its data is a :class:`BagError` here, as it is to the reader.
+        """
         fs, path = open_fs(uri, storage_options)
         layout = read_layout(fs, path, uri)
         if layout is None:
@@ -492,11 +540,14 @@ class Ros2Backend:
         for member in layout.members:
             murl = join_member(uri, member)
             mfs, mpath = open_fs(murl, storage_options)
-            size += file_size(mfs, mpath, murl)
+            member_size = file_size(mfs, mpath, murl)
+            size += member_size
             if layout.storage == "mcap":
                 index = _mcap.read_index(mfs, mpath, murl)
                 chunk_count += len(index.chunks)
                 codecs.update(index.compression.split(","))
+            elif layout.compression_mode != "file":  # a .zstd file is checked as it is read
+                _check_sqlite(mfs, mpath, murl, member_size)
         if layout.compression_mode:
             codecs.add(f"{layout.compression_format} ({layout.compression_mode})")
         codecs.discard("none")
