@@ -149,9 +149,15 @@ def _copy_to_file(stream: Any, target: Path) -> None:
     """Copy ``stream`` into ``target`` whole or not at all: into a temporary file beside it,
     renamed over it once complete, so a read that breaks off (or Ctrl-C) leaves an earlier
     ``target`` as it was and no half file."""
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
     tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
     try:
-        with tmp.open("wb") as out:
+        handle = tmp.open("wb")
+    except OSError as err:  # named as the user named it, not by the temporary name
+        raise OSError(err.errno, err.strerror, str(target)) from None
+    try:
+        with handle as out:
             shutil.copyfileobj(stream, out, 1 << 20)
         if target.exists():
             shutil.copymode(target, tmp)  # a replaced file keeps its permissions

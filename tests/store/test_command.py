@@ -311,6 +311,9 @@ def test_files_the_user_names_are_one_line_errors(
     assert f"error: {target}: No such file or directory" in capsys.readouterr().err.replace(
         "\n", ""
     )
+    assert main(["store", "cat", "local:///a.bin", "-o", str(tmp_path)]) == 2
+    assert f"error: {tmp_path}: Is a directory" in capsys.readouterr().err.replace("\n", "")
+    assert not list(tmp_path.rglob("*.part"))
 
 
 def test_serve_says_why_it_cannot_listen(
