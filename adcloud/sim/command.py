@@ -23,7 +23,7 @@ from rich.text import Text
 
 from adcloud.sim.adapters import ADAPTERS, NodeSpec, ReplayTiming
 from adcloud.sim.evaluators import EVALUATORS, parse_evaluator
-from adcloud.sim.perception import CameraLoad, camera_sweep
+from adcloud.sim.perception import CameraLoad, camera_replay_job, camera_sweep
 from adcloud.sim.replay import ReplayJob, ReplayResults, run_replay
 from adcloud.sim.report import check_report_target, write_report
 from adcloud.sim.scenario import CutMode, ScenarioCut
@@ -299,6 +299,17 @@ def _load_row(load: CameraLoad) -> tuple[str | Text, ...]:
 
 def run_cameras(args: argparse.Namespace, console: Console) -> int:
     """Entry point of ``adcloud sim cameras``; 1 only when ``--require`` is not met."""
+    options: dict[str, Any] = {
+        "rate": args.rate,
+        "max_loss": args.max_loss,
+        "max_latency_ms": args.max_latency_ms,
+        "timeout_s": args.timeout,
+    }
+    node = NodeSpec(args.node, adapter=args.adapter)
+    # the limits and the node are checked before Spark starts (the sweep's jobs all share them)
+    camera_replay_job(args.bags, node, args.cameras[:1], args.output, **options)
+    if args.report:
+        check_report_target(f"{args.report.rstrip('/')}/cameras-1")
     spark = _session(args.master)
     table = Table(show_edge=False, pad_edge=False)
     for name in ("cameras", "result", "frames", "loss %", "frames/s", "p50 ms", "p95 ms"):
@@ -313,16 +324,13 @@ def run_cameras(args: argparse.Namespace, console: Console) -> int:
     sweep = camera_sweep(
         spark,
         args.bags,
-        NodeSpec(args.node, adapter=args.adapter),
+        node,
         args.cameras,
         args.output,
         counts=args.counts,
         stop_after_failure=args.stop_after_failure,
         on_load=shown,
-        rate=args.rate,
-        max_loss=args.max_loss,
-        max_latency_ms=args.max_latency_ms,
-        timeout_s=args.timeout,
+        **options,
     )
     for load in sweep.loads:
         table.add_row(*_load_row(load))

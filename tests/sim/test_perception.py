@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -160,3 +161,25 @@ def test_the_cameras_command_refuses_counts_that_are_not_numbers(
     with pytest.raises(SystemExit):
         _parse(["sim", "cameras", "b.bag", "--node", "n", "--cameras", "/a", "--counts", "1,x"])
     assert "--counts takes comma-separated whole numbers, not '1,x'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--max-loss", "nan"], "evaluator frames: max_loss must be a finite number"),
+        (["--max-loss", "-1"], "evaluator frames: max_loss must be a finite number >= 0"),
+        (["--max-latency-ms", "nan"], "evaluator latency: max_ms must be a finite number"),
+    ],
+)
+def test_the_cameras_command_checks_its_limits_before_spark_starts(
+    monkeypatch: pytest.MonkeyPatch, option: list[str], says: str
+) -> None:
+    """A NaN --max-loss passed every camera count; now it is refused before any job."""
+
+    def no_spark(master: str | None) -> None:
+        raise AssertionError("Spark started for a sweep whose limits are wrong")
+
+    monkeypatch.setattr(command, "_session", no_spark)
+    args = _parse(["sim", "cameras", "b.bag", "--node", "n", "--cameras", "/a", *option])
+    with pytest.raises(SimError, match=re.escape(says)):
+        args.func(args, Console(file=io.StringIO()))
