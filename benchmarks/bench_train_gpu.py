@@ -182,6 +182,136 @@ def train_once(
     }
 
 
+def allreduce_config(preset: str, steps: int, workers: int, root: Path, device: str) -> Any:
+    """The ``allreduce`` round's training settings: ``workers`` trainers of 2 samples each,
+    checkpoints every 50 steps to a ``local://`` store under ``root``."""
+    from adcloud.train.config import TrainConfig  # noqa: PLC0415
+
+    return TrainConfig(
+        task="lidar_seg",
+        task_options={"preset": preset},
+        sync="allreduce",
+        workers=workers,
+        steps=steps,
+        batch_size=2,
+        optimizer="adamw",
+        lr=1e-2,
+        weight_decay=1e-4,
+        schedule="cosine",
+        warmup_steps=20,
+        final_lr_ratio=0.05,
+        seed=0,
+        checkpoint_every=50,
+        store="local:///bench-train-gpu",
+        store_options=(f"root={root / 'store'}",),
+        threads=1,
+        device=device,
+        progress=False,
+        out=str(root / "out" / "{run}"),
+    ).validate()
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One ``torchrun`` trainer of the ``allreduce`` round (started by :func:`allreduce`)."""
+    import logging  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    from adcloud.train.job import run_torchrun  # noqa: PLC0415
+    from adcloud.train.task import get_task  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("adcloud.train.sync").setLevel(logging.INFO)
+    world = int(os.environ["WORLD_SIZE"])
+    config = allreduce_config(args.preset, args.steps, world, args.root, args.device)
+    config = config.replace(run=f"torchrun-{world}")
+    task = get_task("lidar_seg", {"preset": args.preset})
+    run_torchrun(config, task=task, samples=load(args.samples, "lidar_seg")["train"])
+    return 0
+
+
+def torchrun_once(args: argparse.Namespace, world: int, device: str, root: Path) -> dict[str, Any]:
+    """One ``torchrun`` job of ``world`` trainers on ``device``: rank 0's result, the wall
+    time and which process group each rank joined (or ``error``: the job's last lines)."""
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(world), __file__, "worker", "--samples", str(args.samples),
+        "--preset", args.preset, "--steps", str(args.steps), "--root", str(root / device),
+        "--device", device,
+    ]  # fmt: skip
+    began = time.perf_counter()
+    done = subprocess.run(
+        command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+        timeout=600, check=False,
+    )  # fmt: skip
+    logs = (done.stdout + done.stderr).strip().splitlines()
+    if done.returncode != 0:
+        return {"error": f"exit {done.returncode}\n" + "\n".join(logs[-40:])}
+    out = root / device / "out" / f"torchrun-{world}" / "result.json"
+    return {
+        "result": json.loads(out.read_text()),
+        "wall": time.perf_counter() - began,
+        "groups": sorted(line.split(": ", 1)[-1] for line in logs if "joined the" in line),
+    }
+
+
+def curve_gap(a: Sequence[float], b: Sequence[float]) -> str:
+    """How far two loss curves are apart, step by step."""
+    gaps = sorted(abs(x - y) for x, y in zip(a, b, strict=True))
+    return f"median {gaps[len(gaps) // 2]:.4f}, largest {gaps[-1]:.4f}"
+
+
+def allreduce(args: argparse.Namespace) -> int:
+    """``sync=allreduce`` under torchrun on one GPU: 1 trainer (NCCL) against the same
+    training in one process, and 2 trainers sharing the GPU (gloo on CUDA tensors) against
+    the same 2 trainers on the CPU -- the same batches, so the curves must agree up to the
+    order of float additions."""
+    import torch  # noqa: PLC0415
+
+    from adcloud.train.loop import train  # noqa: PLC0415
+    from adcloud.train.task import get_task  # noqa: PLC0415
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: nothing to check", flush=True)
+        return 1
+    samples = load(args.samples, "lidar_seg")["train"]
+    task = get_task("lidar_seg", {"preset": args.preset})
+    runs = list(dict.fromkeys([(1, args.device), (2, args.device), (2, "cpu")]))
+    with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
+        root = Path(tmp)
+        config = allreduce_config(args.preset, args.steps, 1, root / "single", args.device)
+        single = train(task, samples, config.replace(sync="single", checkpoint_every=0))
+        print(
+            f"single process on {args.device}: {single.samples_per_second:.1f} samples/s, "
+            f"final loss {single.losses[-1]:.4f}",
+            flush=True,
+        )
+        done: dict[tuple[int, str], dict[str, Any]] = {}
+        for world, device in runs:
+            job = done[world, device] = torchrun_once(args, world, device, root)
+            if "error" in job:
+                print(f"torchrun, {world} trainer(s) on {device}: FAILED {job['error']}")
+                continue
+            result = job["result"]
+            print(
+                f"torchrun, {world} trainer(s) on {device}: {result['samples_per_second']:.1f} "
+                f"samples/s (whole job {job['wall']:.1f} s), final loss "
+                f"{result['losses'][-1]:.4f}; " + "; ".join(job["groups"]),
+                flush=True,
+            )
+    failed = sum("error" in job for job in done.values())
+    one, two, cpu = (done.get(key, {}).get("result") for key in runs)
+    if one:
+        gap = curve_gap(one["losses"], single.losses)
+        print(f"1 trainer vs one process, same device: loss curves {gap}")
+    if two and cpu:
+        gap = curve_gap(two["losses"], cpu["losses"])
+        print(f"2 trainers, {args.device} vs cpu, same batches: loss curves {gap}")
+    return 1 if failed else 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
@@ -254,7 +384,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)"
     )
     bench.add_argument("--json", type=Path, help="also write every run's figures here")
+    ring = commands.add_parser(
+        "allreduce", help="allreduce under torchrun on the GPU against one process"
+    )
+    ring.add_argument("--samples", type=Path, required=True, help="the .npz of `prepare`")
+    ring.add_argument("--steps", type=int, default=100, help="training steps (100)")
+    ring.add_argument("--preset", default="small", help="lidar_seg preset (small)")
+    ring.add_argument("--device", default="cuda", help="cuda (cpu: to try it without a GPU)")
+    one = commands.add_parser("worker", help="one torchrun trainer of `allreduce` (internal)")
+    one.add_argument("--samples", type=Path, required=True)
+    one.add_argument("--steps", type=int, required=True)
+    one.add_argument("--preset", required=True)
+    one.add_argument("--root", type=Path, required=True)
+    one.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
+    if args.command == "allreduce":
+        return allreduce(args)
+    if args.command == "worker":
+        return worker(args)
     if args.command == "prepare":
         prepare(args.out)
         return 0

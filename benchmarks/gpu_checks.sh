@@ -7,8 +7,8 @@
 #
 # which writes the training samples (work/gpu/samples.npz, ~35 MB), copies the real scan pair
 # (work/gpu/data) and downloads the wheels the GPU image lacks (.whl: pyopencl and its needs,
-# isal; CPython 3.12, x86_64).  Carry `.whl` and `work/gpu` to the GPU machine; ``work/`` and
-# ``.whl/`` are git-ignored.
+# isal, rosbags and its needs for the torchrun trainers; CPython 3.12, x86_64).  Carry `.whl`
+# and `work/gpu` to the GPU machine; ``work/`` and ``.whl/`` are git-ignored.
 #
 # then on the GPU machine (OUT: where the logs go; default work/gpu/out):
 #
@@ -16,6 +16,7 @@
 #   bash benchmarks/gpu_checks.sh hetero   # only 1
 #   bash benchmarks/gpu_checks.sh train    # only 2 (TRAIN_RUNS=camera_seg:full: one task/preset)
 #   bash benchmarks/gpu_checks.sh tests    # the kernel tests on the GPU (3 below)
+#   bash benchmarks/gpu_checks.sh allreduce  # sync=allreduce under torchrun on the GPU (4)
 #
 # 1. OpenCL: the adcloud.hetero kernels on the GPU against their NumPy reference
 #    (bench_hetero.py --no-job).  pyopencl's wheel brings the ICD loader; where the system
@@ -25,6 +26,9 @@
 # 3. The kernel tests of tests/hetero, parametrized over every OpenCL device, on the GPU and
 #    on PoCL's CPU device where the machine registers one (the NumPy reference is the truth;
 #    tests that need PoCL fail where it is missing), with the OpenCL compiler's output shown.
+# 4. CUDA: lidar_seg trained with sync=allreduce under torchrun (bench_train_gpu.py
+#    allreduce): 1 trainer (NCCL) against one process, 2 trainers sharing the GPU (gloo on
+#    CUDA tensors) against the same 2 trainers on the CPU.
 set -uo pipefail
 
 if [ "${1:-}" = prepare ]; then
@@ -35,7 +39,9 @@ if [ "${1:-}" = prepare ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-    pyopencl pytools siphash24 platformdirs isal
+    pyopencl pytools siphash24 platformdirs isal \
+    rosbags==0.11.9 apsw==3.54.1.0 ruamel.yaml==0.19.1 backports.zstd==1.8.0 lz4==4.4.5 \
+    mcap==1.6.0 zstandard==0.25.0
   du -sh work/gpu .whl
   exit 0
 fi
@@ -83,6 +89,13 @@ if [ "${1:-bench}" = tests ]; then
     tests/hetero/test_icp.py tests/hetero/test_features.py tests/hetero/test_lattice.py \
     tests/hetero/test_devices.py 2>&1 | tee "$OUT/tests.txt"
   echo "pytest exit: $?" | tee -a "$OUT/tests.txt"
+  exit 0
+fi
+
+if [ "${1:-bench}" = allreduce ]; then
+  timeout "${ALLREDUCE_TIMEOUT:-300}" "$PY" benchmarks/bench_train_gpu.py allreduce \
+    --samples work/gpu/samples.npz --steps "${ALLREDUCE_STEPS:-100}" 2>&1 | tee "$OUT/allreduce.txt"
+  echo "allreduce exit: $?" | tee -a "$OUT/allreduce.txt"
   exit 0
 fi
 

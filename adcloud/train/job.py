@@ -489,6 +489,15 @@ def _cuda_index(context: Any, rank: int) -> int:
     return _local_slot(context, rank)[0]
 
 
+def _gpus_per_rank(local_ranks: int) -> bool:
+    """Whether this host has a GPU for each of its ``local_ranks`` trainers.  NCCL needs one
+    GPU per rank (two ranks on one GPU fail with "Duplicate GPU detected"); ranks that share
+    a GPU all-reduce their CUDA tensors through gloo instead."""
+    import torch  # noqa: PLC0415
+
+    return torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks
+
+
 def _open_sync(
     config: TrainConfig, context: Any, rank: int, world: int, run: str, cuda_index: int
 ) -> Synchronizer:
@@ -506,14 +515,9 @@ def _open_sync(
             peers=info.peers,
         )
     device = resolve_device(config.device, cuda_index)
-    can_nccl = False
-    if device.type == "cuda":
-        import torch  # noqa: PLC0415
-
-        # NCCL needs one GPU per rank: Spark's assignment gives that, else as many GPUs on
-        # this host as trainers; several ranks on one GPU reduce through gloo.
-        assigned = context.resources().get("gpu") is not None
-        can_nccl = assigned or torch.cuda.device_count() >= _local_slot(context, rank)[1]
+    # Spark's GPU assignment gives each trainer a GPU of its own
+    assigned = context.resources().get("gpu") is not None
+    can_nccl = device.type == "cuda" and (assigned or _gpus_per_rank(_local_slot(context, rank)[1]))
     # every rank must pick the same backend, whatever its host has
     votes = context.allGather("nccl" if can_nccl else "gloo")
     backend = "nccl" if all(v == "nccl" for v in votes) else "gloo"
@@ -988,7 +992,10 @@ def run_torchrun(
     config = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=run)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = resolve_device(config.device, local_rank)
-    sync = AllReduceSync.from_env(device=device, timeout_s=config.sync_timeout_s)
+    # every host of a torchrun job runs --nproc-per-node trainers, so each rank decides alike
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    backend = "nccl" if device.type == "cuda" and _gpus_per_rank(local_world) else "gloo"
+    sync = AllReduceSync.from_env(backend=backend, device=device, timeout_s=config.sync_timeout_s)
     store = open_store(config.store, **config.store_kwargs())
     checkpointer = Checkpointer(
         store,

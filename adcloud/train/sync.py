@@ -675,6 +675,9 @@ class AllReduceSync:
                 f"{init_method}: {err}; check that the trainers can reach each other on that "
                 "address (firewall, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)"
             ) from err
+        log.info(
+            "rank %d of %d: joined the %s process group at %s", rank, world, chosen, init_method
+        )
         return cls(owns_group=True)
 
     @classmethod

@@ -425,9 +425,22 @@ def test_cli_devices_says_how_to_register_a_driver_it_cannot_see(
     assert f"echo {library} > {vendors}/nvidia.icd" in text
 
 
+def _hide_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """List this machine's OpenCL devices without its GPUs, as on a machine whose GPU
+    driver no ICD file registers (on one without a GPU this changes nothing)."""
+    backend = devices_module.BACKENDS["opencl"]
+    listed = backend.list_devices
+
+    def without_gpus(split: int = 0) -> list[devices_module.DeviceInfo]:
+        return [d for d in listed(split) if d.kind != DeviceKind.GPU]
+
+    monkeypatch.setattr(backend, "list_devices", without_gpus)
+
+
 def test_the_policy_warns_once_when_a_gpu_driver_is_unregistered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    _hide_gpus(monkeypatch)
     (tmp_path / "libnvidia-opencl.so.1").write_bytes(b"\x7fELF")
     vendors = tmp_path / "vendors"
     vendors.mkdir()
@@ -459,6 +472,7 @@ def test_discovery_says_how_to_register_a_driver_when_it_finds_no_gpu(
 ) -> None:
     from adcloud.hetero import discovery  # noqa: PLC0415
 
+    _hide_gpus(monkeypatch)
     library = tmp_path / "libnvidia-opencl.so.1"
     library.write_bytes(b"\x7fELF")
     vendors = tmp_path / "vendors"

@@ -502,3 +502,33 @@ def test_trainers_take_the_gpu_of_their_place_on_their_host(spark: SparkSession)
     rdd = spark.sparkContext.parallelize(range(2), 2)
     found = sorted(rdd.barrier().mapPartitions(_slots).collect())
     assert found == [(0, 0, 2, 0), (1, 1, 2, 1)]
+
+
+class _JoinedError(Exception):
+    """Raised in place of joining a process group: the test has what it wanted to see."""
+
+
+@pytest.mark.parametrize(("gpus", "backend"), [(1, "gloo"), (2, "nccl")])
+def test_torchrun_ranks_sharing_a_gpu_reduce_through_gloo(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, gpus: int, backend: str
+) -> None:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): torchrun's trainers on
+    a host with fewer GPUs than trainers join a gloo group (which reduces CUDA tensors)."""
+    from adcloud.train import job  # noqa: PLC0415
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(job, "resolve_device", lambda name, index: torch.device("cuda", 0))
+    chosen: list[str] = []
+
+    def joined(**kw: Any) -> None:
+        chosen.append(kw["backend"])
+        raise _JoinedError
+
+    monkeypatch.setattr(job.AllReduceSync, "from_env", staticmethod(joined))
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    cfg = config(tmp_path, sync="allreduce", device="cuda", run="gpu-share")
+    with pytest.raises(_JoinedError):
+        job.run_torchrun(cfg, task=LinearTask(), samples=make_points(8))
+    assert chosen == [backend]
