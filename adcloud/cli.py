@@ -736,6 +736,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     except Exception as err:
+        stop = _interrupt_behind(err)
+        if stop is not None:
+            # Ctrl-C or SIGTERM landed inside a Spark call and PySpark's clean-up then
+            # failed on the broken gateway (py4j "Answer from Java side is empty"): the
+            # command was stopped, and says so as any stopped command does
+            return 143 if isinstance(stop, _Terminated) else 130
         # Errors raised on executors reach the driver wrapped by Spark, with the
         # Python traceback as text: show the adcloud error inside, not the wrapper.
         remote = _remote_adcloud_error(err)
@@ -758,6 +764,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = _active_spark()
         if started is not None and not had_spark:
             started.stop()
+
+
+def _interrupt_behind(err: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM that ``err`` was raised while handling, if any."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _active_spark() -> Any:

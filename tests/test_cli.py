@@ -511,3 +511,45 @@ def test_sigterm_unwinds_like_ctrl_c(tmp_path: Path) -> None:
     proc.terminate()
     assert proc.wait(timeout=60) == 143, proc.stderr.read() if proc.stderr else ""
     assert not out.exists() and not (tmp_path / "long.bag.truth").exists()
+
+
+class _Parser:
+    """``build_parser()`` whose commands all run ``func``."""
+
+    def __init__(self, func: Any) -> None:
+        self.func = func
+
+    def parse_args(self, argv: Any) -> Any:
+        args = build_parser().parse_args(argv)
+        args.func = self.func
+        return args
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "Ctrl-C"])
+def test_a_stop_that_breaks_a_spark_call_exits_as_stopped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], stop: str
+) -> None:
+    """SIGTERM or Ctrl-C inside ``rdd.collect()``: PySpark's clean-up then calls the broken
+    gateway and py4j raises ``Py4JNetworkError`` while the interrupt is handled.  The
+    command was stopped (143/130), not crashed (1 with a traceback); a gateway error
+    without an interrupt behind it is still raised."""
+    from py4j.protocol import Py4JNetworkError  # noqa: PLC0415
+
+    from adcloud import cli  # noqa: PLC0415
+
+    def collect(args: Any, console: Any) -> int:
+        try:
+            raise cli._Terminated if stop == "SIGTERM" else KeyboardInterrupt
+        finally:
+            raise Py4JNetworkError("Answer from Java side is empty")
+
+    monkeypatch.setattr(cli, "build_parser", lambda: _Parser(collect))
+    assert cli.main(["store", "ls", "local:///x"]) == (143 if stop == "SIGTERM" else 130)
+    assert "Traceback" not in capsys.readouterr().err
+
+    def broken(args: Any, console: Any) -> int:
+        raise Py4JNetworkError("Answer from Java side is empty")
+
+    monkeypatch.setattr(cli, "build_parser", lambda: _Parser(broken))
+    with pytest.raises(Py4JNetworkError):
+        cli.main(["store", "ls", "local:///x"])
