@@ -763,7 +763,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # already had), so its Python workers shut down cleanly before exit.
         started = _active_spark()
         if started is not None and not had_spark:
-            started.stop()
+            _stop_spark(started)
+
+
+def _stop_spark(context: Any) -> None:
+    """Stop ``context``; a driver JVM already gone (SIGTERM to the whole process group ends
+    it too) has nothing left to stop, and the command's own outcome stands."""
+    from py4j.protocol import Py4JError  # noqa: PLC0415 - pyspark is loaded when Spark ran
+
+    try:
+        context.stop()
+    except (Py4JError, OSError) as err:
+        log.debug("the Spark driver was already gone: %s", err)
 
 
 def _interrupt_behind(err: BaseException) -> KeyboardInterrupt | None:

@@ -43,8 +43,21 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
             return None
         return _coerce(value, args[0], where)
+    if value is None and typ is not float:
+        raise ConfigError(
+            f"{where}: no value (an empty entry in the file?); give one, or leave the key out "
+            "for its default"
+        )
     if origin is tuple:
-        items = value.split(",") if isinstance(value, str) else list(value)
+        if isinstance(value, str):
+            items = value.split(",")
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        else:
+            raise ConfigError(
+                f"{where}: expected a list (or one comma-separated string), got "
+                f"{type(value).__name__} {value!r}"
+            )
         (inner, *_rest) = typing.get_args(typ) or (str,)
         return tuple(_coerce(v.strip() if isinstance(v, str) else v, inner, where) for v in items)
     try:
@@ -92,6 +105,26 @@ def _warn_near_misses(
             log.warning("%s is not a setting: did you mean %s?", say(name), say(near[0]))
 
 
+def _check_missing_section(path: Path, section: str, loaded: dict[Any, Any], cls: type) -> None:
+    """A file without ``section`` is fine (it may hold other sections only), unless what it
+    holds was meant for it: a misspelt section name whose keys are all this section's
+    fields (``hdmap_labels`` beside ``hdmap_lanelet`` is a real section of its own), or the
+    fields written at the top level (whose values, unlike a section's, are not mappings)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    meant = [str(k) for k, v in loaded.items() if isinstance(v, dict) and v and set(v) <= fields]
+    near = difflib.get_close_matches(section, meant, n=1, cutoff=0.8)
+    if near:
+        raise ConfigError(
+            f"{path}: no {section!r} section, but a {near[0]!r} one: did you mean {section}?"
+        )
+    flat = sorted(k for k, v in loaded.items() if k in fields and not isinstance(v, dict))
+    if flat:
+        raise ConfigError(
+            f"{path}: {', '.join(flat)} at the top level are {section} settings: put them "
+            f"under a '{section}:' section"
+        )
+
+
 def load_settings(
     cls: type[T],
     section: str,
@@ -119,7 +152,14 @@ def load_settings(
             loaded = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError) as err:
             raise ConfigError(f"{path}: cannot read settings file: {err}") from err
-        part = loaded.get(section, {}) if isinstance(loaded, dict) else {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                f"{path}: the file must be a mapping of sections ({section}: ...), not "
+                f"{type(loaded).__name__}"
+            )
+        if section not in loaded:
+            _check_missing_section(path, section, loaded, cls)
+        part = loaded.get(section) or {}
         if not isinstance(part, dict):
             raise ConfigError(f"{path}: section {section!r} must be a mapping")
         values.update(part)

@@ -553,3 +553,30 @@ def test_a_stop_that_breaks_a_spark_call_exits_as_stopped(
     monkeypatch.setattr(cli, "build_parser", lambda: _Parser(broken))
     with pytest.raises(Py4JNetworkError):
         cli.main(["store", "ls", "local:///x"])
+
+
+def test_a_driver_jvm_gone_with_the_signal_leaves_the_exit_status(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM to the whole process group (a scheduler's timeout) ends the driver JVM too:
+    stopping the SparkContext afterwards finds no gateway, and the command still exits 143
+    without a traceback."""
+    from adcloud import cli  # noqa: PLC0415
+
+    class Gone:
+        stopped = 0
+
+        def stop(self) -> None:
+            Gone.stopped += 1
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    contexts = iter([None, Gone()])  # none before the command, one it started
+    monkeypatch.setattr(cli, "_active_spark", lambda: next(contexts))
+
+    def training(args: Any, console: Any) -> int:
+        raise cli._Terminated
+
+    monkeypatch.setattr(cli, "build_parser", lambda: _Parser(training))
+    assert cli.main(["store", "ls", "local:///x"]) == 143
+    assert Gone.stopped == 1
+    assert "Traceback" not in capsys.readouterr().err

@@ -197,7 +197,7 @@ def test_written_settings_load_back(tmp_path: Path) -> None:
 
 def test_near_misses_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     file = tmp_path / "adcloud.yaml"
-    file.write_text("exmaple:\n  workers: 4\nother_section:\n  x: 1\n")
+    file.write_text("exmpale:\n  x: 4\nother_section:\n  x: 1\n")
     environ = {
         "ADCLOUD_EXAMPLE_WROKERS": "3",  # misspelt: ignored, but said
         "ADCLOUD_EXAMPLE_SUB_FIELD": "1",  # another section's, far from every field
@@ -208,7 +208,8 @@ def test_near_misses_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureF
     assert loaded.workers == 2 and loaded.ratio == 0.25
     said = caplog.text
     assert "ADCLOUD_EXAMPLE_WROKERS is not a setting: did you mean ADCLOUD_EXAMPLE_WORKERS?" in said
-    # sections of a file are not guessed at: hdmap_labels and hdmap_lanelet are both real
+    # a section near this one's name, holding other fields, is another's: hdmap_labels and
+    # hdmap_lanelet are both real
     assert "SUB_FIELD" not in said and "section" not in said
 
 
@@ -228,3 +229,39 @@ def test_one_name_is_one_name_not_its_characters() -> None:
         output_topics=(),
     ).validate()
     assert job.bags == ("drive.bag",) and job.input_topics == ("/lidar/points",)
+
+
+@pytest.mark.parametrize("field", ["name", "workers", "root", "topics", "verbose"])
+def test_an_empty_entry_in_a_file_is_an_error_not_the_word_none(tmp_path: Path, field: str) -> None:
+    """``run:`` with nothing after it is YAML's null: never the string "None" (a run of
+    that name), never a traceback."""
+    path = tmp_path / "s.yaml"
+    path.write_text(f"example:\n  {field}:\n")
+    with pytest.raises(ConfigError, match=rf"example\.{field}: no value .*leave the key out"):
+        load_settings(Example, "example", file=path, environ={})
+
+
+@pytest.mark.parametrize("value", ["5", "{a.bag: 1}", "true"])
+def test_a_list_field_given_no_list_is_an_error(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(f"example:\n  topics: {value}\n")
+    with pytest.raises(ConfigError, match=r"example\.topics: expected a list"):
+        load_settings(Example, "example", file=path, environ={})
+
+
+def test_settings_meant_for_a_section_that_is_not_there_are_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("exmaple:\n  workers: 3\n")
+    with pytest.raises(ConfigError, match=r"no 'example' section, but a 'exmaple' one"):
+        load_settings(Example, "example", file=path, environ={})
+    path.write_text("workers: 3\nname: x\nother:\n  workers: 1\n")
+    with pytest.raises(ConfigError, match=r"name, workers at the top level .*'example:'"):
+        load_settings(Example, "example", file=path, environ={})
+    path.write_text("- workers: 3\n")
+    with pytest.raises(ConfigError, match="must be a mapping of sections"):
+        load_settings(Example, "example", file=path, environ={})
+    # other sections only (one file for several commands), and an empty section, are fine
+    path.write_text("spark:\n  master: local[2]\nexample:\n")
+    assert load_settings(Example, "example", file=path, environ={}) == Example()
+    path.write_text("name:\n  a: 1\n")  # a section that happens to share a field's name
+    assert load_settings(Example, "example", file=path, environ={}) == Example()
