@@ -61,6 +61,7 @@ from adcloud.hdmap.kept import (
     KeptVersion,
     LocalFiles,
     VersionFiles,
+    check_tile_layout,
     tile_settings,
 )
 from adcloud.hdmap.labels import lane_centerlines, markings_from_paint, reference_lines
@@ -90,13 +91,14 @@ from adcloud.hdmap.semantic import (
     parse_geojson,
     read_geojson,
     same_features,
+    same_origin,
     write_geojson,
 )
 from adcloud.hdmap.signcam import SignVote, apply_camera_types, camera_sign_votes
 from adcloud.hdmap.signs import TrafficSign, detect_signs
 from adcloud.hdmap.trajectory import Trajectory
 
-__all__ = ["BuildSummary", "bag_uris", "build_map", "plan_build"]
+__all__ = ["BuildSummary", "bag_uris", "build_map", "check_layout", "plan_build"]
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +238,7 @@ def _merged_labels(parent_root: Path | None, fresh: SemanticMap | None) -> Seman
     """The labels a new version keeps: the parent's, with ``fresh`` merged over them."""
     imported: SemanticMap | None = None
     if parent_root is not None and (parent_root / IMPORTED_LABELS).is_file():
-        imported = import_labels(parent_root / IMPORTED_LABELS)
+        imported = import_labels(parent_root / IMPORTED_LABELS, check=False)
     if fresh is not None:
         imported = combine_labels(imported, fresh) if imported is not None else fresh
     return imported
@@ -255,14 +257,82 @@ def _labels_change_map(parent: MapVersion, fresh: SemanticMap) -> bool:
     return not same_features(kept, combine_labels(kept, fresh))
 
 
-def labels_would_change(plan: BuildPlan, labels: str) -> bool:
+def _map_origin(parent: MapVersion) -> tuple[float, float, float] | None:
+    """The map frame's origin as the version ``parent`` keeps it (None: not kept)."""
+    where = f"{parent.uri}/{_STATE_ORIGIN}"
+    try:
+        info = json.loads(parent.read_bytes(_STATE_ORIGIN))
+        lat, lon, alt = (float(v) for v in info["origin"])
+    except MapFormatError:  # a version written before the origin was kept
+        return None
+    except (ValueError, KeyError, TypeError) as err:
+        raise MapFormatError(
+            f"{where}: not the map's origin ({err}); the map version is damaged"
+        ) from err
+    return lat, lon, alt
+
+
+def _read_labels(labels: str, stages: StageSettings) -> SemanticMap:
+    """The label file ``labels`` as a build imports it (its sign types are those of the
+    sign catalogue of ``stages``)."""
+    types = [shape.type for shape in stages.signs.catalog]
+    return import_labels(labels, default_source="external", sign_types=types)
+
+
+def _check_label_origin(
+    labels: str, fresh: SemanticMap, parent: MapVersion | None, settings: HdmapSettings
+) -> None:
+    """Refuse the labels ``fresh`` (read from ``labels``) when their map origin is not the
+    map's (or, on a map without a version, the configured one): merging them would fail
+    after the whole pipeline."""
+    origin = _map_origin(parent) if parent is not None else settings.origin
+    if not same_origin(origin, fresh.origin):
+        whose = f"version {parent.id}'s" if parent is not None else "configured (hdmap.origin_*)"
+        raise HdmapError(
+            f'{labels}: the labels\' map origin {fresh.origin} ("adcloud:origin") differs from '
+            f"the map's {origin} (the {whose}); labels must be in the map's frame: re-project "
+            "them to it"
+        )
+
+
+def labels_would_change(
+    plan: BuildPlan,
+    labels: str,
+    *,
+    settings: HdmapSettings | None = None,
+    stages: StageSettings | None = None,
+) -> bool:
     """Whether importing the label file ``labels`` into the version ``plan`` builds on
     changes the labels the map keeps (what ``build --dry-run --labels`` reports).  The file
-    is read and checked as a build reads it: a missing or malformed file raises
+    is read and checked as a build with ``settings`` and ``stages`` reads it (its features,
+    sign types and map origin): a missing, malformed or misplaced file raises
     :class:`HdmapError` naming it.  True on a map without a version, where the labels go
     into the first version with its drives."""
-    fresh = import_labels(labels, default_source="external")
+    settings = settings or HdmapSettings()
+    stages = stages or StageSettings.from_settings(settings)
+    fresh = _read_labels(labels, stages)
+    _check_label_origin(labels, fresh, plan.parent, settings)
     return plan.parent is None or _labels_change_map(plan.parent, fresh)
+
+
+def check_layout(plan: BuildPlan, stages: StageSettings) -> None:
+    """Raise :class:`~adcloud.hdmap.errors.BuildError` when ``plan`` has new drives to merge
+    into a version whose tiles are laid out otherwise than ``stages`` lay them out (grid
+    resolution, tile and patch size; point-cloud tile and voxel size): those tiles cannot be
+    merged. Reads one small file of the version; a check before Spark starts."""
+    parent = plan.parent
+    if parent is None or not plan.new_drives:
+        return
+    where = f"{parent.uri}/{TILE_SETTINGS}"
+    try:
+        kept = json.loads(parent.read_bytes(TILE_SETTINGS))
+    except MapFormatError:  # a version written before the record was kept
+        return
+    except ValueError as err:
+        raise MapFormatError(f"{where}: not JSON ({err}); the map version is damaged") from err
+    if not isinstance(kept, dict):
+        raise MapFormatError(f"{where}: not a JSON object; the map version is damaged")
+    check_tile_layout(kept, stages.grid, stages.cloud, where)
 
 
 def _write_semantic(
@@ -528,7 +598,7 @@ def build_map(
     say = progress or (lambda text: log.info("%s", text))
     uris = bag_uris(bags)
     # Read the labels first: a bad label file fails now, not after the whole pipeline.
-    fresh = import_labels(labels, default_source="external") if labels else None
+    fresh = _read_labels(labels, stages) if labels else None
     mapdir = MapDir(map_uri, _mapdir_settings(settings))
     timings: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -548,8 +618,12 @@ def build_map(
             uris = [uri for uri in uris if bag_uri(uri) not in skipped]
             kept = tuple(d for d in plan.new_drives if d.uri not in skipped)
             plan = dataclasses.replace(plan, new_drives=kept)
-    if fresh is not None:
+    if plan is not None:  # else the build checks it when it opens the parent version
+        check_layout(plan, stages)
+    if fresh is not None and labels:
         assert plan is not None  # planned above
+        if plan.parent is None:
+            _check_label_origin(labels, fresh, None, settings)
         if plan.up_to_date and plan.parent is not None:
             relabel = _labels_change_map(plan.parent, fresh)
             if not relabel:
@@ -568,6 +642,13 @@ def build_map(
     ) -> None:
         out = staging.path
         origin = tuple(info["origin"]) if "origin" in info else settings.origin
+        if fresh is not None and not same_origin(origin, fresh.origin):
+            # checked here, where the parent's origin is read anyway, before any Spark job
+            raise HdmapError(
+                f'{labels}: the labels\' map origin {fresh.origin} ("adcloud:origin") differs '
+                f"from the map's {origin}; labels must be in the map's frame: re-project them "
+                "to it"
+            )
         if not plan.new_drives and parent_root is not None and fresh is not None:
             say(f"merging labels into version {staging.version_id} (no new drive)")
             tick = time.perf_counter()
@@ -600,6 +681,14 @@ def build_map(
                 f"{map_uri}: {len(plan.new_drives)} new drive(s) to build, and no Spark session "
                 "was given"
             )
+        # a tile layout the parent's tiles cannot be merged with fails here, before Spark
+        previous = (
+            KeptVersion.of(
+                parent_root, stages.grid, stages.cloud, carry=settings.carry_tiles, files=files
+            )
+            if parent_root is not None
+            else None
+        )
         # read before the pipeline runs: a bad file or bag fails the build now, not after it
         unchecked = [d for d in plan.new_drives if d.uri not in checked]
         bad = unmappable(unchecked, settings, origin_known=origin is not None)
@@ -616,13 +705,7 @@ def build_map(
             out,
             origin=origin,
             exchange_dir=exchange_dir,
-            previous=(
-                KeptVersion.of(
-                    parent_root, stages.grid, stages.cloud, carry=settings.carry_tiles, files=files
-                )
-                if parent_root is not None
-                else None
-            ),
+            previous=previous,
             corridor_trajectories=previous_traj,
             previous_keyframes=archive,
             stages=stages,

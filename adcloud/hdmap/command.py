@@ -68,6 +68,47 @@ def _map_uri(text: str) -> str:
     return text
 
 
+def _tolerance(text: str) -> float:
+    """``--tolerance``: metres, above 0 and at most the distance within which two signs
+    are the same sign (``DiffSettings.match_m``, which the command line does not set)."""
+    from adcloud.hdmap.diff import DiffSettings  # noqa: PLC0415
+
+    most = DiffSettings().match_m
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of metres") from None
+    if not 0 < value <= most:
+        raise argparse.ArgumentTypeError(
+            f"{text} m: give a distance above 0 and at most {most:g} m (signs within {most:g} m "
+            "of each other are one sign, moved when farther apart than --tolerance)"
+        )
+    return value
+
+
+def _count(text: str) -> int:
+    """``--top``: a number of rows, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: give 0 or more rows")
+    return value
+
+
+def _plot_path(text: str) -> str:
+    """``--plot``: a picture file :meth:`MapDiff.plot` can write, checked before any work."""
+    from adcloud.hdmap.diff import check_plot_path  # noqa: PLC0415
+    from adcloud.hdmap.errors import HdmapError  # noqa: PLC0415
+
+    try:
+        check_plot_path(text)
+    except HdmapError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def _settings(args: argparse.Namespace) -> Any:
     from adcloud.config import load_settings  # noqa: PLC0415
     from adcloud.hdmap.config import HdmapSettings  # noqa: PLC0415
@@ -92,6 +133,7 @@ def _session(args: argparse.Namespace) -> Any:
 def _cmd_build(args: argparse.Namespace, console: Console) -> int:
     from adcloud.hdmap.build import (  # noqa: PLC0415
         build_map,
+        check_layout,
         labels_would_change,
         plan_build,
         unmappable,
@@ -125,8 +167,14 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
     # versions keep the origin its first build set)
     origin_known = settings.origin is not None or plan.parent is not None
     bad = unmappable(plan.new_drives, settings, origin_known=origin_known)
+    # what the build refuses after Spark started is refused before (and by a dry run):
+    # new drives for tiles of another layout, labels of another map frame
+    if any(d.uri not in bad for d in plan.new_drives):
+        check_layout(plan, stages)
+    relabel = bool(args.labels) and labels_would_change(
+        plan, args.labels, settings=settings, stages=stages
+    )
     if args.dry_run:
-        relabel = bool(args.labels) and labels_would_change(plan, args.labels)
         return _dry_run(args, plan, bad, relabel, console)
     if bad and not args.skip_bad_bags:
         for why in bad.values():
@@ -491,7 +539,9 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="merge and write every tile again, not only those the new drives reach "
         "(hdmap.carry_tiles=false; done by itself when the grid or point-cloud settings "
-        "changed since the previous version)",
+        "changed since the previous version, but for the tile layout -- hdmap.resolution, "
+        "hdmap.tile_m, the patch and voxel sizes --, which a map keeps from its first build: "
+        "a build with another layout is refused)",
     )
     build.add_argument(
         "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
@@ -571,13 +621,20 @@ def add_parser(subparsers: Any) -> None:
     )
     diff.add_argument(
         "--tolerance",
-        type=float,
+        type=_tolerance,
         default=0.3,
         metavar="M",
-        help="markings and signs closer than this are unchanged (default 0.3 m)",
+        help="markings and signs closer than this are unchanged (default 0.3 m, at most 2 m)",
     )
-    diff.add_argument("--plot", metavar="PNG", help="draw the change to this PNG file")
-    diff.add_argument("--top", type=int, default=10, help="list this many changed tiles (10)")
+    diff.add_argument(
+        "--plot",
+        metavar="PNG",
+        type=_plot_path,
+        help="draw the change to this picture (.png; also .svg, .pdf, .jpg, .tif, .eps)",
+    )
+    diff.add_argument(
+        "--top", type=_count, default=10, help="list this many changed tiles (10; 0: none)"
+    )
     diff.add_argument("--json", action="store_true", help="machine-readable output")
     diff.set_defaults(func=_cmd_diff)
 

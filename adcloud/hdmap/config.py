@@ -6,9 +6,12 @@ own settings objects are derived from it by :meth:`HdmapSettings.topics_` and th
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -46,7 +49,10 @@ class HdmapSettings:
       streams).
     - ``carry_tiles``: an incremental build copies the tiles out of the new drives' reach
       as they are (:mod:`adcloud.hdmap.kept`); False merges and writes every tile again
-      (as a build does by itself when the grid or point-cloud settings changed).
+      (as a build does by itself when the grid or point-cloud settings changed). The tile
+      layout -- ``resolution``, ``tile_m``, the grid's patch and the point-cloud map's
+      voxel size -- is the map's own from its first build: a version keeps only sums over
+      its cells, so a build with another layout is refused (build a new map for one).
     - ``mounts``: sensor mounts ``"FRAME=x,y,z,roll,pitch,yaw"`` (m, degrees; the
       ``base_link <- FRAME`` transform, rotation as extrinsic xyz Euler angles). They fill
       in for ``/tf_static`` and override its chains of the same frames (see
@@ -73,6 +79,10 @@ class HdmapSettings:
     carry_tiles: bool = True
 
     def __post_init__(self) -> None:
+        for spec in dataclasses.fields(self):
+            object.__setattr__(
+                self, spec.name, _typed(spec.name, getattr(self, spec.name), str(spec.type))
+            )
         # The settings loader splits a string on commas, which also separate the values
         # of one entry: glue the pieces back (and keep the canonical entries).
         object.__setattr__(self, "mounts", _mount_entries(self.mounts))
@@ -118,6 +128,40 @@ class HdmapSettings:
         if all(math.isnan(v) for v in values):  # unset (__post_init__ refuses a partial one)
             return None
         return values
+
+
+def _typed(name: str, value: Any, kind: str) -> Any:
+    """``value`` of field ``name`` as its annotation ``kind`` says (an int as a float; a
+    list of mounts as a tuple), or :class:`ConfigError` naming the field. The file and
+    environment loader converts text already; this catches the Python API's mistakes
+    (``resolution="0.05"``, ``keep_versions=2.5``), which would fail later -- or after
+    a build committed its version. A bool is no number here: ``True`` is not 1 version."""
+
+    def wrong(what: str) -> ConfigError:
+        return ConfigError(f"hdmap.{name} must be {what}, got {value!r} ({type(value).__name__})")
+
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise wrong("a number")
+        return float(value)
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise wrong("a whole number (an int)")
+        return int(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise wrong("True or False")
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
+            raise wrong("a string")
+        return value
+    if kind == "tuple[str, ...]":
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+            raise wrong("a list of strings")
+        return tuple(items)
+    raise ConfigError(f"internal: hdmap.{name} has a type ({kind}) the settings do not check")
 
 
 def _check_origin(lat: float, lon: float, alt: float) -> None:

@@ -30,6 +30,7 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,15 @@ from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.evaluate import SEMANTIC_NAME, densify, features_from_geojson
 from adcloud.hdmap.mapdir import MapDir, MapVersion, version_name
 
-__all__ = ["DiffSettings", "MapDiff", "SignChange", "TileChange", "diff_versions"]
+__all__ = [
+    "PLOT_FORMATS",
+    "DiffSettings",
+    "MapDiff",
+    "SignChange",
+    "TileChange",
+    "check_plot_path",
+    "diff_versions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +58,27 @@ F64 = NDArray[np.float64]
 
 _GRID_DIR = "grid"
 _STEP_M = 0.05  # markings are compared at this spacing (the grid's resolution)
+
+#: The picture formats :meth:`MapDiff.plot` writes, by the file name's extension.
+PLOT_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "tif", "tiff", "eps")
+
+
+def check_plot_path(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`HdmapError` unless :meth:`MapDiff.plot` can write ``path``: its
+    extension is one of :data:`PLOT_FORMATS` and its directory exists (checked before any
+    version is read, so that a typo does not cost the comparison)."""
+    text = os.fspath(path)
+    suffix = Path(text).suffix.lstrip(".").lower()
+    if suffix not in PLOT_FORMATS:
+        given = f"the extension .{suffix}" if suffix else "no extension"
+        raise HdmapError(
+            f"{text}: {given}; the picture is written as PNG, SVG, PDF, JPEG, TIFF or EPS, "
+            f"chosen by the extension: name a file ending in "
+            f"{', '.join('.' + f for f in PLOT_FORMATS)}"
+        )
+    folder = Path(text).absolute().parent
+    if not folder.is_dir():
+        raise HdmapError(f"{text}: no directory {folder} to write the picture in; make it first")
 
 
 @dataclass(frozen=True)
@@ -255,7 +285,9 @@ class MapDiff:
         for a larger height change --, grey the same, red outline removed), the after
         version's markings (black) with the stretches added (green) and removed (red), the
         signs added (green triangles), removed (red crosses) and moved (blue arrows), and
-        the new drives' trajectories (blue)."""
+        the new drives' trajectories (blue). The extension of ``path`` chooses the format
+        (:data:`PLOT_FORMATS`; :func:`check_plot_path`)."""
+        check_plot_path(path)
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
         from matplotlib.figure import Figure  # noqa: PLC0415
         from matplotlib.patches import Rectangle  # noqa: PLC0415

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from adcloud.config import settings_dict
-from adcloud.hdmap.errors import MapFormatError
+from adcloud.hdmap.errors import BuildError, MapFormatError
 from adcloud.hdmap.geotiff import tile_file_name
 from adcloud.hdmap.grid import GridSettings, TileKey
 from adcloud.hdmap.mapdir import link_or_copy, missing_from_previous
@@ -53,6 +53,7 @@ __all__ = [
     "KeptVersion",
     "LocalFiles",
     "VersionFiles",
+    "check_tile_layout",
     "keys_within",
     "tile_settings",
 ]
@@ -107,6 +108,51 @@ TILE_SETTINGS = "state/tile_settings.json"
 def tile_settings(grid: GridSettings, cloud: PointCloudMapSettings) -> dict[str, Any]:
     """The settings that shape finished tiles, as :data:`TILE_SETTINGS` keeps them."""
     return {"grid": settings_dict(grid), "cloud": settings_dict(cloud)}
+
+
+#: The settings that say which cells and voxels a tile has. A version keeps its tiles'
+#: statistics as sums over those cells, not the drives' points, so they cannot be merged
+#: with, or turned into, tiles of another layout: a map keeps its first build's layout.
+_LAYOUT = {
+    "grid": ("resolution", "tile_cells", "patch_cells"),
+    "cloud": ("tile_size", "voxel_size"),
+}
+_SECTION = {"grid": "hdmap_grid", "cloud": "hdmap_cloud"}
+
+
+def check_tile_layout(
+    kept: Mapping[str, Any], grid: GridSettings, cloud: PointCloudMapSettings, where: str
+) -> None:
+    """Raise :class:`BuildError` when ``grid`` and ``cloud`` lay tiles out otherwise than the
+    settings ``kept`` (a version's :data:`TILE_SETTINGS`, read from ``where``) did: the
+    message names the map's layout and the build's. Other settings may change (every
+    tile is then merged again, see :meth:`KeptVersion.of`)."""
+
+    def part(settings: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+        found = settings.get(name)
+        return found if isinstance(found, dict) else {}
+
+    wanted = json.loads(json.dumps(tile_settings(grid, cloud)))
+    changed = []
+    for section, names in _LAYOUT.items():
+        old, new = part(kept, section), part(wanted, section)
+        for name in names:
+            if name in old and old[name] != new[name]:
+                changed.append(f"{_SECTION[section]}.{name} {old[name]} (this build: {new[name]})")
+    if not changed:
+        return
+    res, cells = part(kept, "grid").get("resolution"), part(kept, "grid").get("tile_cells")
+    size = (
+        f" (hdmap.resolution {res:g} m, hdmap.tile_m {res * cells:g} m)"
+        if isinstance(res, (int, float)) and isinstance(cells, int)
+        else ""
+    )
+    raise BuildError(
+        f"{where}: the map's tiles are laid out with {', '.join(changed)}. A map keeps each "
+        "tile's statistics on its own cells, not the drives' points, so an existing map "
+        f"cannot change its tile layout: build it with its own settings{size}, or build a new "
+        "map (another --map) from all the drives' bags with the new ones"
+    )
 
 
 #: The folders of a version that hold one file per tile. A build on a map that is not on a
@@ -190,10 +236,9 @@ class KeptVersion:
         """The version at ``root``, carrying tiles only if ``carry`` and its tiles were
         finished with the settings ``grid`` and ``cloud`` (read from :data:`TILE_SETTINGS`;
         a version written before it was kept carries nothing). ``files``: how its files are
-        read and carried (default: all of them in ``root``)."""
-        if not carry:
-            log.info("every tile is merged again (hdmap.carry_tiles is off)")
-            return cls(root, carry=False, files=files)
+        read and carried (default: all of them in ``root``). A ``grid`` or ``cloud`` that
+        lays tiles out otherwise than the version's is a :class:`BuildError`
+        (:func:`check_tile_layout`): its tiles cannot be merged with theirs."""
         path = root / TILE_SETTINGS
         try:
             kept = json.loads(path.read_text())
@@ -202,6 +247,12 @@ class KeptVersion:
             return cls(root, carry=False, files=files)
         except ValueError as err:
             raise MapFormatError(f"{path}: not JSON ({err}); the map version is damaged") from err
+        if not isinstance(kept, dict):
+            raise MapFormatError(f"{path}: not a JSON object; the map version is damaged")
+        check_tile_layout(kept, grid, cloud, str(path))
+        if not carry:
+            log.info("every tile is merged again (hdmap.carry_tiles is off)")
+            return cls(root, carry=False, files=files)
         if kept != json.loads(json.dumps(tile_settings(grid, cloud))):
             log.warning(
                 "the grid or point-cloud settings changed since %s: every tile is merged and "

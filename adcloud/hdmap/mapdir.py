@@ -157,6 +157,16 @@ class MapDirSettings:
     staging_dir: str = ""
 
     def __post_init__(self) -> None:
+        for name in ("keep_versions", "hash_chunk_bytes", "hash_threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise BuildError(f"hdmap.{name} must be a whole number (an int), got {value!r}")
+        if not isinstance(self.fsync, bool):
+            raise BuildError(f"MapDirSettings.fsync must be True or False, got {self.fsync!r}")
+        if not isinstance(self.staging_dir, str):
+            raise BuildError(
+                f"MapDirSettings.staging_dir must be a string, got {self.staging_dir!r}"
+            )
         if self.keep_versions < 0:
             raise BuildError(f"hdmap.keep_versions must be >= 0, got {self.keep_versions}")
         if self.hash_chunk_bytes <= 0:
@@ -1049,7 +1059,12 @@ class MapVersion:
         export may be edited without touching the map.  ``dest`` appears whole or not at
         all (written beside it, then renamed); an existing non-empty ``dest`` is refused."""
         target = Path(dest).expanduser().absolute()
-        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        if target.exists() and not target.is_dir():
+            raise HdmapError(
+                f"{target}: is a file, not a directory; give a new (or empty) directory to "
+                "export into"
+            )
+        if target.exists() and any(target.iterdir()):
             raise HdmapError(f"{target}: exists and is not an empty directory; choose another")
         target.parent.mkdir(parents=True, exist_ok=True)
         names = [rel for rel in self.files() if include(rel)]
@@ -1485,8 +1500,10 @@ class Staging:
         try:
             if md.settings.keep_versions:
                 md.gc(md.settings.keep_versions)
-        except (HdmapError, OSError) as err:
-            # the new version is committed; old ones are only left for the next build's gc
+        except Exception as err:
+            # The new version is committed: whatever goes wrong now must not make the
+            # caller take a build that succeeded for a failed one. Old versions are only
+            # left for the next build's gc.
             _LOG.warning("%s: could not remove old versions: %s", md.uri, err)
         finally:
             self._finish()
@@ -1623,6 +1640,9 @@ class MapDir:
         try:
             text = self._files.read_bytes(path).decode("ascii", "replace").strip()
         except FileNotFoundError:
+            committed = self.versions()
+            if committed:
+                raise self._no_current(path, committed) from None
             return None
         if not _VERSION_RE.match(text):
             raise MapFormatError(
@@ -1631,8 +1651,34 @@ class MapDir:
             )
         return text
 
+    def _no_current(self, path: str, committed: Sequence[str]) -> MapFormatError:
+        """The error for a map whose ``CURRENT`` is missing beside committed versions: a map
+        damaged by hand (or its first build killed between publishing its version and
+        writing ``CURRENT``). Taken for an empty map, a build would start a new map over
+        the old one -- another origin, no parent -- and its gc delete old versions."""
+        holder = self.lock_holder()
+        # a build publishing the map's first version renames it into place, then writes
+        # CURRENT: a reader in between sees this (a lock left by a dead build says nothing)
+        live = holder is not None and (
+            holder.host != socket.gethostname() or _pid_alive(holder.pid)
+        )
+        busy = (
+            f"; if the build holding the lock ({holder.describe()}) is publishing the map's "
+            "first version, try again in a moment"
+            if holder is not None and live
+            else ""
+        )
+        return MapFormatError(
+            f"{self._files.describe(path)}: missing, but the map holds committed versions "
+            f"{', '.join(committed)}: the map is damaged (CURRENT names the version readers "
+            "and builds use). Write the id of the version to use into it -- e.g. "
+            f'{committed[-1]}, the newest, as one line "{committed[-1]}" -- and run the '
+            f"command again (adcloud hdmap rollback --to VERSION then switches versions){busy}"
+        )
+
     def current(self) -> MapVersion | None:
-        """The current version, or None for a map that has none yet."""
+        """The current version, or None for a map that has none yet (a map whose
+        ``CURRENT`` is missing beside committed versions is a :class:`MapFormatError`)."""
         vid = self._current_id()
         return None if vid is None else self.version(vid)
 

@@ -30,7 +30,11 @@ Labels kept across rebuilds (:func:`import_labels`, :func:`merge_labels`)
        dropped;
     3. an imported feature with ``properties.action == "delete"`` removes what it overlaps
        by rule 2 and is not itself part of the merged map (the label file keeps it, so the
-       deletion holds on every rebuild).
+       deletion holds on every rebuild). ``delete`` is the only action; a sign to delete is
+       matched by its position alone and needs no ``facing_yaw_rad``.
+
+    Every number in a file must be finite: Python's JSON reader takes ``NaN`` and
+    ``Infinity`` (and reads ``1e400`` as infinity), which no map output can hold.
 
     A label file imported into a map that keeps labels already joins them by
     :func:`combine_labels` (the new file's features win, its deletes are kept), so that
@@ -47,13 +51,15 @@ History: version 1, first version.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
 import math
 import os
+import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -70,7 +76,7 @@ from adcloud.hdmap.labels import (
     ReferenceLine,
     resample_polyline,
 )
-from adcloud.hdmap.signs import TrafficSign
+from adcloud.hdmap.signs import DEFAULT_SIGN_CATALOG, TrafficSign
 
 __all__ = [
     "FORMAT_VERSION",
@@ -86,6 +92,7 @@ __all__ = [
     "parse_geojson",
     "read_geojson",
     "same_features",
+    "same_origin",
     "write_geojson",
 ]
 
@@ -98,6 +105,11 @@ Origin = tuple[float, float, float]
 FORMAT_VERSION = 1
 SOURCES = ("auto", "human", "external")
 IMPORTED_SOURCES = ("human", "external")
+#: The values of ``properties.action``: a feature without one is added.
+ACTIONS = ("delete",)
+#: The sign types a label file may name by default: those of the default sign catalogue.
+_DEFAULT_SIGN_TYPES = ("unknown", *(shape.type for shape in DEFAULT_SIGN_CATALOG))
+_FLOAT_MAX = sys.float_info.max
 
 # Properties each kind maps onto dataclass fields; everything else goes to `attributes`.
 _MARKING_KEYS = {"kind", "type", "color", "width_m", "coverage", "confidence", "source", "id"}
@@ -306,6 +318,37 @@ class _Where:
         return MapFormatError(f"{self.path}: feature {self.index}{kind}: {text}")
 
 
+def _non_finite(value: Any, place: str) -> tuple[str, str] | None:
+    """The first number in ``value`` (a parsed JSON value at ``place``) that is no finite
+    float -- NaN, an infinity (Python's JSON reader takes ``NaN``, ``Infinity`` and reads
+    ``1e400`` as infinity) or an integer beyond the float range -- as (its place, how it
+    reads); None when there is none.  Such a number would reach the map's outputs as
+    ``nan`` and be written back as null, which no later build reads."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (place, repr(value))
+    if isinstance(value, int):
+        return None if -_FLOAT_MAX <= value <= _FLOAT_MAX else (place, "an integer too large")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _non_finite(item, f"{place}.{key}" if place else str(key))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for k, item in enumerate(value):
+            found = _non_finite(item, f"{place}[{k}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _near(value: str, known: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the value of ``known`` closest to ``value``, else ``""``."""
+    guess = difflib.get_close_matches(value, known, n=1)
+    return f" (did you mean {guess[0]!r}?)" if guess else ""
+
+
 def _positions(coords: Any, where: _Where, what: str) -> F64:
     if not isinstance(coords, list) or not coords:
         raise where.error(f"{what} must be a non-empty list of [x, y] or [x, y, z] positions")
@@ -406,10 +449,58 @@ class _Layers:
     extras: list[Mapping[str, Any]] = field(default_factory=list)
     #: content ids given so far (see :func:`_content_id`)
     unnamed: Counter[str] = field(default_factory=Counter)
+    #: the features' own ids so far, with the index of the feature that has each
+    ids: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _LabelRules:
+    """What a label file written by people must also get right (:func:`import_labels`):
+    an ``action`` the merge knows (a misspelt ``delete`` would add the feature), a sign
+    ``type`` of ``sign_types`` (None: any), and ids unique in the file (a second feature
+    with an id would silently replace the first when the labels are combined)."""
+
+    sign_types: tuple[str, ...] | None
+
+
+def _check_label(
+    feature: Mapping[str, Any],
+    props: Mapping[str, Any],
+    where: _Where,
+    layers: _Layers,
+    rules: _LabelRules,
+) -> None:
+    action = props.get("action")
+    if action is not None and action not in ACTIONS:
+        raise where.error(
+            f"properties.action is {action!r}{_near(str(action), ACTIONS)}; the only action is "
+            '"delete" (the feature removes the automatic features it overlaps); leave action '
+            "out to add the feature"
+        )
+    if where.kind == "traffic_sign" and rules.sign_types is not None:
+        stype = props.get("type", "unknown")
+        if isinstance(stype, str) and stype not in rules.sign_types:
+            raise where.error(
+                f"properties.type is {stype!r}{_near(stype, rules.sign_types)}; the sign types "
+                f"are {', '.join(rules.sign_types)} (the sign catalogue's, "
+                "hdmap_signs.catalog)"
+            )
+    fid = feature.get("id", props.get("id"))
+    if isinstance(fid, (str, int)) and not isinstance(fid, bool):
+        first = layers.ids.setdefault(str(fid), where.index)
+        if first != where.index:
+            raise where.error(
+                f"id {str(fid)!r} is the id of feature {first} too; give every feature of the "
+                "file its own id (a feature with another's id replaces it in the map)"
+            )
 
 
 def _parse_feature(
-    feature: Any, where: _Where, default_source: str | None, layers: _Layers
+    feature: Any,
+    where: _Where,
+    default_source: str | None,
+    layers: _Layers,
+    rules: _LabelRules | None = None,
 ) -> None:
     if not isinstance(feature, dict) or feature.get("type") != "Feature":
         raise where.error('must be an object with "type": "Feature"')
@@ -423,6 +514,15 @@ def _parse_feature(
             "traffic_sign (or another kind, kept as an extra)"
         )
     where.kind = kind
+    bad = _non_finite(feature, "")
+    if bad is not None:
+        place, shown = bad
+        raise where.error(
+            f"{place} is {shown}; every number in the file must be finite, not NaN, Infinity "
+            "or beyond +-1.8e308 (which reads as Infinity): correct the value, or remove it"
+        )
+    if rules is not None:
+        _check_label(feature, props, where, layers, rules)
     source = props.get("source", default_source)
     if source is None:
         raise where.error(
@@ -437,7 +537,8 @@ def _parse_feature(
         mtype = _text(props, "type", where, "unknown")
         if mtype not in MARKING_TYPES:
             raise where.error(
-                f"properties.type is {mtype!r}; expected one of {', '.join(MARKING_TYPES)}"
+                f"properties.type is {mtype!r}{_near(mtype, MARKING_TYPES)}; expected one of "
+                f"{', '.join(MARKING_TYPES)}"
             )
         layers.markings.append(
             LaneMarking(
@@ -498,10 +599,12 @@ def _parse_feature(
         count = props.get("point_count", 0)
         if isinstance(count, bool) or not isinstance(count, int):
             raise where.error(f"properties.point_count must be an integer, got {count!r}")
+        # a delete is matched by its position alone (rule 3): it needs no facing
+        facing_default = math.nan if props.get("action") == "delete" else None
         layers.signs.append(
             TrafficSign(
                 position=position,
-                facing_yaw=_float(props, "facing_yaw_rad", where, None),
+                facing_yaw=_float(props, "facing_yaw_rad", where, facing_default),
                 width_m=_float(props, "width_m", where, math.nan),
                 height_m=_float(props, "plate_height_m", where, math.nan),
                 height_above_ground_m=_float(props, "height_m", where, math.nan),
@@ -531,6 +634,12 @@ def _parse_origin(data: Mapping[str, Any], where: _Where) -> Origin | None:
         isinstance(raw.get(k), (int, float)) and not isinstance(raw.get(k), bool) for k in keys
     ):
         raise where.error(f'"adcloud:origin" must be an object with numbers {", ".join(keys)}')
+    bad = _non_finite([raw[k] for k in keys], "")
+    if bad is not None:
+        raise where.error(
+            f'"adcloud:origin" holds {bad[1]}; its {", ".join(keys)} must be finite numbers '
+            "(the map frame's WGS84 origin)"
+        )
     return (float(raw["latitude_deg"]), float(raw["longitude_deg"]), float(raw["height_m"]))
 
 
@@ -539,6 +648,12 @@ def parse_geojson(
 ) -> SemanticMap:
     """A :class:`SemanticMap` from a parsed GeoJSON dict (see the module docstring);
     ``where`` names the source in errors."""
+    return _parse(data, where, default_source, None)
+
+
+def _parse(
+    data: Any, where: str, default_source: str | None, rules: _LabelRules | None
+) -> SemanticMap:
     w = _Where(where)
     if not isinstance(data, dict) or data.get("type") != "FeatureCollection":
         raise w.error(
@@ -569,7 +684,7 @@ def parse_geojson(
     layers = _Layers()
     for index, feature in enumerate(features):
         w.index, w.kind = index, ""
-        _parse_feature(feature, w, default_source, layers)
+        _parse_feature(feature, w, default_source, layers, rules)
     return SemanticMap(
         markings=tuple(layers.markings),
         centerlines=tuple(layers.centerlines),
@@ -584,6 +699,10 @@ def read_geojson(path: str | os.PathLike[str], *, default_source: str | None = N
     """Read a semantic GeoJSON file (a local path or an fsspec URL), every source included.
     Features without ``properties.source`` get ``default_source`` (an error if None)."""
     target = os.fspath(path)
+    return parse_geojson(_read_json(target), target, default_source=default_source)
+
+
+def _read_json(target: str) -> Any:
     try:
         with fsspec.open(target, "r", encoding="utf-8") as f:
             text = f.read()
@@ -595,7 +714,7 @@ def read_geojson(path: str | os.PathLike[str], *, default_source: str | None = N
         raise MapFormatError(
             f"{target}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})"
         ) from None
-    return parse_geojson(data, target, default_source=default_source)
+    return data
 
 
 def _select(smap: SemanticMap, sources: Sequence[str]) -> SemanticMap:
@@ -620,13 +739,28 @@ def automatic_features(smap: SemanticMap) -> SemanticMap:
 
 
 def import_labels(
-    path: str | os.PathLike[str], *, default_source: str | None = None
+    path: str | os.PathLike[str],
+    *,
+    default_source: str | None = None,
+    sign_types: Collection[str] | None = None,
+    check: bool = True,
 ) -> SemanticMap:
     """The ``human`` and ``external`` features of a label file, to be merged into each
     rebuild by :func:`merge_labels`; ``auto`` features in it are skipped (the build makes
     them afresh). Features without a source get ``default_source`` (e.g. ``external`` for
-    another system's file); without one they are an error naming the file and feature."""
-    smap = read_geojson(path, default_source=default_source)
+    another system's file); without one they are an error naming the file and feature.
+
+    ``check``: also refuse what a file written by people gets wrong and the merge would
+    take silently -- an ``action`` other than ``delete``, a sign ``type`` neither
+    ``unknown`` nor among ``sign_types`` (the sign catalogue's types; default: those of
+    :data:`~adcloud.hdmap.signs.DEFAULT_SIGN_CATALOG`), a feature id given twice (False:
+    the labels a map keeps, checked when they were imported)."""
+    target = os.fspath(path)
+    types = _DEFAULT_SIGN_TYPES
+    if sign_types is not None:
+        types = ("unknown", *(t for t in sign_types if t != "unknown"))
+    rules = _LabelRules(types) if check else None
+    smap = _parse(_read_json(target), target, default_source, rules)
     imported = _select(smap, IMPORTED_SOURCES)
     skipped = len(smap) - len(imported)
     log.info(
@@ -738,7 +872,8 @@ def _without_deletes(smap: SemanticMap) -> SemanticMap:
     )
 
 
-def _same_origin(a: Origin | None, b: Origin | None) -> bool:
+def same_origin(a: Origin | None, b: Origin | None) -> bool:
+    """Whether two map-frame origins are the same (None, unknown, matches any)."""
     if a is None or b is None:
         return True
     return abs(a[0] - b[0]) < 1e-9 and abs(a[1] - b[1]) < 1e-9 and abs(a[2] - b[2]) < 1e-3
@@ -773,7 +908,7 @@ def combine_labels(
     of ``kept`` stays.  Importing the same file again gives the same labels.
     """
     settings = settings or MergeSettings()
-    if not _same_origin(kept.origin, fresh.origin):
+    if not same_origin(kept.origin, fresh.origin):
         raise HdmapError(
             f"combine_labels: the new labels' map origin {fresh.origin} differs from the kept "
             f"labels' {kept.origin}; labels must be in the same map frame"
@@ -817,7 +952,7 @@ def merge_labels(
     """The map a rebuild publishes: ``auto`` features with the ``imported`` labels merged
     in by the rules of the module docstring. Both maps must share the map frame's origin."""
     settings = settings or MergeSettings()
-    if not _same_origin(auto.origin, imported.origin):
+    if not same_origin(auto.origin, imported.origin):
         raise HdmapError(
             f"merge_labels: the labels' map origin {imported.origin} differs from the build's "
             f"{auto.origin}; labels must be in the same map frame (re-project them first)"

@@ -182,3 +182,42 @@ def test_an_impossible_origin_is_refused_before_the_build(
         "longitude and height",
     ):
         HdmapSettings(origin_lat=lat, origin_lon=lon, origin_alt=alt)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("resolution", "0.05", r"hdmap\.resolution must be a number, got '0\.05' \(str\)"),
+        ("origin_lat", None, r"hdmap\.origin_lat must be a number, got None"),
+        ("keep_versions", 2.5, r"hdmap\.keep_versions must be a whole number \(an int\), got 2\.5"),
+        (
+            "keep_versions",
+            True,
+            r"hdmap\.keep_versions must be a whole number .* got True \(bool\)",
+        ),
+        ("hash_threads", 2.5, r"hdmap\.hash_threads must be a whole number .* got 2\.5"),
+        ("segment_s", False, r"hdmap\.segment_s must be a number, got False \(bool\)"),
+        ("carry_tiles", "false", r"hdmap\.carry_tiles must be True or False, got 'false'"),
+        ("lidar_topic", 7, r"hdmap\.lidar_topic must be a string, got 7 \(int\)"),
+        ("mounts", [("lidar", 1)], r"hdmap\.mounts must be a list of strings"),
+    ],
+)
+def test_the_python_api_gets_the_types_checked(field: str, value: object, message: str) -> None:
+    """The file and environment loader converts text; a notebook's ``HdmapSettings(...)``
+    is checked here: ``resolution="0.05"`` was a raw TypeError, and ``keep_versions=2.5``
+    was taken -- to fail after the build had committed its version."""
+    with pytest.raises(ConfigError, match=message):
+        HdmapSettings(**{field: value})  # type: ignore[arg-type]
+
+
+def test_numbers_of_other_types_are_taken_as_the_field_says() -> None:
+    settings = HdmapSettings(
+        resolution=np.float32(0.1),  # type: ignore[arg-type]
+        tile_m=40,
+        keep_versions=np.int64(3),  # type: ignore[arg-type]
+        mounts=["lidar=1,0,2,0,0,0"],  # type: ignore[arg-type]
+    )
+    assert type(settings.resolution) is float and settings.resolution == pytest.approx(0.1)
+    assert type(settings.tile_m) is float and settings.tile_m == 40.0
+    assert type(settings.keep_versions) is int and settings.keep_versions == 3
+    assert settings.mounts == ("lidar=1,0,2,0,0,0",)

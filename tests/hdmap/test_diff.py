@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from adcloud.cli import main
-from adcloud.hdmap.diff import DiffSettings, diff_versions
+from adcloud.hdmap.diff import PLOT_FORMATS, DiffSettings, check_plot_path, diff_versions
 from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.geotiff import write_grid_tile
 from adcloud.hdmap.grid import GridTile
@@ -211,6 +211,57 @@ def test_cli_prints_the_change_and_names_missing_versions(
         diff_versions(uri, after="1")
     with pytest.raises(HdmapError, match="tolerance_m"):
         DiffSettings(tolerance_m=0.0)
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        # once a matplotlib traceback after the comparison
+        (["--plot", "d.txt"], "d.txt: the extension .txt; the picture is written as PNG"),
+        (["--plot", "d"], "d: no extension; the picture is written as PNG"),
+        (["--plot", "no/such/dir/d.png"], "no directory"),
+        # once an error naming match_m, which the command line does not set
+        (
+            ["--tolerance", "3"],
+            "argument --tolerance: 3 m: give a distance above 0 and at most 2 m",
+        ),
+        (["--tolerance", "nan"], "argument --tolerance: nan m: give a distance above 0"),
+        # once accepted, dropping the last 3 rows
+        (["--top", "-3"], "argument --top: -3: give 0 or more rows"),
+    ],
+)
+def test_cli_options_are_checked_before_the_versions_are_read(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    option: list[str],
+    said: str,
+) -> None:
+    import adcloud.hdmap.diff as diff_module  # noqa: PLC0415
+
+    def no_diff(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the versions were read")
+
+    monkeypatch.setattr(diff_module, "diff_versions", no_diff)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["hdmap", "diff", "--map", str(tmp_path / "map"), *option])
+    assert info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and "match_m" not in err and "Traceback" not in err
+
+
+def test_the_picture_formats(tmp_path: Path) -> None:
+    uri = str(tmp_path / "map")
+    make_map(uri, tmp_path)
+    change = diff_versions(uri)
+    with pytest.raises(HdmapError, match=r"d\.txt: the extension \.txt; .* \.png, \.svg, \.pdf"):
+        change.plot(tmp_path / "d.txt")
+    assert not (tmp_path / "d.txt").exists()
+    change.plot(tmp_path / "d.SVG")
+    assert (tmp_path / "d.SVG").read_text().lstrip().startswith("<?xml")
+    for extension in PLOT_FORMATS:
+        check_plot_path(tmp_path / f"d.{extension}")
 
 
 def test_a_damaged_tile_is_named(tmp_path: Path) -> None:

@@ -14,11 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adcloud.hdmap.errors import MapFormatError
+from adcloud.hdmap.errors import BuildError, MapFormatError
 from adcloud.hdmap.exchange import dump_items
 from adcloud.hdmap.geotiff import write_grid_tile, write_preview
 from adcloud.hdmap.grid import GridSettings, GridTile
-from adcloud.hdmap.kept import TILE_SETTINGS, KeptVersion, keys_within, tile_settings
+from adcloud.hdmap.kept import (
+    TILE_SETTINGS,
+    KeptVersion,
+    check_tile_layout,
+    keys_within,
+    tile_settings,
+)
 from adcloud.hdmap.pcmap import MapCloud, PointCloudMapSettings, write_pointcloud_map
 
 
@@ -145,3 +151,38 @@ def test_tiles_are_carried_only_with_the_settings_they_were_finished_with(
     (root / TILE_SETTINGS).write_text("{")
     with pytest.raises(MapFormatError, match=r"tile_settings\.json: not JSON"):
         KeptVersion.of(root, grid, cloud)
+
+
+@pytest.mark.parametrize("carry", [True, False])
+def test_a_tile_layout_the_kept_tiles_cannot_merge_with_is_refused(
+    tmp_path: Path, carry: bool
+) -> None:
+    """A version keeps sums over its own cells: tiles of another size or resolution cannot
+    be merged with them (once every Spark grid task failed on it, after ETL, poses and
+    alignment ran), nor made from them. Refused when the previous version is opened,
+    naming the map's layout and the build's; other settings only merge every tile again."""
+    grid, cloud = GridSettings(), PointCloudMapSettings()
+    root = tmp_path / "old"
+    (root / "state").mkdir(parents=True)
+    (root / TILE_SETTINGS).write_text(json.dumps(tile_settings(grid, cloud)))
+    wider = dataclasses.replace(grid, tile_cells=800)  # ADCLOUD_HDMAP_TILE_M=40
+    wider_cloud = dataclasses.replace(cloud, tile_size=40.0)
+    with pytest.raises(
+        BuildError,
+        match=r"tile_settings\.json: the map's tiles are laid out with hdmap_grid\.tile_cells "
+        r"400 \(this build: 800\), hdmap_cloud\.tile_size 20\.0 \(this build: 40\.0\)\. .* "
+        r"build it with its own settings \(hdmap\.resolution 0\.05 m, hdmap\.tile_m 20 m\), or "
+        r"build a new map",
+    ):
+        KeptVersion.of(root, wider, wider_cloud, carry=carry)
+    finer = dataclasses.replace(grid, resolution=0.1, tile_cells=200)  # 20 m tiles of 10 cm
+    with pytest.raises(BuildError, match=r"hdmap_grid\.resolution 0\.05 \(this build: 0\.1\)"):
+        KeptVersion.of(root, finer, cloud, carry=carry)
+    with pytest.raises(BuildError, match=r"hdmap_cloud\.voxel_size 0\.1 \(this build: 0\.2\)"):
+        check_tile_layout(
+            tile_settings(grid, cloud), grid, dataclasses.replace(cloud, voxel_size=0.2), "v1"
+        )
+    # a filter setting, or the same layout: the tiles merge (and are carried when allowed)
+    check_tile_layout(tile_settings(grid, cloud), grid, cloud, "v1")
+    loose = dataclasses.replace(grid, max_spread=0.2)
+    assert not KeptVersion.of(root, loose, cloud, carry=carry).carry

@@ -869,6 +869,42 @@ def test_bad_label_files_are_named(tmp_path: Path, content: str, message: str) -
         (_marking_feature([[0.0, 0.0]]), "at least 2 positions"),
         (_marking_feature([[0.0, 0.0], [1.0, 0.0]], type="zigzag"), "properties.type is 'zigzag'"),
         (
+            _marking_feature([[0.0, 0.0], [1.0, 0.0]], type="dashd"),
+            r"properties\.type is 'dashd' \(did you mean 'dashed'\?\)",
+        ),
+        # a number JSON cannot hold, which the map's outputs would write as nan and null
+        (
+            _sign_feature([1.0, 2.0, 3.0], facing_yaw_rad=math.nan),
+            r"feature 1 \(traffic_sign\): properties\.facing_yaw_rad is nan; every number in "
+            "the file must be finite",
+        ),
+        (
+            _sign_feature([1.0, 2.0, 3.0], width_m=-math.inf),
+            r"properties\.width_m is -inf; every number",
+        ),
+        (
+            _marking_feature([[0.0, 0.0, 0.0], [1.0, 0.0, math.nan]]),
+            r"feature 1 \(lane_marking\): geometry\.coordinates\[1\]\[2\] is nan",
+        ),
+        (
+            _marking_feature([[0.0, 0.0], [1.0, 0.0]], survey={"dz": [0.1, math.inf]}),
+            r"properties\.survey\.dz\[1\] is inf",
+        ),
+        # a misspelt delete would add the feature; an unknown sign type would be published
+        (
+            _sign_feature([1.0, 2.0, 3.0], action="remove"),
+            r"properties\.action is 'remove'; the only action is \"delete\"",
+        ),
+        (
+            _sign_feature([1.0, 2.0, 3.0], action="delet"),
+            r"properties\.action is 'delet' \(did you mean 'delete'\?\)",
+        ),
+        (
+            _sign_feature([1.0, 2.0, 3.0], type="stopp"),
+            r"feature 1 \(traffic_sign\): properties\.type is 'stopp' \(did you mean 'stop'\?\); "
+            "the sign types are unknown, stop, yield",
+        ),
+        (
             _marking_feature([[0.0, 0.0], [1.0, 0.0]], source="robot"),
             "properties.source is 'robot'",
         ),
@@ -885,6 +921,76 @@ def test_bad_features_are_named(tmp_path: Path, feature: Any, message: str) -> N
     with pytest.raises(MapFormatError, match=message) as info:
         import_labels(path)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "place"),
+    [
+        ("1e400", "properties.facing_yaw_rad is inf"),  # Python's JSON reader: infinity
+        ("NaN", "properties.facing_yaw_rad is nan"),
+        ("-Infinity", "properties.facing_yaw_rad is -inf"),
+        ("1" + "0" * 400, "properties.facing_yaw_rad is an integer too large"),
+    ],
+)
+def test_numbers_json_reads_as_non_finite_are_refused(
+    tmp_path: Path, text: str, place: str
+) -> None:
+    """A label file's ``facing_yaw_rad`` of NaN or 1e400 went into the map: its
+    lanelet2_map.osm got ``lat="-nan"`` nodes and its kept labels a null yaw, which every
+    later build then failed to read. It is refused when the file is read, naming it."""
+    sign = json.dumps(_sign_feature([1.0, 2.0, 3.0], facing_yaw_rad=0.5))
+    feature = sign.replace('"facing_yaw_rad": 0.5', f'"facing_yaw_rad": {text}')
+    path = tmp_path / "labels.geojson"
+    path.write_text(
+        '{"type": "FeatureCollection", "adcloud:frame": "map", "features": [' + feature + "]}"
+    )
+    with pytest.raises(MapFormatError, match=rf"feature 0 \(traffic_sign\): {place}") as info:
+        import_labels(path)
+    assert str(path) in str(info.value)
+    origin = {"latitude_deg": 37.0, "longitude_deg": float("nan"), "height_m": 0.0}
+    with pytest.raises(MapFormatError, match=r'"adcloud:origin" holds nan; .* finite'):
+        import_labels(_write(tmp_path, [], **{"adcloud:origin": origin}))
+
+
+def test_a_feature_id_given_twice_in_a_label_file_is_refused(tmp_path: Path) -> None:
+    """The second feature would silently replace the first where labels are combined."""
+    path = _write(
+        tmp_path,
+        [
+            _sign_feature([1.0, 2.0, 3.0], id="s1"),
+            _marking_feature([[0.0, 0.0], [1.0, 0.0]], id="m1"),
+            _sign_feature([9.0, 2.0, 3.0], id="s1"),
+        ],
+    )
+    with pytest.raises(
+        MapFormatError, match=r"feature 2 \(traffic_sign\): id 's1' is the id of feature 0 too"
+    ) as info:
+        import_labels(path)
+    assert str(path) in str(info.value)
+
+
+def test_the_sign_types_are_the_catalogues(tmp_path: Path) -> None:
+    path = _write(tmp_path, [_sign_feature([1.0, 2.0, 3.0], type="give_way")])
+    with pytest.raises(MapFormatError, match="'give_way'; the sign types are unknown, stop"):
+        import_labels(path)
+    assert import_labels(path, sign_types=["give_way"]).signs[0].type == "give_way"
+    # the labels a map keeps were checked when they were imported
+    assert import_labels(path, check=False).signs[0].type == "give_way"
+
+
+def test_a_sign_to_delete_needs_no_facing(tmp_path: Path) -> None:
+    """A delete is matched by its position alone (it removes the automatic sign within
+    ``sign_overlap_m``), so it needs no ``facing_yaw_rad``; kept in the map's labels (the
+    yaw written as null), it reads back and deletes on every rebuild."""
+    auto = _small_map()
+    sign = _sign_feature([30.1, -4.0, 3.0], action="delete", id="gone")
+    del sign["properties"]["facing_yaw_rad"]
+    labels = import_labels(_write(tmp_path, [sign]))
+    assert math.isnan(labels.signs[0].facing_yaw)
+    assert merge_labels(auto, labels).signs == ()
+    kept = import_labels(write_geojson(tmp_path / "imported.json", labels), check=False)
+    assert [s.id for s in kept.signs] == ["gone"] and merge_labels(auto, kept).signs == ()
+    # a sign that is added still needs its facing (test_bad_features_are_named)
 
 
 def test_parse_geojson_names_its_source() -> None:

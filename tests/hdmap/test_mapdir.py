@@ -583,6 +583,70 @@ def test_broken_map_files_are_reported(tmp_path: Path) -> None:
         MapDirSettings(keep_versions=-1)
 
 
+def test_committed_versions_without_current_are_a_damaged_map(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Taken for an empty map, such a map got "no version yet" from ``hdmap info`` and a
+    build started a new map over it -- a new origin, no parent -- whose gc deleted the old
+    versions. Every reader and the build refuse it, and say how to repair it."""
+    from adcloud.cli import main  # noqa: PLC0415
+
+    root = tmp_path / "map"
+    md = MapDir(root, MapDirSettings(keep_versions=1))
+    keep = MapDir(root, MapDirSettings(keep_versions=0))
+    bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(3)]
+    keep.update(bags[:1], record_build([]))
+    keep.update(bags[:2], record_build([]))
+    (root / CURRENT_NAME).unlink()
+    before = tree_state(root)
+    damaged = (
+        r"CURRENT: missing, but the map holds committed versions 000001, 000002: the map is "
+        r"damaged .* Write the id of the version to use into it -- e.g. 000002, the newest, "
+        r'as one line "000002"'
+    )
+    with pytest.raises(MapFormatError, match=damaged):
+        md.current()
+    with pytest.raises(MapFormatError, match=damaged):
+        md.plan(bags)
+    with pytest.raises(MapFormatError, match=damaged):
+        md.update(bags, record_build([]))
+    with pytest.raises(MapFormatError, match=damaged):
+        md.roll_back("1")
+    assert main(["hdmap", "info", "--map", str(root)]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "the map is damaged" in said and "no version yet" not in said
+    assert tree_state(root) == before  # nothing deleted, nothing written
+    # repaired as the message says, the map builds on its newest version again
+    (root / CURRENT_NAME).write_text("000002\n")
+    result = md.update(bags, record_build([]))
+    assert result.version is not None and result.version.manifest.parent == "000002"
+
+
+def test_a_failure_after_the_commit_does_not_fail_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Removing old versions comes after the new one is current: whatever fails there
+    is logged, and the caller gets the committed version, not an error for a build that
+    succeeded (a ``keep_versions=2.5`` once raised a TypeError there; the settings refuse
+    it now)."""
+    md = MapDir(tmp_path / "map", MapDirSettings(keep_versions=1))
+    md.update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
+
+    def broken_gc(keep: int) -> list[str]:
+        raise TypeError("slice indices must be integers or None or have an __index__ method")
+
+    monkeypatch.setattr(md, "_gc", broken_gc)
+    with caplog.at_level(logging.WARNING, logger="adcloud.hdmap.mapdir"):
+        result = md.update([make_bag(tmp_path / "b.bag", 2)], record_build([]))
+    assert result.changed and result.version is not None and result.version.id == "000002"
+    assert md.current().id == "000002"  # type: ignore[union-attr]
+    assert "could not remove old versions: slice indices" in caplog.text
+    assert md.lock_holder() is None
+    for field, value in (("keep_versions", 2.5), ("hash_threads", True), ("keep_versions", "3")):
+        with pytest.raises(BuildError, match=rf"hdmap\.{field} must be a whole number"):
+            MapDirSettings(**{field: value})
+
+
 def test_mapdir_pickles_as_its_description(tmp_path: Path) -> None:
     md = MapDir(tmp_path / "map", MapDirSettings(keep_versions=3))
     md.update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
@@ -1076,6 +1140,20 @@ def test_export_refuses_a_target_inside_the_map(tmp_path: Path) -> None:
     assert not inside.exists() and md.versions() == ["000001"]
     version, names = export_map(str(tmp_path / "map"), tmp_path / "out")
     assert version.id == "000001" and names and (tmp_path / "out" / names[0]).is_file()
+
+
+def test_export_onto_a_file_says_it_is_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adcloud.cli import main  # noqa: PLC0415
+
+    MapDir(tmp_path / "map").update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
+    afile = tmp_path / "afile"
+    afile.write_text("notes")
+    assert main(["hdmap", "export", "--map", str(tmp_path / "map"), "--out", str(afile)]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"{afile}: is a file, not a directory; give a new (or empty) directory" in said
+    assert afile.read_text() == "notes"
 
 
 def test_a_build_needs_bags(tmp_path: Path) -> None:

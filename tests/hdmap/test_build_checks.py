@@ -1,0 +1,139 @@
+"""What ``adcloud hdmap build`` checks before Spark starts, without Spark: label files in
+another map frame, and new drives for tiles of another layout than the map's (the whole
+build on Spark: ``test_build.py``)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import adcloud.hdmap.command as command
+from adcloud.cli import main
+from adcloud.hdmap import HdmapSettings, MapDir, build_map
+from adcloud.hdmap.build import labels_would_change, plan_build
+from adcloud.hdmap.errors import BuildError, HdmapError
+from adcloud.hdmap.job import StageSettings
+from adcloud.hdmap.kept import TILE_SETTINGS, tile_settings
+from adcloud.hdmap.mapdir import BuildPlan, Staging
+from adcloud.synth import DriveConfig, DriveResult, generate_drive
+
+#: The map frame's origin of the maps made here.
+ORIGIN = (37.3875, -122.0575, 12.0)
+
+
+@pytest.fixture(scope="module")
+def new_bag(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
+    """A real 2 s drive (the build reads its topics before it starts Spark)."""
+    config = DriveConfig(seconds=2, seed=3, lidar_beams=16, lidar_columns=128, camera=False)
+    return generate_drive(config, tmp_path_factory.mktemp("drive") / "new.bag")
+
+
+def _map(tmp_path: Path) -> tuple[str, Path]:
+    """A map with one version, as a build with the default settings leaves what these
+    checks read (its origin and its tiles' settings), built from a stand-in bag."""
+    old = tmp_path / "old.bag"
+    old.write_bytes(random.Random(1).randbytes(4096))
+    stages = StageSettings.from_settings(HdmapSettings())
+
+    def first_version(plan: BuildPlan, staging: Staging) -> None:
+        (staging.path / "state").mkdir()
+        (staging.path / "state" / "origin.json").write_text(json.dumps({"origin": ORIGIN}))
+        (staging.path / TILE_SETTINGS).write_text(
+            json.dumps(tile_settings(stages.grid, stages.cloud))
+        )
+
+    uri = str(tmp_path / "map")
+    MapDir(uri).update([old], first_version)
+    return uri, old
+
+
+def _labels(tmp_path: Path, origin: tuple[float, float, float]) -> Path:
+    path = tmp_path / f"labels-{origin[0]}.geojson"
+    lat, lon, alt = origin
+    sign: dict[str, Any] = {
+        "type": "Feature",
+        "id": "stop-1",
+        "geometry": {"type": "Point", "coordinates": [5.0, -6.0, 2.0]},
+        "properties": {"kind": "traffic_sign", "type": "stop", "facing_yaw_rad": 3.14},
+    }
+    data = {
+        "type": "FeatureCollection",
+        "adcloud:frame": "map",
+        "adcloud:origin": {"latitude_deg": lat, "longitude_deg": lon, "height_m": alt},
+        "features": [sign],
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    def session(args: Any) -> None:
+        raise AssertionError("the build started Spark")
+
+    monkeypatch.setattr(command, "_session", session)
+
+
+def test_labels_of_another_map_frame_are_refused_by_the_dry_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_spark: None
+) -> None:
+    """The dry run approved them (the map kept no labels yet), and the build then failed
+    merging them; both refuse them now, naming the file and the two origins."""
+    uri, old = _map(tmp_path)
+    elsewhere = _labels(tmp_path, (48.1, 11.5, 520.0))
+    differs = r"labels-48\.1\.geojson: the labels' map origin \(48\.1, 11\.5, 520\.0\) .* differs"
+    plan = plan_build(str(old), uri)
+    with pytest.raises(HdmapError, match=differs + r" from the map's \(37\.3875, -122\.0575"):
+        labels_would_change(plan, str(elsewhere))
+    args = ["hdmap", "build", "--bags", str(old), "--map", uri, "--labels", str(elsewhere)]
+    assert main([*args, "--dry-run"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "differs from the map's" in said and "version 000001's" in said
+    assert main(args) == 2
+    with pytest.raises(HdmapError, match=differs):
+        build_map(None, str(old), uri, labels=str(elsewhere))
+    assert MapDir(uri).versions() == ["000001"]
+    # labels in the map's frame: the dry run says what the build would do
+    here = _labels(tmp_path, ORIGIN)
+    assert labels_would_change(plan, str(here))
+    assert (
+        main(
+            ["hdmap", "build", "--bags", str(old), "--map", uri, "--labels", str(here), "--dry-run"]
+        )
+        == 0
+    )
+    assert "a new version with the labels of" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_map_keeps_its_tile_layout(
+    tmp_path: Path,
+    new_bag: DriveResult,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    no_spark: None,
+) -> None:
+    """``ADCLOUD_HDMAP_TILE_M=40`` on a map of 20 m tiles ran ETL, poses and alignment,
+    then failed in every Spark grid task on tiles it cannot merge. Refused before Spark
+    starts -- by a dry run too -- naming the map's layout and the build's."""
+    uri, old = _map(tmp_path)
+    bags = [str(old), str(new_bag.bag)]
+    args = ["hdmap", "build", "--bags", *bags, "--map", uri]
+    monkeypatch.setenv("ADCLOUD_HDMAP_TILE_M", "40")
+    for extra in (["--dry-run"], []):
+        assert main([*args, *extra]) == 2
+        said = " ".join(capsys.readouterr().err.split())
+        assert "hdmap_grid.tile_cells 400 (this build: 800)" in said
+        assert "hdmap.tile_m 20 m" in said and "build a new map" in said
+    settings = HdmapSettings(tile_m=40.0)
+    plan = plan_build(bags, uri, settings=settings)
+    with pytest.raises(BuildError, match=r"hdmap_cloud\.tile_size 20\.0 \(this build: 40\.0\)"):
+        build_map(None, bags, uri, settings, plan=plan)
+    assert MapDir(uri).versions() == ["000001"]
+    # the map's own layout: the dry run has a drive to build
+    monkeypatch.delenv("ADCLOUD_HDMAP_TILE_M")
+    assert main([*args, "--dry-run"]) == 0
+    assert "1 new drive(s) to build" in " ".join(capsys.readouterr().out.split())
