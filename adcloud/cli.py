@@ -404,7 +404,7 @@ _YARN_DEFAULTS: dict[str, object] = {
 
 
 def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
-    from adcloud.spark import check_master, spark_home  # noqa: PLC0415
+    from adcloud.spark import SparkSettings, check_master, spark_home  # noqa: PLC0415
 
     submit = spark_home() / "bin" / "spark-submit"
     job = list(args.job)
@@ -419,18 +419,22 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     bad = [c for c in confs if "=" not in c or c.startswith("=")]
     if bad:
         raise ConfigError(f"--conf takes KEY=VALUE, got {bad[0]!r}")
-    if args.master != "yarn":
-        given = [
-            f"--{name.replace('_', '-')}"
-            for name, default in _YARN_DEFAULTS.items()
-            if getattr(args, name) != default
-        ]
-        if given:
-            raise ConfigError(
-                f"{', '.join(given)} apply to --master yarn only (containers); on "
-                f"{args.master} give Spark settings with --conf, e.g. --conf "
-                "spark.executor.resource.gpu.amount=1 --conf spark.executor.instances=4"
-            )
+    if args.master is None:  # as every other command: ADCLOUD_SPARK_MASTER, else local[*,4]
+        args.master = SparkSettings.load().master
+    # the form, and yarn's Hadoop configuration, are checked for a dry run too
+    check_master(args.master, reach=False)
+    given = [
+        f"--{name.replace('_', '-')}" for name in _YARN_DEFAULTS if getattr(args, name) is not None
+    ]
+    if args.master != "yarn" and given:
+        raise ConfigError(
+            f"{', '.join(given)}: for --master yarn only (containers); on "
+            f"{args.master} give Spark settings with --conf, e.g. --conf "
+            "spark.executor.resource.gpu.amount=1 --conf spark.executor.instances=4"
+        )
+    for name, default in _YARN_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if not any(c.startswith("spark.log.level=") for c in confs):
         confs.append("spark.log.level=WARN")  # spark-submit's default INFO drowns the job's output
     if args.master == "yarn":
@@ -633,7 +637,7 @@ Every output is listed at the end, under --out.""",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     submit.add_argument(
-        "--master", default="local[*,4]", help="Spark master URL (default: local[*,4])"
+        "--master", help="Spark master URL (default: ADCLOUD_SPARK_MASTER, else local[*,4])"
     )
     submit.add_argument("--conf", action="append", help="Spark setting KEY=VALUE (repeatable)")
     submit.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
@@ -642,38 +646,23 @@ Every output is listed at the end, under --out.""",
     )
     yarn.add_argument(
         "--queue",
-        default=_YARN_DEFAULTS["queue"],
         help="YARN queue: simulation (default), training, mapping (deploy/yarn's queues)",
     )
     yarn.add_argument(
-        "--deploy-mode", choices=["cluster", "client"], default=_YARN_DEFAULTS["deploy_mode"]
+        "--deploy-mode",
+        choices=["cluster", "client"],
+        help="where the driver runs: in a container (cluster, the default) or here (client)",
     )
     yarn.add_argument(
-        "--executors", type=int, default=_YARN_DEFAULTS["executors"], help="executor containers"
+        "--executors", type=int, help=f"executor containers ({_YARN_DEFAULTS['executors']})"
     )
     yarn.add_argument(
         "--executor-memory",
-        default=_YARN_DEFAULTS["executor_memory"],
-        help="memory per executor (JVM notation)",
+        help=f"memory per executor, JVM notation ({_YARN_DEFAULTS['executor_memory']})",
     )
-    yarn.add_argument(
-        "--gpus-per-executor",
-        type=int,
-        default=_YARN_DEFAULTS["gpus_per_executor"],
-        help="yarn.io/gpu per container",
-    )
-    yarn.add_argument(
-        "--fpgas-per-executor",
-        type=int,
-        default=_YARN_DEFAULTS["fpgas_per_executor"],
-        help="yarn.io/fpga per container",
-    )
-    yarn.add_argument(
-        "--tasks-per-device",
-        type=int,
-        default=_YARN_DEFAULTS["tasks_per_device"],
-        help="tasks sharing one device",
-    )
+    yarn.add_argument("--gpus-per-executor", type=int, help="yarn.io/gpu per container (0)")
+    yarn.add_argument("--fpgas-per-executor", type=int, help="yarn.io/fpga per container (0)")
+    yarn.add_argument("--tasks-per-device", type=int, help="tasks sharing one device (1)")
     yarn.add_argument("--fpga-ip-id", help="FPGA image id (required with FPGAs)")
     yarn.add_argument("--fpga-binaries", help="archive URL of prebuilt FPGA kernels")
     yarn.add_argument("--docker-image", help="run the containers in this image (GPU jobs)")

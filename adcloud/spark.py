@@ -283,27 +283,50 @@ def _heap_options(memory: str) -> list[str]:
 
 #: Master URL schemes Spark takes (``spark://`` standalone, possibly several hosts).
 _MASTER_SCHEMES = ("local", "spark://", "yarn", "k8s://", "mesos://")
+_LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?|local-cluster\[[0-9, ]+\]")
 
 
-def check_master(master: str, timeout: float = 3.0) -> None:
-    """Raise :class:`ConfigError` for a master URL Spark does not take, and
+def check_master(master: str, timeout: float = 3.0, *, reach: bool = True) -> None:
+    """Raise :class:`ConfigError` for a master URL Spark does not take (or ``yarn`` without
+    the Hadoop configuration spark-submit needs), and -- with ``reach`` -- a
     :class:`SparkClusterError` when no master of a ``spark://`` URL accepts a connection:
-    Spark itself would retry for a minute and end in a Java stack trace."""
-    if not master.startswith(_MASTER_SCHEMES):
+    Spark itself would retry for a minute, or start a JVM, and end in a Java stack trace."""
+    where = "(set --master or ADCLOUD_SPARK_MASTER)"
+    if not master.startswith(_MASTER_SCHEMES) or (
+        master.startswith("local") and not _LOCAL_MASTER.fullmatch(master)
+    ):
         raise ConfigError(
             f"Spark master {master!r} is not one Spark takes: local[*], local[N], "
-            "spark://HOST:PORT, yarn or k8s://URL (set --master or ADCLOUD_SPARK_MASTER)"
+            f"local[N,MAX_FAILURES], spark://HOST:PORT, yarn or k8s://URL {where}"
+        )
+    if master == "yarn" and not (
+        os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")
+    ):
+        raise ConfigError(
+            "--master yarn needs the cluster's Hadoop configuration: set HADOOP_CONF_DIR (or "
+            "YARN_CONF_DIR) to the directory holding its core-site.xml and yarn-site.xml "
+            "(see deploy/yarn/README.md)"
         )
     if not master.startswith("spark://"):
         return
+    hostports = master.removeprefix("spark://").split(",")
+    for hostport in hostports:
+        host, colon, port = hostport.rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise ConfigError(
+                f"Spark master {master!r}: {hostport!r} is not HOST:PORT (a standalone "
+                f"master listens on 7077 by default: spark://{hostport or 'HOST'}:7077) {where}"
+            )
+    if not reach:
+        return
     problems = []
-    for hostport in master.removeprefix("spark://").split(","):
+    for hostport in hostports:
         host, _, port = hostport.rpartition(":")
         try:
             with socket.create_connection((host, int(port)), timeout=timeout):
                 return
-        except (OSError, ValueError) as err:
-            problems.append(f"{hostport}: {getattr(err, 'strerror', None) or err}")
+        except OSError as err:
+            problems.append(f"{hostport}: {err.strerror or err}")
     raise SparkClusterError(
         f"cannot reach the Spark master {master} ({'; '.join(problems)}); start one "
         "(deploy/local/start-cluster.sh on this machine) or check --master / "
@@ -1026,6 +1049,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in (_STATE_FILE, "master-url", "pids"):
                 (state_dir / name).unlink(missing_ok=True)
         else:
+            if not (state_dir / _STATE_FILE).exists():
+                raise SparkClusterError(
+                    f"no cluster recorded in {state_dir}: none was started there, or it was "
+                    "stopped (start one: deploy/local/start-cluster.sh)"
+                )
             doc = StandaloneCluster.from_state(state_dir).status()
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     except AdcloudError as err:

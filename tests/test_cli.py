@@ -344,8 +344,10 @@ def test_submit_keeps_the_users_own_driver_settings(capsys: pytest.CaptureFixtur
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        (["--gpus-per-executor", "1"], "--gpus-per-executor apply to --master yarn only"),
-        (["--executors", "4", "--queue", "mapping"], "--queue, --executors apply to --master"),
+        (["--gpus-per-executor", "1"], "--gpus-per-executor: for --master yarn only"),
+        (["--executors", "4", "--queue", "mapping"], "--queue, --executors: for --master yarn"),
+        # the YARN default given by name is as ignored as any other value
+        (["--queue", "simulation"], "--queue: for --master yarn only"),
         (["--conf", "notkv"], "--conf takes KEY=VALUE, got 'notkv'"),
     ],
 )
@@ -355,6 +357,55 @@ def test_submit_refuses_what_would_be_ignored(
     argv = ["submit", "--dry-run", "--master", "spark://127.0.0.1:7077", *options]
     assert main([*argv, "--", "ingest", "a.bag", "--out", "o"]) == 2
     assert says in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize(
+    ("master", "says"),
+    [
+        ("foo", "'foo' is not one Spark takes"),
+        ("local[0]", "'local[0]' is not one Spark takes"),
+        ("spark://127.0.0.1", "'127.0.0.1' is not HOST:PORT (a standalone master listens on 7077"),
+        ("spark://h1:7077,h2", "'h2' is not HOST:PORT"),
+        ("yarn", "--master yarn needs the cluster's Hadoop configuration: set HADOOP_CONF_DIR"),
+    ],
+)
+def test_submit_checks_the_master_before_printing_or_running(
+    master: str, says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dry run printed a line spark-submit refuses (exit 0); a run without Hadoop's
+    configuration started a JVM to end in a stack trace; a master without a port was
+    reported unreachable, with advice to start one."""
+    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
+    monkeypatch.delenv("YARN_CONF_DIR", raising=False)
+    for dry in (["--dry-run"], []):
+        argv = ["submit", *dry, "--master", master, "--", "ingest", "a.bag", "--out", "o"]
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert says in " ".join(captured.err.split()) and captured.out == ""
+
+
+def test_submit_takes_the_master_every_command_takes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``ADCLOUD_SPARK_MASTER`` chooses the master of ``submit`` as of every other command
+    (it ran on local[*,4] instead, without a word); ``--master`` wins over it."""
+    monkeypatch.setenv("ADCLOUD_SPARK_MASTER", "spark://127.0.0.1:7077")
+    job = ["--", "ingest", "a.bag", "--out", "o"]
+    assert main(["submit", "--dry-run", *job]) == 0
+    assert "--master spark://127.0.0.1:7077" in capsys.readouterr().out
+    assert main(["submit", "--dry-run", "--master", "local[2]", *job]) == 0
+    assert "--master 'local[2]'" in capsys.readouterr().out
+    monkeypatch.delenv("ADCLOUD_SPARK_MASTER")
+    assert main(["submit", "--dry-run", *job]) == 0
+    assert "--master 'local[*,4]'" in capsys.readouterr().out
+    # on YARN the driver runs in a container (cluster mode) or here (client mode)
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    for mode, driver in (("cluster", "/opt/adcloud/venv/bin/python"), ("client", sys.executable)):
+        argv = ["submit", "--dry-run", "--master", "yarn", "--deploy-mode", mode, *job]
+        assert main(argv) == 0
+        line = capsys.readouterr().out.replace("\n", "")
+        assert f"spark.pyspark.driver.python={driver}" in shlex.split(line)
+        assert "--queue simulation" in line
 
 
 def test_submit_runs_the_job_through_spark_submit(shared_data: Path, tmp_path: Path) -> None:

@@ -727,6 +727,19 @@ def test_deploy_scripts_start_and_stop_a_cluster(tmp_path: Path) -> None:
         ).returncode
         == 0
     )
+    # the status of a stopped cluster says so (it named a missing file "not readable")
+    status = subprocess.run(
+        [sys.executable, "-m", "adcloud.spark", "cluster", "status", "--state-dir", str(state)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert status.returncode == 1
+    assert f"no cluster recorded in {state}: none was started there, or it was stopped" in (
+        status.stderr
+    )
 
 
 def test_missing_discovery_script_is_refused_before_anything_starts(tmp_path: Path) -> None:

@@ -261,8 +261,10 @@ def _dry_run(
     for uri in plan.skipped:
         table.add_row("", uri, "", "held out by a rollback: skipped")
     console.print(table)
+    # what the build would fail on is an error; what it would skip says so, as the build does
+    said = "skipped (--skip-bad-bags; tried again next build)" if args.skip_bad_bags else "error"
     for text in bad.values():
-        console.print(f"error: {text}", highlight=False)
+        console.print(f"{said}: {text}", highlight=False)
     good = len(plan.new_drives) - len(bad)
     if bad and not args.skip_bad_bags:
         verdict = f"the build would fail on {len(bad)} bag(s) (--skip-bad-bags leaves them out)"

@@ -16,6 +16,7 @@ See ``deploy/yarn/README.md`` for the cluster side.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from fractions import Fraction
 
@@ -76,7 +77,9 @@ def yarn_submit_args(
     ``discovery_scripts`` overrides :data:`CONTAINER_DISCOVERY_SCRIPTS`.  ``fpga_ip_id``
     (required with FPGAs) names the FPGA image; ``fpga_binaries`` is an archive (any URL
     YARN can localize) holding ``<ip_id>/<program>.aocx`` files, unpacked as ``./fpga`` in
-    every container and used as ``ADCLOUD_HETERO_BINARY_DIR``.  ``docker_image`` runs the
+    every container and used as ``ADCLOUD_HETERO_BINARY_DIR``.  ``python`` is the
+    containers' Python, the driver's too in cluster mode (in client mode the driver runs
+    here, on this process's Python).  ``docker_image`` runs the
     application master and GPU executors in that image (YARN's Docker runtime); FPGA jobs run
     natively (YARN's FPGA plugin does not support Docker), so they switch the runtime back
     to ``default``.  ``conf`` adds Spark settings last.  Raises
@@ -116,7 +119,8 @@ def yarn_submit_args(
         args += ["--archives", f"{fpga_binaries}#fpga"]
     settings: dict[str, str] = {
         "spark.pyspark.python": python,
-        "spark.pyspark.driver.python": python,
+        # in client mode the driver runs here, with this machine's Python, not the containers'
+        "spark.pyspark.driver.python": python if deploy_mode == "cluster" else sys.executable,
     }
     for name, amount in (("gpu", gpus_per_executor), ("fpga", fpgas_per_executor)):
         if not amount:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import pytest
 
 from adcloud.cli import build_parser
+from adcloud.spark import SparkSettings, check_master
 
 NIGHTLY = Path(__file__).resolve().parents[2] / "deploy" / "nightly"
 SERVICE = NIGHTLY / "adcloud-hdmap-nightly.service"
@@ -118,6 +119,11 @@ def test_systemd_service() -> None:
     assert_build_command(argv)
     assert re.fullmatch(r"\d+(h|min|s)", service["TimeoutStartSec"])
     assert "%" not in service["ExecStart"]  # no unit specifiers hidden in the URIs
+    # an unattended build retries failed tasks: a plain local[*] fails at the first one
+    env = dict(item.split("=", 1) for item in shlex.split(service["Environment"]))
+    master = SparkSettings.load(environ=env).master
+    check_master(master, reach=False)
+    assert not master.startswith("local") or re.fullmatch(r"local\[[^,\]]+,[1-9]\d*\]", master)
 
 
 def test_systemd_timer() -> None:

@@ -672,7 +672,12 @@ def test_a_dry_run_plans_and_checks_the_bags_without_spark(
     out = " ".join(capsys.readouterr().out.split())
     assert out.count("cannot be mapped, fails the build (below)") == 2
     assert "0 LiDAR sweeps on /velodyne_points" in out and "topics: /lidar/points" in out
-    assert "the build would fail on 2 bag(s)" in out
+    assert "the build would fail on 2 bag(s)" in out and "error: " in out
+    # bags the build would skip are no error (an operator greps a dry run for "error:")
+    assert main([*args, str(tmp_path / "map"), "--dry-run", "--skip-bad-bags"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("skipped (--skip-bad-bags; tried again next build): ") == 2
+    assert "error" not in out
     # the build itself fails the same way, before Spark starts and before anything is written
     assert main([*args, str(tmp_path / "map")]) == 1
     out = " ".join(capsys.readouterr().out.split())

@@ -243,8 +243,12 @@ def test_spark_submit_accepts_the_yarn_submit_line(tmp_path: Path) -> None:
     assert conf["spark.executorEnv.YARN_CONTAINER_RUNTIME_TYPE"] == "docker"
 
 
-def test_the_submit_default_queue_is_a_shipped_one() -> None:
-    from adcloud.cli import build_parser  # noqa: PLC0415
+def test_the_submit_default_queue_is_a_shipped_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from adcloud.cli import main  # noqa: PLC0415
 
-    args = build_parser().parse_args(["submit", "--master", "yarn", "--", "ingest", "a.bag"])
-    assert args.queue in QUEUES  # a queue capacity-scheduler.xml defines
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    assert main(["submit", "--dry-run", "--master", "yarn", "--", "ingest", "a.bag"]) == 0
+    words = capsys.readouterr().out.replace("\n", "").split()
+    assert words[words.index("--queue") + 1] in QUEUES  # a queue capacity-scheduler.xml defines
