@@ -52,6 +52,7 @@ __all__ = [
     "capture_rng",
     "latest_checkpoint",
     "restore_rng",
+    "resume_with",
 ]
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,14 @@ class Restored:
     def step(self) -> int:
         """Optimizer steps done at the checkpoint."""
         return self.info.step
+
+
+def resume_with(world: int) -> str:
+    """The settings that give a run ``world`` trainers, as advice (``workers`` alone has no
+    effect with ``sync=single``, which always has one)."""
+    if world == 1:
+        return "run with sync=single (or workers=1)"
+    return f"run with sync=allreduce (or ps) and workers={world}"
 
 
 def capture_rng() -> dict[str, Any]:
@@ -295,8 +304,8 @@ class Checkpointer:
         if info.world != world:
             raise CheckpointError(
                 f"run {self.run}: checkpoint {self.store.uri}{info.key} was written by "
-                f"{info.world} trainer(s), this run has {world}; run with workers="
-                f"{info.world} to resume it, or give the run a new name (train.run)"
+                f"{info.world} trainer(s), this run has {world}; {resume_with(info.world)} "
+                "to resume it, or give the run a new name (train.run)"
             )
         losses = [float(v) for v in np.asarray(state["losses"]).reshape(-1)]
         validation = [(int(k), dict(v)) for k, v in json.loads(state.get("validation") or "[]")]

@@ -64,7 +64,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         overrides[key.strip()] = value
     config = TrainConfig.load(file=args.config, **overrides).validate()
     task = load_task(config)  # a wrong task name or option fails before Spark starts
-    run = preflight(config)  # and so do a missing bag and checkpoints it cannot resume
+    run = preflight(config, task)  # and so do a missing bag and checkpoints it cannot resume
     spark = _session(args)
     with console.status(f"training {config.task} ({config.sync}) on {spark.sparkContext.master}"):
         result = run_training(spark, config, task=task, preflighted=run)
@@ -115,11 +115,19 @@ def _curve_row(curve: Any) -> list[tuple[str, str]]:
 
 
 def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
-    from adcloud.train.evaluate import EVAL_FILE, PLOT_FILE, evaluate_model  # noqa: PLC0415
+    from adcloud.train.evaluate import (  # noqa: PLC0415
+        EVAL_FILE,
+        PLOT_FILE,
+        check_eval_target,
+        evaluate_model,
+    )
     from adcloud.train.export import inspect_model  # noqa: PLC0415
     from adcloud.train.task import get_task  # noqa: PLC0415
 
-    # a missing or corrupt model, or one of an unknown task, fails before Spark starts
+    # a missing or corrupt model, one of an unknown task, or an --out that is a file fails
+    # before Spark starts
+    if args.out:
+        check_eval_target(args.out)
     info = inspect_model(args.model)
     options = info.get("config", {}).get("task_options", {}) if info.get("config") else {}
     get_task(str(info.get("task")), options)

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +41,8 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 DEVICES = ("auto", "cpu", "cuda")
 
-# Fields that decide nothing about the trained parameters: they are left out of the default
-# run id so that re-running the same training resumes it, wherever its output goes.
+# What a checkpoint records (TrainConfig.pinned_settings), for the warning of a run resumed
+# with other values.
 _PINNED_BY_CHECKPOINT = (
     "task",
     "task_options",
@@ -59,6 +60,12 @@ _PINNED_BY_CHECKPOINT = (
     "seed",
 )
 
+# Fields that decide neither the trained parameters nor the data trained on: they are left
+# out of the default run id, so that re-running the same training resumes it wherever its
+# checkpoints and outputs go, on whatever device and however often it saves.  What stays in
+# decides the parameters: the task and its options, the training bags (and how finely they are
+# split: a camera image and its labels split over two partitions make no sample), the
+# trainers, batch, optimizer, schedule, steps and seed.
 _NOT_IN_RUN_ID = frozenset(
     {
         "run",
@@ -66,12 +73,25 @@ _NOT_IN_RUN_ID = frozenset(
         "heldout_bags",  # scored, never trained on
         "progress",
         "log_every",
-        "eval_every",
+        "eval_every",  # scoring restores the RNG states: training draws what it would have
         "sync_timeout_s",
+        "checkpoint_every",  # a resumed run computes what the uninterrupted one does
         "keep_checkpoints",
+        "store",  # where the run's checkpoints are kept; the name is within the store
+        "store_options",
+        "keep_versions",
+        "device",  # the same run on another device (its floats may round differently)
+        "threads",
+        "etl",  # memory or files: the same samples in the same order
         "etl_dir",
     }
 )
+
+#: What a run name may hold: it names a directory in the store and ``{run}`` in ``out``.
+_RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+#: Stores each Python process has for itself (fsspec's ``memory://``): trainers in other
+#: processes (Spark executors, torchrun ranks) cannot see each other's files there.
+_PROCESS_STORES = ("memory://",)
 
 
 @dataclass(frozen=True)
@@ -121,7 +141,8 @@ class TrainConfig:
     #: (``root=/tmp/x`` for a private local store, ``token=...`` for alluxio://).
     store: str = "local:///adcloud-train"
     store_options: tuple[str, ...] = ()
-    #: Run name in the store (empty: :meth:`run_id`).
+    #: Run name in the store (empty: :meth:`run_id`): letters, digits, ``.``, ``_`` and
+    #: ``-``, not starting with ``.``.
     run: str = ""
     #: Where every finished run writes its deployable model (``model/``), final parameters,
     #: loss curve and effective settings: a directory or fsspec URL in which ``{run}`` stands
@@ -220,7 +241,10 @@ class TrainConfig:
         need(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
         need("://" in self.store, f"store must be a store URI (local://...), not {self.store!r}")
         need(self.device in DEVICES, f"device must be one of {', '.join(DEVICES)}")
-        need(self.sync_timeout_s > 0, "sync_timeout_s must be > 0")
+        need(
+            math.isfinite(self.sync_timeout_s) and self.sync_timeout_s > 0,
+            f"sync_timeout_s must be > 0 and finite (seconds), not {self.sync_timeout_s}",
+        )
         need(self.keep_versions >= 2, "keep_versions must be >= 2")
         need(self.threads >= 0, "threads must be >= 0")
         need(self.etl in ETL_MODES, f"etl must be one of {', '.join(ETL_MODES)}")
@@ -235,9 +259,36 @@ class TrainConfig:
             "out must name where the run's model goes (a directory or URL; {run} is the "
             "run's name)",
         )
-        need("/" not in self.run and ".." not in self.run, "run must be a plain name")
+        need(
+            not self.run or bool(_RUN_NAME.fullmatch(self.run)),
+            f"run must be a plain name (letters, digits, '.', '_', '-'; not starting with "
+            f"'.'), not {self.run!r}: it names the run's directory in the store",
+        )
         for entry in self.store_options:
             need("=" in entry, f"store_options entry {entry!r} is not key=value")
+        # every float setting, the ones without a range of their own too: inf passes "> 0"
+        # and then breaks what writes the settings as JSON once the training is done
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            said = any(p.startswith(f"{item.name} ") for p in problems)
+            if isinstance(value, float) and not math.isfinite(value) and not said:
+                problems.append(f"{item.name} must be a finite number, not {value}")
+        private = self.store.startswith(_PROCESS_STORES)
+        need(
+            not (private and self.sync == "ps"),
+            f"store {self.store} is private to each Python process, but sync=ps trainers run "
+            "in Spark executors and exchange parameters through the store: give train.store "
+            "a store they share (local:///NAME on one machine, file:///DIR on a shared "
+            "mount, alluxio://HOST:39999/...)",
+        )
+        need(
+            not (private and self.sync == "allreduce" and self.checkpoint_every > 0),
+            f"store {self.store} is private to each Python process, but sync=allreduce "
+            "trainers run in separate processes (Spark executors, torchrun ranks) and write "
+            "their parts of every checkpoint there: give train.store a store they share "
+            "(local:///NAME on one machine, file:///DIR on a shared mount, "
+            "alluxio://HOST:39999/...), or set checkpoint_every=0",
+        )
         if problems:
             raise TrainError("invalid train settings: " + "; ".join(problems))
         return self

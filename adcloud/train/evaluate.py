@@ -19,6 +19,7 @@ An :class:`Evaluation` writes ``eval.json`` and, for segmentation tasks, ``confu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import io
@@ -54,6 +55,7 @@ __all__ = [
     "EVAL_FILE",
     "PLOT_FILE",
     "Evaluation",
+    "check_eval_target",
     "evaluate_model",
     "score_bag_samples",
     "score_parameters",
@@ -71,14 +73,79 @@ PLOT_FILE = "confusion.png"
 _CHUNK = 32
 
 
+#: One input of an exported program as its metadata records it: its name and its size per
+#: sample (the dimensions after the first, which counts samples), ``None`` where dynamic.
+_InputShape = tuple[str, tuple[int | None, ...]]
+
+
 @dataclass(frozen=True)
 class _Weights:
     """What executors build the model from: ``exported`` (``model.pt2`` bytes) or ``state``
-    (a :mod:`adcloud.train.tensors` state dict for ``task.build_model()``), broadcast once."""
+    (a :mod:`adcloud.train.tensors` state dict for ``task.build_model()``), broadcast once.
+
+    ``inputs``: the input sizes an exported program was traced for (its program refuses any
+    other with a guard failure deep in torch), checked on every sample before it is scored;
+    ``name`` is where the model lives, for messages."""
 
     kind: str
     digest: str
     payload: Broadcast[bytes]
+    inputs: tuple[_InputShape, ...] = ()
+    name: str = ""
+
+
+def _input_shapes(meta: Mapping[str, Any]) -> tuple[_InputShape, ...]:
+    """The per-sample input sizes an export's ``metadata.json`` records (``model.inputs``
+    less the dimensions ``model.dynamic`` declares); empty when it records none."""
+    model = meta.get("model")
+    inputs = model.get("inputs") if isinstance(model, Mapping) else None
+    if not isinstance(inputs, list):
+        return ()
+    dynamic = model.get("dynamic") if isinstance(model, Mapping) else None
+    if isinstance(dynamic, Mapping) and len(dynamic) == len(inputs):
+        names, specs = [str(k) for k in dynamic], list(dynamic.values())
+    elif isinstance(dynamic, list) and len(dynamic) == len(inputs):
+        names, specs = [f"input {i}" for i in range(len(inputs))], dynamic
+    else:
+        names, specs = [f"input {i}" for i in range(len(inputs))], [None] * len(inputs)
+    out = []
+    for name, entry, spec in zip(names, inputs, specs, strict=True):
+        shape = entry.get("shape") if isinstance(entry, Mapping) else None
+        if not isinstance(shape, list) or not shape:
+            return ()  # not a tensor input: nothing this can check
+        if isinstance(spec, Mapping):
+            free = {int(k) for k in spec}
+        elif isinstance(spec, list):
+            free = {i for i, d in enumerate(spec) if d is not None}
+        else:
+            free = set()
+        sizes = tuple(None if i in free else int(d) for i, d in enumerate(shape))
+        out.append((name, sizes[1:]))
+    return tuple(out)
+
+
+def _size(sizes: Sequence[int | None]) -> str:
+    return "x".join("*" if d is None else str(d) for d in sizes) or "a scalar"
+
+
+def _input_mismatch(task: Task, weights: _Weights, sample: Any, bag: str) -> str:
+    """What is wrong with ``sample`` as an input of the exported program (``""``: nothing):
+    its inputs as the task makes them (:meth:`Task.example_inputs`) against the sizes the
+    program was exported for."""
+    found = task.example_inputs([sample])
+    for (name, expected), value in zip(weights.inputs, found, strict=False):
+        shape = tuple(int(d) for d in getattr(value, "shape", ()))[1:]
+        if len(shape) == len(expected) and all(
+            e is None or e == d for e, d in zip(expected, shape, strict=True)
+        ):
+            continue
+        return (
+            f"{bag}: topic {task.topics[0]} gives the model's input {name} of size "
+            f"{_size(shape)} per sample, but {weights.name} was exported for {_size(expected)} "
+            f"(model.inputs in its metadata.json): score it on bags recorded like the ones it "
+            "was trained on, or train and export a model on these"
+        )
+    return ""
 
 
 #: The model of the last :class:`_Weights` this Python worker loaded (Spark reuses workers
@@ -152,13 +219,40 @@ def score_samples(
     return counting.scores(counts)
 
 
+#: Per bag: the summed counts, the number of samples and what made samples unscorable.
+_BagCounts = tuple[NDArray[Any], int, tuple[str, ...]]
+
+
+class _UnscorableError(Exception):
+    """A sample the exported program cannot take (raised and caught on the executor)."""
+
+
+def _checked(task: Task, weights: _Weights, samples: Iterable[Any], bag: str) -> Iterator[Any]:
+    for sample in samples:
+        problem = _input_mismatch(task, weights, sample, bag)
+        if problem:
+            raise _UnscorableError(problem)
+        yield sample
+
+
 def _count_bag_samples(
     pairs: Iterable[tuple[str, Any]], *, task: CountingTask, weights: _Weights
-) -> Iterator[tuple[str, tuple[NDArray[Any], int]]]:
-    """``(bag, (counts, samples))`` of each run of one bag's samples in a partition of
-    ``(bag, sample)`` pairs, streamed (a bag's partition is one run; the caller sums runs)."""
+) -> Iterator[tuple[str, _BagCounts]]:
+    """``(bag, (counts, samples, problems))`` of each run of one bag's samples in a
+    partition of ``(bag, sample)`` pairs, streamed (a bag's partition is one run; the caller
+    sums runs).  A sample the exported program cannot take ends the partition with the
+    problem, returned rather than raised: Spark would retry the task, then bury the message
+    in a traceback."""
     for bag, run in itertools.groupby(pairs, key=operator.itemgetter(0)):
-        yield bag, _counts_of(task, weights, (sample for _, sample in run))
+        samples: Iterable[Any] = (sample for _, sample in run)
+        if weights.inputs:
+            samples = _checked(task, weights, samples, bag)
+        try:
+            counts, n = _counts_of(task, weights, samples)
+        except _UnscorableError as err:
+            yield bag, (task.eval_counts(_model(task, weights), []), 0, (str(err),))
+            return
+        yield bag, (counts, n, ())
 
 
 def score_bag_samples(
@@ -225,10 +319,18 @@ def _score(
 def _score_pairs(
     task: CountingTask, weights: _Weights, pairs: RDD[tuple[str, Any]], uris: Sequence[str]
 ) -> tuple[dict[str, NDArray[Any]], dict[str, int]]:
-    """:func:`_score` of ready ``(bag, sample)`` pairs."""
+    """:func:`_score` of ready ``(bag, sample)`` pairs; raises :class:`TrainError` naming the
+    bag, the topic and the sizes when the exported program cannot take a bag's samples."""
     fn = functools.partial(_count_bag_samples, task=task, weights=weights)
-    summed = dict(pairs.mapPartitions(fn).reduceByKey(_add).collect())
-    return _per_bag(summed, uris)
+    summed = dict(pairs.mapPartitions(fn).reduceByKey(_add_bag).collect())
+    problems = [p for _, (_, _, found) in sorted(summed.items()) for p in found]
+    if problems:
+        raise TrainError(problems[0])
+    return _per_bag({bag: (c, n) for bag, (c, n, _) in summed.items()}, uris)
+
+
+def _add_bag(a: _BagCounts, b: _BagCounts) -> _BagCounts:
+    return a[0] + b[0], a[1] + b[1], (a[2] + b[2])[:1]
 
 
 def _broadcast(spark: SparkSession, kind: str, data: bytes) -> _Weights:
@@ -408,6 +510,18 @@ def _evaluation(
     )
 
 
+def check_eval_target(out: str | os.PathLike[str]) -> None:
+    """Raise :class:`TrainError` when ``out`` (where :meth:`Evaluation.write` would write) is
+    a file: before any scoring, not once it is done."""
+    text = os.fspath(out)
+    fs, root = fsspec.core.url_to_fs(text)
+    if fs.isfile(root):
+        raise TrainError(
+            f"{text} is a file, not a directory for {EVAL_FILE} and {PLOT_FILE}: remove it "
+            "or give --out (out=) another directory"
+        )
+
+
 def evaluate_model(
     spark: SparkSession,
     model: str | os.PathLike[str],
@@ -422,8 +536,10 @@ def evaluate_model(
 
     The task and its options come from the model's ``metadata.json``; the program is checked
     against its SHA-256 and loaded on the driver first, so a missing or corrupt model fails
-    here, naming the file, before any executor starts. Raises :class:`TrainError` when the
-    bags give no samples (naming the topics the task reads).
+    here, naming the file, before any executor starts; so is an ``out`` that is a file.
+    Raises :class:`TrainError` when the bags give no samples (naming the topics the task
+    reads), or give samples of another size than the model was exported for (naming the
+    bag, the topic and both sizes).
     """
     from adcloud.train.export import (  # noqa: PLC0415
         PROGRAM_FILE,
@@ -436,6 +552,8 @@ def evaluate_model(
     bags = names(bags)  # one bag given as a string or path is one bag
     if not bags:
         raise TrainError("no bags to evaluate on: give at least one bag, directory or glob")
+    if out is not None:
+        check_eval_target(out)
     with local_model(model) as directory:
         _, meta = load_exported(directory)
         program = (directory / PROGRAM_FILE).read_bytes()
@@ -449,7 +567,9 @@ def evaluate_model(
     config = meta.get("config")
     options = config.get("task_options", {}) if isinstance(config, Mapping) else {}
     task = _counting(get_task(name, options))
-    weights = _broadcast(spark, "exported", program)
+    weights = dataclasses.replace(
+        _broadcast(spark, "exported", program), inputs=_input_shapes(meta), name=shown
+    )
     try:
         counts, samples = _score(spark, task, weights, bags, partitions_per_bag)
     finally:

@@ -406,10 +406,13 @@ def local_model(path: str | os.PathLike[str]) -> Iterator[Path]:
     if "://" not in text or text.startswith("file://"):
         yield _directory(text.removeprefix("file://"))
         return
-    fs, root = fsspec.core.url_to_fs(text)
+    where = _url_directory(text)
+    try:
+        fs, root = fsspec.core.url_to_fs(text)
+    except (ImportError, ValueError) as err:  # an unknown protocol, a missing fsspec backend
+        raise ExportError(f"{where}: cannot open the model's location: {err}") from err
     if posixpath.basename(root) in (PROGRAM_FILE, METADATA_FILE):
         root = posixpath.dirname(root)
-    where = _url_directory(text)
     with tempfile.TemporaryDirectory(prefix="adcloud-model-") as tmp:
         for name in (METADATA_FILE, PROGRAM_FILE):
             try:
@@ -418,6 +421,11 @@ def local_model(path: str | os.PathLike[str]) -> Iterator[Path]:
                 raise ExportError(
                     f"{where}/{name}: not found; is {where} a directory written by "
                     "export_model (a run's model/)?"
+                ) from err
+            except Exception as err:  # the backend's own: aiohttp's, botocore's, OSError
+                raise ExportError(
+                    f"{where}/{name}: cannot read it ({type(err).__name__}: {err}); check "
+                    "that the server or store is up and the URL is right"
                 ) from err
         try:
             yield Path(tmp)

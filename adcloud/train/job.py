@@ -23,7 +23,8 @@ scores of its share (:mod:`adcloud.train.evaluate`; a task whose scores are not 
 scored in the driver with :meth:`Task.evaluate <adcloud.train.task.Task.evaluate>`).  With
 ``out`` set, the job
 writes ``parameters.tensors`` (:mod:`adcloud.train.tensors` format), ``result.json`` (loss
-curve, throughput, metrics) and ``settings.json`` (the effective config) there.
+curve, throughput, metrics) and ``settings.json`` (the effective config) there, with the
+exported ``model/``: staged beside and moved into place together (:func:`write_outputs`).
 
 ``etl="files"`` is the benchmark's baseline: the ETL stage writes its samples to files in a
 ``file://`` directory (pickle-free, :func:`~adcloud.train.tensors.encode_tree`) and the
@@ -38,7 +39,6 @@ joins the ``env://`` process group.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -49,6 +49,7 @@ import os
 import posixpath
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import uuid
@@ -59,9 +60,10 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import numpy as np
 
+from adcloud._commit import JobOutput
 from adcloud.errors import AdcloudError
 from adcloud.store import open_store
-from adcloud.train.checkpoint import Checkpointer, latest_checkpoint
+from adcloud.train.checkpoint import Checkpointer, latest_checkpoint, resume_with
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import CheckpointError, TrainError
 from adcloud.train.evaluate import (
@@ -72,10 +74,11 @@ from adcloud.train.evaluate import (
     score_parameters,
     score_samples,
 )
-from adcloud.train.export import data_manifest, export_model
+from adcloud.train.export import METADATA_FILE, data_manifest, export_model
 from adcloud.train.loop import (
     TrainResult,
     learning_rate,
+    past_steps,
     resolve_device,
     resolve_steps,
     train,
@@ -131,10 +134,12 @@ def bag_uris(bags: Sequence[str]) -> list[str]:
     return expand_uris([_absolute(b) for b in bags]) if bags else []
 
 
-def _check_resumable(config: TrainConfig, run: str) -> None:
+def _check_resumable(config: TrainConfig, run: str, *, warn: bool = True) -> None:
     """On the driver, before any Spark work: a run whose newest checkpoint was written by
     another number of trainers, or trained with another optimizer, cannot resume (each
-    trainer would find out in its task); one resumed with other settings is warned about."""
+    trainer would find out in its task), nor can one whose checkpoint is past its steps
+    (``steps`` as given; with ``epochs``, once they resolve to steps); one resumed with
+    other settings is warned about (unless not ``warn``)."""
     store = open_store(config.store, **config.store_kwargs())
     try:
         info = latest_checkpoint(store, run)
@@ -143,9 +148,11 @@ def _check_resumable(config: TrainConfig, run: str) -> None:
     if info is not None and info.world != config.world:
         raise CheckpointError(
             f"run {run}: checkpoint {store.uri}{info.key} was written by {info.world} "
-            f"trainer(s), this run has {config.world}; run with workers={info.world} to resume "
+            f"trainer(s), this run has {config.world}; {resume_with(info.world)} to resume "
             "it, or give the run a new name (train.run)"
         )
+    if info is not None and config.epochs == 0 and info.step > config.steps:
+        raise CheckpointError(past_steps(run, f"{store.uri}{info.key}", info.step, config.steps))
     saved_optimizer = (info.settings or {}).get("optimizer") if info is not None else None
     if info is not None and saved_optimizer not in (None, config.optimizer):
         raise CheckpointError(
@@ -154,7 +161,7 @@ def _check_resumable(config: TrainConfig, run: str) -> None:
             f"resume another optimizer; run with optimizer={saved_optimizer} to resume it, or "
             "give the run a new name (train.run)"
         )
-    if info is not None and info.settings is not None:
+    if warn and info is not None and info.settings is not None:
         now = json.loads(json.dumps(config.pinned_settings(), sort_keys=True, default=str))
         changed = [
             f"{name} {info.settings.get(name)!r} -> {now[name]!r}"
@@ -172,16 +179,58 @@ def _check_resumable(config: TrainConfig, run: str) -> None:
             )
 
 
-def preflight(config: TrainConfig) -> str:
+def preflight(config: TrainConfig, task: Task | None = None) -> str:
     """The run's name (fixed before steps resolve; it covers what the bags are now), after
-    the checks that need no Spark: every bag is there (:func:`check_bags`) and the run's
-    checkpoints, if any, were written by as many trainers as it has, with the same optimizer.
-    ``adcloud train run`` calls it before it starts Spark and hands the name to
-    :func:`run_training`, which calls it otherwise."""
+    the checks that need no Spark: every bag is there (:func:`check_bags`), every held-out
+    bag has the messages ``task`` (default: ``config.task``) reads
+    (:func:`check_heldout_topics`), the output directory is not a file, and the run's
+    checkpoints, if any, were written by as many trainers as it has, with the same
+    optimizer, at no more steps than it has.  ``adcloud train run`` calls it before it
+    starts Spark and hands the name to :func:`run_training`, which calls it otherwise."""
     check_bags(config)
+    check_heldout_topics(config, load_task(config) if task is None else task)
     run = config.run_id(data_identity(bag_uris(config.bags)))
+    _check_output(config.output_dir(run))
     _check_resumable(config, run)
     return run
+
+
+def check_heldout_topics(config: TrainConfig, task: Task) -> None:
+    """Fail now, naming the bag and the topic, when a held-out bag has no message on one of
+    ``task.topics``: it would give no samples, found only once the training is done.  Read
+    from each bag's index (no message is read); a bag without an index is left to the
+    scoring."""
+    from adcloud.binpipe import summarize  # noqa: PLC0415
+
+    for uri in bag_uris(config.heldout_bags):
+        try:
+            summary = summarize(uri)
+        except AdcloudError as err:
+            raise TrainError(f"train.heldout_bags: {err}") from err
+        if not summary.indexed:
+            continue
+        counts: dict[str, int] = {}
+        for topic in summary.topics:
+            counts[topic.topic] = counts.get(topic.topic, 0) + topic.count
+        missing = [t for t in task.topics if not counts.get(t)]
+        if missing:
+            has = ", ".join(sorted(t for t, n in counts.items() if n)) or "none"
+            raise TrainError(
+                f"train.heldout_bags: {uri} has no messages on {', '.join(missing)}, which "
+                f"task {task.name} scores (its topics: {has}); leave the bag out of "
+                "heldout_bags, or set the task's topic in train.task_options"
+            )
+
+
+def _check_output(out: str) -> None:
+    """Refuse an output place that is a file (the run would fail once trained)."""
+    out = _absolute(out)
+    fs, root = fsspec.core.url_to_fs(out)
+    if fs.isfile(root):
+        raise TrainError(
+            f"train.out: {out} is a file, not a directory for the run's model and results: "
+            "remove it or set train.out to another place"
+        )
 
 
 def check_bags(config: TrainConfig) -> None:
@@ -697,6 +746,50 @@ def _plot_losses(result: TrainResult, config: TrainConfig, path: Path) -> None:
     fig.savefig(path)
 
 
+#: What a run writes in its output directory; other entries there (an ``adcloud train eval
+#: --out OUT/nov`` directory, say) stay as they are.
+_RUN_FILES = (
+    "parameters.tensors",
+    "settings.json",
+    "loss.png",
+    EVAL_FILE,
+    PLOT_FILE,
+    "result.json",
+    "model",
+)
+
+
+class _RunOutput(JobOutput):
+    """A run's output directory, replaced as a whole (:class:`adcloud._commit.JobOutput`):
+    the files are staged under ``<out>/_temporary/<job>/`` and moved into place once all are
+    written, so an export that fails or is interrupted leaves the earlier run's outputs as
+    they were.  Only the entries of :data:`_RUN_FILES` are replaced."""
+
+    def __init__(self, fs: Any, root: str, uri: str) -> None:
+        super().__init__(
+            fs, root, uri, overwrite=True, ours=lambda name: True, error=TrainError, what="a run"
+        )
+        self.entries = [e for e in self.entries if posixpath.basename(e.rstrip("/")) in _RUN_FILES]
+
+
+def _staged_files(fs: Any, staging: str) -> list[tuple[str, str]]:
+    """``(staged path, name in the output)`` of a staged run, ``model/`` last and its
+    ``metadata.json`` (what readers start from) after its program: while the earlier outputs
+    are replaced, a ``model/`` that is there is the new one, beside the new files."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    present = {posixpath.basename(e.rstrip("/")) for e in fs.ls(staging, detail=False)}
+    files = [(posixpath.join(staging, n), n) for n in _RUN_FILES if n in present and n != "model"]
+    if "model" not in present:
+        return files
+    if "file" in protocols:  # one rename: the program and its metadata appear together
+        return [*files, (posixpath.join(staging, "model"), "model")]
+    members = sorted(
+        fs.find(posixpath.join(staging, "model")),
+        key=lambda path: posixpath.basename(path) == METADATA_FILE,
+    )
+    return [*files, *((m, "model/" + posixpath.relpath(m, staging + "/model")) for m in members)]
+
+
 def write_outputs(
     result: TrainResult,
     config: TrainConfig,
@@ -704,51 +797,69 @@ def write_outputs(
     *,
     task: Task | None = None,
     examples: Sequence[Any] = (),
+    evaluation: Evaluation | None = None,
 ) -> None:
     """Write ``parameters.tensors``, ``result.json``, ``settings.json`` and ``loss.png`` under
     ``out``; with ``task`` and ``examples`` (samples to trace with) also the deployable
-    ``model/`` (``model.pt2`` + ``metadata.json``, see :mod:`adcloud.train.export`)."""
+    ``model/`` (``model.pt2`` + ``metadata.json``, see :mod:`adcloud.train.export`); with
+    ``evaluation``, its ``eval.json`` and ``confusion.png``.
+
+    All or nothing: the files are staged beside and replace the earlier run's files as a
+    whole once every one is written (:class:`adcloud._commit.JobOutput`), so a failed or
+    interrupted export leaves the earlier outputs intact; entries a run does not write (an
+    ``adcloud train eval --out`` directory in ``out``) stay."""
     out = _absolute(out)
     fs, root = fsspec.core.url_to_fs(out)
-    fs.makedirs(root, exist_ok=True)
-    with fs.open(posixpath.join(root, "parameters.tensors"), "wb") as handle:
-        handle.write(result.parameters)
-    with fs.open(posixpath.join(root, "result.json"), "w") as handle:
-        handle.write(result.to_json())
-    with fs.open(posixpath.join(root, "settings.json"), "w") as handle:
-        handle.write(json.dumps({"train": config.to_dict()}, indent=2, sort_keys=True) + "\n")
-    with tempfile.TemporaryDirectory(prefix="adcloud-train-") as tmp:
-        local = Path(tmp)
-        _plot_losses(result, config, local / "loss.png")
-        if task is not None and examples:
-            model = task.build_model()
-            model.load_state_dict(result.state_dict())
-            metadata = {
-                "task": task.name,
-                "config": config.to_dict(),
-                "data": {
-                    "bags": data_manifest(bag_uris(config.bags)),
-                    "heldout": data_manifest(bag_uris(config.heldout_bags)),
-                },
-                "metrics": dict(result.metrics),
-                "training": {
-                    "run": result.run,
-                    "mode": result.mode,
-                    "trainers": result.world,
-                    "steps": result.steps,
-                    "final_loss": result.losses[-1] if result.losses else None,
-                    "samples_per_second": result.samples_per_second,
-                    "validation": result.to_dict()["validation"],
-                },
-            }
-            export_model(
-                model,
-                task.example_inputs(examples),
-                local / "model",
-                metadata,
-                dynamic_shapes=task.dynamic_shapes(),
-            )
-        fs.put(str(local) + "/", root, recursive=True)
+    _check_output(out)
+    output = _RunOutput(fs, root, out)
+    output.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="adcloud-train-") as tmp:
+            local = Path(tmp)
+            (local / "parameters.tensors").write_bytes(result.parameters)
+            (local / "result.json").write_text(result.to_json())
+            settings = json.dumps({"train": config.to_dict()}, indent=2, sort_keys=True)
+            (local / "settings.json").write_text(settings + "\n")
+            _plot_losses(result, config, local / "loss.png")
+            if evaluation is not None:
+                evaluation.write(str(local))
+            if task is not None and examples:
+                _export_run(result, config, task, examples, local / "model")
+            fs.put(str(local) + "/", output.staging, recursive=True)
+        files = _staged_files(fs, output.staging)
+    except BaseException:
+        output.abort()  # the earlier outputs stay as they were
+        raise
+    output.commit(files, first=("model", "result.json"))
+
+
+def _export_run(
+    result: TrainResult, config: TrainConfig, task: Task, examples: Sequence[Any], out: Path
+) -> None:
+    """The run's deployable model (``model.pt2`` + ``metadata.json``) in directory ``out``."""
+    model = task.build_model()
+    model.load_state_dict(result.state_dict())
+    metadata = {
+        "task": task.name,
+        "config": config.to_dict(),
+        "data": {
+            "bags": data_manifest(bag_uris(config.bags)),
+            "heldout": data_manifest(bag_uris(config.heldout_bags)),
+        },
+        "metrics": dict(result.metrics),
+        "training": {
+            "run": result.run,
+            "mode": result.mode,
+            "trainers": result.world,
+            "steps": result.steps,
+            "final_loss": result.losses[-1] if result.losses else None,
+            "samples_per_second": result.samples_per_second,
+            "validation": result.to_dict()["validation"],
+        },
+    }
+    export_model(
+        model, task.example_inputs(examples), out, metadata, dynamic_shapes=task.dynamic_shapes()
+    )
 
 
 def _write_outputs(
@@ -759,18 +870,12 @@ def _write_outputs(
     evaluation: Evaluation | None = None,
 ) -> TrainResult:
     """Write the finished run's outputs to ``config.output_dir`` (with the held-out
-    ``evaluation``'s ``eval.json`` and ``confusion.png``); ``result`` with its ``output``
-    set."""
+    ``evaluation``'s ``eval.json`` and ``confusion.png``; without one, an earlier run's
+    scores there go too, as they would pass for this run's); ``result`` with its
+    ``output`` set."""
     out = _absolute(config.output_dir(result.run))
     result = dataclasses.replace(result, output=out)
-    write_outputs(result, config, out, task=task, examples=examples[:2])
-    if evaluation is not None:
-        evaluation.write(out)
-    else:  # an earlier run's scores in the same directory would pass for this run's
-        fs, root = fsspec.core.url_to_fs(out)
-        for name in (EVAL_FILE, PLOT_FILE):
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm(posixpath.join(root, name))
+    write_outputs(result, config, out, task=task, examples=examples[:2], evaluation=evaluation)
     log.info("run %s: model and results in %s", result.run, out)
     return result
 
@@ -855,9 +960,11 @@ def run_training(
     if preflighted:
         run = preflighted
     elif keyed is None:
-        run = preflight(config)
+        run = preflight(config, task)
     else:
+        check_heldout_topics(config, task)
         run = config.run_id()
+        _check_output(config.output_dir(run))
         _check_resumable(config, run)
     if keyed is None:
         keyed = etl_samples(spark, config, task, config.bags)
@@ -875,6 +982,8 @@ def run_training(
             resolved = config.replace(
                 steps=resolve_steps(config, [len(samples)]), epochs=0, run=run
             )
+            if config.epochs:  # steps known only now: a checkpoint past them cannot resume
+                _check_resumable(resolved, run, warn=False)
             store = open_store(config.store, **config.store_kwargs())
             checkpointer = Checkpointer(
                 store,
@@ -916,6 +1025,8 @@ def run_training(
                 )
             resolved = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=run)
             try:
+                if config.epochs:  # before the trainers start (they would fail each attempt)
+                    _check_resumable(resolved, run, warn=False)
                 result = train_on_shards(shards, resolved, task)
                 # samples to trace the exported model with, from the cached shards
                 examples = [s for _, s in shards.filter(lambda pair: pair[0] >= 0).take(2)]
@@ -1026,7 +1137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "writes the outputs (model, metrics, loss curve) to train.out (default "
         "adcloud-runs/{run}).",
         epilog="example: torchrun --nproc-per-node 2 -m adcloud.train.job --config train.yaml "
-        "--set train.steps=100",
+        "--set steps=100 (keys are the train section's: steps, workers, out, ...)",
     )
     parser.add_argument("--config", help="settings file with a train: section")
     parser.add_argument(
@@ -1040,8 +1151,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--set {item!r} is not KEY=VALUE")
         overrides[key.strip()] = value
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    config = TrainConfig.load(file=args.config, **overrides)
-    result = run_torchrun(config)
+    try:
+        config = TrainConfig.load(file=args.config, **overrides)
+        result = run_torchrun(config)
+    except AdcloudError as err:  # as the adcloud command says it: one line, exit 2
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if int(os.environ.get("RANK", "0")) == 0:
         log.info(
             "final loss %.5f after %d steps; outputs in %s",

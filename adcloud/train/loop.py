@@ -50,6 +50,7 @@ __all__ = [
     "batch_generator",
     "learning_rate",
     "make_optimizer",
+    "past_steps",
     "resolve_device",
     "resolve_steps",
     "train",
@@ -311,6 +312,16 @@ def _check_restorable(
         )
 
 
+def past_steps(run: str, key: str, step: int, steps: int) -> str:
+    """What to say of a run resumed with fewer ``steps`` than its checkpoint ``key`` has
+    done: it would train nothing, yet call the step-``step`` model a ``steps``-step one."""
+    return (
+        f"run {run}: checkpoint {key} is at step {step}, past this run's {steps} steps: raise "
+        f"train.steps to {step} or more to resume it ({step} exports it as it is), or give "
+        "the run a new name (train.run) to train afresh"
+    )
+
+
 def train(
     task: Task,
     samples: Sequence[Any],
@@ -365,6 +376,8 @@ def train(
     restored = checkpointer.restore(rank=rank, world=world) if checkpointer else None
     if restored is not None:
         _check_restorable(run, restored, model, config)
+        if restored.step > steps:
+            raise CheckpointError(past_steps(run, restored.info.key, restored.step, steps))
         model.load_state_dict(restored.model)
         if restored.optimizer is not None:
             # The saved param groups hold the hyperparameters the checkpoint was trained

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, runtime_checkable
@@ -95,7 +96,8 @@ class Task(Protocol):
 
     @property
     def topics(self) -> tuple[str, ...]:
-        """Bag topics whose decoded messages :meth:`samples` needs."""
+        """Bag topics whose decoded messages :meth:`samples` needs; the first is the one the
+        model's inputs come from (messages name it)."""
         ...
 
     def samples(self, topic: str, timestamp: int, decoded: Any) -> Iterable[Sample]:
@@ -260,4 +262,10 @@ def config_from_options(
     for key, kind in tuple_fields.items():
         if key in opts:
             opts[key] = tuple(kind(c) for c in opts[key])
-    return dataclasses.replace(base, **opts).validate()
+    config = dataclasses.replace(base, **opts)
+    for item in dataclasses.fields(config):  # inf and nan pass range checks such as "< max"
+        value = getattr(config, item.name)
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise TrainError(f"{task} option {item.name} must be finite, not {value}")
+    return config.validate()

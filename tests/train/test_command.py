@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 from rich.console import Console
 
-from adcloud.synth import DriveResult
+from adcloud.synth import DriveConfig, DriveResult, generate_drive
 from adcloud.train import command
 from adcloud.train.errors import CheckpointError, TrainError
 
@@ -161,3 +161,21 @@ def test_run_names_a_missing_bag_before_starting_spark(
     argv = [a for item in settings for a in ("--set", item.format(**fill))]
     with pytest.raises(TrainError, match=re.escape(says.format(**fill))):
         _call(["train", "run", *argv])
+
+
+def test_run_names_a_heldout_bag_without_the_task_s_topic_before_starting_spark(
+    train_drive: DriveResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from the bag's index before Spark starts, not once the training is done."""
+    odom = generate_drive(
+        DriveConfig(seconds=1, seed=1, lidar=False, camera=False, truth_raster=False),
+        tmp_path / "odom.bag",
+    )
+    monkeypatch.setattr(command, "_session", _no_spark)
+    settings = [f"bags={train_drive.bag}", f"heldout_bags={odom.bag}", "task=lidar_seg"]
+    with pytest.raises(
+        TrainError,
+        match=rf"train.heldout_bags: {re.escape(str(odom.bag))} has no messages on "
+        r"/lidar/points, which task lidar_seg scores \(its topics: .*/odom",
+    ):
+        _call(["train", "run", *(a for item in settings for a in ("--set", item))])

@@ -5,6 +5,7 @@ process, per bag and overall; the held-out scores of a run; bad models and bags.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -27,6 +28,7 @@ from rich.console import Console
 from adcloud.store import open_store
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 from adcloud.train import command
+from adcloud.train import evaluate as evaluate_module
 from adcloud.train import job as job_module
 from adcloud.train.checkpoint import Checkpointer
 from adcloud.train.errors import ExportError, TrainError
@@ -433,3 +435,60 @@ def test_a_model_at_a_url_is_scored_and_named_there(
     fs.rm(f"{url}/metadata.json")
     with pytest.raises(ExportError, match=rf"{re.escape(url)}/metadata\.json: not found"):
         inspect_model(url)
+
+
+def test_bags_of_another_image_size_than_the_model_s_are_named(
+    spark: SparkSession,
+    heldout_drive: DriveResult,
+    camera_heldout: list[Sample],
+    lidar_model: tuple[Path, torch.nn.Module],
+    tmp_path: Path,
+) -> None:
+    """An exported program takes the image size it was traced with: a bag of another camera
+    is a TrainError naming the bag, the topic and both sizes -- not four task attempts and
+    torch's "Guard failed" deep in a Spark traceback."""
+    small = [
+        dataclasses.replace(s, image=s.image[:60, :80].copy(), labels=s.labels[:60, :80].copy())
+        for s in camera_heldout[:2]
+    ]
+    torch.manual_seed(0)
+    path = _export("camera_seg", get_task("camera_seg").build_model(), small, tmp_path / "cam")
+    bag = str(heldout_drive.bag)
+    with pytest.raises(TrainError) as err:
+        evaluate_model(spark, path, [bag], partitions_per_bag=2)
+    assert str(err.value) == (
+        f"{bag}: topic /camera/image_raw gives the model's input images of size 3x120x160 per "
+        f"sample, but {path} was exported for 3x60x80 (model.inputs in its metadata.json): "
+        "score it on bags recorded like the ones it was trained on, or train and export a "
+        "model on these"
+    )
+    # a LiDAR model takes any number of points per sweep: only the 4 values of a point are fixed
+    meta = json.loads((lidar_model[0] / "metadata.json").read_text())
+    assert evaluate_module._input_shapes(meta) == (("points", (None, 4)), ("valid", (None,)))
+
+
+def test_an_eval_output_that_is_a_file_is_refused_before_scoring(
+    spark: SparkSession,
+    lidar_model: tuple[Path, torch.nn.Module],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path, _ = lidar_model
+    taken = tmp_path / "taken.json"
+    taken.write_text("{}")
+
+    def no_scoring(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("scored for an output it cannot write")
+
+    monkeypatch.setattr(evaluate_module, "_score", no_scoring)
+    says = rf"{re.escape(str(taken))} is a file, not a directory for eval.json and confusion.png"
+    with pytest.raises(TrainError, match=says):
+        evaluate_model(spark, path, ["x.bag"], out=str(taken))
+
+    def no_spark(args: argparse.Namespace) -> None:
+        raise AssertionError("Spark started for an output it cannot write")
+
+    monkeypatch.setattr(command, "_session", no_spark)
+    with pytest.raises(TrainError, match=says):
+        _call(["train", "eval", "--model", str(path), "--bags", "x.bag", "--out", str(taken)])
+    assert taken.read_text() == "{}"

@@ -263,3 +263,15 @@ def test_data_manifest_hashes_files_and_directories(tmp_path: Path) -> None:
     (remote,) = data_manifest(["memory://manifest-test/m.bag"])
     assert remote["sha256"] == hashlib.sha256(b"xyz" * 1000).hexdigest()
     assert (remote["bytes"], remote["files"]) == (3000, 1)
+
+
+def test_a_model_url_that_cannot_be_reached_is_named() -> None:
+    """A server that is down: an ExportError naming the URL, not aiohttp's traceback."""
+    with pytest.raises(
+        ExportError,
+        match=r"http://127.0.0.1:1/model/metadata.json: cannot read it \(.*\); check that the "
+        "server or store is up",
+    ):
+        inspect_model("http://127.0.0.1:1/model")
+    with pytest.raises(ExportError, match=r"nosuch://m/model: cannot open the model's location"):
+        inspect_model("nosuch://m/model")

@@ -4,9 +4,12 @@ baseline, a trainer killed mid-training that Spark's stage retry resumes, and to
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import posixpath
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 import torch
@@ -25,9 +29,9 @@ from pyspark.sql import SparkSession
 from adcloud.store import StoreServer, open_store
 from adcloud.synth import DriveConfig, generate_drive
 from adcloud.train import job as job_module
-from adcloud.train.checkpoint import latest_checkpoint
+from adcloud.train.checkpoint import Checkpointer, latest_checkpoint
 from adcloud.train.config import TrainConfig
-from adcloud.train.errors import DataError, TrainError
+from adcloud.train.errors import CheckpointError, DataError, ExportError, TrainError
 from adcloud.train.export import inspect_model
 from adcloud.train.job import (
     data_identity,
@@ -532,3 +536,150 @@ def test_torchrun_ranks_sharing_a_gpu_reduce_through_gloo(
     with pytest.raises(_JoinedError):
         job.run_torchrun(cfg, task=LinearTask(), samples=make_points(8))
     assert chosen == [backend]
+
+
+#: What every run writes beside its model/ (no held-out bags: no eval.json).
+_RUN_FILES = {"loss.png", "parameters.tensors", "result.json", "settings.json"}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by its relative path, with its bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, ExportError])
+def test_an_interrupted_or_failed_export_leaves_the_earlier_outputs_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: type[BaseException]
+) -> None:
+    """The outputs are replaced as a whole: Ctrl-C or a failure while the model is exported
+    leaves the earlier run's files -- not a new result.json beside an old model/ that
+    ``adcloud train inspect`` calls valid -- and no staging directory; a later write then
+    replaces them all, the stale eval.json too, and keeps what a run does not write."""
+    points = make_points(32)
+    out = tmp_path / "out"
+    cfg = config(tmp_path, sync="single", run="outputs", checkpoint_every=0, out=str(out))
+    first = train(LinearTask(), points, cfg.replace(steps=3))
+    job_module.write_outputs(first, cfg, str(out), task=LinearTask(), examples=points[:1])
+    (out / "eval.json").write_text("{}")  # an earlier run's scores
+    (out / "nov").mkdir()  # adcloud train eval --out OUT/nov
+    (out / "nov" / "eval.json").write_text("{}")
+    before = _tree(out)
+
+    second = train(LinearTask(), points, cfg.replace(steps=5))
+
+    def export_fails(*args: Any, **kwargs: Any) -> None:
+        raise stop("stopped while exporting")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(job_module, "export_model", export_fails)
+        with pytest.raises(stop):
+            job_module.write_outputs(second, cfg, str(out), task=LinearTask(), examples=points)
+    assert _tree(out) == before
+    assert {p.name for p in out.iterdir()} == {*_RUN_FILES, "eval.json", "model", "nov"}
+
+    job_module.write_outputs(second, cfg, str(out), task=LinearTask(), examples=points[:1])
+    assert json.loads((out / "result.json").read_text())["steps"] == 5
+    assert inspect_model(out / "model")["training"]["steps"] == 5
+    assert (out / "parameters.tensors").read_bytes() == second.parameters
+    assert not (out / "eval.json").exists() and not (out / "_temporary").exists()
+    assert (out / "nov" / "eval.json").read_text() == "{}"
+
+
+def test_outputs_go_to_an_fsspec_url_as_a_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``file://`` or ``memory://`` out: staged there and moved into place the same way."""
+    points = make_points(32)
+    cfg = config(tmp_path, sync="single", run="urls", checkpoint_every=0)
+    first = train(LinearTask(), points, cfg.replace(steps=3))
+    second = train(LinearTask(), points, cfg.replace(steps=4))
+    url = f"memory://outputs-{os.getpid()}/{tmp_path.name}/run"
+    for out in (f"file://{tmp_path / 'file-url'}", url):
+        fs, root = fsspec.core.url_to_fs(out)
+        job_module.write_outputs(first, cfg, out, task=LinearTask(), examples=points[:1])
+        with monkeypatch.context() as patch:
+            patch.setattr(job_module, "export_model", lambda *a, **k: 1 / 0)
+            with pytest.raises(ZeroDivisionError):
+                job_module.write_outputs(second, cfg, out, task=LinearTask(), examples=points)
+        assert json.loads(fs.cat_file(f"{root}/result.json"))["steps"] == 3
+        assert not fs.exists(f"{root}/_temporary")
+        job_module.write_outputs(second, cfg, out, task=LinearTask(), examples=points[:1])
+        assert json.loads(fs.cat_file(f"{root}/result.json"))["steps"] == 4
+        assert inspect_model(f"{out}/model")["training"]["steps"] == 4
+        names = {posixpath.basename(p) for p in fs.find(root)}
+        assert names == {*_RUN_FILES, "metadata.json", "model.pt2"}
+
+
+def test_a_run_resumed_with_fewer_steps_than_its_checkpoint_is_refused_before_spark(
+    drive: str, tmp_path: Path
+) -> None:
+    cfg = config(tmp_path, sync="single", bags=(drive,), run="past", steps=6, checkpoint_every=3)
+    store = open_store(cfg.store, **cfg.store_kwargs())
+    train(LinearTask(), make_points(32), cfg, None, Checkpointer(store, "past", every=3))
+    assert job_module.preflight(cfg, LinearTask()) == "past"  # as many steps: fine
+    with pytest.raises(
+        CheckpointError, match=r"step-000000006 is at step 6, past this run's 3 steps"
+    ):
+        job_module.preflight(cfg.replace(steps=3), LinearTask())
+
+
+def test_a_heldout_bag_without_the_task_s_topic_is_refused_before_spark(
+    drive: str, tmp_path: Path
+) -> None:
+    """Found from the bag's index before training, not once the training is done (when the
+    held-out scores come up empty and nothing is written)."""
+    cfg = config(tmp_path, sync="single", bags=(drive,), heldout_bags=(drive,))
+    assert job_module.preflight(cfg, LinearTask()).startswith("toy_linear-")
+    with pytest.raises(
+        TrainError,
+        match=rf"train.heldout_bags: {re.escape(drive)} has no messages on /no/such/topic, "
+        r"which task toy_linear scores \(its topics: .*/odom.*\)",
+    ):
+        job_module.preflight(cfg, OtherTopicTask())
+
+
+def test_an_output_place_that_is_a_file_is_refused_before_spark(drive: str, tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("not a directory")
+    cfg = config(tmp_path, sync="single", bags=(drive,), out=str(tmp_path / "taken"))
+    with pytest.raises(TrainError, match=r"train.out: .*taken is a file"):
+        job_module.preflight(cfg, LinearTask())
+
+
+def test_a_two_trainer_checkpoint_resumed_by_a_single_run_says_how_to_resume(
+    drive: str, tmp_path: Path
+) -> None:
+    """``workers=2`` alone does nothing under sync=single: the advice names the sync too."""
+    cfg = config(tmp_path, sync="single", bags=(drive,), run="pair")
+    store = open_store(cfg.store, **cfg.store_kwargs())
+    model = LinearTask().build_model()
+    saver = Checkpointer(store, "pair", every=1)
+    for rank in (1, 0):  # rank 0 publishes once every part is there
+        saver.save(
+            1, rank=rank, world=2, model=model, optimizer=None, epoch=0, batch_index=1, losses=[1.0]
+        )
+    with pytest.raises(CheckpointError, match=r"run with sync=allreduce \(or ps\) and workers=2"):
+        job_module.preflight(cfg, LinearTask())
+    with pytest.raises(CheckpointError, match=r"run with sync=allreduce \(or ps\) and workers=2"):
+        saver.restore(rank=0, world=1)
+
+
+def test_the_torchrun_entry_point_says_errors_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        job_module.main(["--help"])
+    shown = capsys.readouterr().out
+    keys = re.findall(r"--set\s+([a-z_.]+)=", shown)
+    assert keys == ["steps"]
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(keys) <= fields
+    assert job_module.main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "missing.yaml" in err[0]
+    assert job_module.main(["--set", "sync_timeout_s=inf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: invalid train settings: sync_timeout_s must be > 0 and finite (seconds), not inf"
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -21,6 +22,7 @@ from adcloud.train.config import TrainConfig
 from adcloud.train.errors import CheckpointError, TrainError
 from adcloud.train.loop import batch_generator, learning_rate, resolve_steps, train
 from adcloud.train.sync import SingleProcess
+from adcloud.train.task import get_task
 
 
 @dataclass(frozen=True)
@@ -347,3 +349,153 @@ def test_config_loads_from_file_and_environment(tmp_path: Any) -> None:
     assert config.run_id() != config.replace(seed=9).run_id()
     assert config.replace(run="mine").run_id() == "mine"
     assert TrainConfig(store_options=("root=/tmp/x",)).store_kwargs() == {"root": "/tmp/x"}
+
+
+@pytest.mark.parametrize(
+    "name", [f.name for f in dataclasses.fields(TrainConfig) if f.type == "float"]
+)
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_every_float_setting_must_be_finite(name: str, value: float) -> None:
+    """A value that passes a "> 0" check (sync_timeout_s=inf) must not reach the run: the
+    settings are written as JSON beside the model once the training is done."""
+    with pytest.raises(TrainError, match=rf"{name} must be .*(finite|in \[0, 1\)|in \[0, 1\])"):
+        TrainConfig(**{name: value}).validate()
+
+
+def test_sync_timeout_must_be_a_finite_number_of_seconds() -> None:
+    for value in (float("inf"), float("nan"), 0.0):
+        with pytest.raises(TrainError, match=rf"sync_timeout_s must be > 0 and finite .*{value}"):
+            TrainConfig(sync_timeout_s=value).validate()
+
+
+@pytest.mark.parametrize(
+    ("task", "options", "says"),
+    [
+        ("lidar_seg", {"r_max_m": float("inf")}, "lidar_seg option r_max_m must be finite"),
+        ("lidar_seg", {"r_min_m": float("nan")}, "lidar_seg option r_min_m must be finite"),
+        (
+            "camera_seg",
+            {"class_weights": [1.0] * 10 + [float("inf")]},
+            "camera_seg option class_weights must be finite",
+        ),
+    ],
+)
+def test_task_options_must_be_finite(task: str, options: dict[str, Any], says: str) -> None:
+    with pytest.raises(TrainError, match=re.escape(says)):
+        get_task(task, options)
+
+
+def test_a_process_private_store_is_refused_where_trainers_run_apart() -> None:
+    """memory:// is each Python process's own: ps trainers (Spark executors) would wait
+    sync_timeout_s for parameters they cannot see, allreduce trainers for checkpoint parts;
+    a single-process run in the driver keeps its checkpoints there."""
+    with pytest.raises(TrainError, match=r"store memory://x is private.*sync=ps.*local:///"):
+        TrainConfig(store="memory://x", sync="ps").validate()
+    with pytest.raises(TrainError, match=r"sync=allreduce.*checkpoint_every=0"):
+        TrainConfig(store="memory://x", sync="allreduce").validate()
+    TrainConfig(store="memory://x", sync="allreduce", checkpoint_every=0).validate()
+    TrainConfig(store="memory://x", sync="single").validate()
+
+
+def test_a_single_run_in_this_process_resumes_from_a_memory_store() -> None:
+    config = _config(store="memory://single-run", run="in-memory", steps=4, checkpoint_every=2)
+    store = open_store(config.store)
+    first = train(
+        RegressionTask(), make_points(16), config, None, Checkpointer(store, "in-memory", every=2)
+    )
+    again = train(
+        RegressionTask(),
+        make_points(16),
+        config.replace(steps=6),
+        None,
+        Checkpointer(store, "in-memory", every=2),
+    )
+    assert (first.start_step, again.start_step) == (0, 4)
+
+
+@pytest.mark.parametrize("name", [".", "..", "a/b", "../up", ".hidden", "a b", "a\\b", "x\n"])
+def test_run_names_are_plain_names(name: str) -> None:
+    with pytest.raises(TrainError, match=r"run must be a plain name .*not"):
+        TrainConfig(run=name).validate()
+    for good in ("seg", "seg-2026.11_a", "lidar_seg-0123abcd"):
+        assert TrainConfig(run=good).validate().run_id() == good
+
+
+# Every setting, as deciding the trained parameters (in the default run id) or not.
+_DECISIVE = {
+    "task": "camera_seg",
+    "task_options": {"preset": "full"},
+    "bags": ("other.bag",),
+    "sync": "ps",
+    "workers": 4,
+    "steps": 300,
+    "epochs": 2,
+    "batch_size": 16,
+    "optimizer": "sgd",
+    "lr": 0.5,
+    "momentum": 0.5,
+    "weight_decay": 0.1,
+    "schedule": "cosine",
+    "warmup_steps": 5,
+    "final_lr_ratio": 0.1,
+    "seed": 7,
+    "partitions_per_bag": 3,  # a camera image and its labels split apart make no sample
+}
+_NOT_DECISIVE = {
+    "heldout_bags": ("test.bag",),
+    "checkpoint_every": 7,
+    "keep_checkpoints": 9,
+    "store": "alluxio://h:39999/x",
+    "store_options": ("root=/tmp/elsewhere",),
+    "out": "/elsewhere/{run}",
+    "device": "cpu",
+    "sync_timeout_s": 5.0,
+    "keep_versions": 5,
+    "threads": 3,
+    "etl": "files",
+    "etl_dir": "/tmp/etl",
+    "log_every": 3,
+    "eval_every": 4,
+    "progress": False,
+}
+
+
+def test_the_default_run_id_covers_what_decides_the_parameters_and_nothing_else() -> None:
+    """The README: a run is named by a digest of the settings that decide its parameters;
+    the same training on another device, with other threads, checkpoints elsewhere or
+    more often, resumes the same run."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"run"}
+    assert set(_DECISIVE) | set(_NOT_DECISIVE) == fields  # a new setting needs a decision
+    base = TrainConfig(task="lidar_seg", bags=("drive.bag",), workers=2, batch_size=8)
+    for name, value in _NOT_DECISIVE.items():
+        changed = dataclasses.replace(base, **{name: value})
+        assert changed.run_id("data") == base.run_id("data"), name
+    for name, value in _DECISIVE.items():
+        changed = dataclasses.replace(base, **{name: value})
+        assert changed.run_id("data") != base.run_id("data"), name
+    assert base.run_id("other data") != base.run_id("data")
+
+
+def test_a_checkpoint_past_the_steps_is_refused(tmp_path: Path) -> None:
+    """Resumed with fewer steps than its checkpoint has done, a run would train nothing and
+    export the checkpoint's model as one of fewer steps (and a negative throughput)."""
+    config = _config(
+        store="local:///past", store_options=(f"root={tmp_path}",), run="past", steps=6
+    )
+    store = open_store(config.store, **config.store_kwargs())
+
+    def run(steps: int) -> Any:
+        checkpointer = Checkpointer(store, "past", every=3)
+        return train(
+            RegressionTask(), make_points(16), config.replace(steps=steps), None, checkpointer
+        )
+
+    assert run(6).steps == 6
+    with pytest.raises(
+        CheckpointError,
+        match=r"run past: checkpoint .*step-000000006 is at step 6, past this run's 3 steps: "
+        r"raise train.steps to 6 or more .* new name \(train.run\)",
+    ):
+        run(3)
+    again = run(6)  # as many steps: nothing left to train, the same model
+    assert (again.start_step, again.steps, len(again.losses)) == (6, 6, 6)

@@ -55,6 +55,9 @@ def test_train_notebook_trains_exports_and_runs_the_model(
 
     # the run's own record: all steps on two all-reduce trainers, a falling loss
     run = json.loads((tmp_path / "train_run" / "result.json").read_text())
+    # the name the notebook shows is the run's real one (its data identity included)
+    assert re.search(r"run: lidar_seg-[0-9a-f]{12}\n", text)
+    assert f"run: {run['run']}\n" in text
     assert (run["steps"], run["world"], run["mode"]) == (80, 2, "allreduce")
     losses = run["losses"]
     assert len(losses) == 80 and losses[-1] < 0.5 * losses[0]
