@@ -24,7 +24,13 @@ import yaml
 
 from adcloud.errors import ConfigError
 
-__all__ = ["load_settings", "names", "settings_dict", "write_settings"]
+__all__ = [
+    "load_settings",
+    "names",
+    "settings_dict",
+    "warn_unknown_variables",
+    "write_settings",
+]
 
 T = TypeVar("T")
 
@@ -86,6 +92,10 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     return value
 
 
+#: The misspelt variables warned about so far: a process loads a section more than once.
+_WARNED: set[str] = set()
+
+
 def _warn_near_misses(
     given: Sequence[str], known: Sequence[str], say: Callable[[str], str]
 ) -> None:
@@ -101,8 +111,27 @@ def _warn_near_misses(
             for k in difflib.get_close_matches(name, known, n=1, cutoff=0.8)
             if abs(len(k) - len(name)) <= 2
         ]
-        if near:
+        if near and say(name) not in _WARNED:
+            _WARNED.add(say(name))
             log.warning("%s is not a setting: did you mean %s?", say(name), say(near[0]))
+
+
+def warn_unknown_variables(
+    sections: Mapping[str, type], environ: Mapping[str, str] | None = None
+) -> None:
+    """Warn about each ``ADCLOUD_`` variable that names no field of ``sections`` (section
+    name -> settings class) but nearly names one, across the sections: a typo in the
+    section part of a name (``ADCLOUD_HDMAP_LANLET_CONNECT_GAP_M``) is beyond what one
+    section's check sees.  For commands that read several sections sharing a prefix."""
+    environ = os.environ if environ is None else environ
+    known = [
+        f"ADCLOUD_{section.upper()}_{f.name.upper()}"
+        for section, cls in sections.items()
+        for f in dataclasses.fields(cls)
+    ]
+    prefixes = tuple(f"ADCLOUD_{section.upper()}_" for section in sections)
+    given = [name for name in environ if name.startswith(prefixes)]
+    _warn_near_misses(given, known, lambda name: name)
 
 
 def _check_missing_section(path: Path, section: str, loaded: dict[Any, Any], cls: type) -> None:

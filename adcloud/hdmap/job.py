@@ -57,7 +57,7 @@ from pyspark.sql import SparkSession
 from scipy.spatial import cKDTree
 
 from adcloud.binpipe import BinPipeRDD, decoded_messages
-from adcloud.config import load_settings, settings_dict
+from adcloud.config import load_settings, settings_dict, warn_unknown_variables
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import (
     DriveAccumulator,
@@ -195,6 +195,10 @@ class StageSettings:
                 defaults=defaults,
                 **keep,
             )
+        # a typo in a stage's name (ADCLOUD_HDMAP_LANLET_...) is beyond each section's check
+        sections = {"hdmap": type(settings)}
+        sections.update({f"hdmap_{n}": type(getattr(base, n)) for n in STAGE_SECTIONS})
+        warn_unknown_variables(sections, environ)
         return cls(**stages)
 
     @classmethod

@@ -221,3 +221,31 @@ def test_numbers_of_other_types_are_taken_as_the_field_says() -> None:
     assert type(settings.tile_m) is float and settings.tile_m == 40.0
     assert type(settings.keep_versions) is int and settings.keep_versions == 3
     assert settings.mounts == ("lidar=1,0,2,0,0,0",)
+
+
+def test_a_typo_in_a_stage_name_of_a_variable_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``ADCLOUD_HDMAP_LANLET_CONNECT_GAP_M=25`` was ignored without a word: each section's
+    check sees only the names under its own prefix. The real variables of every stage are
+    not mistaken for typos of each other (grid and cloud both have max_range)."""
+    from adcloud.hdmap.config import HdmapSettings  # noqa: PLC0415
+    from adcloud.hdmap.job import StageSettings  # noqa: PLC0415
+
+    environ = {
+        "ADCLOUD_HDMAP_LANLET_CONNECT_GAP_M": "25",
+        "ADCLOUD_HDMAP_GIRD_MIN_POINTS": "3",
+        "ADCLOUD_HDMAP_GRID_MAX_RANGE": "20",
+        "ADCLOUD_HDMAP_CLOUD_MAX_RANGE": "25",
+        "ADCLOUD_HDMAP_LANELET_CONNECT_GAP_M": "30",
+    }
+    with caplog.at_level("WARNING", logger="adcloud.config"):
+        stages = StageSettings.load(HdmapSettings(), environ=environ)
+    said = [r.getMessage() for r in caplog.records]
+    assert (stages.grid.max_range, stages.lanelet.connect_gap_m) == (20.0, 30.0)
+    assert said == [
+        "ADCLOUD_HDMAP_LANLET_CONNECT_GAP_M is not a setting: did you mean "
+        "ADCLOUD_HDMAP_LANELET_CONNECT_GAP_M?",
+        "ADCLOUD_HDMAP_GIRD_MIN_POINTS is not a setting: did you mean "
+        "ADCLOUD_HDMAP_GRID_MIN_POINTS?",
+    ]
