@@ -82,6 +82,10 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             raise ValueError(value)  # YAML's true/false is no number: int(True) would be 1
         if typ is int and isinstance(value, float) and not value.is_integer():
             raise ValueError(value)  # 5.7 steps: never truncate silently
+        if typ is str and isinstance(value, (list, tuple, dict)):
+            raise ConfigError(
+                f"{where}: expected one value, got a {type(value).__name__} {value!r}"
+            )
         if typ in (int, float, str):
             return typ(value)
         if typ is Path:

@@ -249,6 +249,15 @@ def test_a_list_field_given_no_list_is_an_error(tmp_path: Path, value: str) -> N
         load_settings(Example, "example", file=path, environ={})
 
 
+@pytest.mark.parametrize("value", ["[a, b]", "{a: 1}"])
+def test_a_one_value_field_given_a_list_is_an_error(tmp_path: Path, value: str) -> None:
+    """``name: [a, b]`` became the string "['a', 'b']"."""
+    path = tmp_path / "s.yaml"
+    path.write_text(f"example:\n  name: {value}\n")
+    with pytest.raises(ConfigError, match=r"example\.name: expected one value, got a"):
+        load_settings(Example, "example", file=path, environ={})
+
+
 def test_settings_meant_for_a_section_that_is_not_there_are_an_error(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("exmaple:\n  workers: 3\n")
