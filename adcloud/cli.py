@@ -14,6 +14,7 @@ Only this module prints and chooses exit codes; the library raises
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -671,6 +672,17 @@ Every output is listed at the end, under --out.""",
     return parser
 
 
+#: (logger, message) of what py4j logs, traceback and all, when a command is interrupted.
+_PY4J_INTERRUPT_NOISE = (
+    ("", "KeyboardInterrupt while sending command."),  # java_gateway: the root logger
+    ("py4j.clientserver", "Exception occurred while shutting down connection"),
+)
+
+
+def _not_said(message: str, record: logging.LogRecord) -> bool:
+    return record.getMessage() != message
+
+
 class _Terminated(KeyboardInterrupt):
     """SIGTERM (timeout, systemd, a scheduler) unwinds like Ctrl-C, so every command's
     clean-up of half-written output runs for it too."""
@@ -686,11 +698,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    # py4j logs an interrupted gateway call with its traceback: Ctrl-C and SIGTERM are
-    # how a command is stopped, and it says so itself (exit 130/143)
-    logging.getLogger().addFilter(
-        lambda record: record.getMessage() != "KeyboardInterrupt while sending command."
-    )
+    # py4j logs an interrupted gateway call, and the connection it then fails to shut down,
+    # with their tracebacks: Ctrl-C and SIGTERM are how a command is stopped, and it says so
+    # itself (exit 130/143).  A logger's filter sees only what is logged to it by name.
+    for name, message in _PY4J_INTERRUPT_NOISE:
+        logging.getLogger(name).addFilter(functools.partial(_not_said, message))
     # Markup is off: paths, topics and error texts hold square brackets ("run[2].bag");
     # the few lines that style themselves say markup=True and escape what they quote.
     if threading.current_thread() is threading.main_thread():

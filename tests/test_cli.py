@@ -631,3 +631,26 @@ def test_a_driver_jvm_gone_with_the_signal_leaves_the_exit_status(
     assert cli.main(["store", "ls", "local:///x"]) == 143
     assert Gone.stopped == 1
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_what_py4j_logs_of_an_interrupted_command_is_not_shown(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ctrl-C mid-job: py4j logs the interrupted call (root logger) and the connection it
+    fails to shut down (``py4j.clientserver``) with tracebacks; the command says it was
+    stopped itself. Other py4j errors still show."""
+    import logging  # noqa: PLC0415
+
+    from adcloud import cli  # noqa: PLC0415
+
+    def interrupted(args: Any, console: Any) -> int:
+        logging.exception("KeyboardInterrupt while sending command.")
+        client = logging.getLogger("py4j.clientserver")
+        client.error("Exception occurred while shutting down connection")
+        client.error("Answer from Java side is empty")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", lambda: _Parser(interrupted))
+    with caplog.at_level(logging.INFO):
+        assert cli.main(["store", "ls", "local:///x"]) == 130
+    assert [r.getMessage() for r in caplog.records] == ["Answer from Java side is empty"]
