@@ -17,6 +17,7 @@ import argparse
 import functools
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -49,13 +50,48 @@ _EPILOG_INGEST = """examples:
 
 
 def _ns(text: str | None) -> int | None:
-    """Parse a time bound: integer nanoseconds, or seconds with a decimal point."""
+    """Parse a time bound: integer nanoseconds, or seconds with a decimal point; within
+    what a bag's int64 nanosecond stamps can hold."""
     if text is None:
         return None
+    bad = argparse.ArgumentTypeError(
+        f"not a time: {text!r} (nanoseconds as digits, e.g. 1700000000000000000, or seconds "
+        "with a decimal point, e.g. 1700000000.5)"
+    )
+    if re.fullmatch(r"-?[0-9]+", text):
+        ns = int(text)
+    elif re.fullmatch(r"-?[0-9]*\.[0-9]*", text) and any(c.isdigit() for c in text):
+        ns = round(float(text) * 1e9)
+    else:
+        raise bad
+    if not -(2**63) <= ns < 2**63:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is beyond the time a bag can hold (int64 nanoseconds: about the years "
+            "1678 to 2262)"
+        )
+    return ns
+
+
+def _mib(text: str) -> float:
+    """``--partition-mb``: a size in MiB, 0 or more."""
     try:
-        return int(text) if text.lstrip("-").isdigit() else round(float(text) * 1e9)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a time: {text!r} (ns or seconds like 1.5)") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a size in MiB, 0 or more")
+    return value
+
+
+def _positive(text: str) -> int:
+    """A count of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
+    return value
 
 
 def _topics(text: str | None) -> list[str] | None:
@@ -575,14 +611,20 @@ Every output is listed at the end, under --out.""",
     ingest.add_argument("bags", nargs="+", help="bag files, directories or globs (any fsspec URL)")
     ingest.add_argument("--out", required=True, help="output directory or URL")
     ingest.add_argument("--topics", help="comma-separated topics to keep (default: all)")
-    ingest.add_argument("--start", type=_ns, help="first record time to keep (ns, or s with a dot)")
-    ingest.add_argument("--end", type=_ns, help="record time to stop before (ns, or s with a dot)")
     ingest.add_argument(
-        "--partitions-per-bag", type=int, help="group chunks into at most N partitions per bag"
+        "--start", type=_ns, help="first record time to keep (ns as digits, or s with a dot)"
+    )
+    ingest.add_argument(
+        "--end", type=_ns, help="record time to stop before (ns as digits, or s with a dot)"
+    )
+    ingest.add_argument(
+        "--partitions-per-bag",
+        type=_positive,
+        help="group chunks into at most N partitions per bag",
     )
     ingest.add_argument(
         "--partition-mb",
-        type=float,
+        type=_mib,
         default=128,
         help="target partition size in MiB when --partitions-per-bag is not given "
         "(default 128, as Spark's file splits; 0: one partition per chunk)",

@@ -654,3 +654,36 @@ def test_what_py4j_logs_of_an_interrupted_command_is_not_shown(
     with caplog.at_level(logging.INFO):
         assert cli.main(["store", "ls", "local:///x"]) == 130
     assert [r.getMessage() for r in caplog.records] == ["Answer from Java side is empty"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--start", "inf", "not a time"),  # was an OverflowError traceback
+        ("--start", "1e400", "not a time"),
+        ("--start", "1e9", "not a time"),  # no dot: was read as seconds
+        ("--start", "1_5", "not a time"),
+        ("--end", "99999999999999999999999", "beyond the time a bag can hold"),
+        ("--end", "1e11.", "not a time"),
+        ("--partition-mb", "nan", "give a size in MiB, 0 or more"),  # was a traceback
+        ("--partition-mb", "-1", "give a size in MiB, 0 or more"),  # was taken
+        ("--partitions-per-bag", "0", "0: give 1 or more"),  # was found after Spark started
+    ],
+)
+def test_ingest_numbers_are_checked_as_they_are_parsed(
+    option: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["ingest", "a.bag", "--out", "o", option, value])
+    assert stop.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_ingest_time_bounds_read_as_documented() -> None:
+    def bounds(*argv: str) -> tuple[int | None, int | None]:
+        args = build_parser().parse_args(["ingest", "a.bag", "--out", "o", *argv])
+        return args.start, args.end
+
+    assert bounds("--start", "1700000000000000001") == (1700000000000000001, None)
+    assert bounds("--start", "1700000000.5", "--end=-2.") == (1700000000500000000, -2 * 10**9)
+    assert bounds("--end", ".25") == (None, 250000000)

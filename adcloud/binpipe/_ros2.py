@@ -290,13 +290,18 @@ def _where(ids: Sequence[int] | None, start: int | None, end: int | None) -> tup
     if ids is not None:
         clauses.append(f"topic_id IN ({','.join('?' * len(ids))})")
         args += list(ids)
+    # SQLite integers are int64, as the stamps are: a bound beyond them is clamped to them
+    # (it selects what it would: everything, or nothing), not an OverflowError
     if start is not None:
         clauses.append("timestamp >= ?")
-        args.append(start)
+        args.append(min(max(start, _INT64_MIN), _INT64_MAX))
     if end is not None:
         clauses.append("timestamp < ?")
-        args.append(end)
+        args.append(min(max(end, _INT64_MIN), _INT64_MAX))
     return " AND ".join(clauses), args
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _bare_layout(db: sqlite3.Connection, uri: str) -> Ros2Layout:
