@@ -31,10 +31,12 @@ TEMPORARY = "_temporary"
 class JobOutput:
     """The output directory ``root`` of filesystem ``fs`` (``uri`` names it in messages).
 
-    Refuses, raising ``error``, a directory that is not empty unless ``overwrite``, and
-    with ``overwrite`` one holding an entry ``ours`` does not recognise (a mistyped output
-    path must not wipe other data); ``what`` names the writer in that message and ``hint``
-    tells how to overwrite.  Leftovers of a crashed job (``_temporary``) are ignored.
+    Refuses, raising ``error``, a ``root`` that is a file, a directory that is not empty
+    unless ``overwrite``, and with ``overwrite`` one holding an entry ``ours`` does not
+    recognise (a mistyped output path must not wipe other data); ``what`` names the writer
+    in those messages and ``hint`` tells how to overwrite.  Leftovers of a crashed job
+    (``_temporary``) are ignored.  ``fs`` needs ``exists``, ``isfile``, ``ls``,
+    ``makedirs``, ``rm`` and ``mv`` as fsspec filesystems have them.
     """
 
     def __init__(
@@ -52,6 +54,12 @@ class JobOutput:
         self.fs = fs
         self.root = root
         self.existed = bool(fs.exists(root))
+        if self.existed and fs.isfile(root):
+            # ls() of a file lists the file itself: it would pass for a directory's entry
+            raise error(
+                f"{uri} is a file, not a directory {what} can write into; remove it or "
+                "choose another directory"
+            )
         self.entries = [
             e
             for e in (fs.ls(root, detail=False) if self.existed else [])

@@ -94,3 +94,17 @@ def test_what_is_not_ours_is_never_replaced(fs: Any) -> None:
     fs.rm("/out/notes.txt")
     fs.pipe("/out/_temporary/crashed/part-0-y", b"left by a killed driver")
     _output(fs)  # a crashed job's staging is no reason to refuse
+
+
+def test_a_file_where_the_directory_should_be_is_refused_as_a_file(fs: Any) -> None:
+    """ls() of a file lists the file itself: it passed for an entry of the job's own (or
+    was called a foreign file named like itself), and staging under it failed later."""
+    fs.pipe("/out", b"a file")
+    for overwrite in (True, False):
+        with pytest.raises(
+            RefusedError,
+            match=r"^memory://out is a file, not a directory this job can write into; "
+            "remove it or choose another directory$",
+        ):
+            _output(fs, overwrite=overwrite)
+    assert fs.cat_file("/out") == b"a file"

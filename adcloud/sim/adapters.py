@@ -67,6 +67,7 @@ from adcloud.sim.errors import SimError
 
 __all__ = [
     "ADAPTERS",
+    "MAX_WAIT_S",
     "ROS_INSTALL_HINT",
     "SYSTEM_PYTHON",
     "NodeAdapter",
@@ -94,6 +95,10 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 _BRIDGE = Path(__file__).with_name("_ros1_bridge.py")
 _TAIL = 4000
 
+#: The longest time limit or quiet period (s) a run may be given: the longest wait
+#: ``threading`` accepts (about 292 years); a longer one, or ``inf``, overflows there.
+MAX_WAIT_S = threading.TIMEOUT_MAX
+
 
 @dataclass(frozen=True)
 class NodeSpec:
@@ -120,7 +125,8 @@ class ReplayTiming:
 
     ``rate``: 0 = as fast as possible, else the factor on recorded time.
     ``trigger_topics``: input topics after which synchronous mode waits (empty: all
-    inputs); each must be one of the job's input topics.
+    inputs); each must be one of the job's input topics.  The limits and the quiet period
+    are finite, at most :data:`MAX_WAIT_S`.
     """
 
     rate: float = 0.0
@@ -138,12 +144,17 @@ class ReplayTiming:
         """Return ``self`` if usable, else raise :class:`SimError`."""
         if not (self.rate >= 0 and math.isfinite(self.rate)):
             raise SimError(f"rate must be >= 0 (0 = as fast as possible), not {self.rate}")
-        if not self.quiet_s >= 0:
-            raise SimError(f"quiet_s must be >= 0 (seconds of idle node), not {self.quiet_s}")
+        if not 0 <= self.quiet_s <= MAX_WAIT_S:
+            raise SimError(
+                f"quiet_s must be >= 0 and at most {MAX_WAIT_S:.0f} (finite seconds of idle "
+                f"node), not {self.quiet_s}"
+            )
         for name in ("timeout_s", "startup_timeout_s"):
             value = getattr(self, name)
-            if not value > 0:
-                raise SimError(f"{name} must be > 0 (seconds), not {value}")
+            if not 0 < value <= MAX_WAIT_S:
+                raise SimError(
+                    f"{name} must be > 0 and at most {MAX_WAIT_S:.0f} (finite seconds), not {value}"
+                )
         return self
 
 
@@ -630,8 +641,21 @@ def check_ros() -> None:
         )
 
 
+def _as_node_failure(failure: str, bridge: Sequence[str], node: Sequence[str]) -> str:
+    """A failure :func:`drive_pipe` reported for the ROS bridge (``command '<bridge's
+    command line>' timed out after ...``), told of the node under test: the time limit is
+    the node's; anything else is said to be the bridge's, without its command line."""
+    reason = failure.removeprefix(f"command {shlex.join(bridge)!r} ")
+    if reason.startswith("timed out"):
+        return f"node {shlex.join(node)!r} {reason}"
+    return f"the ROS bridge to node {shlex.join(node)!r} {reason}"
+
+
 class Ros1Adapter:
-    """``ros1``: a real ROS 1 node on a private roscore, fed through the rospy bridge."""
+    """``ros1``: a real ROS 1 node on a private roscore, fed through the rospy bridge.
+
+    Failures name the node's command line, and ``exit_code`` is the node's own: None when
+    it was still running when the run ended (and so was stopped), never the bridge's."""
 
     name = "ros1"
 
@@ -785,6 +809,9 @@ class Ros1Adapter:
                 run.exit_code = 0
                 run.stderr_tail = _tail(node_log)
             elif run.failure is not None:
+                # the node still runs (stopped below: no exit code of its own) or ended
+                # with 0; the bridge's exit code is not the node's
+                run.exit_code = code
                 # the bridge says what went wrong in its own last words ("no node
                 # subscribed to ..."): that, not its command line, is the reason
                 said = [
@@ -794,6 +821,8 @@ class Ros1Adapter:
                 ]
                 if said:
                     run.failure = said[-1][:300]
+                else:
+                    run.failure = _as_node_failure(run.failure, bridge, node.args)
                 run.stderr_tail = (
                     f"--- bridge ---\n{run.stderr_tail}\n--- node ---\n{_tail(node_log)}"
                 )[-_TAIL:]

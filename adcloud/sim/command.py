@@ -21,9 +21,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from adcloud.sim.adapters import ADAPTERS, NodeSpec, ReplayTiming
+from adcloud.sim.adapters import ADAPTERS, MAX_WAIT_S, NodeSpec, ReplayTiming
 from adcloud.sim.evaluators import EVALUATORS, parse_evaluator
-from adcloud.sim.perception import CameraLoad, camera_replay_job, camera_sweep
+from adcloud.sim.perception import (
+    CameraLoad,
+    camera_replay_job,
+    camera_sweep,
+    check_sweep_target,
+)
 from adcloud.sim.replay import ReplayJob, ReplayResults, run_replay
 from adcloud.sim.report import check_report_target, write_report
 from adcloud.sim.scenario import CutMode, ScenarioCut
@@ -52,13 +57,33 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value < float("inf"):
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds")
+    if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds >= 0")
     return value
 
 
 def _positive_seconds(text: str) -> float:
     value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
+    return value
+
+
+def _wait_seconds(text: str) -> float:
+    """A quiet period: seconds >= 0 that a thread can wait (``inf`` overflows there)."""
+    value = _seconds(text)
+    if value > MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of seconds of at most {MAX_WAIT_S:.0f}"
+        )
+    return value
+
+
+def _limit_seconds(text: str) -> float:
+    """A time limit: seconds > 0 that a thread can wait."""
+    value = _wait_seconds(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
     return value
@@ -126,7 +151,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--no-sync", action="store_true", help="do not wait for outputs per input")
     p.add_argument(
         "--quiet",
-        type=float,
+        type=_wait_seconds,
         default=0.25,
         help="synchronous mode: after each input, wait for the node's answer until the node "
         "has been idle this long (s; a node still computing is waited for, up to --timeout)",
@@ -138,8 +163,12 @@ def add_parser(subparsers: Any) -> None:
         help="synchronous mode: input topics after which to wait for the node's answer, "
         "comma-separated (default: empty = all inputs)",
     )
-    p.add_argument("--timeout", type=float, default=300.0, help="per-scenario time limit, s")
-    p.add_argument("--startup-timeout", type=float, default=20.0, help="node start-up limit, s")
+    p.add_argument(
+        "--timeout", type=_limit_seconds, default=300.0, help="per-scenario time limit, s"
+    )
+    p.add_argument(
+        "--startup-timeout", type=_limit_seconds, default=20.0, help="node start-up limit, s"
+    )
     p.add_argument("--report", metavar="URI", help="report directory (any store URI)")
     p.add_argument(
         "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
@@ -160,7 +189,9 @@ topics are replayed at their frame rate (times --rate) into the node, free-runni
 detector that cannot keep up drops frames.  A count passes when its frame loss is at most
 --max-loss (and p95 latency within --max-latency-ms when given); the detector sustains the
 largest count that passes with every smaller count passing too.  The report directory gets
-sweep.json, sweep.png and each count's replay report in cameras-<n>/.
+sweep.json, sweep.png and each count's replay report in cameras-<n>/, replacing an earlier
+sweep's report as a whole once all of it is written (a directory holding other files is
+refused before the sweep).
 Exit status: 0, or 1 when --require N is given and fewer than N cameras are sustained.
 """
 
@@ -204,7 +235,9 @@ def _add_cameras_parser(sim_sub: Any) -> None:
         "--stop-after-failure", action="store_true", help="skip larger counts once one fails"
     )
     p.add_argument("--require", type=int, help="exit 1 unless at least this many are sustained")
-    p.add_argument("--timeout", type=float, default=300.0, help="per-scenario time limit, s")
+    p.add_argument(
+        "--timeout", type=_limit_seconds, default=300.0, help="per-scenario time limit, s"
+    )
     p.add_argument("--report", metavar="URI", help="report directory (any store URI)")
     p.add_argument(
         "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
@@ -309,7 +342,7 @@ def run_cameras(args: argparse.Namespace, console: Console) -> int:
     # the limits and the node are checked before Spark starts (the sweep's jobs all share them)
     camera_replay_job(args.bags, node, args.cameras[:1], args.output, **options)
     if args.report:
-        check_report_target(f"{args.report.rstrip('/')}/cameras-1")
+        check_sweep_target(args.report)  # the whole report, before the sweep, not after it
     spark = _session(args.master)
     table = Table(show_edge=False, pad_edge=False)
     for name in ("cameras", "result", "frames", "loss %", "frames/s", "p50 ms", "p95 ms"):

@@ -21,28 +21,43 @@ latency, the largest ``n`` that passes (:attr:`CameraSweep.sustained`) and a plo
                          [f"/camera{k}/image_raw" for k in ("", 1, 2, 3)], "/detections")
     print(sweep.sustained)
     sweep.write("out/sweep")  # sweep.json, sweep.png and each load's replay report
+
+:meth:`CameraSweep.write` replaces an earlier sweep report as a whole, once every file is
+written; :func:`check_sweep_target` refuses a target it would refuse before the sweep runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import math
+import posixpath
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from adcloud._commit import JobOutput
 from adcloud.sim.adapters import NodeSpec, ReplayTiming
 from adcloud.sim.errors import SimError
 from adcloud.sim.evaluators import EvaluatorSpec
-from adcloud.sim.replay import ReplayJob, ReplayResults, run_replay
+from adcloud.sim.replay import ReplayJob, ReplayResults, ScenarioResult, run_replay
 from adcloud.sim.scenario import ScenarioCut
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["CameraLoad", "CameraSweep", "camera_replay_job", "camera_sweep"]
+    from adcloud.store import Store
+
+__all__ = [
+    "CameraLoad",
+    "CameraSweep",
+    "camera_replay_job",
+    "camera_sweep",
+    "check_sweep_target",
+]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +103,11 @@ def camera_replay_job(
 @dataclass(frozen=True)
 class CameraLoad:
     """The detector fed ``cameras`` streams: worst loss and latency over the scenarios,
-    total throughput (answered frames per second, mean over the scenarios)."""
+    total throughput (answered frames per second, mean over the scenarios).
+
+    A scenario the ``frames`` evaluator did not judge (the detector crashed, hung or wrote
+    garbage) lost every frame it was fed: loss 1, throughput 0, its frames those replayed.
+    """
 
     cameras: int
     topics: tuple[str, ...]
@@ -110,14 +129,21 @@ class CameraLoad:
             values = [m[key] for m in metrics if key in m and math.isfinite(m[key])]
             return max(values) if values else math.nan
 
-        fps = [m["frames.throughput_fps"] for m in metrics if "frames.throughput_fps" in m]
+        judged: list[ScenarioResult] = []
+        unjudged: list[ScenarioResult] = []
+        for r in runs:
+            loss = r.metrics.get("frames.loss_rate", math.nan)
+            (judged if math.isfinite(loss) else unjudged).append(r)
+        losses = [r.metrics["frames.loss_rate"] for r in judged] + [1.0] * len(unjudged)
+        fps = [r.metrics.get("frames.throughput_fps", 0.0) for r in runs]
+        frames = sum(r.metrics.get("frames.frames", 0.0) for r in judged)
         failed = [f"{r.scenario}: {r.reason}" for r in runs if not r.passed]
         return cls(
             cameras=len(topics),
             topics=tuple(topics),
             passed=results.passed,
-            frames=int(sum(m.get("frames.frames", 0.0) for m in metrics)),
-            loss_rate=worst("frames.loss_rate") if metrics else 1.0,
+            frames=int(frames) + sum(r.input_count for r in unjudged),
+            loss_rate=max(losses, default=1.0),
             throughput_fps=sum(fps) / len(fps) if fps else 0.0,
             latency_p50_ms=worst("frames.latency_p50_ms"),
             latency_p95_ms=worst("frames.latency_p95_ms"),
@@ -204,19 +230,75 @@ class CameraSweep:
 
     def write(self, uri: str, results: Sequence[ReplayResults] = ()) -> str:
         """Write ``sweep.json`` and ``sweep.png`` into the directory ``uri`` (any store
-        URI), and each load's replay report (``results``) into ``cameras-<n>/``."""
-        from adcloud.sim.report import _store_url, write_report  # noqa: PLC0415
-        from adcloud.store import locate  # noqa: PLC0415
+        URI), and each load's replay report (``results``) into ``cameras-<n>/``; return
+        its URL.
+
+        All or nothing: everything is staged inside ``uri`` and replaces an earlier sweep
+        report there as a whole (its ``cameras-<n>/`` of counts not in this sweep
+        included) once it is all written; a failure leaves the earlier report as it was.
+        Raises :class:`SimError` for a target :func:`check_sweep_target` refuses.
+        """
+        from adcloud.sim.report import _put_report, _store_url  # noqa: PLC0415
+        from adcloud.store import StoreError  # noqa: PLC0415
 
         url = _store_url(uri)
-        store, root = locate(url)
-        base = root.rstrip("/")
-        for res in results:
-            write_report(res, f"{url.rstrip('/')}/cameras-{len(res.job.input_topics)}")
-        text = json.dumps(self.to_dict(), indent=2) + "\n"
-        store.put(f"{base}/sweep.json", text.encode("utf-8"))
-        store.put(f"{base}/sweep.png", self.plot())
+        store, output = _sweep_output(url)
+        names = list(dict.fromkeys(f"cameras-{len(r.job.input_topics)}" for r in results))
+        output.start()
+        try:
+            for res in results:
+                where = posixpath.join(output.staging, f"cameras-{len(res.job.input_topics)}")
+                _put_report(store, where, res)
+            store.put(posixpath.join(output.staging, "sweep.png"), self.plot())
+            text = json.dumps(self.to_dict(), indent=2) + "\n"
+            store.put(posixpath.join(output.staging, "sweep.json"), text.encode("utf-8"))
+        except BaseException:
+            with contextlib.suppress(StoreError):  # the failure that matters is the one raised
+                output.abort()
+            raise
+        # sweep.json, what readers start from, goes first and comes back last
+        names += ["sweep.png", "sweep.json"]
+        output.commit([(posixpath.join(output.staging, n), n) for n in names], first=names[-1:])
         return url
+
+
+#: A sweep report's own files (``sweep.json`` last: see :meth:`JobOutput.commit`) and the
+#: folders of its counts' replay reports.
+_SWEEP_FILES = ("sweep.png", "sweep.json")
+_COUNT_FOLDER = re.compile(r"cameras-\d+")
+
+
+def _sweep_output(url: str) -> tuple[Store, JobOutput]:
+    """The sweep report directory ``url`` as a :class:`JobOutput`, its ``cameras-<n>/``
+    folders checked to hold replay reports only (they are replaced with it)."""
+    from adcloud.sim.report import _report_output, _StoreTree  # noqa: PLC0415
+    from adcloud.store import locate  # noqa: PLC0415
+
+    store, root = locate(url)
+    output = JobOutput(
+        _StoreTree(store),
+        root,
+        url,
+        overwrite=True,
+        ours=lambda name: name in _SWEEP_FILES or bool(_COUNT_FOLDER.fullmatch(name)),
+        error=SimError,
+        what="a camera sweep",
+    )
+    for entry in output.entries:
+        name = posixpath.basename(entry.rstrip("/"))
+        if _COUNT_FOLDER.fullmatch(name):
+            _report_output(f"{url.rstrip('/')}/{name}")  # a file or foreign files: refused
+    return store, output
+
+
+def check_sweep_target(uri: str) -> None:
+    """Raise :class:`SimError` now if :meth:`CameraSweep.write` would refuse ``uri``: a
+    file, a directory holding files a sweep report does not write, or a ``cameras-<n>``
+    in it that is a file or holds files a replay report does not write -- before the
+    sweep runs, not once it is done."""
+    from adcloud.sim.report import _store_url  # noqa: PLC0415
+
+    _sweep_output(_store_url(uri))
 
 
 def camera_sweep(

@@ -186,6 +186,12 @@ class _StoreTree:
     def exists(self, path: str) -> bool:
         return self.store.exists(path)
 
+    def isfile(self, path: str) -> bool:
+        try:
+            return not self.store.stat(path).is_dir
+        except StoreNotFoundError:
+            return False
+
     def ls(self, path: str, detail: bool = False) -> list[str]:
         try:
             return [status.path for status in self.store.list(path)]
@@ -233,9 +239,23 @@ def _report_output(url: str) -> tuple[Store, JobOutput]:
     return store, output
 
 
+def _put_report(store: Store, where: str, results: ReplayResults) -> None:
+    """Write the report files into the store directory ``where`` (a staging directory;
+    ``put`` makes it)."""
+    render: dict[str, Callable[[], bytes]] = {
+        "results.jsonl": lambda: _results_jsonl(results.results),
+        "junit.xml": lambda: junit_xml(results.results),
+        "latency.png": lambda: _plot(results.results),
+        "report.html": lambda: _html(results),
+        "job.json": lambda: _job_json(results),
+    }
+    for name in _FILES:
+        store.put(posixpath.join(where, name), render[name]())
+
+
 def check_report_target(uri: str) -> None:
-    """Raise :class:`SimError` now if :func:`write_report` would refuse ``uri`` (a
-    directory holding other files), before a replay job runs for it."""
+    """Raise :class:`SimError` now if :func:`write_report` would refuse ``uri`` (a file, or
+    a directory holding other files), before a replay job runs for it."""
     _report_output(_store_url(uri))
 
 
@@ -244,21 +264,13 @@ def write_report(results: ReplayResults, uri: str) -> str:
 
     Replaces an earlier report there as a whole, and only once every file is written: a
     failure leaves the earlier report (or no directory) as it was.  Raises
-    :class:`SimError` for a directory holding files a report does not write.
+    :class:`SimError` for a file, or a directory holding files a report does not write.
     """
     url = _store_url(uri)
     store, output = _report_output(url)
-    render: dict[str, Callable[[], bytes]] = {
-        "results.jsonl": lambda: _results_jsonl(results.results),
-        "junit.xml": lambda: junit_xml(results.results),
-        "latency.png": lambda: _plot(results.results),
-        "report.html": lambda: _html(results),
-        "job.json": lambda: _job_json(results),
-    }
     output.start()
     try:
-        for name in _FILES:
-            store.put(posixpath.join(output.staging, name), render[name]())
+        _put_report(store, output.staging, results)
     except BaseException:
         with contextlib.suppress(StoreError):  # the failure that matters is the one raised
             output.abort()

@@ -13,7 +13,9 @@ each bag's first message::
     scenarios:
       - {name: left_turn, bag: drive.bag, start: 0.5, end: 2.5, warmup: 0.5}
 
-A relative ``bag`` is resolved against the scenario file's directory.
+A relative ``bag`` is resolved against the scenario file's directory, on the driver: a
+scenario names its bag by an absolute path or a URL, since executors run in other working
+directories.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import posixpath
 import re
 from collections import Counter
@@ -233,10 +236,30 @@ def _seconds(item: Mapping[str, Any], key: str, default: float, where: str) -> f
     return float(value)
 
 
+def _absolute(url: str) -> str:
+    """``url`` with a local path made absolute as this process resolves it (URLs unchanged)."""
+    # abspath, not resolve(): ".." is folded, symlinks (a shared mount) are kept
+    return url if "://" in url else os.path.abspath(url)  # noqa: PTH100
+
+
+def _bag_url(bag: str, listing: str) -> str:
+    """The absolute URL of ``bag`` as scenario file ``listing`` (absolute) names it: a
+    relative one lies in the listing's directory."""
+    if "://" in bag or bag.startswith("/"):
+        return _absolute(bag)
+    protocol, sep, path = listing.rpartition("://")
+    where = posixpath.normpath(posixpath.join(posixpath.dirname(path), bag))
+    return f"{protocol}{sep}{where}"
+
+
 def read_scenario_file(
     url: str, *, storage_options: Mapping[str, Any] | None = None
 ) -> list[Scenario]:
-    """Scenarios listed in a JSON/YAML file (see the module docstring for the layout)."""
+    """Scenarios listed in a JSON/YAML file (see the module docstring for the layout).
+
+    Each scenario names its bag by an absolute path or URL: a relative ``bag`` is taken
+    in the file's directory, and a relative ``url`` in this process's working directory.
+    """
     try:
         with fsspec.open(url, "r", **(storage_options or {})) as src:
             data = _load_listing(src.read(), url)
@@ -245,7 +268,7 @@ def read_scenario_file(
     items = data.get("scenarios") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
         raise SimError(f"{url}: expected a non-empty list under 'scenarios'")
-    base = posixpath.dirname(url)
+    listing = _absolute(url)
     options = tuple(sorted((storage_options or {}).items()))
     spans: dict[str, tuple[int, int] | None] = {}
     out: list[Scenario] = []
@@ -253,9 +276,7 @@ def read_scenario_file(
         if not isinstance(item, dict) or "bag" not in item:
             raise SimError(f"{url}: scenario {i} must be a mapping with at least 'bag'")
         _check_keys(item, url, i)
-        bag = str(item["bag"])
-        if "://" not in bag and not bag.startswith("/"):
-            bag = posixpath.join(base, bag) if base else bag
+        bag = _bag_url(str(item["bag"]), listing)
         if bag not in spans:
             spans[bag] = _bag_range(bag, storage_options)
         span = spans[bag]

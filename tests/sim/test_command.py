@@ -174,3 +174,32 @@ def test_window_options_are_checked_as_given(
     with pytest.raises(SystemExit) as info:
         _parse([*argv, "--cut", "window", *option])
     assert info.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--timeout", "inf"], "argument --timeout: 'inf': give a finite number of seconds"),
+        (["--timeout", "0"], "argument --timeout: '0': give a number of seconds > 0"),
+        (
+            ["--startup-timeout", "1e12"],
+            "argument --startup-timeout: '1e12': give a number of seconds of at most 9223372036",
+        ),
+        (["--quiet", "inf"], "argument --quiet: 'inf': give a finite number of seconds"),
+        (["--quiet", "1e12"], "argument --quiet: '1e12': give a number of seconds of at most"),
+    ],
+)
+def test_time_limits_are_finite_as_given(
+    drive: DriveResult, option: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An infinite limit crashed the task with an OverflowError (a traceback, exit 1 as if a
+    scenario failed) or went unenforced: refused when parsed, as --window is."""
+    argv = ["sim", "run", str(drive.bag), "--node", "cat", "--inputs", "/lidar/points"]
+    with pytest.raises(SystemExit) as info:
+        _parse([*argv, *option])
+    assert info.value.code == 2 and says in capsys.readouterr().err
+    cameras = ["sim", "cameras", str(drive.bag), "--node", "cat", "--cameras", "/a"]
+    if option[0] == "--timeout":
+        with pytest.raises(SystemExit) as info:
+            _parse([*cameras, *option])
+        assert info.value.code == 2 and says in capsys.readouterr().err

@@ -15,7 +15,11 @@ from pyspark.sql import SparkSession
 from rich.console import Console
 
 from adcloud.sim import (
+    CameraLoad,
+    CameraSweep,
     NodeSpec,
+    ReplayResults,
+    ScenarioResult,
     SimError,
     camera_replay_job,
     camera_sweep,
@@ -23,6 +27,7 @@ from adcloud.sim import (
     plan_scenarios,
     run_scenario,
 )
+from adcloud.sim.perception import check_sweep_target
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 
 CAMERAS = ["/camera/image_raw", "/camera/labels"]
@@ -62,6 +67,24 @@ def test_slow_detector_drops_frames(camera_drive: DriveResult) -> None:
     assert "frame loss" in result.reason
     assert 0.3 < result.metrics["frames.loss_rate"] < 0.9
     assert result.metrics["frames.throughput_fps"] < 5
+
+
+def test_a_crashed_detector_lost_every_frame(
+    camera_drive: DriveResult, bad_nodes: dict[str, str]
+) -> None:
+    """A node that crashed gives no frame metrics: that is 100 % loss of the frames it was
+    fed, not a load of 0 frames with a NaN (null in sweep.json) loss rate."""
+    job = camera_replay_job(
+        [str(camera_drive.bag)], NodeSpec(bad_nodes["crash"]), CAMERAS, "/detections"
+    )
+    (scenario,) = plan_scenarios(list(job.bags))
+    result = run_scenario(scenario, job)
+    assert not result.passed and result.metrics == {}
+    load = CameraLoad.of(ReplayResults(job, (result,), result.wall_s), CAMERAS)
+    assert (load.frames, load.loss_rate, load.throughput_fps) == (20, 1.0, 0.0)
+    assert not load.passed and "exit code 3" in load.reason
+    written = CameraSweep((load,), max_loss=0.05, rate=1.0).to_dict()["loads"][0]
+    assert (written["frames"], written["loss_rate"]) == (20, 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +157,107 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="adcloud")
     command.add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(argv)
+
+
+def _sweep_of(counts: list[int], result: ScenarioResult) -> tuple[CameraSweep, list[ReplayResults]]:
+    """A sweep over ``counts`` of :data:`RIG` whose every count gave ``result``."""
+    kept = [
+        ReplayResults(
+            camera_replay_job(["rig.bag"], NodeSpec(NODE), RIG[:n], "/detections"), (result,), 0.1
+        )
+        for n in counts
+    ]
+    loads = [CameraLoad.of(res, RIG[:n]) for res, n in zip(kept, counts, strict=True)]
+    return CameraSweep(tuple(loads), max_loss=0.05, rate=1.0), kept
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_sweep_report_replaces_the_earlier_one_whole_or_not_at_all(
+    camera_drive: DriveResult,
+    bad_nodes: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A smaller sweep left the bigger earlier sweep's cameras-3/ beside a sweep.json that
+    did not list it; a sweep report that failed midway was left half-written."""
+    job = camera_replay_job([str(camera_drive.bag)], NodeSpec(bad_nodes["crash"]), CAMERAS, "/d")
+    result = run_scenario(plan_scenarios(list(job.bags))[0], job)
+    rep = tmp_path / "rep"
+    big, kept = _sweep_of([1, 2, 3], result)
+    assert big.write(str(rep), kept) == rep.as_uri()
+    assert sorted(p.name for p in rep.iterdir()) == [
+        "cameras-1",
+        "cameras-2",
+        "cameras-3",
+        "sweep.json",
+        "sweep.png",
+    ]
+    earlier = _tree(rep)
+    small, kept = _sweep_of([1, 2], result)
+
+    def broken(self: CameraSweep) -> bytes:
+        raise RuntimeError("the plot failed")
+
+    monkeypatch.setattr(CameraSweep, "plot", broken)
+    with pytest.raises(RuntimeError, match="the plot failed"):
+        small.write(str(rep), kept)
+    assert _tree(rep) == earlier  # staged reports gone, nothing replaced
+    monkeypatch.undo()
+    small.write(str(rep), kept)
+    assert sorted(p.name for p in rep.iterdir()) == [
+        "cameras-1",
+        "cameras-2",
+        "sweep.json",
+        "sweep.png",
+    ]
+    written = json.loads((rep / "sweep.json").read_text())
+    assert [lo["cameras"] for lo in written["loads"]] == [1, 2]
+    assert sorted(p.name for p in (rep / "cameras-2").iterdir()) == [
+        "job.json",
+        "junit.xml",
+        "latency.png",
+        "report.html",
+        "results.jsonl",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("place", "says"),
+    [
+        ("notes.txt", r"rep holds files a camera sweep did not write \(e\.g\. notes\.txt\)"),
+        (
+            "cameras-2/notes.txt",
+            r"rep/cameras-2 holds files a replay report did not write \(e\.g\. notes\.txt\)",
+        ),
+        ("cameras-3", r"rep/cameras-3 is a file, not a directory a replay report can write"),
+        ("", r"rep is a file, not a directory a camera sweep can write into"),
+    ],
+)
+def test_the_cameras_command_checks_its_whole_report_target_before_spark_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, place: str, says: str
+) -> None:
+    """Only cameras-1 was checked: a cameras-2 of foreign files was found once the whole
+    sweep had run (and its results were lost); foreign files beside sweep.json went
+    unnoticed."""
+    rep = tmp_path / "rep"
+    target = rep / place if place else rep
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("mine")
+
+    def no_spark(master: str | None) -> None:
+        raise AssertionError("Spark started for a sweep whose report would be refused")
+
+    monkeypatch.setattr(command, "_session", no_spark)
+    argv = ["sim", "cameras", "b.bag", "--node", "n", "--cameras", ",".join(RIG)]
+    args = _parse([*argv, "--report", str(rep)])
+    with pytest.raises(SimError, match=says):
+        args.func(args, Console(file=io.StringIO()))
+    with pytest.raises(SimError, match=says):
+        check_sweep_target(str(rep))
+    assert target.read_text() == "mine"
 
 
 def test_the_cameras_command_prints_the_sweep_and_holds_the_required_count(

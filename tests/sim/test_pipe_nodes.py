@@ -51,6 +51,10 @@ def test_a_pipe_node_that_stops_reading_and_exits_0_fails(
         ({"rate": -1.0}, "rate must be >= 0"),
         ({"quiet_s": float("nan")}, "quiet_s must be >= 0"),
         ({"timeout_s": float("nan")}, "timeout_s must be > 0"),
+        # a thread cannot wait that long: the limit would overflow in the task, not hold
+        ({"timeout_s": float("inf")}, r"timeout_s must be > 0 and at most 9223372036 .*inf"),
+        ({"startup_timeout_s": 1e12}, r"startup_timeout_s must be > 0 and at most 9223372036"),
+        ({"quiet_s": float("inf")}, r"quiet_s must be >= 0 and at most 9223372036"),
     ],
 )
 def test_replay_timing_refuses_what_it_cannot_mean(timing: dict[str, float], says: str) -> None:

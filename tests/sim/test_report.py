@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from adcloud.sim import (
     write_report,
 )
 from adcloud.sim import report as report_module
-from adcloud.sim.report import junit_xml
+from adcloud.sim.report import check_report_target, junit_xml
 from adcloud.store import locate
 
 _FILES = ["job.json", "junit.xml", "latency.png", "report.html", "results.jsonl"]
@@ -179,6 +180,23 @@ def test_a_report_failing_midway_leaves_the_earlier_one_whole(
     assert sorted(after) == _FILES
     assert [r.scenario for r in read_results(url)] == ["second"]
     assert b"0 of 1 scenarios passed" in after["report.html"]
+
+
+@pytest.mark.parametrize("name", ["results.jsonl", "victim.bag"])
+def test_a_report_target_that_is_a_file_is_refused_before_the_job(
+    tmp_path: Path, name: str
+) -> None:
+    """Named like a report file, it passed the check and the report failed once the job
+    had run (``.../results.jsonl/_temporary/...: Not a directory``); named otherwise, it
+    was called a directory holding files like itself."""
+    target = tmp_path / name
+    target.write_text("mine")
+    says = rf"{re.escape(name)} is a file, not a directory a replay report can write into"
+    with pytest.raises(SimError, match=says):
+        check_report_target(str(target))
+    with pytest.raises(SimError, match=says):
+        write_report(ReplayResults(_JOB, (_result(),), 1.0), str(target))
+    assert target.read_text() == "mine"
 
 
 def test_a_directory_holding_other_files_is_not_replaced(tmp_path: Path) -> None:

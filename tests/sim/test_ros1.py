@@ -10,6 +10,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree as ET
 
 import pytest
 
@@ -23,6 +24,7 @@ from adcloud.sim import (
     run_scenario,
 )
 from adcloud.sim.adapters import SYSTEM_PYTHON
+from adcloud.sim.report import junit_xml
 from adcloud.synth import DriveResult
 
 pytestmark = [
@@ -158,7 +160,32 @@ def test_node_that_never_subscribes(drive: DriveResult, monkeypatch: pytest.Monk
     assert not result.passed
     assert "no node subscribed to /lidar/points" in result.stderr_tail
     assert result.reason == "no node subscribed to /lidar/points within 2.0 s"
+    assert result.exit_code is None  # the node was still running: stopped, not the bridge's 1
     assert recorder.all_gone()
+
+
+def test_a_node_over_the_time_limit_is_named_and_has_no_exit_code(drive: DriveResult) -> None:
+    """The reason named the bridge's command line (``command "/usr/bin/python3
+    .../_ros1_bridge.py --inputs ..." timed out``) and exit_code was the bridge's; JUnit
+    showed "exit code: 1" for a node that was stopped."""
+    node = f"{sys.executable} -c 'import time; time.sleep(60)'"
+    job = _job(drive.bag, node, ("/obstacles",), startup_timeout_s=60.0, timeout_s=3.0)
+    result = _run(job)
+    assert not result.passed
+    assert result.reason == f"node {node!r} timed out after 3.0 s"
+    assert result.exit_code is None
+    failure = ET.fromstring(junit_xml([result])).find("testcase/failure")
+    assert failure is not None and "exit code: None" in (failure.text or "")
+
+
+def test_a_node_that_exits_0_before_subscribing_has_its_own_exit_code(
+    drive: DriveResult,
+) -> None:
+    job = _job(drive.bag, "bash -c 'exit 0'", ("/obstacles",), startup_timeout_s=120.0)
+    result = _run(job)
+    assert not result.passed
+    assert result.reason == "the node exited before it subscribed to /lidar/points"
+    assert result.exit_code == 0  # the node's, not the bridge's 1
 
 
 _QUITTER = """

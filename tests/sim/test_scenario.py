@@ -56,6 +56,26 @@ def test_scenario_file(drive: DriveResult, tmp_path: Path) -> None:
     assert rest.end == whole.end
 
 
+def test_relative_bags_of_a_relative_scenario_file_become_absolute(
+    drive: DriveResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Executors run in other working directories: a bag named relative to the scenario
+    file (itself given relative to here, or with no folder at all) is resolved on the
+    driver, not looked for as ``sc/../d.bag`` wherever a task runs."""
+    shutil.copy(drive.bag, tmp_path / "d.bag")
+    (tmp_path / "sc").mkdir()
+    (tmp_path / "sc/rel.json").write_text(json.dumps([{"name": "up", "bag": "../d.bag"}]))
+    (tmp_path / "here.json").write_text(json.dumps([{"name": "beside", "bag": "d.bag"}]))
+    monkeypatch.chdir(tmp_path)
+    (up,) = plan_scenarios([], ScenarioCut(CutMode.FILE, file="sc/rel.json"))
+    (beside,) = plan_scenarios([], ScenarioCut(CutMode.FILE, file="here.json"))
+    assert up.uri == beside.uri == str(tmp_path / "d.bag")
+    url = (tmp_path / "sc/rel.json").as_uri()  # a URL's bag stays a URL, ".." folded
+    (far,) = plan_scenarios([], ScenarioCut(CutMode.FILE, file=url))
+    assert far.uri == (tmp_path / "d.bag").as_uri()
+    assert (far.start, far.end) == (up.start, up.end)
+
+
 def test_scenario_file_errors(drive: DriveResult, tmp_path: Path) -> None:
     with pytest.raises(SimError, match="does not exist"):
         plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(tmp_path / "nope.json")))
