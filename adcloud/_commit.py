@@ -53,6 +53,8 @@ class JobOutput:
     ) -> None:
         self.fs = fs
         self.root = root
+        self.uri = uri
+        self._overwrite, self._ours, self._error, self._what = overwrite, ours, error, what
         self.existed = bool(fs.exists(root))
         if self.existed and fs.isfile(root):
             # ls() of a file lists the file itself: it would pass for a directory's entry
@@ -60,11 +62,7 @@ class JobOutput:
                 f"{uri} is a file, not a directory {what} can write into; remove it or "
                 "choose another directory"
             )
-        self.entries = [
-            e
-            for e in (fs.ls(root, detail=False) if self.existed else [])
-            if posixpath.basename(e.rstrip("/")) != TEMPORARY
-        ]
+        self.entries = self._replaceable(self._listed()) if self.existed else []
         if self.entries:
             if not overwrite:
                 raise error(
@@ -81,18 +79,39 @@ class JobOutput:
         #: Where the tasks write (a path of ``fs``).
         self.staging = posixpath.join(root, TEMPORARY, self.job)
 
+    def _replaceable(self, entries: list[str]) -> list[str]:
+        """Of the output's ``entries``, those a commit replaces (all; a subclass may keep
+        some it does not write)."""
+        return entries
+
+    def _listed(self) -> list[str]:
+        """The output's entries now, but the staging of jobs (``_temporary``)."""
+        try:
+            found = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        return [e for e in found if posixpath.basename(e.rstrip("/")) != TEMPORARY]
+
     def start(self) -> None:
         """Make the staging directory (before the tasks run)."""
         self.fs.makedirs(self.staging, exist_ok=True)
 
     def abort(self) -> None:
-        """The job failed: drop what it staged; the output is as it was."""
+        """The job failed: drop what it staged; the output is as it was.  Only this job's
+        staging goes: another job may be writing or have committed there meanwhile."""
         with contextlib.suppress(OSError):
             self.fs.rm(self.staging, recursive=True)
-            if not self.existed:
+        self._tidy()
+        with contextlib.suppress(OSError):  # a directory this job made, holding nothing
+            if not self.existed and not self.fs.ls(self.root, detail=False):
                 self.fs.rm(self.root, recursive=True)
-            elif not self.fs.ls(posixpath.join(self.root, TEMPORARY), detail=False):
-                self.fs.rm(posixpath.join(self.root, TEMPORARY), recursive=True)
+
+    def _tidy(self) -> None:
+        """Remove ``_temporary`` once no job stages in it."""
+        temporary = posixpath.join(self.root, TEMPORARY)
+        with contextlib.suppress(OSError):
+            if not self.fs.ls(temporary, detail=False):
+                self.fs.rm(temporary, recursive=True)
 
     def commit(self, files: Sequence[tuple[str, str]], *, first: Sequence[str] = ()) -> None:
         """Replace the earlier output by ``files``: ``(staged path, name in the output)``.
@@ -100,15 +119,30 @@ class JobOutput:
         The earlier entries named in ``first`` (a completion marker, a manifest that
         readers start from) go before the others, so that a reader never takes a mix of
         two outputs for a complete one; the caller writes them anew last.
+
+        What another job committed there while this one ran is checked as the start
+        checked the output: replaced with ``overwrite`` (if its entries are ``ours``),
+        else this job's output is dropped and ``error`` raised -- never silently lost.
         """
+        now = self._replaceable(self._listed())
+        if sorted(now) != sorted(self.entries):
+            foreign = [e for e in now if not self._ours(posixpath.basename(e.rstrip("/")))]
+            if (now and not self._overwrite) or foreign:
+                self.abort()
+                raise self._error(
+                    f"{self.uri}: another job wrote into it while this one ran; this job's "
+                    "output was not committed (the other's is kept): run it again"
+                    + ("" if self._overwrite else " with overwrite to replace that output")
+                )
         order = {name: i for i, name in enumerate(first)}
         for entry in sorted(
-            self.entries, key=lambda e: order.get(posixpath.basename(e.rstrip("/")), len(order))
+            now, key=lambda e: order.get(posixpath.basename(e.rstrip("/")), len(order))
         ):
             self.fs.rm(entry, recursive=True)
         move_all(self.fs, [(src, posixpath.join(self.root, name)) for src, name in files])
         with contextlib.suppress(FileNotFoundError):  # object stores: gone with its files
-            self.fs.rm(posixpath.join(self.root, TEMPORARY), recursive=True)
+            self.fs.rm(self.staging, recursive=True)
+        self._tidy()
 
 
 def move_all(fs: Any, pairs: Sequence[tuple[str, str]]) -> None:

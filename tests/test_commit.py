@@ -108,3 +108,47 @@ def test_a_file_where_the_directory_should_be_is_refused_as_a_file(fs: Any) -> N
         ):
             _output(fs, overwrite=overwrite)
     assert fs.cat_file("/out") == b"a file"
+
+
+def test_a_job_that_fails_beside_another_leaves_the_other_s_output(fs: Any) -> None:
+    """Two jobs write a new directory: the first commits, the second fails. Its abort
+    removed the whole directory it had found missing, and the first job's output with it."""
+    failing, done = _output(fs, overwrite=False), _output(fs, overwrite=False)
+    failing.start()
+    done.start()
+    fs.pipe(f"{failing.staging}/part-0-x", b"half")
+    fs.pipe(f"{done.staging}/part-0-y", b"whole")
+    done.commit([(f"{done.staging}/part-0-y", "part-0")])
+    fs.pipe(f"{failing.staging}/part-1-x", b"half")  # its tasks write on, then it fails
+    failing.abort()
+    assert _tree(fs) == {"part-0": b"whole"}
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_what_another_job_committed_meanwhile_is_never_lost_silently(
+    fs: Any, overwrite: bool
+) -> None:
+    """Two jobs start on one output and both commit. Without overwrite the second found the
+    first's output already there only because it looked at the start: it is refused (its
+    staging dropped, the first's output kept). With overwrite the last to commit replaces
+    the output whole -- the first's commit removed the second's staging, and the second
+    then deleted the first's files by its old listing and failed moving its own."""
+    fs.pipe("/out/part-0", b"old") if overwrite else None
+    first, second = _output(fs, overwrite), _output(fs, overwrite)
+    for job, data in ((first, b"first"), (second, b"second")):
+        job.start()
+        fs.pipe(f"{job.staging}/part-0-a", data)
+        fs.pipe(f"{job.staging}/part-1-a", data)
+    moves = [(f"{first.staging}/part-{i}-a", f"part-{i}") for i in (0, 1)]
+    first.commit(moves, first=("part-0",))
+    kept = {k: v for k, v in _tree(fs).items() if not k.startswith("_temporary/")}
+    assert kept == {"part-0": b"first", "part-1": b"first"}
+    assert fs.exists(second.staging)  # the first job's commit left the second's staging
+    moves = [(f"{second.staging}/part-{i}-a", f"part-{i}") for i in (0, 1)]
+    if overwrite:
+        second.commit(moves)
+        assert _tree(fs) == {"part-0": b"second", "part-1": b"second"}
+    else:
+        with pytest.raises(RefusedError, match="another job wrote into it while this one ran"):
+            second.commit(moves)
+        assert _tree(fs) == {"part-0": b"first", "part-1": b"first"}

@@ -266,6 +266,13 @@ def _part_name(index: int) -> str:
 
 
 def _save_output(fs: Any, root: str, uri: str, overwrite: bool) -> JobOutput:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if "memory" in protocols:
+        raise BinpipeError(
+            f"{uri}: memory:// is each Python process's own, and Spark's tasks write the parts "
+            "in their worker processes, where the driver cannot see them: save to a local "
+            "path, file://, a store URI (local://...) or an object store"
+        )
     return JobOutput(
         fs,
         root,

@@ -769,7 +769,9 @@ class _RunOutput(JobOutput):
         super().__init__(
             fs, root, uri, overwrite=True, ours=lambda name: True, error=TrainError, what="a run"
         )
-        self.entries = [e for e in self.entries if posixpath.basename(e.rstrip("/")) in _RUN_FILES]
+
+    def _replaceable(self, entries: list[str]) -> list[str]:
+        return [e for e in entries if posixpath.basename(e.rstrip("/")) in _RUN_FILES]
 
 
 def _staged_files(fs: Any, staging: str) -> list[tuple[str, str]]:

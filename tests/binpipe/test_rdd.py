@@ -20,6 +20,7 @@ from rosbags.typesys import Stores, get_typestore
 
 from adcloud.binpipe import BinpipeError, BinPipeRDD, Block, BlockKind, Message
 from adcloud.binpipe.datasource import register_rosbag_source
+from adcloud.binpipe.rdd import check_save_target
 from tests.processes import alive
 
 pytestmark = pytest.mark.spark
@@ -351,6 +352,17 @@ def test_failed_save_leaves_no_partial_output(
     out.mkdir()  # a directory without the marker: a save that never finished
     with pytest.raises(BinpipeError, match="no _SUCCESS marker"):
         BinPipeRDD.load(spark, str(out))
+
+
+def test_a_save_to_a_process_s_own_memory_is_refused_before_spark(spark: Any) -> None:
+    """``memory://`` outputs: the parts were written in the workers' memory, and the commit
+    failed with a FileNotFoundError traceback after the whole job."""
+    rdd = BinPipeRDD.from_records(spark, [("/a", 1)])
+    for uri in ("memory:///binpipe/out", "memory://binpipe/out2"):
+        with pytest.raises(BinpipeError, match=r"memory:// is each Python process's own"):
+            rdd.save(uri)
+        with pytest.raises(BinpipeError, match=r"memory:// is each Python process's own"):
+            check_save_target(uri)
 
 
 def test_a_failed_overwrite_keeps_the_earlier_save(
