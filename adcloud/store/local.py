@@ -1136,7 +1136,8 @@ class LocalStore(BaseStore):
         files, _ = self._cat.descendants(key)
         if files and not recursive:
             raise StorePreconditionError(
-                f"{self._rel(key)} is a non-empty directory; {what} it with recursive=True"
+                f"{self._rel(key)} is a non-empty directory; {what} it with recursive=True "
+                "(-r on the command line)"
             )
         return files
 
@@ -1186,7 +1187,8 @@ class LocalStore(BaseStore):
             elif self._cat.dir_ctime(key, c) is not None:
                 if not recursive and self._cat.has_descendants(key, c):
                     raise StorePreconditionError(
-                        f"{self._rel(key)} is a non-empty directory; delete it with recursive=True"
+                        f"{self._rel(key)} is a non-empty directory; delete it with recursive=True "
+                        "(-r on the command line)"
                     )
                 files, _ = self._cat.descendants(key, c)
                 if not durable and not (files and all(_memory_only(f) for f in files)):

@@ -463,7 +463,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._fail(err.code, err.status, str(err))
         except StoreError as err:
             self.close_connection = self.close_connection or not self._consumed
-            self._fail(500, err.alluxio_status, str(err))
+            # the client names the store as its user does (alluxio://HOST:PORT): the store
+            # behind this server, which it cannot reach, is not part of the message
+            said = str(err).replace(f" in {self.server.app.store.uri}", "")
+            self._fail(500, err.alluxio_status, said)
         except (ValueError, TypeError, UnicodeError) as err:
             self.close_connection = self.close_connection or not self._consumed
             self._fail(500, "INVALID_ARGUMENT", str(err))

@@ -173,10 +173,9 @@ def _report(result: DriveResult, console: Console) -> None:
         f"simulated {result.seconds:g} s in {result.wall_s:.1f} s wall ({ratio:.2f}x real time)"
     )
     console.print(f"bag:   [bold]{escape(str(result.bag))}[/bold]", markup=True)
+    written = ", ".join(sorted(p.name for p in Path(result.truth).iterdir()))
     console.print(
-        f"truth: [bold]{escape(str(result.truth))}[/bold]  "
-        "(poses.txt, map.geojson, raster.npz, world.json, config.json)",
-        markup=True,
+        f"truth: [bold]{escape(str(result.truth))}[/bold]  ({escape(written)})", markup=True
     )
 
 

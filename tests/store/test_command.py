@@ -83,6 +83,9 @@ def test_put_ls_stat_free_persist(tmp_path: Path, store_root: Path) -> None:
     assert LocalStore("local://").stat("/models/m1/params.bin").tier is None
     with pytest.raises(StoreError, match="pinned"):
         run("store", "free", "local:///models/m1/copy.bin")
+    # a directory: the hint names the command line's -r, not the Python keyword alone
+    with pytest.raises(StoreError, match=r"free it with recursive=True \(-r on the command"):
+        run("store", "free", "local:///models/m1")
 
 
 def test_cat(tmp_path: Path, store_root: Path, capsysbinary: pytest.CaptureFixture[bytes]) -> None:

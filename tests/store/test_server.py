@@ -27,6 +27,7 @@ from adcloud.store import (
     StoreAuthError,
     StoreError,
     StoreFullError,
+    StoreNotFoundError,
     StoreServer,
     WriteType,
     open_store,
@@ -181,6 +182,11 @@ def test_backend_and_client_interoperate(served: tuple[StoreServer, str]) -> Non
     with client.open("/x/from-client", "w") as writer:
         writer.write(b"alluxio-py")
     assert store.get("/x/from-client") == b"alluxio-py"
+    # a missing file is named as the client's user sees the store, not by the served one
+    with pytest.raises(StoreNotFoundError) as missing:
+        store.get("/x/nope")
+    assert "/x/nope does not exist" in str(missing.value)
+    assert server.store.uri not in str(missing.value)
     store.close()
 
 

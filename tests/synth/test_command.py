@@ -44,6 +44,7 @@ def test_synth_writes_a_drive_and_says_where(tmp_path: Path) -> None:
             "--columns",
             "256",
             "--no-camera",
+            "--no-raster",
             "--out",
             str(bag),
             "-q",
@@ -51,10 +52,13 @@ def test_synth_writes_a_drive_and_says_where(tmp_path: Path) -> None:
     )
     console, buf = _console()
     assert args.func(args, console) == 0
-    text = buf.getvalue()
+    text = " ".join(buf.getvalue().split())
     assert bag.exists()
     assert str(bag) in text
     assert "cli.bag.truth" in text
+    # the files the truth holds: no raster.npz with --no-raster
+    written = sorted(p.name for p in (tmp_path / "cli.bag.truth").iterdir())
+    assert "raster.npz" not in written and f"({', '.join(written)})" in text
     assert "/lidar/points" in text
     assert "/camera/image_raw" not in text
 
