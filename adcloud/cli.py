@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from adcloud._argtypes import whole_number
 from adcloud.errors import AdcloudError, ConfigError
 
 __all__ = ["main"]
@@ -80,17 +81,6 @@ def _mib(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text}: give a size in MiB, 0 or more")
-    return value
-
-
-def _positive(text: str) -> int:
-    """A count of 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: give 1 or more")
     return value
 
 
@@ -619,7 +609,7 @@ Every output is listed at the end, under --out.""",
     )
     ingest.add_argument(
         "--partitions-per-bag",
-        type=_positive,
+        type=whole_number(1),
         help="group chunks into at most N partitions per bag",
     )
     ingest.add_argument(

@@ -19,6 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from adcloud._argtypes import whole_number
+
 __all__ = ["add_parser"]
 
 _EPILOG_BUILD = """\
@@ -83,17 +85,6 @@ def _tolerance(text: str) -> float:
             f"{text} m: give a distance above 0 and at most {most:g} m (signs within {most:g} m "
             "of each other are one sign, moved when farther apart than --tolerance)"
         )
-    return value
-
-
-def _count(text: str) -> int:
-    """``--top``: a number of rows, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: give 0 or more rows")
     return value
 
 
@@ -635,7 +626,10 @@ def add_parser(subparsers: Any) -> None:
         help="draw the change to this picture (.png; also .svg, .pdf, .jpg, .tif, .eps)",
     )
     diff.add_argument(
-        "--top", type=_count, default=10, help="list this many changed tiles (10; 0: none)"
+        "--top",
+        type=whole_number(0, "rows"),
+        default=10,
+        help="list this many changed tiles (10; 0: none)",
     )
     diff.add_argument("--json", action="store_true", help="machine-readable output")
     diff.set_defaults(func=_cmd_diff)

@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from adcloud._argtypes import whole_number
 from adcloud.store.base import (
     FileStatus,
     Store,
@@ -389,16 +390,6 @@ def _port(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: give a number >= 1")
-    return value
-
-
 def _positive_size(text: str) -> int:
     value = _size(text)
     if value <= 0:
@@ -548,8 +539,12 @@ def add_parser(subparsers: Any) -> None:
     serve.add_argument(
         "--max-file-bytes", type=_positive_size, default="64GiB", help="largest file"
     )
-    serve.add_argument("--max-streams", type=_positive, default=256, help="open streams at most")
-    serve.add_argument("--max-connections", type=_positive, default=64, help="connections at most")
+    serve.add_argument(
+        "--max-streams", type=whole_number(1), default=256, help="open streams at most"
+    )
+    serve.add_argument(
+        "--max-connections", type=whole_number(1), default=64, help="connections at most"
+    )
     serve.add_argument(
         "--socket-timeout",
         type=_seconds,
