@@ -271,18 +271,12 @@ _COUNT_FOLDER = re.compile(r"cameras-\d+")
 def _sweep_output(url: str) -> tuple[Store, JobOutput]:
     """The sweep report directory ``url`` as a :class:`JobOutput`, its ``cameras-<n>/``
     folders checked to hold replay reports only (they are replaced with it)."""
-    from adcloud.sim.report import _report_output, _StoreTree  # noqa: PLC0415
-    from adcloud.store import locate  # noqa: PLC0415
+    from adcloud.sim.report import _report_output, _store_output  # noqa: PLC0415
 
-    store, root = locate(url)
-    output = JobOutput(
-        _StoreTree(store),
-        root,
+    store, output = _store_output(
         url,
-        overwrite=True,
-        ours=lambda name: name in _SWEEP_FILES or bool(_COUNT_FOLDER.fullmatch(name)),
-        error=SimError,
-        what="a camera sweep",
+        lambda name: name in _SWEEP_FILES or bool(_COUNT_FOLDER.fullmatch(name)),
+        "a camera sweep",
     )
     for entry in output.entries:
         name = posixpath.basename(entry.rstrip("/"))

@@ -225,18 +225,18 @@ def _job_json(results: ReplayResults) -> bytes:
     return (text + "\n").encode("utf-8")
 
 
-def _report_output(url: str) -> tuple[Store, JobOutput]:
+def _store_output(url: str, ours: Callable[[str], bool], what: str) -> tuple[Store, JobOutput]:
+    """The report directory ``url`` (any store URI or fsspec URL) as a :class:`JobOutput`
+    replacing the entries ``ours`` recognises."""
     store, root = locate(url)
     output = JobOutput(
-        _StoreTree(store),
-        root,
-        url,
-        overwrite=True,
-        ours=lambda name: name in _FILES,
-        error=SimError,
-        what="a replay report",
+        _StoreTree(store), root, url, overwrite=True, ours=ours, error=SimError, what=what
     )
     return store, output
+
+
+def _report_output(url: str) -> tuple[Store, JobOutput]:
+    return _store_output(url, lambda name: name in _FILES, "a replay report")
 
 
 def _put_report(store: Store, where: str, results: ReplayResults) -> None:
