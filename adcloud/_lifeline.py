@@ -14,11 +14,18 @@ Used by :func:`adcloud.binpipe.pipe.pipe_blocks` and the node adapters of
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import subprocess
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["Lifeline"]
+__all__ = ["LIFELINE_VARIABLE", "Lifeline"]
+
+#: The environment variable that marks the processes a :class:`Lifeline` guards (see
+#: :meth:`Lifeline.environ`).
+LIFELINE_VARIABLE = "ADCLOUD_LIFELINE"
 
 
 # The reaper: a shell that reads process groups ("g<pgid>") and processes ("p<pid>") to
@@ -29,8 +36,14 @@ __all__ = ["Lifeline"]
 # do: it follows the thread that forked, not the process, it is not inherited by the
 # processes a node starts, and a SIGKILLed roscore cannot stop rosmaster and rosout,
 # which roslaunch starts in sessions of their own.
+#
+# A process started but not yet guarded -- the owner was killed between its fork and the
+# "g<pgid>" line -- is found by the mark its environment carries ($2, see
+# Lifeline.environ); so is whatever it started meanwhile.  One grep over every
+# /proc/PID/environ: -z reads the NUL-separated variables, -x -F match the whole entry.
 _REAPER = r"""
 tmp=$1
+mark=$2
 guarded=""
 while IFS= read -r line; do
   case "$line" in
@@ -39,6 +52,15 @@ while IFS= read -r line; do
     g*|p*) guarded="$guarded $line" ;;
   esac
 done
+marked() {
+  [ -n "$mark" ] || return 0
+  for environ in $(grep -l -a -z -x -F -e "$mark" /proc/[0-9]*/environ 2>/dev/null); do
+    pid=${environ#/proc/}
+    pid=${pid%/environ}
+    [ "$pid" = "$$" ] || guarded="$guarded g$pid p$pid"
+  done
+}
+marked
 # The guarded processes' children, found before anything is signalled and again before
 # SIGKILL (a roscore still starting up may start rosout meanwhile): roslaunch starts
 # rosmaster and rosout in sessions of their own, and if roscore is SIGKILLed before it
@@ -82,6 +104,7 @@ while [ "$tries" -lt 30 ] && alive; do
   tries=$((tries + 1))
 done
 find_children
+marked
 guarded="$guarded $children"
 send KILL
 [ -n "$tmp" ] && rm -rf -- "$tmp"
@@ -97,12 +120,16 @@ class Lifeline:
     they are in sessions of their own (the ROS processes) or blocked elsewhere than on
     their stdin.  A :class:`Lifeline` starts a small reaper in its own session that kills
     every guarded process and group -- and removes ``tmp`` -- as soon as this process
-    goes away without calling :meth:`release`.
+    goes away without calling :meth:`release`.  Processes started with
+    :meth:`environ`'s environment are guarded from the moment they start, also if this
+    process dies before it could pass their ids on.
     """
 
     def __init__(self, tmp: Path | None = None) -> None:
+        # unique per lifeline: our pid tells owners apart, the random part runs apart
+        self._mark = f"{LIFELINE_VARIABLE}={os.getpid()}-{secrets.token_hex(8)}"
         self._proc = subprocess.Popen(
-            ["/bin/sh", "-c", _REAPER, "adcloud-reaper", str(tmp or "")],
+            ["/bin/sh", "-c", _REAPER, "adcloud-reaper", str(tmp or ""), self._mark],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -114,6 +141,17 @@ class Lifeline:
     def pid(self) -> int:
         """The reaper's process id."""
         return self._proc.pid
+
+    def environ(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with this lifeline's mark: a process started with it is killed with the rest.
+
+        The mark closes the window between a process's start and :meth:`guard_group`: if
+        this process is killed in it, the reaper still finds the new process (and what it
+        started, which inherits the environment).  It replaces an outer lifeline's mark;
+        that one still reaches this process, whose death sets this lifeline off.
+        """
+        name, _, value = self._mark.partition("=")
+        return {**env, name: value}
 
     def _send(self, line: str) -> None:
         stdin = self._proc.stdin

@@ -187,7 +187,7 @@ def pipe_blocks(
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=full_env,
+            env=guard.environ(full_env),  # guarded from its start, before guard_group
             cwd=cwd,
             bufsize=0,
             # its own process group, so that a kill reaches what it started as well: a

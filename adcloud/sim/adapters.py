@@ -726,7 +726,7 @@ class Ros1Adapter:
         try:
             for attempt in range(_MASTER_ATTEMPTS):
                 port = _free_port()
-                env = _ros_env(tmp, port, node.env)
+                env = lifeline.environ(_ros_env(tmp, port, node.env))
                 try:
                     core = self._start_master(env, tmp, port, timing.startup_timeout_s, lifeline)
                 except _PortTakenError:

@@ -122,6 +122,61 @@ def test_killing_the_owner_kills_guarded_groups_and_processes(tmp_path: Path) ->
             child.kill()
 
 
+def test_a_process_killed_before_it_guards_what_it_started_takes_it_along(
+    tmp_path: Path,
+) -> None:
+    """The owner dies between starting a command and passing on its id: the environment's
+    mark finds it (and its child).  A process carrying a longer mark that merely starts with
+    this one, and one carrying another lifeline's, are left alone."""
+    ready = tmp_path / "ready"
+    marker = f"6000.{os.getpid()}5"
+    child = _spawn(
+        f"""
+        import os, subprocess, time
+        from pathlib import Path
+        from adcloud._lifeline import LIFELINE_VARIABLE, Lifeline
+        line = Lifeline()
+        env = line.environ(os.environ)
+        # never guarded: the owner is "killed" before guard_group
+        subprocess.Popen(
+            ["sh", "-c", "sleep {marker} & wait"], env=env, start_new_session=True
+        )
+        mark = env[LIFELINE_VARIABLE]
+        Path({str(ready)!r}).write_text(f"{{line.pid}} {{mark}}")
+        time.sleep(600)
+        """,
+        tmp_path,
+    )
+    bystanders: list[subprocess.Popen[bytes]] = []
+    try:
+        _wait_until(lambda: ready.exists() and _marker_processes(marker), 30, "the command")
+        reaper_text, mark = ready.read_text().split()
+        other = Lifeline()
+        other_mark = other.environ({})["ADCLOUD_LIFELINE"]
+        other.release()
+        for value in (mark + "0", other_mark):
+            bystanders.append(
+                subprocess.Popen(
+                    ["sleep", "600"],
+                    env={**os.environ, "ADCLOUD_LIFELINE": value},
+                    start_new_session=True,
+                )
+            )
+        started = _descendants(child.pid)
+        assert _marker_processes(marker) <= started
+        _kill_and_check(child, started, int(reaper_text))
+        assert not _marker_processes(marker)
+        assert all(b.poll() is None for b in bystanders)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for pid in _marker_processes(marker):
+            os.kill(pid, signal.SIGKILL)
+        for b in bystanders:
+            b.kill()
+            b.wait()
+
+
 def test_release_leaves_everything_to_its_owner(tmp_path: Path) -> None:
     line = Lifeline(tmp_path)
     sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
