@@ -255,6 +255,7 @@ class VerifyingReader(io.RawIOBase):
         self._crc = 0
         self._pos = 0
         self._checked = False
+        self._past_end = False
         self.name = key
 
     def readable(self) -> bool:
@@ -264,6 +265,8 @@ class VerifyingReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if self._past_end:
+            return 0  # sought past the end, which reads nothing (and is no short file)
         got_n = self._raw.readinto(buffer)  # type: ignore[attr-defined]
         n = 0 if got_n is None else int(got_n)
         if n and self._expect is not None:
@@ -282,6 +285,7 @@ class VerifyingReader(io.RawIOBase):
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         self._expect = None  # random access: the running checksum no longer applies
         self._pos = self._raw.seek(offset, whence)
+        self._past_end = self._pos > self._size
         return self._pos
 
     def tell(self) -> int:

@@ -42,6 +42,7 @@ from adcloud.store.base import (
     TtlAction,
     WriteType,
     check_ttl,
+    check_ttl_change,
     join_path,
     normalize_path,
 )
@@ -417,6 +418,7 @@ class AlluxioStore(BaseStore):
     ) -> None:
         """Expire ``path`` ``ttl`` seconds after creation (``None`` clears it)."""
         act = TtlAction.parse(action)
+        check_ttl_change(ttl, path)  # the proxy takes a negative TTL to mean none
         ms = -1 if ttl is None else round(ttl * 1000)
         self._path_call(
             path, "set-attribute", {"commonOptions": {"ttl": ms, "ttlAction": str(act)}}

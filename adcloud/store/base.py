@@ -25,7 +25,6 @@ import enum
 import importlib
 import re
 import shutil
-import urllib.parse
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, BinaryIO, ClassVar, Literal, Protocol, Self, runtime_checkable
@@ -47,6 +46,7 @@ __all__ = [
     "TtlAction",
     "WriteType",
     "check_ttl",
+    "check_ttl_change",
     "format_size",
     "install_hint",
     "join_path",
@@ -236,14 +236,39 @@ _UNITS = {
 }
 
 
+#: The longest TTL in seconds (100 years): a file's expiry is kept in nanoseconds since the
+#: epoch, and a 64-bit integer holds those only until the year 2262.
+MAX_TTL = 100 * 365 * 86400
+
+
 def check_ttl(ttl: float | None, path: str) -> None:
     """Refuse a TTL a new file cannot have: it expires ``ttl`` seconds after creation, so
-    anything but a positive finite number (or None, never) would delete it as it is
-    written -- and with it the file it replaced."""
-    if ttl is not None and not (isinstance(ttl, (int, float)) and 0 < ttl < float("inf")):
+    anything but a positive number up to :data:`MAX_TTL` (or None, never) would delete it
+    as it is written -- and with it the file it replaced -- or overflow its expiry."""
+    if ttl is not None and not (isinstance(ttl, (int, float)) and 0 < ttl <= MAX_TTL):
         raise StoreError(
-            f"{path}: TTL must be a positive number of seconds after creation, got {ttl!r} "
-            "(leave it out for a file that never expires); nothing was written"
+            f"{path}: TTL must be a positive number of seconds after creation, at most "
+            f"{MAX_TTL} (100 years), got {ttl!r} (leave it out for a file that never "
+            "expires); nothing was written"
+        )
+
+
+def check_ttl_change(ttl: float | None, path: str) -> None:
+    """Refuse a TTL that ``set_ttl`` cannot give an existing file: anything but None (clear
+    it) or a number of seconds from 0 (expire it now) to :data:`MAX_TTL`."""
+    if ttl is None:
+        return
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise StoreError(f"{path}: TTL must be a number of seconds, got {ttl!r}")
+    if ttl < 0:
+        raise StoreError(
+            f"{path}: TTL must not be negative, got {ttl} s; give the seconds after "
+            "creation at which the file expires, or None to clear the TTL"
+        )
+    if not ttl <= MAX_TTL:  # also NaN
+        raise StoreError(
+            f"{path}: TTL must be at most {MAX_TTL} s (100 years), got {ttl!r}; give None "
+            "for a file that never expires"
         )
 
 
@@ -631,18 +656,16 @@ def locate(url: str, **options: Any) -> tuple[Store, str]:
     ``local:///drives/d1/x`` -> (``local://`` store, ``/drives/d1/x``);
     ``alluxio://h:39999/a/b`` -> (store for ``alluxio://h:39999/``, ``/a/b``);
     ``file:///tmp/x`` -> (``file:///`` store, ``/tmp/x``); ``s3://bucket/k`` -> (``s3://``
-    store, ``/bucket/k``).
+    store, ``/bucket/k``).  The path is taken as written: ``?`` and ``#`` are characters of
+    store paths (a file may be named ``a#1``), never a query or a fragment to drop.
     """
     scheme = _scheme_of(url)
-    parts = urllib.parse.urlsplit(url)
+    netloc, slash, rest = url.split("://", 1)[1].partition("/")
     if scheme in ("local", "alluxio"):
-        root = f"{scheme}://{parts.netloc}/" if parts.netloc else f"{scheme}://"
-        path = parts.path or "/"
+        root = f"{scheme}://{netloc}/" if netloc else f"{scheme}://"
+        path = slash + rest or "/"
     elif scheme == "file":
-        root, path = "file:///", parts.path or "/"
-    elif scheme == "memory" or not parts.netloc:
-        root, path = f"{scheme}://", "/" + parts.netloc + parts.path
+        root, path = "file:///", slash + rest or "/"
     else:
-        root = f"{scheme}://"
-        path = "/" + parts.netloc + (parts.path or "")
+        root, path = f"{scheme}://", "/" + netloc + slash + rest
     return open_store(root, **options), normalize_path(path)

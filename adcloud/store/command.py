@@ -14,6 +14,7 @@ import os
 import posixpath
 import shutil
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from rich.table import Table
 from adcloud._argtypes import whole_number
 from adcloud.store.base import (
     FileStatus,
+    PersistenceState,
     Store,
     WriteType,
     format_size,
@@ -31,7 +33,7 @@ from adcloud.store.base import (
     locate,
     stream_copy,
 )
-from adcloud.store.errors import StoreError
+from adcloud.store.errors import StoreError, StoreNotFoundError
 
 __all__ = ["add_parser"]
 
@@ -202,9 +204,8 @@ def _cmd_put(args: argparse.Namespace, console: Console) -> int:
         finally:
             if source is not sys.stdin.buffer:
                 source.close()
-        flush = getattr(store, "flush", None)
-        if flush is not None and not args.no_wait:
-            flush(timeout=args.wait_timeout)
+        if not args.no_wait:
+            _wait_persisted(store, [path], args.wait_timeout)
         status = store.stat(path)
         base = store.uri if store.uri.endswith("://") else store.uri.removesuffix("/")
         where = base + path
@@ -231,20 +232,50 @@ def _cmd_cp(args: argparse.Namespace, console: Console) -> int:
         # store copies on its side); between stores the bytes stream through this process
         same = src_store.uri == dst_store.uri
         options: dict[str, Any] = {"write_type": args.write_type, "pinned": args.pin or None}
+        targets = []
         for entry in _maybe_progress(files, args.quiet):
             target = dst if not status.is_dir else join_path(dst, entry.path[len(src) :] or "/")
             if same:
                 dst_store.copy(entry.path, target, **options)
             else:
                 stream_copy(src_store, entry.path, dst_store, target, **options)
-        flush = getattr(dst_store, "flush", None)
-        if flush is not None and not args.no_wait:
-            flush(timeout=args.wait_timeout)
+            targets.append(target)
+        if not args.no_wait:
+            _wait_persisted(dst_store, targets, args.wait_timeout)
     total = sum(e.size for e in files)
     console.print(
         f"copied {len(files):,} file(s), {format_size(total)}, from {args.source} to {args.target}"
     )
     return 0
+
+
+def _wait_persisted(store: Store, paths: list[str], timeout: float) -> None:
+    """Wait until the files at ``paths`` that this command wrote ``ASYNC_THROUGH`` are in the
+    under-store: only these, not every persist pending in a shared store (another process's
+    backlog, or a persist that keeps failing, is not this command's to wait for)."""
+    if getattr(store, "flush", None) is None:  # no background persists (not local://)
+        return
+    deadline = time.monotonic() + timeout
+    pending = list(paths)
+    while True:
+        still = []
+        for path in pending:
+            try:
+                if store.stat(path).persistence is PersistenceState.TO_BE_PERSISTED:
+                    still.append(path)
+            except StoreNotFoundError:
+                pass  # deleted meanwhile: nothing left to wait for
+        if not still:
+            return
+        if time.monotonic() > deadline:
+            named = ", ".join(still[:5]) + (f" and {len(still) - 5} more" if len(still) > 5 else "")
+            raise StoreError(
+                f"{len(still)} file(s) written are still not persisted after {timeout:g} s: "
+                f"{named}; they are stored and persist in the background (the store's log "
+                "says why it is slow), or give a longer --wait-timeout"
+            )
+        pending = still
+        time.sleep(0.02)
 
 
 def _maybe_progress(files: list[FileStatus], quiet: bool) -> Any:

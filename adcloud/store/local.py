@@ -81,6 +81,7 @@ from adcloud.store.base import (
     TtlAction,
     WriteType,
     check_ttl,
+    check_ttl_change,
     format_size,
     join_path,
     normalize_path,
@@ -1274,14 +1275,10 @@ class LocalStore(BaseStore):
     ) -> None:
         """Expire ``path`` ``ttl`` seconds after its creation (``None`` clears the TTL)."""
         act = TtlAction.parse(action)
+        check_ttl_change(ttl, path)
         if ttl is None:
             self._set(self._key(path), "ttl_ms = NULL, expires_ns = NULL", ())
             return
-        if ttl < 0:
-            raise StoreError(
-                f"{path}: TTL must not be negative, got {ttl} s; give the seconds after "
-                "creation at which the file expires, or None to clear the TTL"
-            )
         ms = round(ttl * 1000)
         self._set(
             self._key(path),

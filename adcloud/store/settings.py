@@ -84,6 +84,17 @@ class StoreSettings:
             WriteType.parse(self.write_type)
         except StoreError as err:
             raise ConfigError(f"store.write_type: {err}") from err
+        if self.ufs:
+            scheme, sep, rest = self.ufs.partition("://")
+            local = rest if sep and scheme.lower() in ("file", "local") else None
+            local = self.ufs if not sep else local
+            if local is not None and not Path(local or "/").expanduser().is_absolute():
+                # every process would persist below its own working directory, and a file
+                # persisted by one would be missing for the others
+                raise ConfigError(
+                    f"store.ufs: {self.ufs!r} is a relative path; give an absolute one "
+                    "(file:///DIR or /DIR) or a URL such as hdfs://... or s3://..."
+                )
 
     @classmethod
     def load(

@@ -7,6 +7,7 @@ instead (no-op for pin/free/persist, ``StoreUnsupportedError`` for TTL).
 
 from __future__ import annotations
 
+import io
 import pickle
 import threading
 import time
@@ -297,7 +298,7 @@ class StoreConformance:
         store.set_ttl("/ttl/long", None)
         assert store.stat("/ttl/long").ttl is None
 
-    @pytest.mark.parametrize("ttl", [0, -5, float("nan"), float("inf")])
+    @pytest.mark.parametrize("ttl", [0, -5, float("nan"), float("inf"), 1e12])
     def test_a_write_with_a_ttl_it_cannot_have_changes_nothing(
         self, store: Store, ttl: float
     ) -> None:
@@ -313,6 +314,30 @@ class StoreConformance:
             store.copy("/ttl/source", "/ttl/kept", ttl=ttl)
         time.sleep(0.2)  # an expiry would have run by now
         assert store.get("/ttl/kept") == b"old" and store.stat("/ttl/kept").ttl is None
+
+    @pytest.mark.parametrize("ttl", [-5, float("nan"), float("inf"), 1e12, "60"])
+    def test_a_ttl_change_it_cannot_make_changes_nothing(self, store: Store, ttl: float) -> None:
+        # a negative TTL cleared the TTL over alluxio:// (-1 means none there); NaN,
+        # infinity and 1e12 s (past the year 2262 in nanoseconds) raised bare
+        # ValueError/OverflowError, over HTTP "internal error"
+        if "ttl" not in store.capabilities:
+            return  # every TTL is refused (test_ttl)
+        store.put("/ttl/kept", b"old", ttl=3600)
+        with pytest.raises(StoreError, match="/ttl/kept: TTL must"):
+            store.set_ttl("/ttl/kept", ttl)
+        assert store.stat("/ttl/kept").ttl == pytest.approx(3600)
+        assert store.get("/ttl/kept") == b"old"
+
+    def test_a_seek_past_the_end_reads_nothing(self, store: Store) -> None:
+        store.put("/seek/f", b"0123456789")
+        with store.open("/seek/f", "rb") as stream:
+            if not stream.seekable():
+                return  # a stream over HTTP only reads forward
+            assert stream.seek(100) == 100
+            assert stream.read(5) == b""
+            assert stream.read() == b""
+            stream.seek(-3, io.SEEK_END)
+            assert stream.read() == b"789"
 
     # -- concurrency and descriptions -------------------------------------------------------
 

@@ -43,6 +43,39 @@ def test_help_everywhere(sub: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert "usage: adcloud store" in capsys.readouterr().out
 
 
+def test_put_to_a_name_with_a_hash_leaves_other_files_alone(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.write_bytes(b"first")
+    second.write_bytes(b"second")
+    run("store", "put", str(first), "local:///d/a", "--write-type", "MUST_CACHE")
+    code, out = run("store", "put", str(second), "local:///d/a#2?x", "--write-type", "MUST_CACHE")
+    assert code == 0 and "local:///d/a#2?x" in out
+    with LocalStore("local://") as store:
+        assert store.get("/d/a") == b"first"
+        assert store.get("/d/a#2?x") == b"second"
+
+
+def test_put_and_cp_wait_only_for_their_own_persists(tmp_path: Path, store_root: Path) -> None:
+    # another file's persist keeps failing (its under-store directory is a symlink out of
+    # the under-store): put and cp used to wait for the whole store's journal and fail
+    # after --wait-timeout although their own files were persisted
+    (store_root / "ufs").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (store_root / "ufs" / "bad").symlink_to(tmp_path / "elsewhere")
+    with LocalStore("local://", background=False) as store:
+        store.put("/bad/f", b"stuck", write_type="ASYNC_THROUGH")
+    src = tmp_path / "in.bin"
+    src.write_bytes(b"mine")
+    code, out = run("store", "put", str(src), "local:///ok/f", "--wait-timeout", "5")
+    assert code == 0 and "PERSISTED" in out
+    code, out = run("store", "cp", "-q", "local:///ok/f", "local:///ok/g", "--wait-timeout", "5")
+    assert code == 0
+    with LocalStore("local://", background=False) as store:
+        assert store.stat("/ok/g").persisted and store.pending_persists() == 1
+    with pytest.raises(StoreError, match=r"still not persisted after 0\.5 s: /bad/g"):
+        run("store", "put", str(src), "local:///bad/g", "--wait-timeout", "0.5")
+
+
 def test_put_ls_stat_free_persist(tmp_path: Path, store_root: Path) -> None:
     src = tmp_path / "params.bin"
     src.write_bytes(b"p" * 5000)

@@ -496,6 +496,42 @@ def test_settings_from_environment(store_root: Path, monkeypatch: pytest.MonkeyP
         StoreSettings.load()
 
 
+@pytest.mark.parametrize("ufs", ["ufs-here", "file://ufs-here", "local://ufs-here"])
+def test_a_relative_under_store_is_refused(
+    ufs: str, store_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each process would persist below its own working directory: a file another process
+    # persisted would be missing
+    from adcloud.errors import ConfigError  # noqa: PLC0415
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ADCLOUD_STORE_UFS", ufs)
+    with pytest.raises(ConfigError, match=r"store\.ufs: .* is a relative path"):
+        LocalStore("local://", background=False)
+    assert not (tmp_path / "ufs-here").exists()
+
+
+def test_an_absolute_under_store_path_is_taken(
+    make_store: MakeStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for ufs, where in ((str(tmp_path / "u1"), tmp_path / "u1"), ("~/u2", tmp_path / "u2")):
+        store = make_store(ufs=ufs)
+        store.put("/f", b"x", write_type=WriteType.CACHE_THROUGH)
+        assert (where / "f").read_bytes() == b"x"
+
+
+def test_a_seek_past_the_end_of_a_verified_file_reads_nothing(make_store: MakeStore) -> None:
+    # every read is checked, so the seek past the end was taken for a short file
+    store = make_store(verify_reads="all")
+    store.put("/f", b"0123456789")
+    with store.open("/f") as stream:
+        stream.seek(50)
+        assert stream.read() == b""
+        stream.seek(0)
+        assert stream.read() == b"0123456789"
+
+
 def test_default_tiers_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ADCLOUD_STORE_ROOT")
     specs = StoreSettings.load().tiers()

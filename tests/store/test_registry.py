@@ -110,6 +110,17 @@ def test_locate() -> None:
 
 
 @pytest.mark.parametrize(
+    "url", ["local:///d/a#1.txt", "local:///d/a?v=2", "file:///tmp/d/a#1", "memory://d/a?x#y"]
+)
+def test_locate_keeps_question_marks_and_hashes_in_paths(url: str) -> None:
+    # file names may hold them; dropping the rest as a URL query or fragment named another
+    # file (/d/a), which a put then overwrote
+    store, path = locate(url)
+    store.close()
+    assert path == "/" + url.split("://", 1)[1].lstrip("/")
+
+
+@pytest.mark.parametrize(
     ("given", "expected"),
     [("a/b", "/a/b"), ("//a///b/", "/a/b"), ("/", "/"), ("", "/"), ("/ü/x y", "/ü/x y")],
 )
