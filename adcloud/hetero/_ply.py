@@ -43,6 +43,8 @@ def read_ply(path: str | os.PathLike[str]) -> tuple[NDArray[np.float32], list[st
         if words[:1] == ["element"]:
             in_vertex = words[1] == "vertex"
             if in_vertex:
+                if len(words) != 3 or not words[2].isdigit():
+                    raise HeteroError(f"{path}: bad vertex element line {line!r}")
                 count = int(words[2])
             elif not names:
                 raise HeteroError(f"{path}: the vertex element must come first")
@@ -51,8 +53,15 @@ def read_ply(path: str | os.PathLike[str]) -> tuple[NDArray[np.float32], list[st
                 raise HeteroError(f"{path}: unsupported vertex property {line!r}")
             names.append(words[2])
             fields.append((words[2], _TYPES[words[1]]))
-    rows = np.frombuffer(
-        data, dtype=np.dtype(fields), count=count, offset=end + len(b"end_header\n")
-    )
+    if not names:
+        raise HeteroError(f"{path}: no vertex properties")
+    dtype = np.dtype(fields)
+    body = end + len(b"end_header\n")
+    if len(data) - body < count * dtype.itemsize:
+        raise HeteroError(
+            f"{path}: truncated: {count} vertices of {dtype.itemsize} bytes need "
+            f"{count * dtype.itemsize} bytes after the header, the file has {len(data) - body}"
+        )
+    rows = np.frombuffer(data, dtype=dtype, count=count, offset=body)
     out = np.stack([rows[name].astype(np.float32) for name in names], axis=1)
     return np.ascontiguousarray(out), names

@@ -125,11 +125,14 @@ class DeviceAddress:
         """Parse ``"P:D"`` / ``"P:D:S/N"``; raises :class:`DeviceNotFoundError` otherwise."""
         pieces = text.strip().split(":")
         try:
+            platform, device = int(pieces[0]), int(pieces[1]) if len(pieces) > 1 else 0
+            if min(platform, device) < 0:  # a negative index would count from the end
+                raise ValueError(pieces)
             if len(pieces) == 2:
-                return cls(int(pieces[0]), int(pieces[1]))
+                return cls(platform, device)
             if len(pieces) == 3:
                 part, _, parts = pieces[2].partition("/")
-                address = cls(int(pieces[0]), int(pieces[1]), int(part), int(parts))
+                address = cls(platform, device, int(part), int(parts))
                 if not 0 <= int(part) < int(parts):
                     raise ValueError(part)
                 return address

@@ -32,6 +32,7 @@ import posixpath
 import re
 import time
 import uuid
+import zipfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -274,7 +275,6 @@ def extract_features(
         what="a feature job",
         hint=hint,
     )
-    output.start()
     rdd = BinPipeRDD.from_bags(
         spark,
         bags,
@@ -283,6 +283,7 @@ def extract_features(
         partition_bytes=int(partition_mb * 2**20) or None,
         storage_options=options or None,
     )
+    output.start()  # after the bags were found: a missing bag leaves no directory behind
     job = functools.partial(
         _partition_features,
         out=posixpath.join(out, TEMPORARY, output.job),  # the staging directory, as a URL
@@ -348,9 +349,18 @@ def read_features(out: str, storage_options: dict[str, Any] | None = None) -> di
     """
     options = dict(storage_options or {})
     fs, root = fsspec.core.url_to_fs(out, **options)
-    with fs.open(posixpath.join(root, "manifest.json")) as handle:
-        manifest = json.load(handle)
-    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+    try:
+        with fs.open(posixpath.join(root, "manifest.json")) as handle:
+            manifest = json.load(handle)
+    except FileNotFoundError as err:
+        raise HeteroError(f"{out} has no manifest.json: not a feature job's output") from err
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise HeteroError(f"{out}/manifest.json is not valid JSON: {err}") from err
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != FORMAT
+        or manifest.get("version") != FORMAT_VERSION
+    ):
         raise HeteroError(f"{out} is not an {FORMAT} v{FORMAT_VERSION} output")
     groups: dict[str, list[tuple[NDArray[np.int64], NDArray[np.float32]]]] = defaultdict(list)
     names = sorted(
@@ -364,9 +374,12 @@ def read_features(out: str, storage_options: dict[str, Any] | None = None) -> di
             raise HeteroError(
                 f"{out} is incomplete: its manifest lists {name}, which is missing"
             ) from err
-        with np.load(io.BytesIO(raw), allow_pickle=False) as data:
-            height, width = (int(v) for v in data["shape"])
-            groups[f"{height}x{width}"].append((data["timestamps"], data["features"]))
+        try:
+            with np.load(io.BytesIO(raw), allow_pickle=False) as data:
+                height, width = (int(v) for v in data["shape"])
+                groups[f"{height}x{width}"].append((data["timestamps"], data["features"]))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+            raise HeteroError(f"{out}/{name} is not a readable {FORMAT} part: {err}") from err
     result: dict[str, Any] = {}
     for key, parts in groups.items():
         stamps = np.concatenate([s for s, _ in parts])

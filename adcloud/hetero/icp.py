@@ -567,6 +567,10 @@ def align(
     down-weighted (Huber; 0 for plain least squares).  Correspondences and the 6x6 reduction run on
     the device with the clouds kept in device buffers between iterations.
     """
+    # a negative size used to keep the clouds as they were, as 0 does
+    number = isinstance(voxel_size, int | float | np.number) and not isinstance(voxel_size, bool)
+    if not (number and np.isfinite(voxel_size) and voxel_size >= 0):
+        raise HeteroError(f"voxel_size must be 0 (keep the clouds) or more, got {voxel_size!r}")
     dev = as_device(device)
     matrix = np.eye(4) if init is None else as_rigid(init)
     src = as_points(source, what="source")[:, :3]

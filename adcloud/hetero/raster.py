@@ -58,6 +58,10 @@ class GridSpec:
             )
         if not (np.isfinite(self.origin_x) and np.isfinite(self.origin_y)):
             raise HeteroError("the grid origin must be finite")
+        for name in ("width", "height"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise HeteroError(f"grid {name} must be a whole number of cells, got {value!r}")
         if self.width < 1 or self.height < 1 or self.width * self.height > _MAX_CELLS:
             raise HeteroError(f"grid size {self.height} x {self.width} is empty or too large")
 

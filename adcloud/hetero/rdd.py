@@ -93,8 +93,14 @@ def _arrow_array(batch: Any, columns: Sequence[str] | None) -> NDArray[Any]:
             column = column.combine_chunks()
         if pa.types.is_fixed_size_list(column.type):
             width = column.type.list_size
-            if column.null_count == 0 and column.offset == 0:
-                values: NDArray[Any] = column.values.to_numpy(zero_copy_only=True)
+            if column.null_count:
+                msg = f"Arrow column {names[0]!r} has {column.null_count} null rows"
+                raise HeteroError(msg)
+            # flatten(), not .values: .values is the whole child array, also the rows
+            # outside a slice (batch.slice(0, k) keeps offset 0 but not the length)
+            flat_values = column.flatten()
+            if flat_values.null_count == 0:
+                values: NDArray[Any] = flat_values.to_numpy(zero_copy_only=True)
                 return values.reshape(-1, width)
             return np.asarray(column.to_pylist(), dtype=np.float64)
         flat: NDArray[Any] = column.to_numpy(zero_copy_only=False)

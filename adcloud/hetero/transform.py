@@ -53,9 +53,12 @@ def as_rigid(transform: NDArray[Any] | Any) -> NDArray[np.float64]:
 
 def as_points(points: NDArray[Any] | Any, *, what: str = "points") -> FloatArray:
     """``points`` as an (N, C>=3) float32/float64 array (other dtypes become float64)."""
-    array = np.asarray(points)
-    if array.dtype not in (np.float32, np.float64):
-        array = array.astype(np.float64)
+    try:
+        array = np.asarray(points)
+        if array.dtype not in (np.float32, np.float64):
+            array = array.astype(np.float64)
+    except (TypeError, ValueError) as err:  # strings, ragged rows
+        raise HeteroError(f"{what} must be an array of numbers: {err}") from err
     if array.ndim != 2 or array.shape[1] < 3:
         raise HeteroError(f"{what} must be an (N, 3) or (N, C>=3) array, got shape {array.shape}")
     return array

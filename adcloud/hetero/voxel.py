@@ -60,7 +60,10 @@ class Voxels(NamedTuple):
 
 
 def _check_size(voxel_size: float) -> float:
-    size = float(voxel_size)
+    try:
+        size = float(voxel_size)
+    except (TypeError, ValueError):
+        size = float("nan")
     if not (np.isfinite(size) and size > 0):
         raise HeteroError(f"voxel_size must be a positive number of metres, got {voxel_size!r}")
     return size

@@ -63,6 +63,13 @@ def test_bad_addresses_are_refused(text: str) -> None:
         DeviceAddress.parse(text)
 
 
+@pytest.mark.parametrize("text", ["-1:0", "0:-1", "-1:-1:0/2"])
+def test_negative_indices_name_no_device(text: str) -> None:
+    # Python would index from the end: "-1:0" opened the last platform's device 0
+    with pytest.raises(DeviceNotFoundError, match="not an OpenCL device address"):
+        open_device(text)
+
+
 def test_settings_come_from_the_environment() -> None:
     settings = HeteroSettings.load(
         environ={

@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 from rich.console import Console
 
+from adcloud.errors import AdcloudError
 from adcloud.hetero import HeteroError, extract_features, hog_features, read_features
 from adcloud.hetero.command import add_parser
 from adcloud.hetero.devices import HeteroSettings
@@ -121,6 +122,31 @@ def test_bad_parameters_fail_before_any_task(
         extract_features(spark, str(image_bags["bgr"]), str(tmp_path / "out"), **change)
     assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs  # no Spark job
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_bag_leaves_no_output_directory(
+    spark: SparkSession, image_bags: dict, tmp_path: Path
+) -> None:
+    missing = tmp_path / "nope.bag"
+    with pytest.raises(AdcloudError, match=r"nope\.bag"):
+        extract_features(spark, [str(image_bags["bgr"]), str(missing)], str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()  # not even an empty _temporary/<job>/
+
+
+def test_damaged_outputs_are_errors_naming_the_file(
+    spark: SparkSession, image_bags: dict, tmp_path: Path
+) -> None:
+    out = tmp_path / "damaged"
+    result = extract_features(spark, str(image_bags["bgr"]), str(out))
+    part = Path(result.files[0])
+    part.write_bytes(part.read_bytes()[:100])  # cut short, as by a full disk
+    with pytest.raises(HeteroError, match=rf"{part.name} is not a readable adcloud-hog part"):
+        read_features(str(out))
+    (out / "manifest.json").write_text('{"format": "adcloud-h')
+    with pytest.raises(HeteroError, match=r"manifest\.json is not valid JSON"):
+        read_features(str(out))
+    with pytest.raises(HeteroError, match=r"has no manifest\.json"):
+        read_features(str(tmp_path / "elsewhere"))
 
 
 def test_cell_larger_than_the_images_fails_naming_both(

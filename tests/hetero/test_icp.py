@@ -233,3 +233,11 @@ def test_align_needs_overlap(device: ComputeDevice) -> None:
         align(cloud, cloud + 100.0, device=device)
     with pytest.raises(HeteroError, match="too few points"):
         align(cloud[:3], cloud, device=device)
+
+
+@pytest.mark.parametrize("voxel_size", [-0.25, float("nan"), "0.25"])
+def test_align_refuses_a_bad_voxel_size(voxel_size: float) -> None:
+    # a negative size used to skip the downsampling silently (as 0 does)
+    cloud = np.random.default_rng(11).uniform(0, 5, (500, 3))
+    with pytest.raises(HeteroError, match="voxel_size must be 0"):
+        align(cloud, cloud, voxel_size=voxel_size, device="numpy")

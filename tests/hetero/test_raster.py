@@ -152,3 +152,12 @@ def test_grid_spec_checks_and_covering() -> None:
     assert (grid.origin_x, grid.origin_y) == (1.0, -2.0)
     r = rasterize(points, grid, device="numpy")
     assert r.count.sum() == 2
+
+
+@pytest.mark.parametrize(("width", "height"), [(20 / 0.05, 10), (3, 2.5), (True, 4)])
+def test_grid_sizes_must_be_whole_numbers(width: object, height: object) -> None:
+    # a width computed as extent / cell is a float; it used to fail later, in NumPy or
+    # in the OpenCL launch, with a TypeError that named no grid
+    with pytest.raises(HeteroError, match="whole number of cells"):
+        GridSpec(0.0, 0.0, 0.05, width, height)  # type: ignore[arg-type]
+    assert GridSpec(0.0, 0.0, 0.05, np.int64(400), 10).shape == (10, 400)

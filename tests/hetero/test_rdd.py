@@ -20,6 +20,7 @@ from adcloud.hetero import (
     voxel_downsample,
 )
 from adcloud.hetero.devices import ComputeDevice
+from adcloud.hetero.errors import HeteroError
 from adcloud.hetero.rdd import partition_array
 
 pytestmark = pytest.mark.opencl
@@ -86,3 +87,19 @@ def test_partition_arrays_from_numpy_arrow_and_rows() -> None:
     )
     assert partition_array([(1.0, 2.0, 3.0), (4.0, 5.0, 6.0)]).shape == (2, 3)
     assert partition_array([]).size == 0
+
+
+def test_a_sliced_arrow_batch_gives_only_its_own_rows() -> None:
+    column = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12, dtype=np.float32)), 3)
+    batch = pa.RecordBatch.from_arrays([column], names=["xyz"])
+    head = partition_array([batch.slice(0, 2)])  # offset 0, but only 2 of the 4 rows
+    np.testing.assert_array_equal(head, [[0, 1, 2], [3, 4, 5]])
+    np.testing.assert_array_equal(partition_array([batch.slice(3, 1)]), [[9, 10, 11]])
+    assert np.shares_memory(head, partition_array([batch]))  # still without a copy
+
+
+def test_null_rows_of_an_arrow_column_are_an_error_naming_it() -> None:
+    column = pa.array([[1.0, 2.0, 3.0], None], type=pa.list_(pa.float32(), 3))
+    batch = pa.RecordBatch.from_arrays([column], names=["xyz"])
+    with pytest.raises(HeteroError, match="'xyz' has 1 null rows"):
+        partition_array([batch])

@@ -63,3 +63,9 @@ def test_three_by_four_is_accepted_and_non_rigid_refused() -> None:
         transform_points(points, np.eye(3), device="numpy")
     with pytest.raises(HeteroError, match=r"\(N, 3\)"):
         transform_points(np.ones((4, 2)), np.eye(4), device="numpy")
+
+
+@pytest.mark.parametrize("points", [np.array([["1", "2", "x"]]), [[1.0, 2.0, 3.0], [1.0, 2.0]]])
+def test_points_that_are_not_numbers_are_an_error_naming_them(points: object) -> None:
+    with pytest.raises(HeteroError, match="points must be an array of numbers"):
+        transform_points(points, np.eye(4), device="numpy")  # type: ignore[arg-type]

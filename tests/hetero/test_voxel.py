@@ -65,6 +65,12 @@ def test_an_unknown_strategy_is_an_error() -> None:
         voxel_downsample(np.zeros((3, 3)), 1.0, strategy="fast", device="numpy")
 
 
+@pytest.mark.parametrize("size", ["fine", None, -0.5, float("nan")])
+def test_a_bad_voxel_size_is_an_error_naming_it(size: object) -> None:
+    with pytest.raises(HeteroError, match="voxel_size must be a positive number of metres"):
+        voxel_downsample(np.zeros((3, 3)), size, device="numpy")  # type: ignore[arg-type]
+
+
 def test_reference_agrees_with_a_dictionary_of_voxels() -> None:
     points = np.random.default_rng(3).uniform(-3, 3, (2000, 3)) + 0.013  # off the lattice
     result = voxel_downsample(points, 1.0, device="numpy")
