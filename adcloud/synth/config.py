@@ -131,7 +131,10 @@ class DriveConfig:
 
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            if isinstance(value, float) and not math.isfinite(value):
+            # tuples too: a NaN origin height made every GPS fix NaN, a NaN outage start
+            # dropped the outage; both passed into config.json as non-JSON NaN
+            items = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, float) and not math.isfinite(v) for v in items):
                 problems.append(f"{name} must be finite, not {value}")
         need(0 < self.seconds <= 1e6, f"seconds must be in (0, 1e6], not {self.seconds}")
         need(0 <= self.seed < 2**63, f"seed must be in [0, 2**63), not {self.seed}")

@@ -94,21 +94,24 @@ def _bag_size(path: Path) -> int:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir():
+    # a symlink (an --out that links to a drive elsewhere) goes, not what it points to
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
-    elif path.exists():
+    elif path.exists() or path.is_symlink():
         path.unlink()
 
 
 class _Drive:
     """One drive in progress: sensors, the writer and the truth directory."""
 
-    def __init__(self, config: DriveConfig, bag: Path, world: World) -> None:
+    def __init__(self, config: DriveConfig, bag: Path, world: World, created: list[Path]) -> None:
         self.config = config
         self.world = world
         self.codec = MessageCodec("ros1" if config.format == "ros1" else "ros2")
         self.writer = open_writer(bag, config, self.codec.store)
+        created.append(bag)
         self.truth = TruthWriter(truth_dir_for(bag), config, world)
+        created.append(self.truth.root)
         self.counts: dict[str, int] = {}
         seeds = {
             name: np.random.SeedSequence([config.seed, 0x5E5, sid])
@@ -313,11 +316,15 @@ class _Drive:
 
 
 def _open_drive(config: DriveConfig, bag: Path, world: World) -> _Drive:
+    # A failure removes only what this run created: a bag or truth directory that another
+    # run made between the existence check and now (building the world takes a while) is
+    # that run's, and deleting it would fail that run too.
+    created: list[Path] = []
     try:
-        return _Drive(config, bag, world)
+        return _Drive(config, bag, world, created)
     except BaseException:
-        _remove(bag)
-        _remove(truth_dir_for(bag))
+        for path in created:
+            _remove(path)
         raise
 
 
@@ -374,13 +381,21 @@ _TRUTH_FILES = frozenset(
 )
 _ROS1_MAGIC = b"#ROSBAG V2.0\n"
 _MCAP_MAGIC = b"\x89MCAP0\r\n"
+# What rosbags' ROS 2 writer creates in a bag directory before metadata.yaml (sqlite3 with
+# its journal files, or MCAP).
+_ROS2_STORAGE_SUFFIXES = (".db3", ".db3-journal", ".db3-wal", ".db3-shm", ".mcap")
 
 
 def _is_bag(path: Path) -> bool:
     """Whether ``path`` is a bag a drive may replace: a ROS 1 or MCAP file, or a rosbag2
-    directory (one with ``metadata.yaml``)."""
+    directory (one with ``metadata.yaml``, or one that a killed writer left holding only its
+    storage file: ``metadata.yaml`` is written last)."""
     if path.is_dir():
-        return (path / "metadata.yaml").is_file()
+        if (path / "metadata.yaml").is_file():
+            return True
+        storage = {f"{path.name}{suffix}" for suffix in _ROS2_STORAGE_SUFFIXES}
+        names = {p.name for p in path.iterdir()}
+        return bool(names) and names <= storage
     try:
         with path.open("rb") as f:
             head = f.read(13)

@@ -5,7 +5,7 @@ parallel to base_link, so the lever arm's centripetal terms are in the data):
 ``accel = R^T (a + (0, 0, g)) + b_a + n_a`` (m/s^2) and ``gyro = w + b_g + n_g``
 (rad/s).  Biases start at ``N(0, imu_*_bias)`` per axis and random-walk with
 ``imu_*_bias_walk`` per sqrt(s); ``n`` is white with ``imu_*_noise`` per sample.
-The true biases are written to the truth directory (``errors.csv``).
+The true biases are written to the truth directory (``imu_bias.csv``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The measured speed is the true speed of ``base_link`` (along the road surface) times
 ``1 + scale error`` plus white noise; the scale error starts at ``odom_scale_error`` and
-random-walks with ``odom_scale_drift`` per sqrt(s) (bounded to +-5 %).  The yaw rate is
+random-walks with ``odom_scale_drift`` per sqrt(s) (bounded to +-5 %, or to
++-``odom_scale_error`` when that is larger).  The yaw rate is
 the true body yaw rate plus white noise.  Both read exactly zero at standstill.  The
 pose integrates them from ``(0, 0, 0)`` at the drive start (midpoint rule), in 2D.
 """
@@ -44,6 +45,8 @@ class WheelOdometry:
         self.config = config
         self.rng = rng
         self.scale_error = float(config.odom_scale_error)
+        # a start beyond +-5 % widens the bound: reflecting it at 5 % turned +15 % into -5 %
+        self.scale_bound = max(_SCALE_BOUND, abs(self.scale_error))
         self.pose = (0.0, 0.0, 0.0)
         self.last: tuple[float, float, float] | None = None  # t, speed, yaw rate
 
@@ -62,8 +65,8 @@ class WheelOdometry:
         draws = self.rng.standard_normal((n, 3))
         for i in range(n):
             err += cfg.odom_scale_drift * np.sqrt(max(dt[i], 0.0)) * draws[i, 0]
-            if abs(err) > _SCALE_BOUND:  # reflect at the bound
-                err = np.sign(err) * (2 * _SCALE_BOUND - abs(err))
+            if abs(err) > self.scale_bound:  # reflect at the bound
+                err = np.sign(err) * (2 * self.scale_bound - abs(err))
             scale[i] = 1.0 + err
         self.scale_error = err
         speed = np.where(moving, true_speed * scale + cfg.odom_speed_noise * draws[:, 1], 0.0)

@@ -128,13 +128,20 @@ class TruthWriter:
         except FileExistsError:
             raise SynthError(f"{root} exists already; remove it or pass overwrite=True") from None
         self._files: dict[str, IO[str]] = {}
-        self._open("poses.txt", "# timestamp tx ty tz qx qy qz qw  (map frame, base_link; TUM)\n")
-        self._open(
-            "imu_bias.csv",
-            "t,accel_bias_x,accel_bias_y,accel_bias_z,gyro_bias_x,gyro_bias_y,gyro_bias_z\n",
-        )
-        self._open("odom_scale.csv", "t,scale\n")
-        self._open("gps.csv", "t,published,true_e,true_n,true_u,bias_e,bias_n,bias_u\n")
+        try:
+            self._open(
+                "poses.txt", "# timestamp tx ty tz qx qy qz qw  (map frame, base_link; TUM)\n"
+            )
+            self._open(
+                "imu_bias.csv",
+                "t,accel_bias_x,accel_bias_y,accel_bias_z,gyro_bias_x,gyro_bias_y,gyro_bias_z\n",
+            )
+            self._open("odom_scale.csv", "t,scale\n")
+            self._open("gps.csv", "t,published,true_e,true_n,true_u,bias_e,bias_n,bias_u\n")
+        except BaseException:  # the directory is ours (mkdir made it): leave nothing behind
+            self.abort()
+            shutil.rmtree(root, ignore_errors=True)
+            raise
         self.lo = np.array([np.inf, np.inf])
         self.hi = np.array([-np.inf, -np.inf])
 
@@ -477,11 +484,24 @@ def _member(name: str) -> zipfile.ZipInfo:
 # --------------------------------------------------------------------------- readers
 
 
+def _whole(truth: Path) -> Path:
+    """``truth`` as a path, once it is known to be whole: ``world.json`` is written last, so
+    a directory without it is what an interrupted drive (``kill -9``, a power cut) left --
+    a ``poses.txt`` that may end in the middle of a line and no map or raster."""
+    path = Path(truth)
+    if path.is_dir() and not (path / "world.json").is_file():
+        raise SynthError(
+            f"{path} is an incomplete truth directory (no world.json, which a drive writes "
+            "last): the drive that wrote it was interrupted; generate it again (--overwrite)"
+        )
+    return path
+
+
 def read_poses(truth: Path) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]:
     """``(t_ns, xyz (N, 3), quaternions (N, 4) as x, y, z, w)`` from ``poses.txt``."""
     t_ns = []
     rows = []
-    with (Path(truth) / "poses.txt").open(encoding="ascii") as f:
+    with (_whole(truth) / "poses.txt").open(encoding="ascii") as f:
         for line in f:
             if line.startswith("#") or not line.strip():
                 continue
@@ -495,7 +515,7 @@ def read_poses(truth: Path) -> tuple[NDArray[np.int64], NDArray[np.float64], NDA
 
 def read_raster(truth: Path) -> Raster:
     """The truth raster of a truth directory (no pickle involved)."""
-    with np.load(Path(truth) / "raster.npz", allow_pickle=False) as z:
+    with np.load(_whole(truth) / "raster.npz", allow_pickle=False) as z:
         if int(z["version"]) != TRUTH_VERSION:
             raise SynthError(f"{truth}: raster version {int(z['version'])} is not {TRUTH_VERSION}")
         origin = z["origin"]
@@ -510,5 +530,5 @@ def read_raster(truth: Path) -> Raster:
 
 def read_map(truth: Path) -> dict[str, Any]:
     """The parsed ``map.geojson`` of a truth directory."""
-    data: dict[str, Any] = json.loads((Path(truth) / "map.geojson").read_text())
+    data: dict[str, Any] = json.loads((_whole(truth) / "map.geojson").read_text())
     return data

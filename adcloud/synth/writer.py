@@ -12,6 +12,7 @@ the bytes are reproducible for the same package versions.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -169,4 +170,17 @@ def open_writer(path: Path, config: DriveConfig, store: Typestore) -> BagWriter:
     try:
         return factory(path, config, store)
     except (OSError, WriterError, Ros2WriterError) as err:
+        if isinstance(err.__context__, FileExistsError):  # rosbags' atomic create lost a race
+            raise SynthError(
+                f"{path} exists already (another run created it); remove it or pass "
+                "overwrite=True (--overwrite)"
+            ) from err
+        _remove_partial(path)  # ours: the writer created it before failing
         raise SynthError(f"cannot create the bag {path}: {err}") from err
+
+
+def _remove_partial(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists():
+        path.unlink(missing_ok=True)

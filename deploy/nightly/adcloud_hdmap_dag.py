@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shlex
 
 try:  # Airflow 3
     from airflow.providers.standard.operators.bash import BashOperator
@@ -26,7 +27,10 @@ except ImportError:  # Airflow 2
     from airflow.operators.bash import BashOperator
 
 ADCLOUD = os.environ.get("ADCLOUD_BIN", "/opt/adcloud/.venv/bin/adcloud")
-# Jinja templates, rendered by Airflow at run time from its Variables
+# Jinja templates, rendered by Airflow at run time from its Variables. They reach the command
+# through the task's environment, quoted there, so that bash neither splits a path with a space
+# nor runs what follows a ';' in a Variable; a glob goes to adcloud as written (it expands
+# globs itself, in object stores too).
 BAGS = "{{ var.value.get('adcloud_hdmap_bags', 's3://fleet-drives/incoming/') }}"
 MAP = "{{ var.value.get('adcloud_hdmap_map', 's3://hd-maps/city') }}"
 
@@ -48,8 +52,10 @@ with DAG(
     build = BashOperator(
         task_id="hdmap_build",
         bash_command=(
-            f"{ADCLOUD} hdmap build --bags {BAGS} --map {MAP} --skip-bad-bags --trust-mtime"
+            f'{shlex.quote(ADCLOUD)} hdmap build --bags "$NIGHTLY_BAGS" --map "$NIGHTLY_MAP" '
+            "--skip-bad-bags --trust-mtime"
         ),
-        env={"PYTHONUNBUFFERED": "1"},
+        # not ADCLOUD_HDMAP_*: adcloud reads those as build settings
+        env={"PYTHONUNBUFFERED": "1", "NIGHTLY_BAGS": BAGS, "NIGHTLY_MAP": MAP},
         append_env=True,
     )

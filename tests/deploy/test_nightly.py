@@ -6,9 +6,12 @@ modules that record what the file builds (the DAG's arguments and the task's com
 from __future__ import annotations
 
 import configparser
+import json
+import os
 import py_compile
 import re
 import shlex
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -210,11 +213,70 @@ def test_airflow_dag_builds_the_nightly_task(monkeypatch: pytest.MonkeyPatch, ve
     assert dag["catchup"] is False and dag["max_active_runs"] == 1
     assert dag["start_date"].tzinfo is not None
     task = _Recorder.tasks[0]
+    env = render_variables(task["env"], {})
+    assert task["append_env"] is True
+    # the Variables' values (here their defaults) take the place of the quoted references
     command = task["bash_command"]
-    assert "var.value.get('adcloud_hdmap_bags'" in command
-    # render the Jinja Variable look-ups as Airflow would without the Variables: defaults
-    rendered, n = re.subn(r"\{\{ var\.value\.get\('\w+', '([^']*)'\) \}\}", r"\1", command)
-    assert n == 2 and "{{" not in rendered
-    argv = shlex.split(rendered)
+    for name, value in env.items():
+        command = command.replace(f'"${name}"', shlex.quote(value))
+    argv = shlex.split(command)
     assert argv[0] == "/opt/adcloud/.venv/bin/adcloud"
     assert_build_command(argv)
+    assert argv[argv.index("--bags") + 1] == "s3://fleet-drives/incoming/"
+
+
+_VARIABLE = re.compile(r"\{\{ var\.value\.get\('(\w+)', '([^']*)'\) \}\}")
+
+
+def render(template: str, variables: dict[str, str]) -> str:
+    """A templated field (``bash_command``, ``env``) as Airflow renders it with these Variables."""
+    text = _VARIABLE.sub(lambda m: variables.get(m.group(1), m.group(2)), template)
+    assert "{{" not in text, template
+    return text
+
+
+def render_variables(env: dict[str, str], variables: dict[str, str]) -> dict[str, str]:
+    """The task's ``env`` rendered with these Variables."""
+    return {name: render(value, variables) for name, value in env.items()}
+
+
+_ARGV_STUB = """#!/usr/bin/env python3
+import json, sys
+print(json.dumps(sys.argv[1:]))
+"""
+
+
+def test_airflow_dag_passes_variables_as_single_words(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Variables go through bash untouched: a map path with a space stays one argument and a
+    ';' runs nothing (they were pasted into the command line unquoted)."""
+    stub = tmp_path / "adcloud"
+    stub.write_text(_ARGV_STUB)
+    stub.chmod(0o755)
+    stub_airflow(monkeypatch, 3)
+    monkeypatch.setattr(_Recorder, "dags", [])
+    monkeypatch.setattr(_Recorder, "tasks", [])
+    monkeypatch.setenv("ADCLOUD_BIN", str(stub))
+    exec(compile(DAG_FILE.read_text(), str(DAG_FILE), "exec"), {"__name__": "adcloud_hdmap_dag"})
+    (task,) = _Recorder.tasks
+    marker = tmp_path / "ran"
+    variables = {
+        "adcloud_hdmap_bags": str(tmp_path / "fleet drives" / "2026-11-2*"),
+        "adcloud_hdmap_map": f"/maps/city; touch {marker}",
+    }
+    env = {**os.environ, **render_variables(task["env"], variables)}
+    proc = subprocess.run(
+        ["bash", "-c", render(task["bash_command"], variables)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    argv = json.loads(proc.stdout)
+    assert argv[argv.index("--bags") + 1] == variables["adcloud_hdmap_bags"]
+    assert argv[argv.index("--map") + 1] == variables["adcloud_hdmap_map"]
+    assert not marker.exists()
+    assert_build_command(["adcloud", *argv])

@@ -49,6 +49,24 @@ def test_bad_settings_raise_synth_error(change: dict[str, object], words: str) -
     assert isinstance(info.value, AdcloudError)
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("ADCLOUD_SYNTH_GPS_ORIGIN", "37.3875,-122.0575,nan", "gps_origin must be finite"),
+        ("ADCLOUD_SYNTH_GPS_OUTAGE", "nan,5", "gps_outage must be finite"),
+        ("ADCLOUD_SYNTH_GPS_OUTAGE", "0,inf", "gps_outage must be finite"),
+    ],
+)
+def test_non_finite_values_inside_tuple_settings_are_refused(
+    variable: str, value: str, words: str
+) -> None:
+    """A NaN origin height made every GPS fix NaN (latitude and longitude too) and a NaN
+    outage start silently dropped the outage; both passed validation."""
+    config = load_settings(DriveConfig, "synth", environ={variable: value})
+    with pytest.raises(SynthError, match=words):
+        config.validate()
+
+
 def test_environment_and_file_override(tmp_path: Path) -> None:
     settings = tmp_path / "settings.yaml"
     settings.write_text("synth:\n  seconds: 12\n  lidar_beams: 64\n")

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,48 @@ def test_existing_output_is_refused_unless_overwrite(tmp_path: Path) -> None:
         generate_drive(DriveConfig(lidar_beams=4), tmp_path / "e.bag")
 
 
+def test_a_run_that_finds_its_output_taken_meanwhile_leaves_the_other_runs_drive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs to one path: the one that loses the race fails alone.
+
+    The existence check comes before the world is built (about a second); another run
+    that creates the bag in that time must keep it (the loser removed it and the truth,
+    failing both runs).
+    """
+    import adcloud.synth.drive as drive_module  # noqa: PLC0415
+
+    out = tmp_path / "d.bag"
+    real_make_route = drive_module.make_route
+    other: list[DriveResult] = []
+
+    def other_run_first(*args: object, **kwargs: object) -> object:
+        # another run, started at the same time, gets there first
+        monkeypatch.setattr(drive_module, "make_route", real_make_route)
+        other.append(generate_drive(TINY, out))
+        return real_make_route(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(drive_module, "make_route", other_run_first)
+    with pytest.raises(SynthError, match="exists already"):
+        generate_drive(TINY, out)
+    assert other and _count(out) == other[0].messages
+    assert (out.parent / "d.bag.truth" / "world.json").is_file()
+    # only the truth directory taken: the loser removes its own bag, not the other's truth
+    out2 = tmp_path / "e.bag"
+    taken = tmp_path / "e.bag.truth"
+
+    def truth_taken(*args: object, **kwargs: object) -> object:
+        taken.mkdir()
+        (taken / "poses.txt").write_text("# another run's\n")
+        return real_make_route(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(drive_module, "make_route", truth_taken)
+    with pytest.raises(SynthError, match="exists already"):
+        generate_drive(TINY, out2)
+    assert not out2.exists()
+    assert (taken / "poses.txt").read_text() == "# another run's\n"
+
+
 def test_an_interrupted_drive_leaves_nothing_behind(tmp_path: Path) -> None:
     def stop(t: float) -> None:
         if t > 0.5:
@@ -276,6 +319,62 @@ def test_overwrite_replaces_a_drive_only(tmp_path: Path) -> None:
         generate_drive(TINY, drive.bag, overwrite=True)
     assert (precious / "notes.txt").read_text() == "important"
     assert text.read_text() == "not a bag" and (drive.truth / "my-labels.json").exists()
+
+
+def test_overwrite_replaces_a_link_to_a_drive_and_keeps_its_target(tmp_path: Path) -> None:
+    """``--out latest --overwrite`` where ``latest`` links to a rosbag2 drive: the links
+    are replaced by the new drive, the drive they pointed to stays (removing the old link
+    ran rmtree on it, which failed after the new drive was in place)."""
+    config = DriveConfig(**{**TINY.__dict__, "format": "mcap"})
+    target = generate_drive(config, tmp_path / "real")
+    before = _digest(target.bag)
+    (tmp_path / "latest").symlink_to("real")
+    (tmp_path / "latest.truth").symlink_to("real.truth")
+    new = generate_drive(config, tmp_path / "latest", overwrite=True)
+    assert not new.bag.is_symlink() and not new.truth.is_symlink()
+    assert (new.truth / "world.json").is_file()
+    assert _digest(target.bag) == before and (target.truth / "world.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "latest",
+        "latest.truth",
+        "real",
+        "real.truth",
+    ]
+
+
+_KILLED = """
+import sys
+from adcloud.synth import DriveConfig, generate_drive
+config = DriveConfig(seconds=600, format=sys.argv[2], lidar_beams=16, truth_raster=False)
+generate_drive(config, sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("fmt", ["ros2", "mcap"])
+def test_overwrite_replaces_a_rosbag2_drive_whose_writer_was_killed(
+    fmt: str, tmp_path: Path
+) -> None:
+    """``kill -9`` (OOM killer, power cut) leaves a rosbag2 directory without metadata.yaml
+    (written last) and a truth directory without world.json; ``--overwrite`` replaces that
+    drive instead of calling the directory "not a bag"."""
+    out = tmp_path / "cut"
+    storage = out / ("cut.db3" if fmt == "ros2" else "cut.mcap")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(out), fmt])
+    try:
+        deadline = time.monotonic() + 120
+        while not (storage.exists() and storage.stat().st_size > 0):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (out / "metadata.yaml").exists()
+    assert not (tmp_path / "cut.truth" / "world.json").exists()
+    config = DriveConfig(**{**TINY.__dict__, "format": fmt})
+    drive = generate_drive(config, out, overwrite=True)
+    assert _count(drive.bag) == drive.messages
+    assert (drive.truth / "world.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut", "cut.truth"]
 
 
 def test_output_names_and_times_a_bag_cannot_hold_are_refused(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adcloud.synth import DriveResult, read_poses
+from adcloud.synth import DriveConfig, DriveResult, generate_drive, read_poses
 from adcloud.synth.frames import MOUNTS, quaternion_matrix
 from adcloud.synth.gnss import VERTICAL_FACTOR, geodetic_to_enu
 from adcloud.synth.trajectory import GRAVITY
@@ -182,6 +182,32 @@ def test_odometry_speed_carries_the_drifting_scale_error(
     assert ratio == pytest.approx(float(scale[moving, 0].mean()), abs=0.003)
     residual = twist[moving, 0] - true_speed[moving] * scale[moving, 0]
     assert residual.std() == pytest.approx(SMALL.odom_speed_noise, rel=0.3)
+
+
+def test_a_large_odometry_scale_error_is_the_one_configured(
+    tmp_path: Path, read_bag: Reader
+) -> None:
+    """``odom_scale_error`` may be up to 20 %; one beyond the 5 % drift bound was reflected
+    at it on the first sample (+15 % became -5 %, +10 % became 0)."""
+    config = DriveConfig(
+        seconds=1.0,
+        lidar=False,
+        camera=False,
+        truth_raster=False,
+        odom_scale_error=0.15,
+        odom_scale_drift=0.0,
+        odom_speed_noise=0.0,
+    )
+    drive = generate_drive(config, tmp_path / "scaled.bag")
+    _, scale = _csv(drive.truth / "odom_scale.csv")
+    assert np.allclose(scale[:, 0], 1.15)
+    t, twist, _ = _odometry(drive, read_bag)
+    truth = _truth_state(drive, read_bag)
+    truth_t = np.array(sorted(truth))
+    true_speed = np.interp(t, truth_t, [np.linalg.norm(truth[k][2]) for k in truth_t])
+    moving = true_speed > 1.0
+    assert moving.any()
+    assert np.allclose(twist[moving, 0], 1.15 * true_speed[moving], rtol=1e-3)
 
 
 def test_gps_errors_match_the_configured_noise_and_the_outage(

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from adcloud.synth import DriveResult, Label, World, read_map, read_poses, read_raster
+from adcloud.synth import (
+    DriveResult,
+    Label,
+    SynthError,
+    World,
+    read_map,
+    read_poses,
+    read_raster,
+)
 from adcloud.synth.gnss import enu_to_geodetic, geodetic_to_enu
 from adcloud.synth.world import SIGN_TYPES
 from tests.synth.conftest import SMALL
@@ -157,3 +169,28 @@ def test_geodetic_round_trip() -> None:
     # 1 km north is 1/111.0 degrees of latitude here
     lat1, _, _ = enu_to_geodetic(np.array([[0.0, 1000.0, 0.0]]), SMALL.gps_origin)
     assert float(lat1[0]) - SMALL.gps_origin[0] == pytest.approx(1000 / 110_990, rel=2e-3)
+
+
+_KILLED = """
+import sys
+from adcloud.synth import DriveConfig, generate_drive
+generate_drive(DriveConfig(seconds=600, lidar_beams=16, camera=False), sys.argv[1])
+"""
+
+
+def test_the_truth_of_a_killed_drive_is_not_read_as_whole(tmp_path: Path) -> None:
+    """``kill -9`` mid-drive leaves poses.txt cut anywhere (possibly inside a number) and
+    no map or world.json; the readers said nothing and returned the cut trajectory."""
+    truth = tmp_path / "cut.bag.truth"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(tmp_path / "cut.bag")])
+    try:
+        deadline = time.monotonic() + 120
+        while not ((truth / "poses.txt").exists() and (truth / "poses.txt").stat().st_size > 0):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+    for read in (read_poses, read_map, read_raster):
+        with pytest.raises(SynthError, match=r"cut\.bag\.truth is an incomplete truth directory"):
+            read(truth)
