@@ -13,8 +13,10 @@ intensity is used) are skipped.  Empty cells have count 0 and NaN in the float l
 On devices, per-cell sums are float32 (the reference sums in float64): means agree to about
 1e-6 relative up to ~10k points per cell; denser cells lose digits of the mean in proportion
 to their heights' magnitude (100k points at z ~ 1,500 m: metres), so give heights relative
-to a reference near the data, as :mod:`adcloud.hdmap` does.  Min and max are exact.  Two device strategies (see ``_kernels/raster.cl``): ``atomic`` (GPUs) and
-``binned`` (CPUs, no atomics, deterministic; counts are exact up to 2^24 points per cell);
+to a reference near the data, as :mod:`adcloud.hdmap` does.  Min and max are exact.
+
+Two device strategies (see ``_kernels/raster.cl``): ``atomic`` (GPUs) and ``binned`` (CPUs,
+no atomics, deterministic; counts are exact up to 2^24 points per cell);
 ``host`` runs the NumPy reference whatever the device.  ``auto`` picks by device kind, and
 on a CPU device (PoCL) gives small rasters -- under :data:`HOST_BELOW` points and cells, such
 as one LiDAR sweep's -- to the host: the kernels then run on the very cores NumPy would use,
