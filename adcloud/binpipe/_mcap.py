@@ -67,6 +67,8 @@ _CHUNK_HEAD = struct.Struct("<QQQII")
 _MESSAGE_HEAD = struct.Struct("<HIQQ")
 _U64 = struct.Struct("<Q")
 _U16 = struct.Struct("<H")
+#: Schema encodings that hold ROS message definitions (whose names are ROS type names).
+_ROS_SCHEMA_ENCODINGS = frozenset({"ros1msg", "ros2msg", "ros2idl"})
 _HINT = "; rewrite it with `mcap recover` (MCAP CLI) to get an indexed file"
 
 
@@ -85,10 +87,14 @@ def _connection(channel: Channel, schema: Schema | None) -> Connection:
     if schema is None:
         msgtype, msgdef, fmt = "", "", ""
     else:
-        try:
-            msgtype = normalize_msgtype(schema.name)
-        except Exception:  # rosbags rejects names that are not ROS types (protobuf, json)
-            msgtype = schema.name
+        msgtype = schema.name
+        # only ROS type names are normalized ("pkg/Type" -> "pkg/msg/Type"): rosbags would
+        # make "msg/foxglove.PointCloud" of a protobuf name, "msg/Foo" of a JSON schema's
+        if schema.encoding in _ROS_SCHEMA_ENCODINGS:
+            try:
+                msgtype = normalize_msgtype(schema.name)
+            except Exception:  # rosbags rejects names it cannot parse
+                msgtype = schema.name
         msgdef = bytes(schema.data).decode("utf-8", errors="replace")
         fmt = schema.encoding
     return Connection(

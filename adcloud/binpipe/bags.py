@@ -25,6 +25,9 @@ Unindexed or damaged ROS 1 bags raise :class:`BagIndexError`;
 from __future__ import annotations
 
 import logging
+import math
+import numbers
+import operator
 import struct
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -198,6 +201,15 @@ def plan_partitions(
     """
     if isinstance(topics, str):
         topics = (topics,)
+    start, end = _time_bound("start", start), _time_bound("end", end)
+    partitions_per_bag = _count("partitions_per_bag", partitions_per_bag)
+    partition_bytes = _count("partition_bytes", partition_bytes)
+    min_partitions = _count("min_partitions", min_partitions) or 1
+    try:
+        time_source = TimeSource(time_source)
+    except ValueError:
+        choices = ", ".join(t.value for t in TimeSource)
+        raise BagError(f"time_source {time_source!r} is not one of {choices}") from None
     if partitions_per_bag is not None and partitions_per_bag < 1:
         raise BagError(f"partitions_per_bag must be >= 1 or None, not {partitions_per_bag}")
     if start is not None and end is not None and end < start:
@@ -208,7 +220,7 @@ def plan_partitions(
         start=start,
         end=end,
         partitions_per_bag=partitions_per_bag,
-        time_source=TimeSource(time_source),
+        time_source=time_source,
         storage_options=options,
     )
     fmt = detect_format(uri, storage_options=storage_options)
@@ -235,6 +247,28 @@ def plan_partitions(
         sum(p.message_count for p in parts),
     )
     return parts
+
+
+def _time_bound(name: str, value: object) -> int | None:
+    """``start``/``end`` as a Python int of ns: a NumPy integer (which sqlite3 would bind
+    as a BLOB, matching no row) made an int, a float rounded up (``t >= 1.5`` and
+    ``t < 1.5`` hold for integer ``t`` as ``t >= 2`` and ``t < 2`` do), else BagError."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return operator.index(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        return math.ceil(float(value))
+    raise BagError(f"{name} must be a time in ns (an integer), not {value!r}")
+
+
+def _count(name: str, value: int | None) -> int | None:
+    """An optional whole-number argument as a Python int, else BagError naming it."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise BagError(f"{name} must be a whole number, not {value!r}")
+    return operator.index(value)
 
 
 @lru_cache(maxsize=1024)

@@ -10,7 +10,8 @@ filter pushdown, the narrowed plan of a filtered DataFrame was seen to leak into
 unfiltered DataFrame it came from (it then returned only the filtered rows).  Until
 that is fixed upstream, narrowing is explicit, through options, and always correct.
 
-Options: ``topics`` (comma-separated), ``start``/``end`` (ns, record time),
+Options: ``topics`` (comma-separated; naming only topics no bag has is an error, as a typo
+would read an empty table), ``start``/``end`` (ns, record time),
 ``partitionsPerBag``, ``partitionBytes`` (target partition size when
 ``partitionsPerBag`` is not set; 0 for one partition per chunk), ``minPartitions``,
 ``timeSource`` (``record`` or ``header``), ``batchSize`` (rows per Arrow batch),
@@ -20,14 +21,17 @@ Paths: ``load(path)`` or ``load([path, ...])``; globs and directories are expand
 
 Columns: ``bag`` (its URL), ``topic``, ``timestamp`` (ns; per ``timeSource``),
 ``record_time`` (ns, the bag's record time), ``msgtype``, ``data`` (the serialized
-message bytes as stored), ``partition`` (partition index within the bag).
+message bytes as stored), ``partition`` (partition index within the bag).  A schema
+given with ``.schema(...)`` picks some of these columns, in its order (names matched
+case-insensitively, types as above); any other column is an error.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from pyspark.sql.datasource import (
@@ -41,8 +45,10 @@ from adcloud.binpipe.bags import (
     TimeSource,
     plan_partitions,
     read_partition_timed,
+    summarize,
 )
-from adcloud.binpipe.errors import BinpipeError
+from adcloud.binpipe.codec import Message
+from adcloud.binpipe.errors import BagError, BinpipeError
 from adcloud.binpipe.rdd import DEFAULT_PARTITION_BYTES, expand_uris
 
 if TYPE_CHECKING:
@@ -50,6 +56,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["SCHEMA", "RosbagDataSource", "register_rosbag_source"]
+
+_log = logging.getLogger(__name__)
 
 SCHEMA = (
     "bag string, topic string, timestamp long, record_time long, msgtype string, "
@@ -79,7 +87,44 @@ class RosbagDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return RosbagReader(dict(self.options))
+        return RosbagReader(dict(self.options), _columns(schema))
+
+
+#: Every column: its name, Spark SQL type and Arrow type.
+_COLUMNS: dict[str, tuple[str, str]] = {
+    "bag": ("string", "string"),
+    "topic": ("string", "string"),
+    "timestamp": ("bigint", "int64"),
+    "record_time": ("bigint", "int64"),
+    "msgtype": ("string", "string"),
+    "data": ("binary", "binary"),
+    "partition": ("int", "int32"),
+}
+
+
+def _columns(schema: Any) -> list[tuple[str, str, bool]]:
+    """``(column, name, nullable)`` of each field of the schema Spark asks for: ours, or
+    one the user gave with ``.schema(...)`` (a subset of ours, in any order).  Checked
+    here, on the driver: otherwise every task fails on a column count that names nothing."""
+    fields = getattr(schema, "fields", None)
+    if fields is None:  # a DDL string (the default schema)
+        return [(name, name, True) for name in _COLUMNS]
+    out = []
+    for field in fields:
+        column = field.name.lower()
+        if column not in _COLUMNS:
+            raise BinpipeError(
+                f'spark.read.format("rosbag"): schema column {field.name!r} is not one of '
+                f"{', '.join(_COLUMNS)}"
+            )
+        sql_type = _COLUMNS[column][0]
+        if field.dataType.simpleString() != sql_type:
+            raise BinpipeError(
+                f'spark.read.format("rosbag"): schema column {field.name!r} has type '
+                f"{field.dataType.simpleString()}; it is {sql_type}"
+            )
+        out.append((column, str(field.name), bool(field.nullable)))
+    return out
 
 
 #: The reader's options (Spark passes them case-insensitively).
@@ -143,7 +188,11 @@ def _int_option(
 class RosbagReader(DataSourceReader):
     """Plans chunk partitions on the driver and reads them on executors."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(
+        self, options: dict[str, str], columns: list[tuple[str, str, bool]] | None = None
+    ) -> None:
+        #: ``(column, name, nullable)`` of each column to yield (see :func:`_columns`).
+        self.columns = columns if columns is not None else _columns(SCHEMA)
         # Spark hands options over case-insensitively (as lower-case keys once copied).
         options = {key.lower(): value for key, value in options.items()}
         unknown = sorted(set(options) - {name.lower() for name in _OPTIONS})
@@ -182,8 +231,9 @@ class RosbagReader(DataSourceReader):
         self.reindex_dir = options.get("reindexdir") or None
 
     def partitions(self) -> Sequence[InputPartition]:
-        parts: list[InputPartition] = []
-        for uri in expand_uris(_paths(self.options)):
+        parts: list[_Partition] = []
+        uris = expand_uris(_paths(self.options))
+        for uri in uris:
             for part in plan_partitions(
                 uri,
                 topics=sorted(self.topics) if self.topics is not None else None,
@@ -196,10 +246,36 @@ class RosbagReader(DataSourceReader):
                 reindex_dir=self.reindex_dir,
             ):
                 parts.append(_Partition(part))
+        if self.topics is not None:
+            self._check_topics(uris, {c.topic for p in parts for c in p.part.connections})
         if not parts:
             # Spark needs at least one partition; an empty one reads nothing.
             return [InputPartition(None)]
-        return parts
+        return list(parts)
+
+    def _check_topics(self, uris: Sequence[str], found: set[str]) -> None:
+        """An error when no bag has any of the ``topics`` (a typo would read an empty
+        table), a warning for those no bag has; the bags' indexes are read again only
+        when a topic was not found in the plan."""
+        assert self.topics is not None
+        if self.topics <= found:
+            return
+        have = set(found)
+        for uri in uris:
+            try:
+                have.update(t.topic for t in summarize(uri).topics)
+            except BagError:  # unreadable without reindexDir's copy; its plan said all
+                continue
+        missing = sorted(self.topics - have)
+        if not missing:
+            return  # there, outside the time range
+        text = (
+            f'spark.read.format("rosbag"): option topics names {", ".join(missing)}, which '
+            f"no bag has; they have {', '.join(sorted(have)) or 'no topic'}"
+        )
+        if len(missing) == len(self.topics):
+            raise BinpipeError(text)
+        _log.warning("%s", text)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa  # noqa: PLC0415 - executors import it on use
@@ -207,32 +283,39 @@ class RosbagReader(DataSourceReader):
         part: BagPartition | None = getattr(partition, "part", None)
         if part is None:
             return
-        names = ["bag", "topic", "timestamp", "record_time", "msgtype", "data", "partition"]
-        types = [
-            pa.string(),
-            pa.string(),
-            pa.int64(),
-            pa.int64(),
-            pa.string(),
-            pa.binary(),
-            pa.int32(),
-        ]
-        schema = pa.schema(list(zip(names, types, strict=True)))
-        cols: list[list[Any]] = [[] for _ in names]
+        types = [getattr(pa, _COLUMNS[column][1])() for column, _, _ in self.columns]
+        schema = pa.schema(
+            [
+                pa.field(name, typ, nullable=nullable)
+                for (_, name, nullable), typ in zip(self.columns, types, strict=True)
+            ]
+        )
+        getters = [_GETTERS[column] for column, _, _ in self.columns]
+        cols: list[list[Any]] = [[] for _ in getters]
+        rows = 0
         for msg, record_time in read_partition_timed(part):
-            cols[0].append(part.uri)
-            cols[1].append(msg.topic)
-            cols[2].append(msg.timestamp)
-            cols[3].append(record_time)
-            cols[4].append(msg.msgtype)
-            cols[5].append(bytes(msg.data))
-            cols[6].append(part.index)
-            if len(cols[0]) >= self.batch_size:
+            for col, get in zip(cols, getters, strict=True):
+                col.append(get(part, msg, record_time))
+            rows += 1
+            if rows >= self.batch_size:
                 yield pa.RecordBatch.from_arrays(
                     [pa.array(c, t) for c, t in zip(cols, types, strict=True)], schema=schema
                 )
-                cols = [[] for _ in names]
-        if cols[0]:
+                cols = [[] for _ in getters]
+                rows = 0
+        if rows:
             yield pa.RecordBatch.from_arrays(
                 [pa.array(c, t) for c, t in zip(cols, types, strict=True)], schema=schema
             )
+
+
+#: How each column's value comes from a partition, a message and its record time.
+_GETTERS: dict[str, Callable[[BagPartition, Message, int], Any]] = {
+    "bag": lambda part, msg, record_time: part.uri,
+    "topic": lambda part, msg, record_time: msg.topic,
+    "timestamp": lambda part, msg, record_time: msg.timestamp,
+    "record_time": lambda part, msg, record_time: record_time,
+    "msgtype": lambda part, msg, record_time: msg.msgtype,
+    "data": lambda part, msg, record_time: bytes(msg.data),
+    "partition": lambda part, msg, record_time: part.index,
+}

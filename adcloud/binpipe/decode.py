@@ -98,7 +98,13 @@ class MessageDecoder:
         self._serialization.setdefault(conn.msgtype, conn.serialization)
         self._defs.setdefault(conn.msgtype, conn)
 
-    def _register(self, msgtype: str, serialization: str) -> None:
+    def _register(self, msgtype: str, serialization: str, topic: str) -> None:
+        if serialization not in ("ros1", "cdr"):
+            # an MCAP channel of JSON, protobuf, flatbuffer ... messages: not ROS at all
+            raise BinpipeError(
+                f"cannot decode the messages on {topic} (type {msgtype or '?'}): their "
+                f"encoding is {serialization!r}; only ROS 1 and CDR (ROS 2) messages decode"
+            )
         conn = self._defs.get(msgtype)
         if conn is not None and conn.msgdef:
             try:
@@ -122,8 +128,8 @@ class MessageDecoder:
             store = standard_typestore(serialization)
             if msgtype not in store.fielddefs:
                 raise BinpipeError(
-                    f"no definition for message type {msgtype}: the partition carries none "
-                    "and it is not a standard ROS type bundled with rosbags"
+                    f"no definition for message type {msgtype or '(none)'} (topic {topic}): the "
+                    "partition carries none and it is not a standard ROS type bundled with rosbags"
                 )
             self._store_of[msgtype] = store
 
@@ -134,7 +140,7 @@ class MessageDecoder:
             message.topic, self._serialization.get(msgtype, "cdr")
         )
         if msgtype not in self._store_of:
-            self._register(msgtype, serialization)
+            self._register(msgtype, serialization, message.topic)
         store = self._store_of[msgtype]
         try:
             if serialization == "ros1":

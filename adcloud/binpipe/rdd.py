@@ -506,7 +506,7 @@ class BinPipeRDD:
                     start=start,
                     end=end,
                     partitions_per_bag=partitions_per_bag,
-                    time_source=TimeSource(time_source),
+                    time_source=time_source,
                     storage_options=storage_options,
                     reindex_dir=reindex_dir,
                     partition_bytes=partition_bytes,
@@ -723,8 +723,6 @@ class BinPipeRDD:
         except BaseException:
             output.abort()  # an earlier save stays whole (this one may have been reading it)
             raise
-        # _SUCCESS goes first and comes back last: load refuses a directory without it
-        output.commit([(tmp, _part_name(i)) for i, *_, tmp in written], first=("_SUCCESS",))
         manifest = {
             "format": "binpipe",
             "version": 1,
@@ -735,8 +733,18 @@ class BinPipeRDD:
             "records": sum(n for _, n, _, _ in written),
             "source": self._saved_lineage(written),
         }
+        try:  # before the commit: a manifest that cannot be written must not cost the
+            # earlier save (overwrite removes it)
+            text = json.dumps(manifest, indent=2) + "\n"
+        except (TypeError, ValueError) as err:
+            output.abort()
+            raise BinpipeError(
+                f"{uri}: the manifest cannot be written as JSON ({err}); nothing was saved"
+            ) from err
+        # _SUCCESS goes first and comes back last: load refuses a directory without it
+        output.commit([(tmp, _part_name(i)) for i, *_, tmp in written], first=("_SUCCESS",))
         with fs.open(posixpath.join(root, "manifest.json"), "w") as out:
-            out.write(json.dumps(manifest, indent=2) + "\n")
+            out.write(text)
         with fs.open(posixpath.join(root, "_SUCCESS"), "w") as out:
             out.write("")
         return manifest

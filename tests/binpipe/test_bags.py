@@ -41,7 +41,8 @@ from adcloud.binpipe.bags import (
     read_partition_timed,
     summarize,
 )
-from adcloud.binpipe.errors import BagError
+from adcloud.binpipe.decode import read_messages
+from adcloud.binpipe.errors import BagError, BinpipeError
 from adcloud.binpipe.rdd import expand_uris
 from adcloud.binpipe.reindex import ReindexReport, reindex_bag
 
@@ -927,3 +928,83 @@ def test_a_bag_named_like_a_glob_is_taken_as_it_is(bags: dict[str, Path], tmp_pa
     assert expand_uris([str(odd)]) == [str(odd)]
     assert expand_uris([str(folder / "*.bag")]) == [str(odd)]  # still a glob when it is one
     assert merged(plan_partitions(str(odd))) == reference(bags["ros1-lz4"])
+
+
+def _foxglove_mcap(path: Path) -> Path:
+    """An MCAP file of non-ROS channels, as Foxglove tools write them: a protobuf schema, a
+    JSON schema, and a schemaless raw channel."""
+    from mcap.writer import Writer as McapWriter  # noqa: PLC0415
+
+    with path.open("wb") as out:
+        writer = McapWriter(out, chunk_size=256)
+        writer.start(profile="", library="adcloud-tests")
+        proto = writer.register_schema(
+            name="foxglove.PointCloud", encoding="protobuf", data=b"\x0a\x00"
+        )
+        json_schema = writer.register_schema(
+            name="Detection", encoding="jsonschema", data=b'{"type": "object"}'
+        )
+        channels = [
+            writer.register_channel(topic="/cloud", message_encoding="protobuf", schema_id=proto),
+            writer.register_channel(topic="/det", message_encoding="json", schema_id=json_schema),
+            writer.register_channel(topic="/raw", message_encoding="raw", schema_id=0),
+        ]
+        for i in range(12):
+            writer.add_message(
+                channel_id=channels[i % 3],
+                log_time=bf.T0 + i,
+                publish_time=bf.T0 + i,
+                sequence=i,
+                data=json.dumps({"i": i}).encode(),
+            )
+        writer.finish()  # type: ignore[no-untyped-call]
+    return path
+
+
+def test_mcap_types_of_other_encodings_keep_their_names(tmp_path: Path) -> None:
+    """Only ROS type names are normalized: a protobuf or JSON schema's name is the type as
+    its writer named it (rosbags would make ``msg/foxglove.PointCloud`` of it), and decoding
+    such a message says what it is instead of failing on a missing ROS definition."""
+    path = _foxglove_mcap(tmp_path / "foxglove.mcap")
+    types = {t.topic: t.msgtype for t in summarize(str(path)).topics}
+    assert types == {"/cloud": "foxglove.PointCloud", "/det": "Detection", "/raw": ""}
+    msgs = [m for p in plan_partitions(str(path), partitions_per_bag=2) for m in read_partition(p)]
+    assert {(m.topic, m.msgtype) for m in msgs} == set(types.items())
+    with pytest.raises(BinpipeError, match=r"on /cloud \(type foxglove.PointCloud\).*'protobuf'"):
+        next(read_messages(str(path), topics=["/cloud"]))
+    with pytest.raises(BinpipeError, match=r"on /raw \(type \?\): their encoding is 'raw'"):
+        next(read_messages(str(path), topics=["/raw"]))
+
+
+@pytest.mark.parametrize("name", ["ros1-lz4", "ros2-sqlite3", "mcap-zstd", "ros2-mcap"])
+def test_numpy_and_float_times_select_what_ints_select(bags: dict[str, Path], name: str) -> None:
+    """Times taken from NumPy or pandas arrive as ``np.int64``: sqlite3 bound one as a BLOB,
+    which no integer timestamp reaches, and a rosbag2 bag gave no message at all."""
+    import numpy as np  # noqa: PLC0415
+
+    lo, hi = bf.T0 + 1_000_000_000, bf.T0 + 2_500_000_000
+    want = merged(plan_partitions(str(bags[name]), start=lo, end=hi))
+    assert want == reference(bags[name], start=lo, stop=hi) and want
+    for start, end in [(np.int64(lo), np.int64(hi)), (np.uint64(lo), hi), (float(lo), hi)]:
+        parts = plan_partitions(str(bags[name]), start=start, end=end)
+        assert merged(parts) == want, (type(start), type(end))
+        assert all(type(p.start) is int and type(p.end) is int for p in parts)
+    # half a nanosecond: integer record times t >= lo - 0.5 are those t >= lo
+    assert merged(plan_partitions(str(bags[name]), start=lo - 0.5, end=hi)) == want
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"start": "1700000000"}, "start must be a time in ns (an integer), not '1700000000'"),
+        ({"end": float("nan")}, "end must be a time in ns (an integer), not nan"),
+        ({"partitions_per_bag": 2.5}, "partitions_per_bag must be a whole number, not 2.5"),
+        ({"time_source": "HEADER"}, "time_source 'HEADER' is not one of record, header"),
+    ],
+)
+def test_plan_arguments_of_the_wrong_type_are_named(
+    bags: dict[str, Path], kwargs: dict[str, Any], message: str
+) -> None:
+    for name in ("ros1-lz4", "ros2-sqlite3"):
+        with pytest.raises(BagError, match=re.escape(message)):
+            plan_partitions(str(bags[name]), **kwargs)

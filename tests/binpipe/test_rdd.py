@@ -384,6 +384,31 @@ def test_a_failed_overwrite_keeps_the_earlier_save(
     assert BinPipeRDD.load(spark, str(out)).count() == manifest["records"]
 
 
+def test_a_manifest_that_cannot_be_written_keeps_the_earlier_save(
+    spark: Any, shared_data: Path, tmp_path: Path
+) -> None:
+    """The manifest was serialized after the commit had replaced the earlier save: a value
+    JSON cannot hold (an ``np.int64`` start used to reach it) left parts without
+    ``_SUCCESS``, and neither save readable."""
+    import numpy as np  # noqa: PLC0415
+
+    path = str(shared_data / HUSKY)
+    out = tmp_path / "kept"
+    manifest = BinPipeRDD.from_bags(spark, path, partitions_per_bag=2).save(str(out))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    ref = reference(shared_data / HUSKY, ["/fix"])
+    late = ref[len(ref) // 2][1]
+    tail = BinPipeRDD.from_bags(spark, path, topics=["/fix"], start=np.int64(late))
+    bad = BinPipeRDD(tail.rdd, lineage={**tail.lineage, "note": {1, 2}})  # a set: no JSON
+    with pytest.raises(BinpipeError, match=r"manifest cannot be written as JSON"):
+        bad.save(str(out), overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # byte for byte
+    assert BinPipeRDD.load(spark, str(out)).count() == manifest["records"]
+    saved = tail.save(str(out), overwrite=True)  # the NumPy start itself is JSON now
+    assert saved["records"] == sum(1 for m in ref if m[1] >= late)
+    assert saved["source"]["start"] == late
+
+
 def test_a_save_may_replace_the_save_it_reads(
     spark: Any, shared_data: Path, tmp_path: Path
 ) -> None:
@@ -507,6 +532,43 @@ def test_rosbag_datasource_single_path_and_options(spark: Any, shared_data: Path
     rows = df.collect()
     assert len(rows) == 5
     assert {r["msgtype"] for r in rows} == {"sensor_msgs/msg/PointCloud2"}
+
+
+def test_rosbag_datasource_topics_no_bag_has_are_an_error_not_an_empty_table(
+    spark: Any, shared_data: Path
+) -> None:
+    """``adcloud ingest --topics`` refuses a topic no bag has; the data source read an
+    empty table for it.  A topic outside the time range is still an empty table."""
+    register_rosbag_source(spark)
+    paths = [str(shared_data / LUMINAR), str(shared_data / HUSKY)]
+    with pytest.raises(Exception, match=r"option topics names /gps/fix, which no bag has; they"):
+        spark.read.format("rosbag").option("topics", "/gps/fix").load(paths).count()
+    # one of two misspelt: the other is read (and the misspelt one logged)
+    some = spark.read.format("rosbag").option("topics", "/gps/fix,/fix").load(paths)
+    assert some.count() == 989
+    ref = reference(shared_data / HUSKY, ["/fix"])
+    late = spark.read.format("rosbag").option("topics", "/fix").option("start", ref[-1][1] + 1)
+    assert late.load(paths).count() == 0
+
+
+def test_rosbag_datasource_reads_the_columns_of_a_given_schema(
+    spark: Any, shared_data: Path
+) -> None:
+    """``.schema(...)`` picks columns (as a file source's does); a column the source does
+    not have, or of another type, is an error naming it before any task runs."""
+    register_rosbag_source(spark)
+    path = str(shared_data / LUMINAR)
+    df = spark.read.format("rosbag").schema("Data binary not null, topic string").load(path)
+    assert df.columns == ["Data", "topic"]
+    rows = df.filter(df.topic == "/base_scan").collect()
+    ref = reference(shared_data / LUMINAR, ["/base_scan"])
+    assert sorted(bytes(r["Data"]) for r in rows) == sorted(m[2] for m in ref)
+    for schema, message in [
+        ("topic string, stamp long", "schema column 'stamp' is not one of bag, topic"),
+        ("timestamp int", "schema column 'timestamp' has type int; it is bigint"),
+    ]:
+        with pytest.raises(Exception, match=re.escape(message)):
+            spark.read.format("rosbag").schema(schema).load(path).count()
 
 
 @pytest.mark.cluster
