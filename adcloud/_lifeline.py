@@ -14,8 +14,10 @@ Used by :func:`adcloud.binpipe.pipe.pipe_blocks` and the node adapters of
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
+import signal
 import subprocess
 import threading
 from collections.abc import Mapping
@@ -26,6 +28,8 @@ __all__ = ["LIFELINE_VARIABLE", "Lifeline"]
 #: The environment variable that marks the processes a :class:`Lifeline` guards (see
 #: :meth:`Lifeline.environ`).
 LIFELINE_VARIABLE = "ADCLOUD_LIFELINE"
+
+log = logging.getLogger(__name__)
 
 
 # The reaper: a shell that reads process groups ("g<pgid>") and processes ("p<pid>") to
@@ -136,6 +140,7 @@ class Lifeline:
             start_new_session=True,
         )
         self._lock = threading.Lock()
+        self._groups: set[int] = set()
 
     @property
     def pid(self) -> int:
@@ -162,6 +167,7 @@ class Lifeline:
 
     def guard_group(self, pgid: int) -> None:
         """Kill process group ``pgid`` (a leader started with its own session) on death."""
+        self._groups.add(int(pgid))
         self._send(f"g{int(pgid)}")
 
     def guard_process(self, pid: int) -> None:
@@ -169,7 +175,13 @@ class Lifeline:
         self._send(f"p{int(pid)}")
 
     def release(self) -> None:
-        """Everything guarded is torn down: let the reaper exit without killing."""
+        """Everything guarded is torn down: let the reaper exit without killing.
+
+        What still carries :meth:`environ`'s mark is killed first: processes a guarded
+        command started in sessions of their own (a daemonising helper), which no kill of
+        its group reaches, would otherwise outlive the run.  Each is logged.
+        """
+        self._kill_strays()
         self._send("done")
         with contextlib.suppress(OSError):
             assert self._proc.stdin is not None
@@ -179,3 +191,33 @@ class Lifeline:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+    def _kill_strays(self) -> None:
+        mark = self._mark.encode()
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = Path(f"/proc/{entry.name}/environ").read_bytes()
+                if mark not in environ or mark not in environ.split(b"\0"):
+                    continue
+                stat = Path(f"/proc/{entry.name}/stat").read_bytes()
+                cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+            except OSError:  # gone meanwhile, or another user's
+                continue
+            pid = int(entry.name)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            fields = stat.rsplit(b")", 1)[-1].split()
+            if len(fields) > 2 and int(fields[2]) in self._groups:
+                continue  # a guarded group's member, killed with it and not yet gone
+            shown = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+            log.warning(
+                "killed %r (pid %d): a process the run started left it running in a "
+                "session of its own; to keep a helper running past the run, start it "
+                "without %s in its environment (env -u %s ...)",
+                shown[:200],
+                pid,
+                LIFELINE_VARIABLE,
+                LIFELINE_VARIABLE,
+            )

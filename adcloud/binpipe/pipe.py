@@ -171,8 +171,10 @@ def pipe_blocks(
     own when none is given): if this process dies mid-run -- a Spark task killed with its
     Python worker, a lost executor -- the command is killed too instead of running on.
     Once the command has written its END block and exited, what is left of its group is
-    killed.  A command that exits 0 without reading all of its input is logged, or, with
-    ``require_all_input``, a failure.
+    killed, and (when the lifeline is released) so is what it started in sessions of its
+    own, unless started without ``ADCLOUD_LIFELINE`` in its environment.  A command that
+    exits 0 without reading all of its input is logged, or, with ``require_all_input``, a
+    failure.
     """
     args = _args(command)
     shown = shlex.join(args)
@@ -197,8 +199,15 @@ def pipe_blocks(
     except OSError as err:
         if own_lifeline:
             guard.release()
+        # Popen names the working directory when it is that which failed (missing, not a
+        # directory, not searchable): then the command and PATH are not to blame
+        hint = (
+            f"its working directory {cwd!r}: {err.strerror}"
+            if cwd is not None and err.filename == os.fspath(cwd)
+            else f"{err.strerror}; check the command and PATH"
+        )
         raise PipeCommandError(
-            f"cannot start {shown!r}: {err.strerror}; check the command and PATH",
+            f"cannot start {shown!r}: {hint}",
             command=shown,
             returncode=None,
             stderr_tail="",

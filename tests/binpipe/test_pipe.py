@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import subprocess
@@ -180,6 +181,15 @@ def test_missing_command(tmp_path: Path) -> None:
         list(pipe_blocks([], str(tmp_path / "no-such-program")))
 
 
+def test_a_missing_working_directory_is_named_not_the_command(tmp_path: Path) -> None:
+    """``cat`` is on PATH: what is missing is the ``cwd``, and the error says so."""
+    where = tmp_path / "no-such-dir"
+    with pytest.raises(PipeCommandError) as info:
+        list(pipe_blocks([], "cat", cwd=str(where)))
+    assert f"its working directory {str(where)!r}: No such file or directory" in str(info.value)
+    assert "PATH" not in str(info.value)
+
+
 def test_timeout_kills_a_hanging_command() -> None:
     with pytest.raises(PipeCommandError, match="timed out"):
         list(pipe_blocks(list(encode_blocks(_records(10))), "sleep 30", timeout=1))
@@ -201,10 +211,13 @@ def test_timeout_kills_what_a_wrapper_script_started(tmp_path: Path) -> None:
     assert not alive(child)
 
 
-def test_helpers_left_holding_the_pipes_do_not_hold_up_the_run(tmp_path: Path) -> None:
+def test_helpers_left_holding_the_pipes_do_not_hold_up_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A command that wrote its END block and exited is done, though a helper it started
-    still holds its stdout: one in its group is killed, one in a session of its own is
-    left alone, and neither makes the run wait for it (or time out)."""
+    still holds its stdout: one in its group is killed, one in a session of its own too
+    (it carries the run's lifeline mark; logged), and neither makes the run wait for it
+    (or time out).  A helper started without the mark is left running."""
     records = _records(50)
     sent = list(encode_blocks(records))
     began = time.monotonic()
@@ -214,17 +227,30 @@ def test_helpers_left_holding_the_pipes_do_not_hold_up_the_run(tmp_path: Path) -
     node = _node(
         tmp_path,
         f"""
-        import subprocess, sys
+        import os, subprocess, sys
         helper = subprocess.Popen(["sleep", "60"], start_new_session=True)
-        open({str(pidfile)!r}, "w").write(str(helper.pid))
+        kept = subprocess.Popen(
+            ["env", "-u", "ADCLOUD_LIFELINE", "sleep", "61"], start_new_session=True
+        )
+        open({str(pidfile)!r}, "w").write(f"{{helper.pid}} {{kept.pid}}")
         sys.stdout.buffer.write(sys.stdin.buffer.read())
         """,
     )
     try:
-        assert _decode(list(pipe_blocks(sent, node, timeout=30))) == records
+        with caplog.at_level("WARNING", logger="adcloud._lifeline"):
+            assert _decode(list(pipe_blocks(sent, node, timeout=30))) == records
+        helper, kept = (int(pid) for pid in pidfile.read_text().split())
+        deadline = time.monotonic() + 5
+        while alive(helper) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(helper)
+        assert alive(kept)
+        assert any(f"killed 'sleep 60' (pid {helper})" in r.getMessage() for r in caplog.records)
     finally:
         if pidfile.exists():
-            os.kill(int(pidfile.read_text()), 9)
+            for pid in pidfile.read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), 9)
     assert time.monotonic() - began < 20
 
 

@@ -177,6 +177,42 @@ def test_a_process_killed_before_it_guards_what_it_started_takes_it_along(
             b.wait()
 
 
+def test_release_kills_what_a_command_left_in_a_session_of_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A command that daemonises a helper (setsid) and exits: no kill of its group reaches
+    the helper, the mark in its environment does.  A member of the guarded group that is
+    still dying is killed without a warning."""
+    helper_marker, member_marker = f"6000.{os.getpid()}6", f"6001.{os.getpid()}6"
+    line = Lifeline()
+    leader = subprocess.Popen(
+        ["sh", "-c", f"setsid sleep {helper_marker} & sleep {member_marker}"],
+        env=line.environ(os.environ),
+        start_new_session=True,
+    )
+
+    def sleeps(marker: str) -> set[int]:
+        return _marker_processes(marker) - {leader.pid}
+
+    try:
+        line.guard_group(leader.pid)
+        _wait_until(lambda: sleeps(helper_marker) and sleeps(member_marker), 10, "the sleeps")
+        (helper,) = sleeps(helper_marker)
+        with caplog.at_level("WARNING", logger="adcloud._lifeline"):
+            line.release()
+        _wait_until(lambda: not _alive(helper), 5, "the daemonised helper to be killed")
+        # the group's member too, but only the stray is reported
+        _wait_until(lambda: not sleeps(member_marker), 5, "the group's sleep")
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1 and f"(pid {helper})" in warned[0], warned
+        assert f"sleep {helper_marker}'" in warned[0]
+    finally:
+        leader.kill()
+        leader.wait()
+        for pid in sleeps(helper_marker) | sleeps(member_marker):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_release_leaves_everything_to_its_owner(tmp_path: Path) -> None:
     line = Lifeline(tmp_path)
     sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
