@@ -14,6 +14,7 @@ Only this module prints and chooses exit codes; the library raises
 from __future__ import annotations
 
 import argparse
+import decimal
 import functools
 import json
 import logging
@@ -51,18 +52,20 @@ _EPILOG_INGEST = """examples:
 
 
 def _ns(text: str | None) -> int | None:
-    """Parse a time bound: integer nanoseconds, or seconds with a decimal point; within
-    what a bag's int64 nanosecond stamps can hold."""
+    """Parse a time bound: integer nanoseconds, or seconds with a decimal point (and an
+    optional exponent: 1.5e9); within what a bag's int64 nanosecond stamps can hold."""
     if text is None:
         return None
     bad = argparse.ArgumentTypeError(
         f"not a time: {text!r} (nanoseconds as digits, e.g. 1700000000000000000, or seconds "
-        "with a decimal point, e.g. 1700000000.5)"
+        "with a decimal point, e.g. 1700000000.5 or 1.7e9)"
     )
+    seconds = re.fullmatch(r"-?([0-9]*)\.([0-9]*)(?:[eE][-+]?[0-9]{1,4})?", text)
     if re.fullmatch(r"-?[0-9]+", text):
         ns = int(text)
-    elif re.fullmatch(r"-?[0-9]*\.[0-9]*", text) and any(c.isdigit() for c in text):
-        ns = round(float(text) * 1e9)
+    elif seconds and (seconds[1] or seconds[2]):
+        # exact (not float: 1700000000.123456789 s keeps its last nanoseconds)
+        ns = round(decimal.Decimal(text).scaleb(9))
     else:
         raise bad
     if not -(2**63) <= ns < 2**63:
@@ -151,6 +154,11 @@ def _cmd_bag_reindex(args: argparse.Namespace, console: Console) -> int:
     if "://" in args.out:
         raise BagError(f"{args.out}: OUT is a local .bag path, not a URL; give the path")
     out = Path(args.out)
+    if out.is_dir() or args.out.endswith("/"):
+        raise BagError(
+            f"{args.out} is a directory; OUT is the path of the .bag file to write, "
+            f"e.g. {out / Path(args.bag.rstrip('/')).name}"
+        )
     if out.exists() and not args.overwrite:
         raise BagError(f"{out} exists; pass --overwrite to replace it, or choose another path")
     report = ReindexReport()

@@ -543,6 +543,10 @@ class StandaloneCluster:
         if workers < 1 or cores < 1:
             msg = f"a cluster needs at least one worker and one core (got {workers}, {cores})"
             raise ConfigError(msg)
+        if not re.fullmatch(r"[1-9][0-9]*[kmgt]?", str(memory).lower()):
+            # a worker that cannot read it exits with Spark's usage text once the master runs
+            msg = f"worker memory {memory!r} is not a JVM memory size such as 512m or 2g"
+            raise ConfigError(msg)
         self.workers = workers
         self.cores = cores
         self.memory = memory

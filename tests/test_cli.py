@@ -274,6 +274,21 @@ def test_bag_reindex_refuses_a_url_for_its_output(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.bag"]
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_bag_reindex_says_a_directory_is_not_its_output(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], overwrite: bool
+) -> None:
+    """``ri/`` was "ri exists" (the slash dropped), and with --overwrite a directory."""
+    (tmp_path / "ri").mkdir()
+    (tmp_path / "ri" / "kept.txt").write_text("x")
+    argv = ["bag", "reindex", str(shared_data / HUSKY), f"{tmp_path / 'ri'}/"]
+    assert main(argv + ["--overwrite"] * overwrite) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'ri'}/ is a directory" in err
+    assert f"e.g. {tmp_path / 'ri' / Path(HUSKY).name}" in err
+    assert (tmp_path / "ri" / "kept.txt").read_text() == "x"
+
+
 def test_a_master_that_is_not_there_is_one_line_at_once(shared_data: Path, tmp_path: Path) -> None:
     """Spark would retry an unreachable master for a minute and end in a stack trace."""
     adcloud = str(Path(sys.executable).with_name("adcloud"))
@@ -687,3 +702,6 @@ def test_ingest_time_bounds_read_as_documented() -> None:
     assert bounds("--start", "1700000000000000001") == (1700000000000000001, None)
     assert bounds("--start", "1700000000.5", "--end=-2.") == (1700000000500000000, -2 * 10**9)
     assert bounds("--end", ".25") == (None, 250000000)
+    # the README's example: seconds with an exponent (was "not a time")
+    assert bounds("--start", "1.5e9", "--end", "1.7E+9") == (15 * 10**17, 17 * 10**17)
+    assert bounds("--start", "1700000000.123456789") == (1700000000123456789, None)

@@ -747,6 +747,17 @@ def test_missing_discovery_script_is_refused_before_anything_starts(tmp_path: Pa
         StandaloneCluster(1, resources={"gpu": (1, tmp_path / "missing.sh")})
 
 
+@pytest.mark.parametrize("memory", ["lots", "0", "1.5g", ""])
+def test_a_worker_memory_spark_cannot_read_is_refused_before_anything_starts(
+    tmp_path: Path, memory: str
+) -> None:
+    """Found only once the master ran: the worker exited with Spark's usage text."""
+    with pytest.raises(ConfigError, match=f"worker memory {memory!r} is not a JVM memory size"):
+        StandaloneCluster(1, memory=memory, log_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
+    StandaloneCluster(1, memory="512M", log_dir=tmp_path)  # Spark's notation, either case
+
+
 @pytest.mark.cluster
 def test_failed_start_reports_the_log_tail_and_cleans_up(tmp_path: Path) -> None:
     cluster = StandaloneCluster(1, daemon_memory="lots", log_dir=tmp_path, start_timeout=60)
