@@ -283,6 +283,8 @@ def extract_features(
         partition_bytes=int(partition_mb * 2**20) or None,
         storage_options=options or None,
     )
+    if not any(bag.get("messages") for bag in rdd.lineage.get("bags", [])):
+        _check_topic(rdd.lineage, topic)  # before an overwrite replaces an earlier output
     output.start()  # after the bags were found: a missing bag leaves no directory behind
     job = functools.partial(
         _partition_features,
@@ -338,6 +340,20 @@ def extract_features(
         out=out,
         manifest=manifest_url,
     )
+
+
+def _check_topic(lineage: dict[str, Any], topic: str) -> None:
+    """Refuse a ``topic`` that no bag has: a typo would commit an empty result (and with
+    ``overwrite`` replace a good one).  A topic with no message in the bags stays empty."""
+    from adcloud.binpipe import summarize  # noqa: PLC0415 - pyspark is heavy
+
+    uris = [bag.get("reindexed_from") or bag["uri"] for bag in lineage.get("bags", [])]
+    have = sorted({t.topic for uri in uris for t in summarize(uri).topics})
+    if topic not in have:
+        raise HeteroError(
+            f"no bag has the topic {topic}; they have {', '.join(have) or 'no topic'} "
+            "(adcloud bag info lists them). Nothing was written"
+        )
 
 
 def read_features(out: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -282,7 +282,10 @@ def parse_size(text: str | int) -> int:
     unit = (match.group(2) or "").lower() if match else ""
     if match is None or unit not in _UNITS:
         raise StoreError(f"not a size: {text!r} (write e.g. 512MiB, 2GB or 4096)")
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit]
+    if 0 < size < 1:  # "0.5" meant 0.5 of some unit: 0 bytes would switch a tier off
+        raise StoreError(f"size {text!r} is less than a byte; give a unit, e.g. {text}GiB")
+    return int(size)
 
 
 def format_size(size: int) -> str:

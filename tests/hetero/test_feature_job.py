@@ -96,6 +96,13 @@ def test_existing_output_and_wrong_topic(
     with pytest.raises(Exception, match="not sensor_msgs/Image"):
         extract_features(spark, str(image_bags["rgb"]), str(tmp_path / "status"), topic="/status")
     assert not (tmp_path / "status").exists()
+    # a topic no bag has (a typo) fails before anything is written: an overwrite committed
+    # an empty result over the earlier one
+    with pytest.raises(HeteroError, match=r"no bag has the topic /camra/image_raw; they have"):
+        extract_features(
+            spark, str(image_bags["bgr"]), str(out), topic="/camra/image_raw", overwrite=True
+        )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     # and overwrite never replaces a directory holding anything else (a mistyped --out)
     (out / "notes.txt").write_text("mine")
     with pytest.raises(HeteroError, match=r"notes\.txt\); refusing to replace it"):

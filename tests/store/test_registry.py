@@ -143,6 +143,10 @@ def test_sizes() -> None:
     assert parse_size("4 KiB") == 4096
     with pytest.raises(StoreError, match="not a size"):
         parse_size("lots")
+    # a capacity of "0.5" (no unit) was 0 bytes: the tier silently off
+    with pytest.raises(StoreError, match=r"'0.5' is less than a byte; give a unit, e.g. 0.5GiB"):
+        parse_size("0.5")
+    assert parse_size("0") == 0
     assert format_size(1536) == "1.5 KiB"
     assert format_size(12) == "12 B"
 
