@@ -16,6 +16,7 @@ at ``k / truth_hz``; IMU at ``k / imu_hz + 1 ms``; odometry and ``/tf`` at
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import shutil
@@ -423,6 +424,22 @@ def _check_replaceable(bag: Path, truth: Path) -> None:
             )
 
 
+def _dead_asides(path: Path) -> list[Path]:
+    """What runs that are no longer alive (``kill -9``) set aside of ``path``."""
+    found = []
+    for aside in path.parent.glob(f".{glob.escape(path.name)}.replaced-*"):
+        pid = aside.name.rpartition("-")[2]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            found.append(aside)
+        except PermissionError:  # alive, another user's
+            continue
+    return found
+
+
 def generate_drive(
     config: DriveConfig,
     out: str | Path,
@@ -446,6 +463,10 @@ def generate_drive(
     aside: list[tuple[Path, Path]] = []
     if overwrite and bag.parent.is_dir():
         _check_replaceable(bag, truth)
+        for path in (bag, truth):
+            for stale in _dead_asides(path):  # a killed run's; this run replaces it anyway
+                log.info("synth: removing %s, set aside by a run that was killed", stale)
+                _remove(stale)
         for path in (bag, truth):
             if path.exists() or path.is_symlink():
                 kept = path.with_name(f".{path.name}.replaced-{os.getpid()}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -340,6 +341,26 @@ def test_overwrite_replaces_a_link_to_a_drive_and_keeps_its_target(tmp_path: Pat
         "real",
         "real.truth",
     ]
+
+
+def test_overwrite_removes_what_a_killed_overwrite_set_aside(tmp_path: Path) -> None:
+    """A run killed (``kill -9``) while overwriting left the old drive hidden as
+    ``.d.bag.replaced-PID``; nothing ever removed it.  The next overwrite does, unless
+    the run that set it aside still runs."""
+    drive = generate_drive(TINY, tmp_path / "d.bag")
+    dead = subprocess.Popen(["true"])  # a pid that ran and is gone
+    dead.wait()
+    shutil.copy(drive.bag, tmp_path / f".d.bag.replaced-{dead.pid}")
+    shutil.copytree(drive.truth, tmp_path / f".d.bag.truth.replaced-{dead.pid}")
+    alive = subprocess.Popen(["sleep", "600"])  # stands for a run overwriting right now
+    try:
+        running = tmp_path / f".d.bag.replaced-{alive.pid}"
+        running.write_bytes(drive.bag.read_bytes())
+        generate_drive(TINY, drive.bag, overwrite=True)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [running.name, "d.bag", "d.bag.truth"]
 
 
 _KILLED = """
