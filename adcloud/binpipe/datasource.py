@@ -19,7 +19,8 @@ would read an empty table), ``start``/``end`` (ns, record time),
 read instead; a path or URL the executors can read).  Any other option is an error.
 Paths: ``load(path)`` or ``load([path, ...])``; globs and directories are expanded.
 
-Columns: ``bag`` (its URL), ``topic``, ``timestamp`` (ns; per ``timeSource``),
+Columns: ``bag`` (its URL as loaded; for an unindexed bag read through ``reindexDir``, that
+bag's, not its indexed copy's), ``topic``, ``timestamp`` (ns; per ``timeSource``),
 ``record_time`` (ns, the bag's record time), ``msgtype``, ``data`` (the serialized
 message bytes as stored), ``partition`` (partition index within the bag).  A schema
 given with ``.schema(...)`` picks some of these columns, in its order (names matched
@@ -311,7 +312,7 @@ class RosbagReader(DataSourceReader):
 
 #: How each column's value comes from a partition, a message and its record time.
 _GETTERS: dict[str, Callable[[BagPartition, Message, int], Any]] = {
-    "bag": lambda part, msg, record_time: part.uri,
+    "bag": lambda part, msg, record_time: part.reindexed_from or part.uri,
     "topic": lambda part, msg, record_time: msg.topic,
     "timestamp": lambda part, msg, record_time: msg.timestamp,
     "record_time": lambda part, msg, record_time: record_time,

@@ -460,7 +460,8 @@ class BinPipeRDD:
         #: Where the records came from and what was done to them on the way (JSON-able);
         #: :meth:`save` writes it into ``manifest.json`` as ``"source"``.
         self.lineage: dict[str, Any] = dict(lineage or {"origin": "unknown", "steps": []})
-        #: The bag URI each partition reads, by partition index (:meth:`from_bags`,
+        #: The bag URI each partition reads as it was given (an unindexed bag's, not its
+        #: indexed copy's), by partition index (:meth:`from_bags`,
         #: :meth:`from_partitions` and what derives from them partition by partition);
         #: None where partitions do not map to bags.
         self.partition_bags: tuple[str, ...] | None = (
@@ -540,7 +541,8 @@ class BinPipeRDD:
             rdd,
             block_bytes=block_bytes,
             lineage=lineage,
-            partition_bags=[part.uri for part in parts],
+            # the bag as given, not the indexed copy an unindexed one is read through
+            partition_bags=[part.reindexed_from or part.uri for part in parts],
         )
 
     @classmethod
@@ -761,15 +763,17 @@ class BinPipeRDD:
             uri = self.partition_bags[index]
             per_bag[uri] = per_bag.get(uri, 0) + count
         lineage["bags"] = [
-            {**entry, "records": per_bag.get(entry["uri"], 0)} for entry in lineage["bags"]
+            {**entry, "records": per_bag.get(entry.get("reindexed_from") or entry["uri"], 0)}
+            for entry in lineage["bags"]
         ]
         return lineage
 
     def to_dataframe(self, spark: SparkSession | None = None, *, bag: bool = False) -> DataFrame:
         """Message records as a DataFrame ``(topic, timestamp, msgtype, data)``; ``spark``
         defaults to the session of this RDD's SparkContext.  With ``bag=True`` a first column
-        ``bag`` holds the URI of the bag each message came from (as the ``rosbag`` data
-        source's), for RDDs whose partitions map to bags (:attr:`partition_bags`)."""
+        ``bag`` holds the URI of the bag each message came from as it was given (as the
+        ``rosbag`` data source's; an unindexed bag's, not its indexed copy's), for RDDs whose
+        partitions map to bags (:attr:`partition_bags`)."""
         from pyspark.sql import SparkSession  # noqa: PLC0415 - pyspark is heavy; import on use
         from pyspark.sql.types import (  # noqa: PLC0415
             BinaryType,

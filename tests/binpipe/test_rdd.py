@@ -486,6 +486,15 @@ def test_rosbag_datasource_reads_an_unindexed_bag_through_a_reindexed_copy(
     rows = df.select("topic", "record_time", "data").orderBy("record_time", "topic").collect()
     got = sorted((r["topic"], r["record_time"], bytes(r["data"])) for r in rows)
     assert got == sorted(reference(shared_data / LUMINAR))
+    # the bag column names the bag loaded, not the copy (a filter on it matched nothing)
+    assert [r["bag"] for r in df.select("bag").distinct().collect()] == [str(bag)]
+    rdd = BinPipeRDD.from_bags(spark, [str(bag)], reindex_dir=str(tmp_path / "re"))
+    assert [r["bag"] for r in rdd.to_dataframe(bag=True).select("bag").distinct().collect()] == [
+        str(bag)
+    ]
+    manifest = rdd.save(str(tmp_path / "saved"))
+    (entry,) = manifest["source"]["bags"]
+    assert entry["reindexed_from"] == str(bag) and entry["records"] == len(rows)
 
 
 def test_rosbag_datasource(spark: Any, shared_data: Path) -> None:
