@@ -94,7 +94,8 @@ class AlluxioStore(BaseStore):
         write_type: WriteType | str | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(uri)
-        if parts.scheme.lower() != "alluxio" or not parts.hostname:
+        # a query or fragment would be dropped (the namespace cut short at "?" or "#")
+        if parts.scheme.lower() != "alluxio" or not parts.hostname or parts.query or parts.fragment:
             raise InvalidPathError(f"not an Alluxio URI: {uri!r} (write alluxio://HOST:PORT/)")
         if parts.username or parts.password:
             raise InvalidPathError(

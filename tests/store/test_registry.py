@@ -59,6 +59,9 @@ def test_bad_uris() -> None:
         open_store("local://host/x")
     with pytest.raises(InvalidPathError, match="credentials"):
         open_store("alluxio://user:secret@host:39999/")
+    for uri in ("alluxio://host:39999/ns#x", "alluxio://host:39999/ns?x=1"):
+        with pytest.raises(InvalidPathError, match="not an Alluxio URI"):
+            open_store(uri)  # was the namespace /ns, the rest dropped
 
 
 def test_missing_optional_package_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
