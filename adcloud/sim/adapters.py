@@ -29,7 +29,9 @@ answers nothing to some input costs one quiet period.  The ROS bridge waits the 
 on the node's process group.
 
 Latency of an output = wall time it came back minus wall time the input with the same
-timestamp (or, failing that, the latest earlier one) was written into the pipe.  Pipe
+timestamp (or, failing that, the latest earlier one) was written into the pipe, among
+the inputs written before the output came back (an output stamped ahead of its input is
+measured from the latest input written by then, never from a later one).  Pipe
 nodes should stamp outputs with the timestamp of the input they answer; the ROS bridge
 stamps outputs with the simulated clock, which in synchronous mode is the input's time.
 """

@@ -308,6 +308,8 @@ class DetectionEvaluator:
             n_det += len(found)
             if len(truth) and len(found):
                 dist = np.linalg.norm(truth[:, None, :2] - found[None, :, :2], axis=2)
+                # a NaN detection matches nothing (and must not hide the others from min)
+                dist[~np.isfinite(dist)] = np.inf
                 while dist.size and dist.min() <= self.match_m:
                     i, j = np.unravel_index(int(dist.argmin()), dist.shape)
                     tp += 1
@@ -365,12 +367,21 @@ class PoseErrorEvaluator:
             errors.append(float(np.linalg.norm(est - ref)))
         if not errors:
             return Evaluation(self.name, False, {}, f"no pose on {self.topic}")
-        worst = max(errors)
+        # a NaN error (a diverged estimate) is the worst of all, wherever it falls: max()
+        # keeps whichever of a NaN and a number comes first
+        worst = float(np.max(errors))
         metrics = {"mean_m": float(np.mean(errors)), "max_m": worst}
         ok = worst <= self.max_m
-        return Evaluation(
-            self.name, ok, metrics, "" if ok else f"max error {worst:.3f} m > {self.max_m:g} m"
+        if ok:
+            return Evaluation(self.name, ok, metrics)
+        bad = sum(not math.isfinite(e) for e in errors)
+        reason = (
+            f"{bad} of {len(errors)} poses on {self.topic} have no finite error "
+            "(a NaN or infinite position)"
+            if bad
+            else f"max error {worst:.3f} m > {self.max_m:g} m"
         )
+        return Evaluation(self.name, ok, metrics, reason)
 
 
 class FrameEvaluator:

@@ -280,7 +280,23 @@ def write_report(results: ReplayResults, uri: str) -> str:
 
 
 def read_results(uri: str) -> list[ScenarioResult]:
-    """The results of a report directory written by :func:`write_report`."""
-    store, root = locate(_store_url(uri))
+    """The results of a report directory written by :func:`write_report`.
+
+    Raises :class:`SimError` naming the file and line of one that is not a result (a
+    truncated or hand-edited ``results.jsonl``).
+    """
+    url = _store_url(uri)
+    store, root = locate(url)
     text = store.get(root.rstrip("/") + "/results.jsonl").decode("utf-8")
-    return [ScenarioResult.from_dict(json.loads(line)) for line in text.splitlines() if line]
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line:
+            continue
+        try:
+            out.append(ScenarioResult.from_dict(json.loads(line)))
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            raise SimError(
+                f"{url.rstrip('/')}/results.jsonl line {number} is not a scenario result "
+                f"({type(err).__name__}: {err})"
+            ) from err
+    return out

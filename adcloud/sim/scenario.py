@@ -41,6 +41,8 @@ from adcloud.sim.errors import SimError
 __all__ = ["CutMode", "Scenario", "ScenarioCut", "plan_scenarios", "read_scenario_file"]
 
 _NS = 1_000_000_000
+#: The longest time (s) a cut or scenario file may name: record times are int64 ns.
+_MAX_S = (2**63 - 1) // _NS
 
 
 class CutMode(StrEnum):
@@ -90,8 +92,13 @@ class ScenarioCut:
         """Return ``self`` if usable, else raise :class:`SimError` naming the setting."""
         if self.mode is CutMode.WINDOW and not self.window_s > 0:
             raise SimError(f"window_s must be > 0, not {self.window_s}")
-        if self.warmup_s < 0:
-            raise SimError(f"warmup_s must be >= 0, not {self.warmup_s}")
+        # windows are whole nanoseconds: one that rounds to 0 ns would never advance
+        if self.mode is CutMode.WINDOW and not 1 / _NS <= self.window_s <= _MAX_S:
+            raise SimError(
+                f"window_s must be at least 1 ns (1e-9) and at most {_MAX_S} s, not {self.window_s}"
+            )
+        if not 0 <= self.warmup_s <= _MAX_S:
+            raise SimError(f"warmup_s must be >= 0 and at most {_MAX_S} s, not {self.warmup_s}")
         if self.mode is CutMode.FILE and not self.file:
             raise SimError("cut mode 'file' needs a scenario file")
         return self
@@ -233,6 +240,8 @@ def _seconds(item: Mapping[str, Any], key: str, default: float, where: str) -> f
     value = item.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise SimError(f"{where}: {key} must be a finite number of seconds, not {value!r}")
+    if abs(value) > _MAX_S:  # record times are int64 ns
+        raise SimError(f"{where}: {key} must be at most {_MAX_S} s, not {value!r}")
     return float(value)
 
 

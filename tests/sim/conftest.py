@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,14 @@ _NODES = {
             return ("/obstacles", msg.timestamp, "std_msgs/msg/String", b"\\0\\0\\0\\0")
         run_node(fn)
     """,
+    # Answers each message at once, stamped with the time of the next cloud (100 ms on):
+    # an output from the future, as a node whose clock runs ahead writes.
+    "stamps_ahead.py": """
+        from adcloud.binpipe.node import run_node
+        def fn(msg):
+            return ("/obstacles", msg.timestamp + 100_000_000, "std_msgs/msg/String", b"\\0" * 4)
+        run_node(fn)
+    """,
     # A valid stream whose records are not messages.
     "not_messages.py": """
         from adcloud.binpipe.node import run_node
@@ -136,6 +145,13 @@ def _no_replay_process_outlives_the_tests() -> Iterator[None]:
 def drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
     """:data:`DRIVE` as a ROS 1 bag."""
     return generate_drive(DRIVE, tmp_path_factory.mktemp("sim-drive") / "drive.bag")
+
+
+@pytest.fixture(scope="session")
+def mcap_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
+    """:data:`DRIVE` as an MCAP bag (ROS 2 messages, CDR)."""
+    config = replace(DRIVE, seconds=1.0, format="mcap")
+    return generate_drive(config, tmp_path_factory.mktemp("sim-mcap") / "drive")
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from adcloud.binpipe import Message, MessageDecoder
+from adcloud.binpipe.decode import ConnectionInfo, standard_typestore
 from adcloud.sim import (
     EVALUATORS,
     EvaluatorSpec,
@@ -16,8 +17,12 @@ from adcloud.sim import (
     SimError,
     build_evaluator,
     parse_evaluator,
+    plan_scenarios,
     register_evaluator,
 )
+from adcloud.sim.examples.obstacle_node import detect, ros1_header
+from adcloud.sim.replay import _read_messages
+from adcloud.synth import DriveResult
 
 from .conftest import CountAtLeast
 
@@ -164,3 +169,73 @@ def test_pose_error_names_an_output_or_truth_of_another_type() -> None:
         SimError, match=r"^/truth carries sensor_msgs/Imu, not nav_msgs/msg/Odometry"
     ):
         evaluator.evaluate(data)
+
+
+def _pose(topic: str, stamp: int, x: float) -> Message:
+    store = standard_typestore("ros1")
+    t = store.types
+    msg = t["geometry_msgs/msg/PoseStamped"](
+        header=t["std_msgs/msg/Header"](
+            seq=0, stamp=t["builtin_interfaces/msg/Time"](sec=0, nanosec=0), frame_id="map"
+        ),
+        pose=t["geometry_msgs/msg/Pose"](
+            position=t["geometry_msgs/msg/Point"](x=x, y=0.0, z=0.0),
+            orientation=t["geometry_msgs/msg/Quaternion"](x=0.0, y=0.0, z=0.0, w=1.0),
+        ),
+    )
+    data = bytes(store.serialize_ros1(msg, "geometry_msgs/msg/PoseStamped"))
+    return Message(topic, stamp, "geometry_msgs/msg/PoseStamped", data)
+
+
+@pytest.mark.parametrize("order", [(1.0, math.nan), (math.nan, 1.0)])
+def test_pose_error_fails_a_nan_pose_wherever_it_falls(order: tuple[float, float]) -> None:
+    # truth moves from x=0 to x=2 over 2 s; the estimate at 0.5 s and 1 s, one NaN (a
+    # diverged filter): max() kept the first of a NaN and a number
+    truth = [_pose("/truth", 0, 0.0), _pose("/truth", 2 * _NS, 2.0)]
+    outputs = [_pose("/est", _NS // 2, order[0] / 2), _pose("/est", _NS, order[1])]
+    conns = [
+        ConnectionInfo(topic, "geometry_msgs/msg/PoseStamped", "", "", "", "ros1")
+        for topic in ("/truth", "/est")
+    ]
+    data = ScenarioData(
+        Scenario("s", "x.bag", 0, 2 * _NS, 0), truth, outputs, [1.0, 1.0], MessageDecoder(conns)
+    )
+    spec = EvaluatorSpec.of("pose_error", topic="/est", truth_topic="/truth", max_m=0.5)
+    result = build_evaluator(spec).evaluate(data)
+    assert not result.passed
+    assert math.isnan(result.metrics["max_m"])
+    assert result.reason == "1 of 2 poses on /est have no finite error (a NaN or infinite position)"
+
+
+def test_a_nan_detection_does_not_hide_the_others(drive: DriveResult) -> None:
+    # the example detector's exact answers, each with one NaN pose more: a false positive
+    # per cloud, as a detection far away is -- not a frame where nothing matches
+    store = standard_typestore("ros1")
+    t = store.types
+    (scenario,) = plan_scenarios(str(drive.bag))
+    clouds, conns = _read_messages(scenario, ["/lidar/points"])
+    clouds = clouds[:5]
+    decoder = MessageDecoder(
+        [*conns, ConnectionInfo("/obstacles", "geometry_msgs/msg/PoseArray", "", "", "", "ros1")]
+    )
+    outputs = []
+    for msg in clouds:
+        cloud = decoder.decode(msg)
+        found = [*map(tuple, detect(cloud)), (math.nan, math.nan, 0.0)]
+        poses = [
+            t["geometry_msgs/msg/Pose"](
+                position=t["geometry_msgs/msg/Point"](x=float(x), y=float(y), z=float(z)),
+                orientation=t["geometry_msgs/msg/Quaternion"](x=0.0, y=0.0, z=0.0, w=1.0),
+            )
+            for x, y, z in found
+        ]
+        out = t["geometry_msgs/msg/PoseArray"](header=ros1_header(cloud.header, t), poses=poses)
+        data = bytes(store.serialize_ros1(out, "geometry_msgs/msg/PoseArray"))
+        outputs.append(Message("/obstacles", msg.timestamp, "geometry_msgs/msg/PoseArray", data))
+    data = ScenarioData(scenario, clouds, outputs, [1.0] * len(outputs), decoder)
+    result = build_evaluator(EvaluatorSpec.of("detections")).evaluate(data)
+    truth = result.metrics["truth_objects"]
+    assert truth > 5
+    assert result.metrics["recall"] == 1.0
+    assert result.metrics["detected_objects"] == truth + 5
+    assert result.metrics["precision"] == pytest.approx(truth / (truth + 5))

@@ -53,6 +53,20 @@ def test_fast_detector_keeps_up(camera_drive: DriveResult) -> None:
     assert result.wall_s >= 1.8
 
 
+def test_the_example_detector_answers_ros2_frames(tmp_path: Path) -> None:
+    # an MCAP bag's images carry ROS 2 headers (no seq); the node writes ROS 1 detections
+    config = DriveConfig(
+        seconds=1.0, seed=5, lidar=False, camera=True, truth_raster=False, format="mcap"
+    )
+    drive = generate_drive(config, tmp_path / "camera")
+    job = camera_replay_job([str(drive.bag)], NodeSpec(NODE), CAMERAS, "/detections", rate=4.0)
+    (scenario,) = plan_scenarios(list(job.bags))
+    result = run_scenario(scenario, job)
+    assert result.exit_code == 0, result.reason
+    assert result.metrics["frames.answered"] > 0
+    assert result.output_counts["/detections"] > 0
+
+
 def test_slow_detector_drops_frames(camera_drive: DriveResult) -> None:
     job = camera_replay_job(
         [str(camera_drive.bag)],

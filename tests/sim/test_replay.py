@@ -64,6 +64,36 @@ def test_example_node_passes(drive: DriveResult) -> None:
     assert result.startup_ms > 0
 
 
+def test_the_example_node_on_an_mcap_bag_is_judged_as_on_a_ros1_bag(
+    mcap_drive: DriveResult,
+) -> None:
+    # ROS 2 clouds in, the node's ROS 1 detections out: its output header has a seq the
+    # cloud's lacks, and the evaluator decodes both sides
+    result = _run(_job(mcap_drive.bag))
+    assert result.passed, result.reason
+    assert result.output_counts == {"/obstacles": result.input_count}
+    assert result.metrics["detections.recall"] == 1.0
+    assert result.metrics["detections.precision"] == 1.0
+    assert result.metrics["detections.truth_objects"] > 5
+
+
+def test_an_output_stamped_ahead_of_its_input_is_measured_from_that_input(
+    drive: DriveResult, bad_nodes: dict[str, str]
+) -> None:
+    # each answer carries the next cloud's time, and comes back before that cloud is sent:
+    # it answers the cloud written before it, not the later one (a negative latency)
+    job = replace(
+        _job(drive.bag, bad_nodes["stamps_ahead"]),
+        evaluators=(EvaluatorSpec.of("latency", max_ms=2000, stat="max"),),
+    )
+    result = _run(job)
+    assert result.output_counts == {"/obstacles": 29}
+    assert 0 <= result.latency_p50_ms <= result.latency_max_ms
+    assert result.metrics["latency.latency_max_ms"] >= 0
+    # every output (but the first, the start-up) is measured: none is left without input
+    assert result.passed, result.reason
+
+
 def test_a_passing_node_keeps_its_stderr_tail(drive: DriveResult) -> None:
     noisy = f"sh -c 'echo model loaded, 3 layers on the CPU >&2; exec {OBSTACLE_NODE}'"
     result = _run(_job(drive.bag, noisy))

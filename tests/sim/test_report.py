@@ -206,3 +206,15 @@ def test_a_directory_holding_other_files_is_not_replaced(tmp_path: Path) -> None
     with pytest.raises(SimError, match=r"holds files a replay report did not write \(e\.g\. "):
         write_report(ReplayResults(_JOB, (_result(),), 1.0), str(tmp_path))
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_a_result_that_does_not_read_names_the_file_and_line(tmp_path: Path) -> None:
+    write_report(ReplayResults(_JOB, (_result("a"), _result("b")), 1.0), str(tmp_path))
+    path = tmp_path / "results.jsonl"
+    first, second = path.read_text().splitlines()
+    path.write_text(f"{first}\n{second[: len(second) // 2]}\n")  # cut short
+    with pytest.raises(SimError, match=r"results\.jsonl line 2 is not a scenario result"):
+        read_results(str(tmp_path))
+    path.write_text(f'{first}\n{{"scenario": "c"}}\n')  # a hand-edited line
+    with pytest.raises(SimError, match=r"results\.jsonl line 2 .*KeyError"):
+        read_results(str(tmp_path))

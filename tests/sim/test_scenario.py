@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import pickle
 import shutil
 from pathlib import Path
@@ -114,6 +115,27 @@ def test_bad_cut_settings() -> None:
         ScenarioCut(CutMode.WINDOW, window_s=0).validate()
     with pytest.raises(SimError, match="scenario file"):
         ScenarioCut(CutMode.FILE).validate()
+
+
+@pytest.mark.parametrize(
+    ("window", "warmup", "field"),
+    [(1e-12, 0.0, "window_s"), (1e300, 0.0, "window_s"), (2.0, 1e300, "warmup_s")],
+)
+def test_windows_of_no_whole_nanosecond_or_past_int64_are_refused(
+    drive: DriveResult, window: float, warmup: float, field: str
+) -> None:
+    # 1e-12 s rounds to a 0 ns window (range() step 0); 1e300 s overflows in nanoseconds
+    with pytest.raises(SimError, match=f"{field} must be"):
+        plan_scenarios(str(drive.bag), ScenarioCut(CutMode.WINDOW, window, warmup))
+    with pytest.raises(SimError, match="warmup_s must be"):
+        ScenarioCut(warmup_s=math.nan).validate()
+
+
+def test_scenario_file_times_past_int64_are_refused(drive: DriveResult, tmp_path: Path) -> None:
+    listing = tmp_path / "s.json"
+    listing.write_text(json.dumps([{"bag": str(drive.bag), "start": 0, "end": 1e300}]))
+    with pytest.raises(SimError, match=r"end must be at most 9223372036 s, not 1e\+300"):
+        plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(listing)))
 
 
 def test_empty_bag_gives_an_empty_scenario(empty_bag: Path) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from adcloud.binpipe.codec import BlockKind, Message, StreamReader, StreamWriter
 from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder, standard_typestore
+from adcloud.sim.examples.obstacle_node import ros1_header
 
 __all__ = ["main"]
 
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             position=t["geometry_msgs/msg/Point"](x=col, y=row, z=0.0),
             orientation=t["geometry_msgs/msg/Quaternion"](x=0.0, y=0.0, z=0.0, w=1.0),
         )
-        out = t[_POSE_ARRAY](header=image.header, poses=[pose])
+        out = t[_POSE_ARRAY](header=ros1_header(image.header, t), poses=[pose])
         writer.write(
             (args.output, msg.timestamp, _POSE_ARRAY, store.serialize_ros1(out, _POSE_ARRAY))
         )

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from adcloud.binpipe.codec import BlockKind, StreamReader, StreamWriter
 from adcloud.binpipe.decode import ConnectionInfo, MessageDecoder, standard_typestore
 from adcloud.sim.obstacles import cloud_points, cluster_obstacles
 
-__all__ = ["detect", "main"]
+__all__ = ["detect", "main", "ros1_header"]
 
 _POSE_ARRAY = "geometry_msgs/msg/PoseArray"
 
@@ -33,6 +34,18 @@ def detect(cloud: object, *, max_range_m: float = 40.0, min_points: int = 5) -> 
     """Obstacle centroids ``(k, 3)`` in metres, cloud frame, of one decoded cloud."""
     xyz, labels = cloud_points(cloud)
     return cluster_obstacles(xyz, labels, max_range_m=max_range_m, min_points=min_points)
+
+
+def ros1_header(header: Any, types: Mapping[str, Any]) -> Any:
+    """``header`` of an input message (ROS 1, or ROS 2 without ``seq``: a ROS 2 or MCAP
+    bag) as the ROS 1 ``std_msgs/Header`` of ``types``, which the node's ROS 1 outputs
+    carry."""
+    stamp = types["builtin_interfaces/msg/Time"](
+        sec=int(header.stamp.sec), nanosec=int(header.stamp.nanosec)
+    )
+    return types["std_msgs/msg/Header"](
+        seq=int(getattr(header, "seq", 0)), stamp=stamp, frame_id=str(header.frame_id)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 for x, y, z in found
             ]
-            out = t[_POSE_ARRAY](header=cloud.header, poses=poses)
+            out = t[_POSE_ARRAY](header=ros1_header(cloud.header, t), poses=poses)
             writer.write(
                 (args.output, msg.timestamp, _POSE_ARRAY, store.serialize_ros1(out, _POSE_ARRAY))
             )
