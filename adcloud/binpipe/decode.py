@@ -78,17 +78,19 @@ def types_from_idl(msgdef: str) -> dict[str, Any]:
 class MessageDecoder:
     """Turns :class:`Message` bytes into rosbags message objects.
 
-    Definitions are registered lazily per message type, in a type store of their own,
-    so a bag is decoded with the exact layouts it was written with.  Types with no
+    Definitions are registered lazily per message type, in a type store of their own for
+    each serialization (a ROS 2 ``std_msgs/Header`` has no ``seq``, a ROS 1 one has: the
+    two cannot share one), so a bag is decoded with the exact layouts it was written with,
+    also beside messages of the other serialization.  Types with no
     definition in the META records fall back to the standard types bundled with
     rosbags (ROS 1 Noetic for ROS 1 serialization, ROS 2 Humble for CDR).
     """
 
     def __init__(self, connections: Iterable[ConnectionInfo] = ()) -> None:
-        self._store = get_typestore(Stores.EMPTY)
-        self._store_of: dict[str, Any] = {}
+        self._stores: dict[str, Any] = {}  # serialization -> the definitions' type store
+        self._store_of: dict[tuple[str, str], Any] = {}  # (msgtype, serialization) -> store
         self._serialization: dict[str, str] = {}
-        self._defs: dict[str, ConnectionInfo] = {}
+        self._defs: dict[tuple[str, str], ConnectionInfo] = {}
         for conn in connections:
             self.add(conn)
 
@@ -96,7 +98,7 @@ class MessageDecoder:
         """Learn one connection's definition (later duplicates are ignored)."""
         self._serialization.setdefault(conn.topic, conn.serialization)
         self._serialization.setdefault(conn.msgtype, conn.serialization)
-        self._defs.setdefault(conn.msgtype, conn)
+        self._defs.setdefault((conn.msgtype, conn.serialization), conn)
 
     def _register(self, msgtype: str, serialization: str, topic: str) -> None:
         if serialization not in ("ros1", "cdr"):
@@ -105,7 +107,7 @@ class MessageDecoder:
                 f"cannot decode the messages on {topic} (type {msgtype or '?'}): their "
                 f"encoding is {serialization!r}; only ROS 1 and CDR (ROS 2) messages decode"
             )
-        conn = self._defs.get(msgtype)
+        conn = self._defs.get((msgtype, serialization))
         if conn is not None and conn.msgdef:
             try:
                 if conn.msgdef_format == "ros2idl":
@@ -117,13 +119,14 @@ class MessageDecoder:
                     f"cannot parse the {conn.msgdef_format or 'msg'} definition of {msgtype} "
                     f"(topic {conn.topic}): {err}"
                 ) from err
+            own = self._stores.setdefault(serialization, get_typestore(Stores.EMPTY))
             try:
-                self._store.register(types)
+                own.register(types)
             except Exception as err:
                 raise BinpipeError(
                     f"conflicting definitions for {msgtype} (topic {conn.topic}): {err}"
                 ) from err
-            self._store_of[msgtype] = self._store
+            self._store_of[msgtype, serialization] = own
         else:
             store = standard_typestore(serialization)
             if msgtype not in store.fielddefs:
@@ -131,7 +134,7 @@ class MessageDecoder:
                     f"no definition for message type {msgtype or '(none)'} (topic {topic}): the "
                     "partition carries none and it is not a standard ROS type bundled with rosbags"
                 )
-            self._store_of[msgtype] = store
+            self._store_of[msgtype, serialization] = store
 
     def decode(self, message: Message) -> Any:
         """Deserialize one message; raises BinpipeError naming topic and type on failure."""
@@ -139,9 +142,9 @@ class MessageDecoder:
         serialization = self._serialization.get(
             message.topic, self._serialization.get(msgtype, "cdr")
         )
-        if msgtype not in self._store_of:
+        if (msgtype, serialization) not in self._store_of:
             self._register(msgtype, serialization, message.topic)
-        store = self._store_of[msgtype]
+        store = self._store_of[msgtype, serialization]
         try:
             if serialization == "ros1":
                 return store.deserialize_ros1(bytes(message.data), msgtype)

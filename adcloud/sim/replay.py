@@ -236,24 +236,6 @@ def _read_messages(
     return list(merged), list(conns.values())
 
 
-class _ScenarioDecoder(MessageDecoder):
-    """Decodes a scenario's bag messages and the node's outputs, each with the definitions
-    of their own side: one type store cannot hold both a ROS 2 bag's ``std_msgs/Header``
-    (no ``seq``) and the ROS 1 one of a node's outputs (the example nodes' on a ROS 2 or
-    MCAP bag).  A message on a topic of the bag is the bag's."""
-
-    def __init__(self, bag: Sequence[ConnectionInfo], outputs: Sequence[ConnectionInfo]) -> None:
-        super().__init__(bag)
-        self._bag_topics = {c.topic for c in bag}
-        self._outputs = MessageDecoder(outputs)
-
-    def decode(self, message: Message) -> Any:
-        """Deserialize ``message`` with its side's definitions (see the class docstring)."""
-        if message.topic in self._bag_topics:
-            return super().decode(message)
-        return self._outputs.decode(message)
-
-
 def _latencies(run: NodeRun) -> tuple[list[float], float]:
     """Per-output latency (ms) and the start-up time (ms, first input to first output).
 
@@ -373,7 +355,7 @@ def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
     ]
     # Outputs without a META record are assumed serialized like the inputs and of a
     # standard type (rosbags' bundled definitions).
-    decoder = _ScenarioDecoder(conns, [*run.output_connections, *guessed])
+    decoder = MessageDecoder([*conns, *run.output_connections, *guessed])
     span = run.received[-1] - run.sent[0][1] if run.received and run.sent else math.nan
     data = ScenarioData(scenario, messages, run.outputs, _latencies(run)[0], decoder, span)
     evals = [_evaluate(evaluator, data) for evaluator in evaluators]

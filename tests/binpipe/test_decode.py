@@ -89,3 +89,31 @@ def test_a_message_whose_definition_never_arrived_says_so() -> None:
     with pytest.raises(BinpipeError) as info:  # said to be ROS 1 and still broken: no hint
         MessageDecoder([conn]).decode(Message("/chatter", 5, "std_msgs/msg/String", data))
     assert "META" not in str(info.value)
+
+
+def test_ros1_and_ros2_definitions_of_one_name_decode_side_by_side() -> None:
+    """A ROS 2 bag's messages and a node's ROS 1 outputs in one decoder (a replay judged
+    against its bag): the two layouts of ``survey_msgs/msg/Position`` -- as a ROS 2
+    ``std_msgs/Header`` lacks the ROS 1 ``seq`` -- were "conflicting definitions" in the
+    one type store all definitions shared."""
+    ros1_def = ROS1_MSG.replace("float64 y\n", "float64 y\nfloat64 z\n")
+    ros1_types = dict(get_types_from_msg(ros1_def, "survey_msgs/msg/Landmark"))
+    ros1_store = get_typestore(Stores.EMPTY)
+    ros1_store.register(ros1_types)  # type: ignore[arg-type]
+    where = ros1_store.types["survey_msgs/msg/Position"](x=3.0, y=4.0, z=5.0)
+    landmark = ros1_store.types["survey_msgs/msg/Landmark"](where=where, label="yield", votes=2)
+    ros1_data = bytes(ros1_store.serialize_ros1(landmark, "survey_msgs/msg/Landmark"))
+    decoder = MessageDecoder(
+        [
+            ConnectionInfo(
+                "/landmarks", "survey_msgs/msg/Landmark", "ros2idl", IDL_SECTIONS, "", "cdr"
+            ),
+            ConnectionInfo("/found", "survey_msgs/msg/Landmark", "ros1msg", ros1_def, "", "ros1"),
+        ]
+    )
+    cdr_data = _serialized(types_from_idl(IDL_SECTIONS), cdr=True)
+    for _ in range(2):  # and again, once both are registered
+        bag = decoder.decode(Message("/landmarks", 5, "survey_msgs/msg/Landmark", cdr_data))
+        out = decoder.decode(Message("/found", 6, "survey_msgs/msg/Landmark", ros1_data))
+        assert (bag.where.x, bag.where.y, bag.label) == (1.5, -2.25, "stop")
+        assert (out.where.x, out.where.y, out.where.z, out.label) == (3.0, 4.0, 5.0, "yield")
