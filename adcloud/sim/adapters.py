@@ -166,7 +166,8 @@ class NodeRun:
 
     ``outputs`` hold owned bytes; ``received`` and ``sent`` are ``time.monotonic()``
     seconds; ``sent`` pairs each input's timestamp (ns) with when it was written.
-    ``failure`` is None when the node ran and ended cleanly.
+    ``failure`` is None when the node ran and ended cleanly.  ``ignored`` counts the
+    messages the node wrote on topics outside the output topics (dropped), by topic.
     """
 
     outputs: list[Message] = field(default_factory=list)
@@ -177,6 +178,7 @@ class NodeRun:
     failure: str | None = None
     stderr_tail: str = ""
     wall_s: float = 0.0
+    ignored: dict[str, int] = field(default_factory=dict)
 
 
 class NodeAdapter(Protocol):
@@ -452,6 +454,7 @@ def drive_pipe(
             for rec in block:
                 msg = _as_output(rec)
                 if wanted and msg.topic not in wanted:
+                    run.ignored[msg.topic] = run.ignored.get(msg.topic, 0) + 1
                     continue
                 run.outputs.append(msg)
                 run.received.append(now)

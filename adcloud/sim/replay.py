@@ -119,6 +119,12 @@ class ReplayJob:
                     "inputs: add it to the input topics or leave it out of the triggers"
                 )
         get_adapter(self.node.adapter)
+        if self.node.adapter == "ros1" and not self.output_topics:
+            # the pipe adapter takes every topic then; the bridge subscribes by name only
+            raise SimError(
+                "the ros1 adapter collects only the output topics it is given: its bridge "
+                "subscribes to them by name; name the topics the node publishes (--outputs)"
+            )
         if not self.node.args:
             raise SimError("the node command is empty")
         for spec in self.evaluators:
@@ -360,6 +366,12 @@ def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
     data = ScenarioData(scenario, messages, run.outputs, _latencies(run)[0], decoder, span)
     evals = [_evaluate(evaluator, data) for evaluator in evaluators]
     failed = [f"{e.name}: {e.reason}" for e in evals if not e.passed]
+    if failed and run.ignored:  # a misspelt output topic reads as a node that said nothing
+        elsewhere = ", ".join(f"{topic} ({n})" for topic, n in sorted(run.ignored.items()))
+        failed.append(
+            f"the node also wrote on {elsewhere}, which are not output topics "
+            f"({', '.join(job.output_topics)}): dropped"
+        )
     return result(run, not failed, "; ".join(failed), evals)
 
 

@@ -307,3 +307,30 @@ def test_an_evaluator_meeting_another_type_fails_its_evaluation_not_the_task(
     assert verdicts["rate"]["passed"]
     assert result.metrics["rate.rate_hz[/estimate]"] > 5
     assert "detections: cannot evaluate: /estimate carries" in result.reason
+
+
+def test_outputs_on_a_misspelt_topic_are_named_when_the_scenario_fails(
+    drive: DriveResult,
+) -> None:
+    """A node writing on /obstacle where /obstacles is expected: its outputs are dropped,
+    and the failure says where they went (it read as a node that answered nothing)."""
+    result = _run(_job(drive.bag, OBSTACLE_NODE + " --output /obstacle"))
+    assert not result.passed and result.output_counts == {}
+    assert (
+        "the node also wrote on /obstacle (29), which are not output topics (/obstacles): "
+        "dropped" in result.reason
+    ), result.reason
+
+
+def test_a_ros1_job_without_output_topics_is_refused(drive: DriveResult) -> None:
+    """The pipe adapter takes every topic when none is named; the ROS 1 bridge subscribes
+    by name only, so such a job collected nothing and failed every scenario."""
+    job = ReplayJob(
+        bags=(str(drive.bag),),
+        node=NodeSpec("rosrun my_pkg detector", adapter="ros1"),
+        input_topics=("/lidar/points",),
+        output_topics=(),
+    )
+    with pytest.raises(SimError, match=r"ros1 adapter collects only the output topics"):
+        job.validate()
+    replace(job, node=NodeSpec("my_detector", adapter="pipe")).validate()
