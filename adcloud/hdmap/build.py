@@ -52,7 +52,7 @@ from adcloud.hdmap.errors import DriveDataError, HdmapError, MapFormatError
 from adcloud.hdmap.evaluate import GridLayers as ReportGrid
 from adcloud.hdmap.exchange import dump_items, load_items
 from adcloud.hdmap.geotiff import read_grid_tile, write_mosaic
-from adcloud.hdmap.grid import GridTile, coarsen_tile, overview_factor
+from adcloud.hdmap.grid import GridSettings, GridTile, coarsen_tile, overview_factor
 from adcloud.hdmap.job import PipelineResult, StageSettings, run_pipeline
 from adcloud.hdmap.kept import (
     GRID_DIR,
@@ -80,6 +80,7 @@ from adcloud.hdmap.mapdir import (
     bag_uri,
     find_bags,
     lies_below,
+    local_path,
 )
 from adcloud.hdmap.report import write_report
 from adcloud.hdmap.semantic import (
@@ -138,20 +139,23 @@ def _report_grid(overview: Sequence[GridTile]) -> list[ReportGrid]:
     ]
 
 
+def _tile_key(name: str, root: Path) -> tuple[int, int]:
+    """The key of the grid tile file ``name`` (``<tx>_<ty>.tif``) of the version at ``root``."""
+    x, _, y = name.removesuffix(".tif").partition("_")
+    try:
+        return int(x), int(y)
+    except ValueError:
+        raise MapFormatError(
+            f"{root / GRID_DIR / name}: not a grid tile name (<tx>_<ty>.tif); the map "
+            "version is damaged"
+        ) from None
+
+
 def _overview_of(files: VersionFiles, stages: StageSettings) -> list[GridTile]:
     """Coarse copies of every GeoTIFF tile of a version's ``grid/`` (downloaded together
     where the map is off the local filesystem, then read one at a time)."""
     names = [name for name in files.names(GRID_DIR) if name.endswith(".tif")]
-    keys = []
-    for name in names:
-        x, _, y = name.removesuffix(".tif").partition("_")
-        try:
-            keys.append((int(x), int(y)))
-        except ValueError:
-            raise MapFormatError(
-                f"{files.root / GRID_DIR / name}: not a grid tile name (<tx>_<ty>.tif); the map "
-                "version is damaged"
-            ) from None
+    keys = [_tile_key(name, files.root) for name in names]
     factor = overview_factor(keys, stages.grid.tile_cells)
     files.fetch([f"{GRID_DIR}/{name}" for name in names])
     return [
@@ -353,6 +357,21 @@ def _write_semantic(
     return write_lanelet2(out / "lanelet2_map.osm", semantic, origin, stages.lanelet)
 
 
+def _grid_text(keys: Sequence[tuple[int, int]], drawn: int, grid: GridSettings) -> str:
+    """The report's grid row for a version whose ``keys`` tiles are in ``grid/`` and whose
+    picture shows ``drawn`` coarse copies of them (a build has them of the tiles along the
+    roads only): figures of the coarse copies would describe a part of the grid."""
+    if not keys:
+        return "no tiles"
+    size = grid.tile_size
+    x0, x1 = min(k[0] for k in keys) * size, (max(k[0] for k in keys) + 1) * size
+    y0, y1 = min(k[1] for k in keys) * size, (max(k[1] for k in keys) + 1) * size
+    return (
+        f"{len(keys)} tile(s) of {size:g} m in grid/, cells of {grid.resolution * 100:g} cm, "
+        f"x {x0:.1f}..{x1:.1f} m, y {y0:.1f}..{y1:.1f} m; drawn: {drawn} of them"
+    )
+
+
 def _write_report(
     out: Path,
     trajectories: dict[str, Trajectory],
@@ -360,11 +379,13 @@ def _write_report(
     semantic: SemanticMap,
     lanelets: LaneletSummary,
     inputs: dict[str, str],
+    grid_text: str,
 ) -> None:
     write_report(
         out / "report",
         trajectories=trajectories,
         grid=layers,
+        grid_text=grid_text,
         lane_markings=[m.points for m in semantic.markings],
         signs=np.array([s.position for s in semantic.signs]).reshape(-1, 3),
         lanes=[c.points for c in semantic.centerlines],
@@ -430,9 +451,16 @@ def _relabel(
         p.stem: Trajectory.read_tum(p) for p in sorted((parent_root / "trajectory").glob("*.tum"))
     }
     overview = _report_grid(_overview_of(files, stages))
+    keys = [_tile_key(n, files.root) for n in files.names(GRID_DIR) if n.endswith(".tif")]
     shutil.rmtree(out / "report", ignore_errors=True)
     _write_report(
-        out, trajectories, overview, semantic, lanelets, {d.name: d.uri for d in plan.known_drives}
+        out,
+        trajectories,
+        overview,
+        semantic,
+        lanelets,
+        {d.name: d.uri for d in plan.known_drives},
+        _grid_text(keys, len(overview), stages.grid),
     )
     return {**_semantic_counts(semantic, lanelets), "labels_imported": len(imported)}
 
@@ -466,7 +494,9 @@ def _write_version(
     )
     (out / TILE_SETTINGS).write_text(json.dumps(tile_settings(stages.grid, stages.cloud)))
     inputs = {name: d.uri for name, d in result.drives.items()}
-    _write_report(out, trajectories, _report_grid(result.overview), published, lanelets, inputs)
+    drawn = _report_grid(result.overview)
+    grid_text = _grid_text(result.tile_keys, len(drawn), stages.grid)
+    _write_report(out, trajectories, drawn, published, lanelets, inputs, grid_text)
     return _semantic_counts(published, lanelets)
 
 
@@ -509,7 +539,7 @@ def export_map(
             raise HdmapError(mapdir.no_version_text())
         if chosen.path is not None:  # a map on the local disk: versions/<id> below its root
             root = chosen.path.parent.parent.resolve()
-            target = Path(dest).expanduser().resolve()
+            target = local_path(dest, "an export").resolve()
             if target == root or root in target.parents:
                 raise HdmapError(
                     f"{dest} lies inside the map directory {map_uri}: export to a directory "

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +49,10 @@ examples:
   adcloud hdmap build --bags drives/ --map maps/city --readmit 2026-11-24-drive3
 
 A rollback writes a new version with the earlier version's map (hard links on disk, copies
-the storage makes elsewhere; older versions are kept as hdmap.keep_versions says), so it is
-atomic like a build and can itself be rolled back. The drives it takes out of the map are
-held out: the nightly build skips their bags (and says so) until `--readmit NAME` gives one
-back.
+the storage makes elsewhere; older versions are kept as hdmap.keep_versions says, and never
+fewer than the map's builds keep), so it is atomic like a build and can itself be rolled
+back. The drives it takes out of the map are held out: the nightly build skips their bags
+(and says so) until `--readmit NAME` gives one back.
 """
 
 _EPILOG_EVAL = """\
@@ -68,6 +70,22 @@ def _map_uri(text: str) -> str:
             "(memory:// is for the Python API)"
         )
     return text
+
+
+def _local_out(what: str) -> Callable[[str], str]:
+    """An argparse type for an output on the local disk: a path, or a ``file://`` URL given
+    as its path; another URL is refused before any work (not written below ``./s3:``)."""
+
+    def check(text: str) -> str:
+        from adcloud.hdmap.errors import HdmapError  # noqa: PLC0415
+        from adcloud.hdmap.mapdir import local_path  # noqa: PLC0415
+
+        try:
+            return str(local_path(text, what))
+        except HdmapError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return check
 
 
 def _tolerance(text: str) -> float:
@@ -420,12 +438,13 @@ def _cmd_diff(args: argparse.Namespace, console: Console) -> int:
         for col in ("tile", "cells new", "no longer", "height RMS (cm)", "largest (cm)"):
             table.add_column(col, justify="right")
         for t in tiles:
+            shared = math.isfinite(t.dz_rms_m)  # no cell observed in both: no height change
             table.add_row(
                 f"{t.key[0]}_{t.key[1]}",
                 f"{t.cells_new:,}",
                 f"{t.cells_lost:,}",
-                f"{t.dz_rms_m * 100:.2f}",
-                f"{t.dz_max_m * 100:.1f}",
+                f"{t.dz_rms_m * 100:.2f}" if shared else "no cell in both",
+                f"{t.dz_max_m * 100:.1f}" if shared else "",
             )
         console.print(table)
     for sign in change.signs:
@@ -556,8 +575,16 @@ def add_parser(subparsers: Any) -> None:
     )
     ev.add_argument("--truth", required=True, help="the drive's truth directory (<bag>.truth)")
     ev.add_argument("--drive", help="which of the map's drives the truth belongs to")
-    ev.add_argument("--report", help="write summary.html with error plots here")
-    ev.add_argument("--out", help="write the metrics as JSON here")
+    ev.add_argument(
+        "--report",
+        type=_local_out("the report"),
+        help="write summary.html with error plots here (a local directory)",
+    )
+    ev.add_argument(
+        "--out",
+        type=_local_out("the metrics"),
+        help="write the metrics as JSON here (a local file)",
+    )
     ev.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ev.set_defaults(func=_cmd_eval)
 
@@ -581,7 +608,12 @@ def add_parser(subparsers: Any) -> None:
         "never links: the export can be edited without touching the map.",
     )
     export.add_argument("--map", required=True, type=_map_uri, help="map directory or URL")
-    export.add_argument("--out", required=True, help="a new (or empty) local directory")
+    export.add_argument(
+        "--out",
+        required=True,
+        type=_local_out("an export"),
+        help="a new (or empty) local directory",
+    )
     export.add_argument("--version", help="the version to copy (default: the current one)")
     export.add_argument(
         "--autoware", action="store_true", help="only the files Autoware's map loader reads"

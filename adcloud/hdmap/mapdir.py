@@ -111,6 +111,7 @@ __all__ = [
     "find_bags",
     "lies_below",
     "link_or_copy",
+    "local_path",
     "missing_from_previous",
     "version_name",
 ]
@@ -648,11 +649,12 @@ def _locate(uri: str | os.PathLike[str], *, fsync: bool = True) -> tuple[_Files,
     text = os.fspath(uri)
     if "://" not in text:
         return _LocalFiles(fsync), str(Path(text).expanduser().absolute())
-    scheme = text.split("://", 1)[0].lower()
+    scheme, rest = text.split("://", 1)
+    scheme = scheme.lower()
     if scheme == "file":
         import fsspec  # noqa: PLC0415
 
-        _fs, path = fsspec.core.url_to_fs(text)
+        _fs, path = fsspec.core.url_to_fs(f"file://{rest}")  # FILE:// too: fsspec wants it lower
         return _LocalFiles(fsync), str(Path(path).absolute())
     try:
         if scheme in ("local", "alluxio"):
@@ -688,6 +690,24 @@ def bag_uri(raw: str | os.PathLike[str]) -> str:
     files, path = _locate(raw)
     with files:
         return _described(raw, files, path)
+
+
+def local_path(dest: str | os.PathLike[str], what: str) -> Path:
+    """``dest``, where a command writes ``what`` (an export, a report) on the local disk, as
+    a path: a path, or a ``file://`` URL.  Any other URL is a :class:`HdmapError`: taken as
+    a path, ``s3://b/x`` would be written below ``./s3:/b/x`` of the working directory."""
+    text = os.fspath(dest)
+    if "://" not in text:
+        return Path(text).expanduser()
+    scheme, rest = text.split("://", 1)
+    if scheme.lower() == "file":
+        import fsspec  # noqa: PLC0415
+
+        return Path(fsspec.core.url_to_fs(f"file://{rest}")[1])
+    raise HdmapError(
+        f"{text}: {what} is written to the local disk; give a local path or a file:// URL "
+        "(copy it to object storage afterwards)"
+    )
 
 
 class _HashCancelledError(Exception):
@@ -1058,7 +1078,7 @@ class MapVersion:
         directory ``dest`` and return their relative paths.  Copies, never links, so the
         export may be edited without touching the map.  ``dest`` appears whole or not at
         all (written beside it, then renamed); an existing non-empty ``dest`` is refused."""
-        target = Path(dest).expanduser().absolute()
+        target = local_path(dest, "an export").absolute()
         if target.exists() and not target.is_dir():
             raise HdmapError(
                 f"{target}: is a file, not a directory; give a new (or empty) directory to "
@@ -1442,9 +1462,10 @@ class Staging:
             raise HdmapError("internal: parent_files is for a parent version off the local disk")
         return StoredParent(self, root)
 
-    def commit(self, manifest: Manifest) -> MapVersion:
+    def commit(self, manifest: Manifest, *, keep: int | None = None) -> MapVersion:
         """Write ``manifest.json`` (stamped with this version id, the parent id and the time),
-        flush everything, and make this version current in one atomic step."""
+        flush everything, and make this version current in one atomic step; then delete
+        old versions beyond ``keep`` (default: the map directory's settings; 0 keeps all)."""
         self._check_open()
         md = self._mapdir
         current = md._current_id()
@@ -1497,9 +1518,10 @@ class Staging:
         _LOG.info(
             "%s: version %s is current (%d drives)", md.uri, self.version_id, len(stamped.drives)
         )
+        keep = md.settings.keep_versions if keep is None else keep
         try:
-            if md.settings.keep_versions:
-                md.gc(md.settings.keep_versions)
+            if keep:
+                md.gc(keep)
         except Exception as err:
             # The new version is committed: whatever goes wrong now must not make the
             # caller take a build that succeeded for a failed one. Old versions are only
@@ -1696,6 +1718,12 @@ class MapDir:
         """The committed version ``version_id`` (``"000003"``, or ``"3"``); MapFormatError if
         it is missing or broken."""
         version_id = version_name(version_id)
+        if not _VERSION_RE.match(version_id):  # "../../other/versions/000001" read elsewhere
+            kept = ", ".join(self.versions()) or "none"
+            raise MapFormatError(
+                f"{version_id!r} is not a version id of {self.uri}: ids are numbers (the "
+                f"versions kept: {kept}; adcloud hdmap info lists them)"
+            )
         root = self._path(VERSIONS_DIR, version_id)
         where = self._files.describe(posixpath.join(root, MANIFEST_NAME))
         try:
@@ -1975,7 +2003,8 @@ class MapDir:
         and its manifest, with ``restores`` set; the drives of the current version that
         ``to`` lacks are *held out*, so that the next nightly build does not add them again
         (``adcloud hdmap build --readmit NAME`` takes one back).  Rolling back a rollback
-        undoes it.  Atomic and exclusive like a build."""
+        undoes it.  Atomic and exclusive like a build; its gc keeps at least the versions
+        the map's builds keep (``keep_versions`` recorded in the current version)."""
         with self.lock():
             current = self.current()
             if current is None:
@@ -2014,7 +2043,8 @@ class MapDir:
                         adcloud_version=__version__,
                         held_out=tuple(held.values()),
                         restores=target.id,
-                    )
+                    ),
+                    keep=self._rollback_keep(current),
                 )
         _LOG.info(
             "%s: version %s restores %s; %d drive(s) held out",
@@ -2024,6 +2054,17 @@ class MapDir:
             len(held),
         )
         return version
+
+    def _rollback_keep(self, current: MapVersion) -> int:
+        """How many versions a rollback keeps: the settings' count, but never fewer than the
+        map's builds keep (``keep_versions`` recorded in the current version). A rollback
+        undoes a bad night; run without the build's settings file, the default of 5 would
+        delete versions that the nightly build, configured to keep more, keeps."""
+        keep = self.settings.keep_versions
+        built = current.manifest.settings.get("keep_versions")
+        if keep == 0 or isinstance(built, bool) or not isinstance(built, int) or built < 0:
+            return keep
+        return 0 if built == 0 else max(keep, built)
 
 
 def _held_drives(

@@ -44,7 +44,7 @@ from adcloud.hdmap.evaluate import (
     mosaic,
 )
 from adcloud.hdmap.geotiff import PNG_OPTIONS
-from adcloud.hdmap.mapdir import MapDir, MapVersion
+from adcloud.hdmap.mapdir import MANIFEST_NAME, VERSIONS_DIR, MapDir, MapVersion, local_path
 from adcloud.hdmap.trajectory import Trajectory
 
 __all__ = ["write_map_report", "write_report"]
@@ -331,6 +331,23 @@ def _details(result: EvalResult) -> list[tuple[str, str]]:
     return rows
 
 
+def _check_outside_versions(out: Path) -> None:
+    """Refuse a report directory inside a committed map version: its files are often hard
+    links that earlier versions share (a rollback links them all), so writing there would
+    change those versions too -- and a version is never changed after its commit."""
+    for folder in (out.absolute(), *out.absolute().parents):
+        if (
+            folder.parent.name == VERSIONS_DIR
+            and folder.name.isdigit()
+            and (folder / MANIFEST_NAME).is_file()
+        ):
+            raise HdmapError(
+                f"{out}: lies inside the committed map version {folder}; a map version is "
+                "never changed after its build (its files may be shared with other "
+                "versions): write the report outside the map directory"
+            )
+
+
 def write_report(
     out_dir: str | os.PathLike[str],
     *,
@@ -344,6 +361,7 @@ def write_report(
     inputs: Mapping[str, str] | None = None,
     notes: Sequence[str] = (),
     title: str = "HD map summary",
+    grid_text: str | None = None,
 ) -> Path:
     """Write ``summary.html`` and its PNGs into ``out_dir`` (created) and return the HTML path.
 
@@ -354,8 +372,11 @@ def write_report(
     ``signs`` (n, 2|3), ``lanes`` (the lanes' centre lines) and ``connectors`` (the
     lanelet2 connectors' centre lines) are all in the map frame (m).  ``eval_result`` adds
     the accuracy table and the error plots; ``inputs`` are rows for the inputs table (map
-    URI, version, drives...); ``notes`` are listed at the end."""
-    out = Path(out_dir)
+    URI, version, drives...); ``notes`` are listed at the end.  ``grid_text`` describes the
+    grid in place of the figures of ``grid``, where that is a part of it (coarse copies of
+    some of the map's tiles)."""
+    out = local_path(out_dir, "a report")
+    _check_outside_versions(out)
     out.mkdir(parents=True, exist_ok=True)
     if isinstance(trajectories, Trajectory):
         trajectories = {"drive": trajectories}
@@ -387,7 +408,9 @@ def write_report(
 
     rows = list((inputs or {}).items())
     rows.append(("drives", ", ".join(sorted(trajs)) or "none"))
-    if tiles:
+    if grid_text is not None:
+        rows.append(("grid", grid_text))
+    elif tiles:
         w, h, (x0, x1, y0, y1) = _grid_span(tiles)
         res = tiles[0].resolution
         observed = sum(int(t.observed.sum()) for t in tiles)

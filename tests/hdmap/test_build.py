@@ -731,3 +731,30 @@ def test_the_copy_of_a_remote_parent_version_is_removed(
     assert seen["checked"] == ("d1.bag", True)  # so the new drive's GPS is optional
     assert list(temp.iterdir()) == []
     assert len(seen["during"]) == 2  # the parent's copy and the new version's staging
+
+
+def _text(html_file: Path) -> str:
+    import re  # noqa: PLC0415
+
+    return " ".join(re.sub(r"<[^>]+>", " ", html_file.read_text()).split())
+
+
+def test_the_build_report_describes_the_whole_grid(spark: SparkSession, tmp_path: Path) -> None:
+    """A build's summary.html once described only the coarse copies it draws (the tiles
+    along the roads): 17 tiles and 4x the observed area for a grid of 35, where the eval
+    report of the same version said 35."""
+    config = DriveConfig(seconds=10, seed=5, lidar_beams=16, lidar_columns=512, camera=False)
+    drive = generate_drive(config, tmp_path / "d.bag")
+    version = build_map(spark, str(drive.bag), str(tmp_path / "map")).result.version
+    assert version is not None and version.path is not None
+    keys = [tuple(map(int, p.stem.split("_"))) for p in (version.path / "grid").glob("*.tif")]
+    xs, ys = [k[0] * 20 for k in keys], [k[1] * 20 for k in keys]
+    extent = f"x {min(xs):.1f}..{max(xs) + 20:.1f} m, y {min(ys):.1f}..{max(ys) + 20:.1f} m"
+    built = _text(version.path / "report" / "summary.html")
+    assert f"grid {len(keys)} tile(s) of 20 m in grid/, cells of 5 cm, {extent}" in built
+    drawn = int(built.split("drawn: ")[1].split()[0])
+    assert 0 < drawn <= len(keys)
+    from adcloud.hdmap.report import write_map_report  # noqa: PLC0415
+
+    whole = _text(write_map_report(version, tmp_path / "eval-report"))
+    assert f"grid {len(keys)} tile(s)," in whole and extent in whole

@@ -276,3 +276,31 @@ def test_a_damaged_tile_is_named(tmp_path: Path) -> None:
     semantic_path.write_text("{not json")
     with pytest.raises(MapFormatError, match=r"000002/semantic\.geojson: not valid JSON"):
         diff_versions(uri)
+
+
+def test_a_changed_tile_with_no_cell_in_both_versions_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table of tiles changed most printed "nan" heights for a tile whose old and new
+    ground share no cell."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+    def rows(observed: tuple[int, int]) -> Any:
+        def build(plan: BuildPlan, staging: Staging) -> None:
+            (staging.path / "grid").mkdir()
+            write_grid_tile(tile((1, 0), {observed: 1.0}), staging.path / "grid/1_0.tif", ORIGIN)
+            (staging.path / "semantic.geojson").write_text(semantic([], []))
+
+        return build
+
+    bags = []
+    for i in range(2):
+        bags.append(tmp_path / f"d{i}.bag")
+        bags[-1].write_bytes(random.Random(i).randbytes(2048))
+    uri = str(tmp_path / "map")
+    with MapDir(uri) as md:
+        md.update(bags[:1], rows((0, 100)), settings={"tile_m": 20.0})
+        md.update(bags, rows((200, 300)), settings={"tile_m": 20.0})
+    assert main(["hdmap", "diff", "--map", uri]) == 0
+    text = capsys.readouterr().out
+    assert "no cell in both" in text and "nan" not in text

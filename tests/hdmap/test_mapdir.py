@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import numpy as np
 import pytest
 from fsspec.asyn import AsyncFileSystem
 
@@ -485,6 +486,43 @@ def test_roll_back_restores_an_earlier_map_and_holds_its_drives_out(tmp_path: Pa
     assert md.lock_holder() is None
 
 
+def test_a_rollback_keeps_the_versions_the_builds_keep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``adcloud hdmap rollback`` run without the build's settings file once deleted the
+    versions beyond its default 5 of a map whose nightly build keeps 8."""
+    from adcloud.cli import main  # noqa: PLC0415
+
+    map_dir = tmp_path / "map"
+    md = MapDir(map_dir, MapDirSettings(keep_versions=8))
+    for i in range(7):
+        md.update(
+            [make_bag(tmp_path / f"d{i}.bag", i)], record_build([]), settings={"keep_versions": 8}
+        )
+    assert len(md.versions()) == 7
+    assert main(["hdmap", "rollback", "--map", str(map_dir)]) == 0
+    capsys.readouterr()
+    assert MapDir(map_dir).versions() == [f"{i:06d}" for i in range(1, 9)]  # none deleted
+    # the Python API with its default settings keeps them too; a map that keeps all, all
+    MapDir(map_dir).roll_back()
+    assert MapDir(map_dir).versions() == [f"{i:06d}" for i in range(2, 10)]
+    everything = tmp_path / "all"
+    for i in range(7):
+        MapDir(everything, MapDirSettings(keep_versions=0)).update(
+            [make_bag(tmp_path / f"d{i}.bag", i)], record_build([]), settings={"keep_versions": 0}
+        )
+    MapDir(everything).roll_back()
+    assert len(MapDir(everything).versions()) == 8
+    # a settings file asking for more than the builds keep is followed
+    small = tmp_path / "small"
+    for i in range(4):
+        MapDir(small, MapDirSettings(keep_versions=2)).update(
+            [make_bag(tmp_path / f"d{i}.bag", i)], record_build([]), settings={"keep_versions": 2}
+        )
+    assert MapDir(small, MapDirSettings(keep_versions=3)).roll_back().id == "000005"
+    assert MapDir(small).versions() == ["000003", "000004", "000005"]
+
+
 def test_manifest_versions_1_and_2_are_read(tmp_path: Path) -> None:
     rec = {"name": "a", "uri": "/a.bag", "sha256": "ab" * 32, "size": 1}
     doc = {"format": "adcloud.hdmap.manifest", "format_version": 1, "drives": [rec]}
@@ -571,6 +609,11 @@ def test_broken_map_files_are_reported(tmp_path: Path) -> None:
         md.current()
     with pytest.raises(MapFormatError, match=r"version 000009 .*\(the versions kept: 000001"):
         md.version("9")
+    # a path is no version id: export and info read outside the map with it
+    (tmp_path / "other" / "versions" / "000001").mkdir(parents=True)
+    for bad in ("../../other/versions/000001", "x", "-1"):
+        with pytest.raises(MapFormatError, match=r"is not a version id .*ids are numbers"):
+            md.version(bad)
     with pytest.raises(HdmapError, match="no such bag"):
         MapDir(tmp_path / "m2").plan([tmp_path / "missing.bag"])
     # a mistyped --map: a file, nothing at all, or a directory no build committed to
@@ -1154,6 +1197,71 @@ def test_export_onto_a_file_says_it_is_a_file(
     said = " ".join(capsys.readouterr().err.split())
     assert f"{afile}: is a file, not a directory; give a new (or empty) directory" in said
     assert afile.read_text() == "notes"
+
+
+def test_export_and_report_urls_are_not_taken_for_relative_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out s3://b/x`` once went to ``./s3:/b/x`` and ``file:///abs`` to ``./file:/abs``
+    of the working directory, reported as done; a file:// URL is its path, another URL is
+    refused before any work."""
+    from adcloud.cli import main  # noqa: PLC0415
+    from adcloud.hdmap.build import export_map  # noqa: PLC0415
+    from adcloud.hdmap.report import write_report  # noqa: PLC0415
+    from adcloud.hdmap.trajectory import Trajectory  # noqa: PLC0415
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    map_dir = str(tmp_path / "map")
+    MapDir(map_dir).update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
+    out = tmp_path / "out"
+    _, names = export_map(map_dir, f"file://{out}")
+    assert (out / names[0]).is_file()
+    with pytest.raises(HdmapError, match="written to the local disk"):
+        export_map(map_dir, "s3://bucket/x")
+    assert main(["hdmap", "export", "--map", map_dir, "--out", f"file://{tmp_path}/cli"]) == 0
+    assert (tmp_path / "cli" / names[0]).is_file()
+    with pytest.raises(SystemExit):
+        main(["hdmap", "export", "--map", map_dir, "--out", "s3://bucket/y"])
+    assert "s3://bucket/y: an export is written to the local disk" in capsys.readouterr().err
+    traj = Trajectory(np.array([0, 10**9], dtype=np.int64), np.stack([np.eye(4)] * 2))
+    page = write_report(f"file://{tmp_path}/report", trajectories=traj)
+    assert page == tmp_path / "report" / "summary.html" and page.is_file()
+    with pytest.raises(HdmapError, match="written to the local disk"):
+        write_report("s3://bucket/report", trajectories=traj)
+    with pytest.raises(SystemExit):
+        main(["hdmap", "eval", "--map", map_dir, "--truth", "t", "--report", "gs://b/r"])
+    assert list(work.iterdir()) == []  # nothing below ./file: or ./s3:
+    # a map given as FILE:// (fsspec knows only the lower-case scheme)
+    assert MapDir(f"FILE://{map_dir}").current() == MapDir(map_dir).current()
+
+
+def test_a_report_is_not_written_into_a_committed_version(tmp_path: Path) -> None:
+    """``adcloud hdmap eval --report <map>/versions/000003/report`` once rewrote the files of
+    version 3 in place -- and so those of version 1, which a rollback had linked them to."""
+    from adcloud.hdmap.report import write_report  # noqa: PLC0415
+    from adcloud.hdmap.trajectory import Trajectory  # noqa: PLC0415
+
+    def build(plan: BuildPlan, staging: Staging) -> None:
+        (staging.path / "report").mkdir()
+        (staging.path / "report" / "summary.html").write_text(f"built {staging.version_id}")
+
+    md = MapDir(tmp_path / "map")
+    md.update([make_bag(tmp_path / "a.bag", 1)], build)
+    md.update([make_bag(tmp_path / "b.bag", 2)], build)
+    restored = md.roll_back()
+    assert restored.path is not None and restored.id == "000003"
+    page = restored.path / "report" / "summary.html"
+    assert page.samefile(tmp_path / "map" / "versions" / "000001" / "report" / "summary.html")
+    traj = Trajectory(np.array([0, 10**9], dtype=np.int64), np.stack([np.eye(4)] * 2))
+    with pytest.raises(HdmapError, match="inside the committed map version"):
+        write_report(restored.path / "report", trajectories=traj)
+    with pytest.raises(HdmapError, match="inside the committed map version"):
+        write_report(restored.path / "report" / "eval", trajectories=traj)
+    assert page.read_text() == "built 000001"
+    assert not (restored.path / "report" / "eval").exists()
+    assert write_report(tmp_path / "map" / "eval", trajectories=traj).is_file()  # beside: fine
 
 
 def test_a_build_needs_bags(tmp_path: Path) -> None:
