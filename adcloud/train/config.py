@@ -176,7 +176,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("bags", "heldout_bags"):  # bags="drive.bag" is one bag
-            object.__setattr__(self, name, names(getattr(self, name)))
+            # a blank entry (bags= or heldout_bags= on the command line, "a.bag," in the
+            # environment) names no bag: kept, it would stand for the working directory and
+            # every bag in it would be read
+            given = names(getattr(self, name))
+            object.__setattr__(self, name, tuple(b for b in given if str(b).strip()))
         # From the environment or a flat file, task_options arrives as JSON text.
         options: Any = self.task_options
         if isinstance(options, str):

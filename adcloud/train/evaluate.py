@@ -549,7 +549,9 @@ def evaluate_model(
     )
 
     started = time.perf_counter()
-    bags = names(bags)  # one bag given as a string or path is one bag
+    # one bag given as a string or path is one bag; a blank one is none (not the working
+    # directory, which would score every bag in it)
+    bags = tuple(b for b in names(bags) if str(b).strip())
     if not bags:
         raise TrainError("no bags to evaluate on: give at least one bag, directory or glob")
     if out is not None:

@@ -45,6 +45,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import posixpath
 import shutil
@@ -65,7 +66,7 @@ from adcloud.errors import AdcloudError
 from adcloud.store import open_store
 from adcloud.train.checkpoint import Checkpointer, latest_checkpoint, resume_with
 from adcloud.train.config import TrainConfig
-from adcloud.train.errors import CheckpointError, TrainError
+from adcloud.train.errors import CheckpointError, DataError, TrainError
 from adcloud.train.evaluate import (
     EVAL_FILE,
     PLOT_FILE,
@@ -273,9 +274,23 @@ def data_identity(bags: Sequence[str]) -> str:
 # -- ETL ------------------------------------------------------------------------------------
 
 
-def decode_samples(task: Task, blocks: Iterable[bytes | bytearray]) -> Iterator[tuple[int, Any]]:
+def _task_samples(task: Task, bag: str, topic: str, timestamp: int, decoded: Any) -> Any:
+    """``task.samples`` of one message; a :class:`DataError` (it names the topic and the
+    field) names the bag and the message's record time too: the error of a job over many
+    bags must say which bag to look at."""
+    try:
+        return task.samples(topic, timestamp, decoded)
+    except DataError as err:
+        where = f"{bag}: " if bag else ""
+        raise DataError(f"{where}{err} (the message recorded at {timestamp} ns)") from err
+
+
+def decode_samples(
+    task: Task, blocks: Iterable[bytes | bytearray], *, bag: str = ""
+) -> Iterator[tuple[int, Any]]:
     """The samples ``task`` makes of one partition's BinPipe blocks, with their ordinal in
-    the partition (the messages decoded with the definitions the partition carries)."""
+    the partition (the messages decoded with the definitions the partition carries); ``bag``,
+    the bag the partition reads, is named in the :class:`DataError` of a bad message."""
     from adcloud.binpipe import Block, BlockKind, ConnectionInfo, MessageDecoder  # noqa: PLC0415
 
     decoder = MessageDecoder()
@@ -288,17 +303,18 @@ def decode_samples(task: Task, blocks: Iterable[bytes | bytearray]) -> Iterator[
             continue
         for message in block.messages():
             decoded = decoder.decode(message)
-            for sample in task.samples(message.topic, message.timestamp, decoded):
+            for sample in _task_samples(task, bag, message.topic, message.timestamp, decoded):
                 yield ordinal, sample
                 ordinal += 1
 
 
 def _etl_partition(
-    index: int, blocks: Iterable[bytes | bytearray], *, task: Task
+    index: int, blocks: Iterable[bytes | bytearray], *, task: Task, bags: Sequence[str] = ()
 ) -> Iterator[tuple[tuple[int, int], Any]]:
     # Each Spark task unpickles its own copy of ``task``, so buffered state (a message
     # waiting for its partner) never crosses partitions.
-    for ordinal, sample in decode_samples(task, blocks):
+    bag = bags[index] if index < len(bags) else ""
+    for ordinal, sample in decode_samples(task, blocks, bag=bag):
         yield (index, ordinal), sample
 
 
@@ -319,7 +335,9 @@ def etl_samples(
         topics=list(task.topics),
         partitions_per_bag=config.partitions_per_bag,
     )
-    return rdd.rdd.mapPartitionsWithIndex(functools.partial(_etl_partition, task=task))
+    return rdd.rdd.mapPartitionsWithIndex(
+        functools.partial(_etl_partition, task=task, bags=rdd.partition_bags or ())
+    )
 
 
 def bag_samples(
@@ -340,7 +358,7 @@ def bag_samples(
 def _bag_partition(
     index: int, blocks: Iterable[bytes | bytearray], *, task: Task, bags: Sequence[str]
 ) -> Iterator[tuple[str, Any]]:
-    for _, sample in decode_samples(task, blocks):
+    for _, sample in decode_samples(task, blocks, bag=bags[index]):
         yield bags[index], sample
 
 
@@ -385,7 +403,9 @@ def local_samples(
             )
             for message in read_partition(part):
                 decoded = decoder.decode(message)
-                out.extend(copy_of_task.samples(message.topic, message.timestamp, decoded))
+                out.extend(
+                    _task_samples(copy_of_task, uri, message.topic, message.timestamp, decoded)
+                )
     return out
 
 
@@ -411,6 +431,7 @@ def _write_part(
     items: Iterable[tuple[tuple[int, int], Any]],
     *,
     directory: str,
+    job: str = "",
 ) -> Iterator[dict[str, Any]]:
     kinds: list[type] = []
     keys: list[list[int]] = []
@@ -428,7 +449,7 @@ def _write_part(
         {"keys": keys, "types": types, "samples": fields},
         {"format": _SAMPLES_FORMAT, "version": _SAMPLES_VERSION},
     )
-    url = posixpath.join(directory, f"part-{index:05d}.tensors")
+    url = posixpath.join(directory, f"part-{job}{'-' if job else ''}{index:05d}.tensors")
     fs, path = fsspec.core.url_to_fs(url)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     with fs.open(tmp, "wb") as handle:
@@ -457,9 +478,11 @@ def etl_to_files(
 ) -> RDD[tuple[tuple[int, int], Any]]:
     """The baseline exchange: write ``keyed`` to files under ``directory``, read them back.
 
-    One ``part-PPPPP.tensors`` file per partition (``adcloud-samples`` v1: an
+    One ``part-JOB-PPPPP.tensors`` file per partition (``adcloud-samples`` v1: an
     :func:`~adcloud.train.tensors.encode_tree` file of the keys, the sample fields and a
-    type index); the returned RDD reads them (one partition per file).
+    type index); the returned RDD reads them (one partition per file).  ``JOB`` is new for
+    every call: runs sharing ``train.etl_dir`` never read each other's samples (the
+    returned RDD reads its files again whenever Spark recomputes it).
     """
     directory = _absolute(directory)
     if "://" not in directory:
@@ -467,7 +490,7 @@ def etl_to_files(
     fs, root = fsspec.core.url_to_fs(directory)
     fs.makedirs(root, exist_ok=True)
     reports = keyed.mapPartitionsWithIndex(
-        functools.partial(_write_part, directory=directory)
+        functools.partial(_write_part, directory=directory, job=uuid.uuid4().hex[:12])
     ).collect()
     parts = [(r["url"], r["kinds"]) for r in reports]
     log.info(
@@ -848,7 +871,9 @@ def _export_run(
             "bags": data_manifest(bag_uris(config.bags)),
             "heldout": data_manifest(bag_uris(config.heldout_bags)),
         },
-        "metrics": dict(result.metrics),
+        # a score of no data (the mIoU of held-out bags without one labelled point) is NaN,
+        # which JSON has not: null, as in eval.json
+        "metrics": {k: v if math.isfinite(v) else None for k, v in result.metrics.items()},
         "training": {
             "run": result.run,
             "mode": result.mode,

@@ -490,15 +490,24 @@ class LidarSegTask:
 
     def example_inputs(self, samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(points, valid)`` of the first two sweeps (two, so that the batch size is traced
-        as a variable; one sweep is repeated when there is only one)."""
-        sweeps = self._points_of(samples)[:2]
-        if not sweeps:
+        as a variable; one sweep is repeated when there is only one), sweeps of fewer than
+        two points passed over while there are others, and padded to at least two points
+        (``torch.export`` fixes a dimension traced at size 0 or 1: an empty sweep or two at
+        the start of a drive would make the points per sweep a constant)."""
+        given = self._points_of(samples)
+        if not given:
             raise TrainError("lidar_seg example_inputs: need at least one sample")
+        sweeps = [s for s in given if len(s.points) >= 2][:2] or given[:2]
         clouds = [s.points for s in sweeps]
         if len(clouds) == 1:
             clouds.append(clouds[0][: max(len(clouds[0]) // 2, 1)])
         batch = self._pad(clouds)
-        return batch["points"], batch["valid"]
+        points, valid = batch["points"], batch["valid"]
+        short = 2 - points.shape[1]
+        if short > 0:  # padding: points that are not valid
+            points = F.pad(points, (0, 0, 0, short))
+            valid = F.pad(valid, (0, short), value=False)
+        return points, valid
 
     def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
         """Sweeps per batch and points per sweep vary at inference."""

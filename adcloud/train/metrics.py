@@ -6,8 +6,10 @@ Conventions (those of the SemanticKITTI / nuScenes-lidarseg benchmarks):
 - the confusion matrix ``cm[t, p]`` counts items of true class ``t`` predicted as ``p``;
 - ``IoU_c = TP / (TP + FP + FN)``;
 - a class with no ground-truth item in the evaluated data has no IoU (``NaN``) and is left out
-  of the mean, as are the ``ignore`` classes (e.g. 0 = unlabelled for LiDAR); a false positive
-  of such a class still lowers the IoU of the true class it was taken from.
+  of the mean, as are the ``ignore`` classes (e.g. 0 = unlabelled for LiDAR);
+- items whose ground truth is an ``ignore`` class are left out altogether: whatever they are
+  predicted as is no false positive (their truth is unknown); an item of a scored class
+  predicted as an ``ignore`` class is still a false negative of its true class.
 """
 
 from __future__ import annotations
@@ -54,11 +56,19 @@ def confusion_matrix(truth: ArrayLike, pred: ArrayLike, num_classes: int) -> NDA
     return counts.reshape(num_classes, num_classes).astype(np.int64, copy=False)
 
 
-def iou_per_class(cm: NDArray[np.int64]) -> NDArray[np.float64]:
-    """IoU of every class from a confusion matrix; ``NaN`` where the class has no ground truth."""
+def iou_per_class(cm: NDArray[np.int64], ignore: Iterable[int] = ()) -> NDArray[np.float64]:
+    """IoU of every class from a confusion matrix; ``NaN`` where the class has no ground truth.
+
+    The items of ground truth ``ignore`` are left out (their rows of ``cm``), so they are no
+    false positive of the class they were predicted as; the ignored classes' IoU is ``NaN``.
+    """
     cm = np.asarray(cm, dtype=np.int64)
     if cm.ndim != 2 or cm.shape[0] != cm.shape[1]:
         raise TrainError(f"a confusion matrix must be square, not of shape {cm.shape}")
+    ignored = [c for c in ignore if 0 <= c < cm.shape[0]]
+    if ignored:
+        cm = cm.copy()
+        cm[ignored, :] = 0
     tp = np.diag(cm).astype(np.float64)
     truth = cm.sum(axis=1).astype(np.float64)
     union = truth + cm.sum(axis=0) - tp
@@ -73,11 +83,8 @@ def mean_iou(cm: NDArray[np.int64], ignore: Iterable[int] = ()) -> float:
 
     ``NaN`` when no class is left.
     """
-    iou = iou_per_class(cm)
+    iou = iou_per_class(cm, ignore)
     keep = ~np.isnan(iou)
-    for c in ignore:
-        if 0 <= c < len(iou):
-            keep[c] = False
     return float(iou[keep].mean()) if keep.any() else float("nan")
 
 
@@ -90,7 +97,7 @@ def segmentation_scores(
     ``iou_<id>``.
     """
     ignored = set(ignore)
-    iou = iou_per_class(cm)
+    iou = iou_per_class(cm, ignored)
     keep = [c for c in range(cm.shape[0]) if c not in ignored]
     total = int(cm[keep].sum())
     correct = int(sum(cm[c, c] for c in keep))

@@ -237,6 +237,40 @@ def get_task(name: str, config: Mapping[str, Any] | None = None) -> Task:
     return factory(dict(config or {}))
 
 
+def _option_value(task: str, key: str, value: Any, default: Any, kind: type | None) -> Any:
+    """``value`` of option ``key`` as the type of its ``default`` (``kind`` the element type of
+    a tuple option); raises :class:`TrainError` naming the option when it is not one (from a
+    settings file, ``topic: 5`` or ``bev_channels: 16`` would fail deep in the job)."""
+    try:
+        if kind is not None:
+            if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+                raise TypeError("not a list")
+            items = list(value)
+            if any(isinstance(c, bool) or not isinstance(c, int | float | str) for c in items):
+                raise TypeError("not numbers")
+            return tuple(kind(c) for c in items)
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise TypeError("not true or false")
+            return value
+        if isinstance(default, int | float):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError("not a number")
+            if isinstance(default, int) and value != int(value):
+                raise TypeError("not a whole number")
+            return type(default)(value)
+        if isinstance(default, str) and not isinstance(value, str):
+            raise TypeError("not text")
+    except (TypeError, ValueError, OverflowError) as err:
+        what = (
+            f"a list of {kind.__name__} values"
+            if kind is not None
+            else type(default).__name__.replace("str", "text")
+        )
+        raise TrainError(f"{task} option {key} must be {what}, not {value!r} ({err})") from err
+    return value
+
+
 def config_from_options(
     task: str,
     options: Mapping[str, Any],
@@ -259,9 +293,8 @@ def config_from_options(
         raise TrainError(
             f"unknown {task} option {unknown[0]!r}: choose from preset, " + ", ".join(sorted(known))
         )
-    for key, kind in tuple_fields.items():
-        if key in opts:
-            opts[key] = tuple(kind(c) for c in opts[key])
+    for key, value in opts.items():
+        opts[key] = _option_value(task, key, value, getattr(base, key), tuple_fields.get(key))
     config = dataclasses.replace(base, **opts)
     for item in dataclasses.fields(config):  # inf and nan pass range checks such as "< max"
         value = getattr(config, item.name)

@@ -177,6 +177,35 @@ def test_a_topic_of_another_type_fails_naming_the_topic(
         evaluate_model(spark, path, [str(heldout_drive.bag)])
 
 
+def test_a_bad_message_names_its_bag_in_scoring_and_in_training(
+    spark: SparkSession,
+    heldout_drive: DriveResult,
+    lidar_heldout: list[Sample],
+    tmp_path: Path,
+) -> None:
+    # a job over many bags ('drives/2026-11-*.bag') must say which bag holds the bad message
+    torch.manual_seed(0)
+    model = get_task("lidar_seg").build_model()
+    path = _export("lidar_seg", model, lidar_heldout, tmp_path / "imu", topic="/imu/data")
+    bag = str(heldout_drive.bag)
+    expected = r": /imu/data: expected sensor_msgs/msg/PointCloud2.*recorded at \d+ ns"
+    named = re.escape(bag) + expected
+    with pytest.raises(Exception, match=named):
+        evaluate_model(spark, path, [bag])
+    settings = config(
+        tmp_path,
+        task="lidar_seg",
+        task_options={"topic": "/imu/data"},
+        bags=(bag,),
+        sync="single",
+        steps=1,
+        batch_size=1,
+        checkpoint_every=0,
+    )
+    with pytest.raises(Exception, match=named):
+        run_training(spark, settings)
+
+
 def test_missing_or_corrupt_models_are_refused_naming_the_file(
     spark: SparkSession, lidar_model: tuple[Path, torch.nn.Module], tmp_path: Path
 ) -> None:
@@ -192,6 +221,10 @@ def test_missing_or_corrupt_models_are_refused_naming_the_file(
         evaluate_model(spark, broken, ["x.bag"])
     with pytest.raises(TrainError, match="no bags to evaluate on"):
         evaluate_model(spark, path, [])
+    # a blank bag (`--bags ''`) is none, not the working directory and every bag in it
+    for blank in ("", [" "]):
+        with pytest.raises(TrainError, match="no bags to evaluate on"):
+            evaluate_model(spark, path, blank)
 
 
 class SummingLinearTask(LinearTask):

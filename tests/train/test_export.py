@@ -106,6 +106,27 @@ def test_exported_lidar_program_matches_the_eager_model_on_other_point_counts(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("first", [[0, 0], [1], [0], [0, 1, 800]])
+def test_a_drive_starting_with_empty_sweeps_exports_a_dynamic_program(
+    first: list[int], tmp_path: Path
+) -> None:
+    # a LiDAR driver that publishes empty clouds while it spins up: the run's first sweeps
+    # are what the export traces with, and a points dimension of 0 or 1 would be fixed
+    task = LidarSegTask()
+    torch.manual_seed(0)
+    model = task.build_model()
+    examples = task.example_inputs(sweeps(first, seed=1))
+    assert examples[0].shape[1] >= 2 and examples[1].dtype == torch.bool
+    exported = export_model(
+        model, examples, tmp_path / "m", {}, dynamic_shapes=task.dynamic_shapes(), runs=1
+    )
+    batch = task._pad([s.points for s in sweeps([640, 77], seed=2)])  # type: ignore[union-attr]
+    with torch.no_grad():
+        want = model(batch["points"], batch["valid"])
+        got = exported.load().module()(batch["points"], batch["valid"])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_metadata_fields_are_present_and_sane(
     lidar_export: tuple[ExportedModel, Any, Any],
 ) -> None:

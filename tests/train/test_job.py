@@ -398,6 +398,20 @@ def test_files_baseline_trains_the_same(spark: SparkSession, drive: str, tmp_pat
     assert set(tree["samples"][0]) == {"x", "y"}
 
 
+def test_runs_sharing_an_etl_dir_read_their_own_samples(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # train.etl_dir set once for a team (a directory every host mounts): a second run's ETL
+    # must not replace the first run's files, which Spark reads again whenever it recomputes
+    shared = str(tmp_path / "etl")
+    first, second = make_points(6, seed=1), make_points(6, seed=2)
+    read_first = job_module.etl_to_files(spark, keyed_points(spark, first), shared)
+    read_second = job_module.etl_to_files(spark, keyed_points(spark, second), shared)
+    for read, points in ((read_first, first), (read_second, second)):
+        got = [p.y for _, p in sorted(read.collect(), key=lambda kv: kv[0])]
+        assert got == [p.y for p in points]
+
+
 @pytest.mark.parametrize("mode", ["allreduce", "ps"])
 def test_a_killed_trainer_is_retried_by_spark_and_resumes(
     spark: SparkSession, tmp_path: Path, mode: str
@@ -464,6 +478,20 @@ def test_torchrun_runs_the_same_training_function(spark: SparkSession, tmp_path:
 
 class OtherTopicTask(LinearTask):
     topics = ("/no/such/topic",)
+
+
+def test_a_blank_bag_entry_names_no_bag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--set heldout_bags=` (clearing them) or "a.bag," in ADCLOUD_TRAIN_BAGS: a blank entry
+    # kept would stand for the working directory, and every bag in it would be read
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stray.bag").write_bytes(b"")
+    cleared = TrainConfig.load(environ={}, bags="", heldout_bags="")
+    assert (cleared.bags, cleared.heldout_bags) == ((), ())
+    with pytest.raises(TrainError, match="no bags to train on"):
+        job_module.check_bags(cleared)
+    env = {"ADCLOUD_TRAIN_BAGS": "a.bag, ,b.bag,"}
+    assert TrainConfig.load(environ=env).bags == ("a.bag", "b.bag")
+    assert TrainConfig(heldout_bags=("", " ")).heldout_bags == ()
 
 
 def test_job_errors_are_clear(spark: SparkSession, drive: str, tmp_path: Path) -> None:
@@ -547,6 +575,18 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
     }
+
+
+def test_held_out_scores_of_no_labelled_data_do_not_fail_the_export(tmp_path: Path) -> None:
+    # held-out bags without one labelled point score NaN (no class to average): the trained
+    # run must still be written, its metadata holding null as eval.json does
+    points = make_points(32)
+    out = tmp_path / "out"
+    cfg = config(tmp_path, sync="single", run="nan-scores", checkpoint_every=0, out=str(out))
+    result = train(LinearTask(), points, cfg.replace(steps=2))
+    result = dataclasses.replace(result, metrics={"miou": float("nan"), "accuracy": 0.5})
+    job_module.write_outputs(result, cfg, str(out), task=LinearTask(), examples=points[:1])
+    assert inspect_model(out / "model")["metrics"] == {"miou": None, "accuracy": 0.5}
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, ExportError])

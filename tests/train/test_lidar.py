@@ -195,6 +195,30 @@ def test_options_and_presets() -> None:
         get_task("radar")
 
 
+@pytest.mark.parametrize(
+    ("task", "options", "needle"),
+    [
+        ("lidar_seg", {"topic": 5}, "option topic must be text"),
+        ("lidar_seg", {"bev_channels": 16}, "option bev_channels must be a list of int"),
+        ("lidar_seg", {"class_weights": [1.0] * 10 + ["x"]}, "option class_weights must be a list"),
+        ("lidar_seg", {"azimuth_bins": 12.5}, "option azimuth_bins must be int"),
+        ("lidar_seg", {"r_max_m": "80"}, "option r_max_m must be float"),
+        ("lidar_seg", {"lovasz": "no"}, "option lovasz must be bool"),
+        ("camera_seg", {"label_topic": ["/a"]}, "option label_topic must be text"),
+        ("camera_seg", {"channels": None}, "option channels must be a list of int"),
+    ],
+)
+def test_task_options_of_the_wrong_type_are_named(
+    task: str, options: dict[str, Any], needle: str
+) -> None:
+    # from a settings file's task_options: each used to fail with a bare TypeError or
+    # ValueError (or, for a topic, once the bags were decoded)
+    with pytest.raises(TrainError, match=f"{task} {needle}"):
+        get_task(task, options)
+    # the same values of the right types are taken, whole floats for ints too
+    assert get_task("lidar_seg", {"azimuth_bins": 64.0, "r_max_m": 80}).config.r_max_m == 80.0
+
+
 # --------------------------------------------------------------------------- batches, model
 
 

@@ -43,7 +43,10 @@ def test_iou_and_mean_leave_out_absent_and_ignored_classes() -> None:
     assert iou[1] == pytest.approx(2 / 4)  # TP 2, FP 1 (the ignored 0 predicted 1), FN 1
     assert iou[2] == pytest.approx(1.0)
     assert np.isnan(iou[3]) and np.isnan(iou[4])
-    assert mean_iou(cm, ignore=(0,)) == pytest.approx((0.5 + 1.0) / 2)
+    # the ignored 0 predicted 1 is no false positive once 0 is ignored: class 1 is 2 / 3
+    assert mean_iou(cm, ignore=(0,)) == pytest.approx((2 / 3 + 1.0) / 2)
+    assert iou_per_class(cm, ignore=(0,))[1] == pytest.approx(2 / 3)
+    assert np.isnan(iou_per_class(cm, ignore=(0,))[0])
     assert iou[0] == 0.0  # present, never predicted
     assert mean_iou(cm) == pytest.approx((0.0 + 0.5 + 1.0) / 3)
     assert np.isnan(mean_iou(np.zeros((3, 3), dtype=np.int64)))
@@ -57,9 +60,39 @@ def test_segmentation_scores_names_present_classes() -> None:
     )
     assert set(scores) == {"miou", "accuracy", "iou_road", "iou_curb"}
     assert scores["accuracy"] == pytest.approx(3 / 4)  # the ignored point is not counted
-    assert scores["iou_road"] == pytest.approx(1 / 3)
+    assert scores["iou_road"] == pytest.approx(1 / 2)  # the ignored point is no FP of road
     assert scores["iou_curb"] == pytest.approx(2 / 3)
-    assert scores["miou"] == pytest.approx(0.5)
+    assert scores["miou"] == pytest.approx((1 / 2 + 2 / 3) / 2)
+
+
+def _semantic_kitti_iou(truth: np.ndarray, pred: np.ndarray, k: int, ignore: list[int]) -> tuple:
+    # the SemanticKITTI reference (semantic-kitti-api, auxiliary/np_ioueval.py): rows are
+    # predictions, columns ground truth, and the columns of the ignored classes are zeroed
+    conf = np.zeros((k, k), dtype=np.int64)
+    np.add.at(conf, (pred, truth), 1)
+    conf[:, ignore] = 0
+    tp = np.diag(conf).astype(np.float64)
+    fp = conf.sum(axis=1) - tp
+    fn = conf.sum(axis=0) - tp
+    include = [c for c in range(k) if c not in ignore and conf[:, c].sum() > 0]
+    iou = tp / np.maximum(tp + fp + fn, 1e-15)
+    return iou, float(iou[include].mean()), include
+
+
+def test_scores_match_the_semantic_kitti_reference_with_unlabelled_points() -> None:
+    rng = np.random.default_rng(3)
+    k = 6
+    truth = rng.integers(0, k, 2000)  # about a sixth unlabelled (0), predicted as anything
+    pred = np.where(rng.random(2000) < 0.6, truth, rng.integers(0, k, 2000))
+    iou, miou, include = _semantic_kitti_iou(truth, pred, k, [0])
+    cm = confusion_matrix(truth, pred, k)
+    scores = segmentation_scores(cm, {}, ignore=(0,))
+    assert scores["miou"] == pytest.approx(miou)
+    assert mean_iou(cm, ignore=(0,)) == pytest.approx(miou)
+    for c in include:
+        assert scores[f"iou_{c}"] == pytest.approx(iou[c])
+    labelled = truth != 0
+    assert scores["accuracy"] == pytest.approx(float((truth == pred)[labelled].mean()))
 
 
 @pytest.mark.parametrize(
