@@ -56,7 +56,9 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         )
     if origin is tuple:
         if isinstance(value, str):
-            items = value.split(",")
+            # "a.bag," or "": blank entries name nothing (a blank path would be the working
+            # directory)
+            items = [v for v in value.split(",") if v.strip()]
         elif isinstance(value, (list, tuple)):
             items = list(value)
         else:

@@ -131,6 +131,15 @@ def test_unknown_keyword_override_is_an_error() -> None:
         load_settings(Example, "example", environ={}, colour="red")
 
 
+def test_blank_list_entries_name_nothing() -> None:
+    """ "a.bag," was ("a.bag", ""), and "" was ("",): a blank path is the working directory,
+    and every bag in it was read."""
+    environ = {"ADCLOUD_EXAMPLE_TOPICS": "/imu, ,/gps,", "ADCLOUD_EXAMPLE_SIZES": ""}
+    loaded = load_settings(Example, "example", environ=environ)
+    assert loaded.topics == ("/imu", "/gps")
+    assert loaded.sizes == ()
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "field"),
     [

@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from adcloud._argtypes import whole_number
+
 __all__ = ["add_parser"]
 
 _EPILOG_RUN = """\
@@ -215,7 +217,7 @@ def add_parser(subparsers: Any) -> None:
     )
     evaluate.add_argument(
         "--partitions-per-bag",
-        type=int,
+        type=whole_number(1),  # checked before Spark starts
         help="split each bag into this many Spark partitions (default: ~128 MiB each)",
     )
     evaluate.add_argument(

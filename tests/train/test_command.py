@@ -179,3 +179,13 @@ def test_run_names_a_heldout_bag_without_the_task_s_topic_before_starting_spark(
         r"/lidar/points, which task lidar_seg scores \(its topics: .*/odom",
     ):
         _call(["train", "run", *(a for item in settings for a in ("--set", item))])
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_eval_refuses_a_partition_count_before_starting_spark(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once found only after Spark had started."""
+    with pytest.raises(SystemExit) as stop:
+        _parse(["train", "eval", "--model", "m", "--bags", "b.bag", "--partitions-per-bag", value])
+    assert stop.value.code == 2 and "--partitions-per-bag" in capsys.readouterr().err
