@@ -9,6 +9,11 @@ speculative or killed task attempts write files of their own names in the stagin
 directory and never touch the output.  Like Hadoop's ``FileOutputCommitter``, but the old
 output stays until the new one is complete.
 
+Each staging directory has an owner file beside it (``<job id>.owner``: host, boot, process
+id and start time of the driver).  A driver killed outright (``kill -9``, a lost machine)
+cannot remove its staging; the next job into the same output on the same host does, once
+the owner is gone -- otherwise a killed ingest's gigabytes of staged parts stayed for ever.
+
 Used by :meth:`adcloud.binpipe.BinPipeRDD.save` and the image feature job of
 :mod:`adcloud.hetero`.
 """
@@ -16,7 +21,11 @@ Used by :meth:`adcloud.binpipe.BinPipeRDD.save` and the image feature job of
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
+import os
 import posixpath
+import socket
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +35,49 @@ from adcloud.errors import AdcloudError
 __all__ = ["TEMPORARY", "JobOutput"]
 
 TEMPORARY = "_temporary"
+_OWNER = ".owner"
+
+log = logging.getLogger(__name__)
+
+
+def _process_start(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot), or "" if it is not running:
+    a pid alone may since name another process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:  # noqa: PTH123 - a hot, tiny read
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return ""
+    return fields[19].decode() if len(fields) > 19 and fields[0] not in (b"Z", b"X") else ""
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:  # noqa: PTH123
+            return boot.read().strip()
+    except OSError:
+        return ""
+
+
+def _this_owner() -> dict[str, Any]:
+    pid = os.getpid()
+    return {
+        "host": socket.gethostname(),
+        "boot": _boot_id(),
+        "pid": pid,
+        "start": _process_start(pid),
+    }
+
+
+def _owner_gone(owner: dict[str, Any]) -> bool:
+    """Whether the driver an owner file names is known to be gone: only a driver on this host
+    can be checked (one of this boot that no longer runs, or any of an earlier boot)."""
+    if owner.get("host") != socket.gethostname() or not owner.get("boot"):
+        return False
+    if owner["boot"] != _boot_id():
+        return True
+    pid = owner.get("pid")
+    return not isinstance(pid, int) or _process_start(pid) != owner.get("start")
 
 
 class JobOutput:
@@ -36,7 +88,8 @@ class JobOutput:
     recognise (a mistyped output path must not wipe other data); ``what`` names the writer
     in those messages and ``hint`` tells how to overwrite.  Leftovers of a crashed job
     (``_temporary``) are ignored.  ``fs`` needs ``exists``, ``isfile``, ``ls``,
-    ``makedirs``, ``rm`` and ``mv`` as fsspec filesystems have them.
+    ``makedirs``, ``rm``, ``mv``, ``pipe_file`` and ``cat_file`` as fsspec filesystems have
+    them.
     """
 
     def __init__(
@@ -78,6 +131,7 @@ class JobOutput:
         self.job = uuid.uuid4().hex
         #: Where the tasks write (a path of ``fs``).
         self.staging = posixpath.join(root, TEMPORARY, self.job)
+        self._owner = self.staging + _OWNER
 
     def _replaceable(self, entries: list[str]) -> list[str]:
         """Of the output's ``entries``, those a commit replaces (all; a subclass may keep
@@ -93,14 +147,39 @@ class JobOutput:
         return [e for e in found if posixpath.basename(e.rstrip("/")) != TEMPORARY]
 
     def start(self) -> None:
-        """Make the staging directory (before the tasks run)."""
+        """Make the staging directory (before the tasks run), and remove the staging that
+        drivers killed on this host left (see the module doc)."""
+        self._sweep_dead()
         self.fs.makedirs(self.staging, exist_ok=True)
+        self.fs.pipe_file(self._owner, json.dumps(_this_owner()).encode())
+
+    def _sweep_dead(self) -> None:
+        temporary = posixpath.join(self.root, TEMPORARY)
+        try:
+            owners = [p for p in self.fs.ls(temporary, detail=False) if p.endswith(_OWNER)]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for path in owners:
+            try:
+                owner = json.loads(self.fs.cat_file(path))
+            except (OSError, ValueError):
+                continue  # being written, or not ours to judge
+            if not isinstance(owner, dict) or not _owner_gone(owner):
+                continue
+            staging = path.removesuffix(_OWNER)
+            log.info("%s: removing the staging of a killed job (%s)", self.uri, staging)
+            with contextlib.suppress(OSError):
+                self.fs.rm(staging, recursive=True)
+            with contextlib.suppress(OSError):
+                self.fs.rm(path)
 
     def abort(self) -> None:
         """The job failed: drop what it staged; the output is as it was.  Only this job's
         staging goes: another job may be writing or have committed there meanwhile."""
         with contextlib.suppress(OSError):
             self.fs.rm(self.staging, recursive=True)
+        with contextlib.suppress(OSError):
+            self.fs.rm(self._owner)
         self._tidy()
         with contextlib.suppress(OSError):  # a directory this job made, holding nothing
             if not self.existed and not self.fs.ls(self.root, detail=False):
@@ -142,6 +221,8 @@ class JobOutput:
         move_all(self.fs, [(src, posixpath.join(self.root, name)) for src, name in files])
         with contextlib.suppress(FileNotFoundError):  # object stores: gone with its files
             self.fs.rm(self.staging, recursive=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self._owner)
         self._tidy()
 
 

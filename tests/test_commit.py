@@ -152,3 +152,31 @@ def test_what_another_job_committed_meanwhile_is_never_lost_silently(
         with pytest.raises(RefusedError, match="another job wrote into it while this one ran"):
             second.commit(moves)
         assert _tree(fs) == {"part-0": b"first", "part-1": b"first"}
+
+
+def test_the_staging_of_a_killed_driver_goes_with_the_next_job(fs: Any) -> None:
+    """A driver killed outright (kill -9) cannot remove its staging: a killed ingest's staged
+    parts stayed for ever.  The next job on the host removes it once its owner is gone, and
+    leaves the staging of a live job, or of one on another host, alone."""
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    jobs = {}
+    for name in ("killed", "running", "elsewhere"):
+        jobs[name] = _output(fs)
+        jobs[name].start()
+        fs.pipe(f"{jobs[name].staging}/part-0-attempt1", b"staged")
+    owner = f"{jobs['killed'].staging}.owner"
+    fs.pipe(owner, json.dumps({**json.loads(fs.cat_file(owner)), "pid": dead.pid}).encode())
+    other = f"{jobs['elsewhere'].staging}.owner"
+    moved = {**json.loads(fs.cat_file(other)), "host": "another-host", "pid": dead.pid}
+    fs.pipe(other, json.dumps(moved).encode())
+    _output(fs).start()
+    assert not fs.exists(jobs["killed"].staging) and not fs.exists(owner)
+    assert fs.cat_file(f"{jobs['running'].staging}/part-0-attempt1") == b"staged"
+    assert fs.cat_file(f"{jobs['elsewhere'].staging}/part-0-attempt1") == b"staged"
+    # and a job that ends removes its owner file with its staging
+    jobs["running"].abort()
+    assert not fs.exists(f"{jobs['running'].staging}.owner")

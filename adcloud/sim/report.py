@@ -213,6 +213,15 @@ class _StoreTree:
         for src, dst in zip(sources, targets, strict=True):
             self.store.rename(src, dst)
 
+    def pipe_file(self, path: str, value: bytes) -> None:
+        self.store.put(path, value)
+
+    def cat_file(self, path: str) -> bytes:
+        try:
+            return self.store.get(path)
+        except StoreNotFoundError as err:
+            raise FileNotFoundError(path) from err
+
 
 def _results_jsonl(results: Sequence[ScenarioResult]) -> bytes:
     lines = (json.dumps(r.to_dict(), sort_keys=True, allow_nan=False) + "\n" for r in results)
