@@ -270,7 +270,11 @@ def _line(
     if keep is None:
         mask = np.ones(len(s), dtype=bool)
     else:
-        other = roads.frame(x, y).other
+        # the distance to the nearest centre line of a road other than this one: inside a
+        # crossing road the nearest road is that one (its distance, not its ``other``,
+        # which is the way back to this road's centre line)
+        frame = roads.frame(x, y)
+        other = np.where(frame.road == road, frame.other, frame.distance)
         limit = PAVED_HALF_WIDTH_M + (INTERSECTION_CLEAR_M if keep == "paint" else 0.0)
         mask = other > limit
     out = []

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from adcloud.synth import (
+    DriveConfig,
     DriveResult,
     Label,
     SynthError,
@@ -194,3 +195,30 @@ def test_the_truth_of_a_killed_drive_is_not_read_as_whole(tmp_path: Path) -> Non
     for read in (read_poses, read_map, read_raster):
         with pytest.raises(SynthError, match=r"cut\.bag\.truth is an incomplete truth directory"):
             read(truth)
+
+
+def test_curbs_stop_at_a_crossing_roads_carriageway(world: World) -> None:
+    """docs/synth-truth-format.md section 4: curbs are cut where another road's carriageway
+    crosses: no curb vertex lies inside it, and no curb stubs are left in intersections (the
+    cut measured, inside the crossing road, the way back to the curb's own road: 4.0 m, right
+    at the limit, so rounding kept stubs)."""
+    from adcloud.synth.roads import PAVED_HALF_WIDTH_M  # noqa: PLC0415
+    from adcloud.synth.truth import map_geojson  # noqa: PLC0415
+
+    roads = world.roads
+    curbs = [
+        f
+        for f in map_geojson(world, DriveConfig(seed=7))["features"]
+        if f["properties"]["kind"] == "curb"
+    ]
+    assert curbs
+    for feature in curbs:
+        road = feature["properties"]["road"]
+        xy = np.array(feature["geometry"]["coordinates"])[:, :2]
+        assert len(xy) > 10, f"a {len(xy)}-vertex curb stub on road {road}: {xy.tolist()}"
+        for other in range(roads.road_count):
+            if other == road:
+                continue
+            ox, oy, _ = roads.point_at(other, np.linspace(0, roads.lengths[other], 8000))
+            d = np.hypot(xy[:, :1] - ox[None], xy[:, 1:] - oy[None]).min(axis=1)
+            assert d.min() > PAVED_HALF_WIDTH_M - 0.05, (road, xy[d.argmin()].tolist(), d.min())
