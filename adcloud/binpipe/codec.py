@@ -909,6 +909,10 @@ class StreamReader:
         got = 0
         while got < n:
             k = self._in.readinto(view[got:])  # type: ignore[attr-defined]
+            if not k and not got and what == "block header":  # ended between blocks
+                raise BinpipeError(
+                    f"{self._name}: truncated stream at offset {self.offset}: no END block"
+                )
             if not k:
                 raise BinpipeError(
                     f"{self._name}: truncated {what} at offset {self.offset}: "

@@ -826,3 +826,14 @@ def test_encode_errors(value, message):
         encode_block([("ok", value)])
     with pytest.raises(BinpipeError, match=message):
         encode_stream([(value,)])
+
+
+@pytest.mark.parametrize("reader", ["memory", "stream"])
+def test_a_stream_cut_at_a_block_boundary_says_no_end_block(reader: str) -> None:
+    """A producer that died between blocks: the streaming reader said "truncated block
+    header ... 0 of 40 bytes", where the in-memory reader (and the format's check B1) say
+    that the END block is missing."""
+    data = encode_stream([("a",)])
+    cut = data[: len(data) - len(encode_end_block(1))]
+    with pytest.raises(BinpipeError, match=rf"offset {len(cut)}\b.*no END block"):
+        list(iter_blocks(cut) if reader == "memory" else StreamReader(io.BytesIO(cut)))
