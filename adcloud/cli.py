@@ -219,8 +219,10 @@ def _cmd_ingest(args: argparse.Namespace, console: Console) -> int:
         manifest = rdd.save(args.out, overwrite=args.overwrite)
     elapsed = time.monotonic() - started
     size = sum(p["bytes"] for p in manifest["partitions"])
+    used = len({p.reindexed_from or p.uri for p in parts})  # the others had nothing selected
+    bags = f"{used} bag(s)" if used == len(uris) else f"{used} of {len(uris)} bags"
     console.print(
-        f"ingested {manifest['records']:,} messages from {len(uris)} bag(s) into "
+        f"ingested {manifest['records']:,} messages from {bags} into "
         f"{len(manifest['partitions'])} partitions ({size / 1e6:.1f} MB) at {args.out} "
         f"in {elapsed:.1f} s"
     )

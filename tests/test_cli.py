@@ -148,6 +148,11 @@ def test_ingest_says_what_a_selection_misses(
     said = capsys.readouterr().err
     assert "no message of /fix lies in the time range given" in said
     assert "the bags' messages span 1432235" in said and not (tmp_path / "late").exists()
+    # two bags, one with the topic: the summary counts the bag read, of the two given
+    luminar = str(shared_data / LUMINAR)
+    two = ["--topics", "/fix", "--out", str(tmp_path / "two")]
+    assert main(["ingest", bag, luminar, *two]) == 0
+    assert "ingested 989 messages from 1 of 2 bags into" in capsys.readouterr().out
 
 
 def test_ingest_refuses_an_existing_output_before_spark_starts(
