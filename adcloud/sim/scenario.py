@@ -41,6 +41,8 @@ from adcloud.sim.errors import SimError
 __all__ = ["CutMode", "Scenario", "ScenarioCut", "plan_scenarios", "read_scenario_file"]
 
 _NS = 1_000_000_000
+#: The most scenarios one plan may have: each is a Spark task and a replay of its own.
+MAX_SCENARIOS = 100_000
 #: The longest time (s) a cut or scenario file may name: record times are int64 ns.
 _MAX_S = (2**63 - 1) // _NS
 
@@ -194,6 +196,12 @@ def plan_scenarios(
             continue
         window = round(cut.window_s * _NS)
         warmup = round(cut.warmup_s * _NS)
+        if (stop - first) // window + len(out) > MAX_SCENARIOS:  # before listing them all
+            raise SimError(
+                f"{cut.window_s:g} s windows cut {uri} ({(stop - first) / _NS:.1f} s) into "
+                f"{(stop - first) // window:,} scenarios, over the limit of {MAX_SCENARIOS:,} "
+                "(a Spark task each): choose longer windows"
+            )
         starts = _window_starts(first, stop, window)
         for k, (t, end) in enumerate(zip(starts, [*starts[1:], stop], strict=True)):
             out.append(Scenario(f"{stem}#{k:04d}", uri, t, end, max(first, t - warmup), options))

@@ -131,6 +131,14 @@ def test_windows_of_no_whole_nanosecond_or_past_int64_are_refused(
         ScenarioCut(warmup_s=math.nan).validate()
 
 
+def test_windows_too_short_for_a_plan_are_refused_before_they_are_listed(
+    drive: DriveResult,
+) -> None:
+    """1 ns windows over a 3 s drive were ~3 billion scenarios: a MemoryError after minutes."""
+    with pytest.raises(SimError, match=r"1e-09 s windows cut .* into 2,99\d,\d{3},\d{3} scen"):
+        plan_scenarios(str(drive.bag), ScenarioCut(CutMode.WINDOW, 1e-9))
+
+
 def test_scenario_file_times_past_int64_are_refused(drive: DriveResult, tmp_path: Path) -> None:
     listing = tmp_path / "s.json"
     listing.write_text(json.dumps([{"bag": str(drive.bag), "start": 0, "end": 1e300}]))
