@@ -240,11 +240,19 @@ def check_bags(config: TrainConfig) -> None:
     done and the held-out bags are read."""
     if not config.bags:
         raise TrainError("no bags to train on: set train.bags (files, directories or globs)")
+    found = {}
     for name, bags in (("bags", config.bags), ("heldout_bags", config.heldout_bags)):
         try:
-            bag_uris(bags)
+            found[name] = bag_uris(bags)
         except AdcloudError as err:
             raise TrainError(f"train.{name}: {err}") from err
+    both = sorted(set(found["bags"]) & set(found["heldout_bags"]))
+    if both:  # scores of data it trained on say nothing of how the model generalises
+        log.warning(
+            "train.heldout_bags: %s also in train.bags: the held-out scores include data the "
+            "model is trained on",
+            ", ".join(both[:3]) + (f" and {len(both) - 3} more" if len(both) > 3 else ""),
+        )
 
 
 def data_identity(bags: Sequence[str]) -> str:

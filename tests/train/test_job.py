@@ -494,6 +494,21 @@ def test_a_blank_bag_entry_names_no_bag(tmp_path: Path, monkeypatch: pytest.Monk
     assert TrainConfig(heldout_bags=("", " ")).heldout_bags == ()
 
 
+def test_a_bag_both_trained_on_and_held_out_is_pointed_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The held-out scores of a bag also trained on say nothing of how the model generalises."""
+    bags = [tmp_path / f"{name}.bag" for name in ("a", "b")]
+    for bag in bags:
+        bag.write_bytes(b"")
+    with caplog.at_level("WARNING", logger="adcloud.train.job"):
+        job_module.check_bags(TrainConfig(bags=(str(bags[0]),), heldout_bags=(str(bags[1]),)))
+        assert not caplog.records
+        job_module.check_bags(TrainConfig(bags=(str(tmp_path),), heldout_bags=(str(bags[1]),)))
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert f"{bags[1]} also in train.bags: the held-out scores include data" in said
+
+
 def test_job_errors_are_clear(spark: SparkSession, drive: str, tmp_path: Path) -> None:
     keyed = keyed_points(spark, make_points(8))
     with pytest.raises(TrainError, match="workers=3 trainers need as many free task slots"):
