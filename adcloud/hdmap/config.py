@@ -43,7 +43,8 @@ class HdmapSettings:
       separate jobs exchanging files under ``exchange_dir``, fsync'ed: the comparison mode;
       the stage folders made there are deleted when the build ends; on a multi-host cluster
       ``exchange_dir`` must be a directory every host mounts).
-    - ``keep_versions``: map versions kept by the nightly build's garbage collection.
+    - ``keep_versions``: map versions kept by the nightly build's garbage collection (0:
+      every version is kept).
     - ``hash_threads``: how many new bags a build's plan hashes at a time on the driver
       (bags on a local disk hash on that many cores, bags in object storage over that many
       streams).
@@ -100,8 +101,11 @@ class HdmapSettings:
         if not (math.isfinite(self.segment_s) and self.segment_s > 1):
             raise ConfigError(f"hdmap.segment_s: {self.segment_s} s must be finite and > 1 s")
         _check_origin(self.origin_lat, self.origin_lon, self.origin_alt)
-        if self.keep_versions < 1:
-            raise ConfigError("hdmap.keep_versions: keep at least 1 version")
+        if self.keep_versions < 0:  # 0 keeps every version, as the map directory's own
+            raise ConfigError(
+                f"hdmap.keep_versions: give 1 or more versions to keep, or 0 to keep every "
+                f"version, not {self.keep_versions}"
+            )
         if self.hash_threads < 1:
             raise ConfigError(f"hdmap.hash_threads: {self.hash_threads} must be >= 1")
 

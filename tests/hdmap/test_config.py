@@ -249,3 +249,10 @@ def test_a_typo_in_a_stage_name_of_a_variable_is_warned_about(
         "ADCLOUD_HDMAP_GIRD_MIN_POINTS is not a setting: did you mean "
         "ADCLOUD_HDMAP_GRID_MIN_POINTS?",
     ]
+
+
+def test_keep_versions_zero_keeps_every_version_as_the_map_directory_does() -> None:
+    """MapDirSettings took 0 (keep all) while the build's settings refused it."""
+    assert HdmapSettings(keep_versions=0).keep_versions == 0
+    with pytest.raises(ConfigError, match=r"keep_versions: give 1 or more .* or 0 .* not -1"):
+        HdmapSettings(keep_versions=-1)
