@@ -8,7 +8,8 @@ whose application file is this module.
 
 Only this module prints and chooses exit codes; the library raises
 :class:`~adcloud.errors.AdcloudError` subclasses, turned here into one-line messages
-(exit 2 for bad input or missing components, 1 for anything unexpected).
+(exit 2 for bad input or missing components, 1 for anything unexpected; see
+:data:`_EPILOG_EXIT`).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from adcloud._argtypes import whole_number
-from adcloud.errors import AdcloudError, ConfigError
+from adcloud._argtypes import local_path, whole_number
+from adcloud.errors import AdcloudError, ConfigError, MissingComponentError
 
 __all__ = ["main"]
 
@@ -49,6 +50,29 @@ _EPILOG_INGEST = """examples:
   adcloud ingest 's3://bucket/drives/*.bag' --topics /imu/data,/fix --out s3://bucket/ingest/
   adcloud submit --master spark://127.0.0.1:7077 -- ingest drive.bag --out out/x
 """
+
+
+_EPILOG_EXIT = """exit status:
+  0    done (a check that ran and passed included)
+  1    a verdict the command explains (a replay scenario failed, a map missed a target,
+       a dry run found a bag that cannot be built), or an unexpected error (a traceback)
+  2    bad input or a missing component: one "error:" line on stderr saying what to do
+  130  stopped by Ctrl-C; 143 stopped by SIGTERM
+  141  the reader of stdout went away (adcloud store cat URL | head)
+
+Every command has --help; adcloud -v COMMAND shows tracebacks and more logging.
+"""
+
+
+def _drive_seconds(text: str) -> float:
+    """``demo --seconds``: a drive length in s, > 0 and finite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds > 0")
+    return value
 
 
 def _ns(text: str | None) -> int | None:
@@ -447,11 +471,10 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     job = list(args.job)
     if job[:1] == ["--"]:  # the separator itself; later ones belong to the job
         job = job[1:]
-    if not job:
-        console.print(
+    if not job:  # an error, on stderr: stdout of a dry run is the line to run
+        raise ConfigError(
             "nothing to submit: give the job after --, e.g. adcloud submit -- ingest x.bag"
         )
-        return 2
     confs = list(args.conf or [])
     bad = [c for c in confs if "=" not in c or c.startswith("=")]
     if bad:
@@ -509,8 +532,9 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
         console.print(shlex.join([*prefix, *cmd]), soft_wrap=True, markup=False, highlight=False)
         return 0
     if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
-        console.print("Java 17 is needed by spark-submit: apt-get install openjdk-17-jre-headless")
-        return 2
+        raise MissingComponentError(
+            "Java 17 is needed by spark-submit: apt-get install openjdk-17-jre-headless"
+        )
     check_master(args.master)  # a minute of Spark's retries and a stack trace, otherwise
     return subprocess.call(cmd, env=env)
 
@@ -531,6 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="adcloud",
         description="adcloud: ROS-bag data on Spark -- ingest, inspect and process drives.",
+        epilog=_EPILOG_EXIT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)"
@@ -564,10 +590,18 @@ Every output is listed at the end, under --out.""",
         help="bag to ingest (repeatable); default: the demo's synthetic drive and ../shared/data",
     )
     demo.add_argument(
-        "--seconds", type=float, default=5.0, help="length of the synthetic drive (default 5 s)"
+        "--seconds",
+        type=_drive_seconds,
+        default=5.0,
+        help="length of the synthetic drive (default 5 s)",
     )
     demo.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    demo.add_argument("--out", default="out/demo", help="output directory (default: out/demo)")
+    demo.add_argument(
+        "--out",
+        default="out/demo",
+        type=local_path("the demo"),
+        help="local output directory (default: out/demo)",
+    )
     demo.add_argument(
         "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
     )
@@ -697,15 +731,23 @@ Every output is listed at the end, under --out.""",
         help="where the driver runs: in a container (cluster, the default) or here (client)",
     )
     yarn.add_argument(
-        "--executors", type=int, help=f"executor containers ({_YARN_DEFAULTS['executors']})"
+        "--executors",
+        type=whole_number(1, "containers"),
+        help=f"executor containers ({_YARN_DEFAULTS['executors']})",
     )
     yarn.add_argument(
         "--executor-memory",
         help=f"memory per executor, JVM notation ({_YARN_DEFAULTS['executor_memory']})",
     )
-    yarn.add_argument("--gpus-per-executor", type=int, help="yarn.io/gpu per container (0)")
-    yarn.add_argument("--fpgas-per-executor", type=int, help="yarn.io/fpga per container (0)")
-    yarn.add_argument("--tasks-per-device", type=int, help="tasks sharing one device (1)")
+    yarn.add_argument(
+        "--gpus-per-executor", type=whole_number(0), help="yarn.io/gpu per container (0)"
+    )
+    yarn.add_argument(
+        "--fpgas-per-executor", type=whole_number(0), help="yarn.io/fpga per container (0)"
+    )
+    yarn.add_argument(
+        "--tasks-per-device", type=whole_number(1), help="tasks sharing one device (1)"
+    )
     yarn.add_argument("--fpga-ip-id", help="FPGA image id (required with FPGAs)")
     yarn.add_argument("--fpga-binaries", help="archive URL of prebuilt FPGA kernels")
     yarn.add_argument("--docker-image", help="run the containers in this image (GPU jobs)")

@@ -710,3 +710,68 @@ def test_ingest_time_bounds_read_as_documented() -> None:
     # the README's example: seconds with an exponent (was "not a time")
     assert bounds("--start", "1.5e9", "--end", "1.7E+9") == (15 * 10**17, 17 * 10**17)
     assert bounds("--start", "1700000000.123456789") == (1700000000123456789, None)
+
+
+def test_submit_without_a_job_is_an_error_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """It said so on stdout: ``adcloud submit --dry-run > run.sh`` wrote the message into the
+    script to run."""
+    for job in ([], ["--"]):
+        assert main(["submit", "--dry-run", "--master", "local[2]", *job]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith("error: nothing to submit: give the job after --")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--executors", "0", "argument --executors: 0: give 1 or more containers"),
+        ("--gpus-per-executor", "-1", "argument --gpus-per-executor: -1: give 0 or more"),
+        ("--fpgas-per-executor", "-1", "argument --fpgas-per-executor: -1: give 0 or more"),
+        ("--tasks-per-device", "0", "argument --tasks-per-device: 0: give 1 or more"),
+    ],
+)
+def test_submit_yarn_counts_are_checked_as_they_are_parsed(
+    option: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each was found later, as "device counts must be >= 0, executors and tasks_per_device
+    >= 1", naming neither the option nor the value."""
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["submit", "--master", "yarn", option, value, "--", "ingest"])
+    assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--seconds", "nan"], "argument --seconds: 'nan': give a finite number of seconds > 0"),
+        (["--seconds", "0"], "argument --seconds: '0': give a finite number of seconds > 0"),
+        (["--out", "s3://b/demo"], "argument --out: s3://b/demo: the demo can only be written"),
+    ],
+)
+def test_demo_options_are_checked_as_they_are_parsed(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--seconds nan`` made the output directory and then failed; ``--out s3://b/demo``
+    ran the demo into ./s3:/b/demo."""
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["demo", *argv])
+    assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_help_states_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "exit status:" in text
+    for status in ("  0 ", "  1 ", "  2 ", "  130 ", "  141 "):
+        assert status in text
+
+
+def test_local_path_takes_a_file_url_as_its_path() -> None:
+    from adcloud._argtypes import local_path  # noqa: PLC0415
+
+    parse = local_path("it")
+    assert parse("out/x.bag") == "out/x.bag"
+    assert parse("file:///tmp/x y.bag") == "/tmp/x y.bag"
+    assert parse("FILE:///tmp/x.bag") == "/tmp/x.bag"

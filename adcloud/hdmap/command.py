@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from adcloud._argtypes import whole_number
+from adcloud._argtypes import local_path, whole_number
 
 __all__ = ["add_parser"]
 
@@ -70,22 +69,6 @@ def _map_uri(text: str) -> str:
             "(memory:// is for the Python API)"
         )
     return text
-
-
-def _local_out(what: str) -> Callable[[str], str]:
-    """An argparse type for an output on the local disk: a path, or a ``file://`` URL given
-    as its path; another URL is refused before any work (not written below ``./s3:``)."""
-
-    def check(text: str) -> str:
-        from adcloud.hdmap.errors import HdmapError  # noqa: PLC0415
-        from adcloud.hdmap.mapdir import local_path  # noqa: PLC0415
-
-        try:
-            return str(local_path(text, what))
-        except HdmapError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    return check
 
 
 def _tolerance(text: str) -> float:
@@ -317,20 +300,22 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
             console.print(f"not passed: {failure}", highlight=False)
     if args.report:
         html = write_map_report(args.map, args.report, eval_result=result)
-        console.print(f"report: {html}")
+        # with --json, stdout holds the JSON alone
+        where = Console(stderr=True, markup=False) if args.json else console
+        where.print(f"report: {html}", highlight=False, soft_wrap=True)
     if args.out:
         Path(args.out).write_text(result.to_json())
     return 0 if result.passed else 1
 
 
 def _cmd_info(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.hdmap.errors import HdmapError  # noqa: PLC0415
     from adcloud.hdmap.mapdir import MapDir  # noqa: PLC0415
 
     mapdir = MapDir(args.map)
     current = mapdir.current()
-    if current is None:
-        console.print(mapdir.no_version_text())
-        return 1
+    if current is None:  # an error, on stderr: with --json, stdout holds JSON or nothing
+        raise HdmapError(mapdir.no_version_text())
     history = [_history_row(mapdir, vid) for vid in mapdir.versions()]
     if args.json:
         console.print_json(
@@ -577,12 +562,12 @@ def add_parser(subparsers: Any) -> None:
     ev.add_argument("--drive", help="which of the map's drives the truth belongs to")
     ev.add_argument(
         "--report",
-        type=_local_out("the report"),
+        type=local_path("the report"),
         help="write summary.html with error plots here (a local directory)",
     )
     ev.add_argument(
         "--out",
-        type=_local_out("the metrics"),
+        type=local_path("the metrics"),
         help="write the metrics as JSON here (a local file)",
     )
     ev.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -611,7 +596,7 @@ def add_parser(subparsers: Any) -> None:
     export.add_argument(
         "--out",
         required=True,
-        type=_local_out("an export"),
+        type=local_path("an export"),
         help="a new (or empty) local directory",
     )
     export.add_argument("--version", help="the version to copy (default: the current one)")

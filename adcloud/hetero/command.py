@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from adcloud._argtypes import local_path, whole_number, written_url
+
 __all__ = ["add_parser"]
 
 _EPILOG_FEATURES = """examples:
@@ -109,6 +111,10 @@ def _cmd_features(args: argparse.Namespace, console: Console) -> int:
 
     overrides = {"device": args.device} if args.device else {}
     settings = HeteroSettings.load(**overrides)
+    if settings.device:
+        from adcloud.hetero.devices import select_device  # noqa: PLC0415
+
+        select_device(settings)  # a pinned device that is not there fails before Spark starts
     spark_settings = SparkSettings.load(master=args.master) if args.master else SparkSettings.load()
     spark = get_session(spark_settings, **{"spark.ui.showConsoleProgress": "false"})
     with console.status(f"extracting image features on {spark.sparkContext.master} ..."):
@@ -159,6 +165,13 @@ def _cmd_kernels(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _bins(text: str) -> int:
+    """``--bins``: 1 up to what the kernels hold, checked before Spark starts."""
+    from adcloud.hetero.features import _MAX_BINS  # noqa: PLC0415 - keep --help fast
+
+    return whole_number(1, "bins", maximum=_MAX_BINS)(text)
+
+
 def add_parser(subparsers: Any) -> None:
     """Register ``hetero`` (``devices``, ``features``, ``kernels``) on ``subparsers``."""
     hetero = subparsers.add_parser(
@@ -180,7 +193,9 @@ def add_parser(subparsers: Any) -> None:
     )
     devices.add_argument("--json", action="store_true", help="machine-readable output")
     devices.add_argument(
-        "--split", type=int, help="offer each device as N equal sub-devices (PoCL can)"
+        "--split",
+        type=whole_number(0),
+        help="offer each device as N equal sub-devices (PoCL can; 0: whole devices)",
     )
     devices.add_argument(
         "--discover",
@@ -201,12 +216,25 @@ def add_parser(subparsers: Any) -> None:
     features.add_argument(
         "bags", nargs="+", help="bag files, directories or globs (any fsspec URL)"
     )
-    features.add_argument("--out", required=True, help="output directory or URL")
-    features.add_argument("--topic", default="/camera/image_raw", help="image topic")
-    features.add_argument("--cell", type=int, default=8, help="HOG cell size in pixels (8)")
-    features.add_argument("--bins", type=int, default=9, help="orientation bins (9)")
-    features.add_argument("--batch", type=int, default=64, help="images per kernel launch (64)")
-    features.add_argument("--partitions-per-bag", type=int, help="split each bag into N partitions")
+    # the numbers are checked as they are parsed: the job checks them only once Spark runs
+    features.add_argument(
+        "--out", required=True, type=written_url("the features"), help="output directory or URL"
+    )
+    features.add_argument(
+        "--topic", default="/camera/image_raw", help="image topic (default /camera/image_raw)"
+    )
+    features.add_argument(
+        "--cell", type=whole_number(1, "pixels"), default=8, help="HOG cell size in pixels (8)"
+    )
+    features.add_argument("--bins", type=_bins, default=9, help="orientation bins, 1-32 (9)")
+    features.add_argument(
+        "--batch", type=whole_number(1, "images"), default=64, help="images per kernel launch (64)"
+    )
+    features.add_argument(
+        "--partitions-per-bag",
+        type=whole_number(1),
+        help="split each bag into N partitions (default: about 16 MiB each)",
+    )
     features.add_argument("--device", help="device address outside resource scheduling")
     features.add_argument("--overwrite", action="store_true", help="replace an existing output")
     features.add_argument(
@@ -220,5 +248,10 @@ def add_parser(subparsers: Any) -> None:
         description="Write every kernel program as one self-contained .cl file, ready for "
         "an FPGA vendor's offline compiler (aoc, v++).",
     )
-    kernels.add_argument("--out", required=True, help="directory for the .cl files")
+    kernels.add_argument(
+        "--out",
+        required=True,
+        type=local_path("the kernel sources"),
+        help="local directory for the .cl files",
+    )
     kernels.set_defaults(func=_cmd_kernels)

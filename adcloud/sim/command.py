@@ -21,7 +21,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from adcloud._argtypes import whole_number, written_url
 from adcloud.sim.adapters import ADAPTERS, MAX_WAIT_S, NodeSpec, ReplayTiming
+from adcloud.sim.errors import SimError
 from adcloud.sim.evaluators import EVALUATORS, parse_evaluator
 from adcloud.sim.perception import (
     CameraLoad,
@@ -169,7 +171,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--startup-timeout", type=_limit_seconds, default=20.0, help="node start-up limit, s"
     )
-    p.add_argument("--report", metavar="URI", help="report directory (any store URI)")
+    p.add_argument(
+        "--report",
+        metavar="URI",
+        type=written_url("the report"),
+        help="report directory (any store URI but memory://)",
+    )
     p.add_argument(
         "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
     )
@@ -198,11 +205,27 @@ Exit status: 0, or 1 when --require N is given and fewer than N cameras are sust
 
 def _counts(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(t) for t in text.split(",") if t.strip())
+        counts = tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--counts takes comma-separated whole numbers, not {text!r}"
         ) from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--counts takes camera counts of 1 or more, not {text!r}")
+    return counts
+
+
+def _speed(text: str) -> float:
+    """``sim cameras --rate``: a replay speed > 0 (0, as fast as possible, is no frame rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a replay speed") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a finite replay speed > 0 (1: the frame rate)"
+        )
+    return value
 
 
 def _add_cameras_parser(sim_sub: Any) -> None:
@@ -226,7 +249,9 @@ def _add_cameras_parser(sim_sub: Any) -> None:
     p.add_argument(
         "--counts", type=_counts, help="camera counts to try, comma-separated (default: all)"
     )
-    p.add_argument("--rate", type=float, default=1.0, help="replay speed (1: the frame rate)")
+    p.add_argument(
+        "--rate", type=_speed, default=1.0, help="replay speed, > 0 (default 1: the frame rate)"
+    )
     p.add_argument(
         "--max-loss", type=float, default=0.05, help="frame loss a count may have (default 0.05)"
     )
@@ -234,11 +259,20 @@ def _add_cameras_parser(sim_sub: Any) -> None:
     p.add_argument(
         "--stop-after-failure", action="store_true", help="skip larger counts once one fails"
     )
-    p.add_argument("--require", type=int, help="exit 1 unless at least this many are sustained")
+    p.add_argument(
+        "--require",
+        type=whole_number(0, "cameras"),
+        help="exit 1 unless at least this many are sustained",
+    )
     p.add_argument(
         "--timeout", type=_limit_seconds, default=300.0, help="per-scenario time limit, s"
     )
-    p.add_argument("--report", metavar="URI", help="report directory (any store URI)")
+    p.add_argument(
+        "--report",
+        metavar="URI",
+        type=written_url("the report"),
+        help="report directory (any store URI but memory://)",
+    )
     p.add_argument(
         "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
     )
@@ -339,8 +373,17 @@ def run_cameras(args: argparse.Namespace, console: Console) -> int:
         "timeout_s": args.timeout,
     }
     node = NodeSpec(args.node, adapter=args.adapter)
-    # the limits and the node are checked before Spark starts (the sweep's jobs all share them)
+    # the limits, the node, the topics and the counts are checked before Spark starts (the
+    # sweep's jobs all share them; the sweep checks the counts only once Spark runs)
     camera_replay_job(args.bags, node, args.cameras[:1], args.output, **options)
+    if len(set(args.cameras)) != len(args.cameras):
+        raise SimError(f"--cameras names a topic twice: {','.join(args.cameras)}")
+    beyond = [n for n in args.counts or () if n > len(args.cameras)]
+    if beyond:
+        raise SimError(
+            f"--counts {','.join(map(str, beyond))}: more cameras than the "
+            f"{len(args.cameras)} topic(s) --cameras names"
+        )
     if args.report:
         check_sweep_target(args.report)  # the whole report, before the sweep, not after it
     spark = _session(args.master)

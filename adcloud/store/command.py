@@ -14,6 +14,7 @@ import os
 import posixpath
 import shutil
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from adcloud._argtypes import whole_number
+from adcloud._argtypes import whole_number, written_url
 from adcloud.store.base import (
     FileStatus,
     PersistenceState,
@@ -402,12 +403,18 @@ class _closing:  # noqa: N801 - used like contextlib.closing
 
 
 def _seconds(text: str) -> float:
+    """Seconds > 0 that a socket or a thread can wait (beyond ``threading.TIMEOUT_MAX``,
+    292 years, a server's connections fail as they are accepted)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
+    if value > threading.TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of seconds of at most {threading.TIMEOUT_MAX:.0f}"
+        )
     return value
 
 
@@ -482,7 +489,7 @@ def add_parser(subparsers: Any) -> None:
         "ASYNC_THROUGH data is persisted unless --no-wait.",
     )
     put.add_argument("source", help="local file, or - for stdin")
-    put.add_argument("url", help=_URL_HELP)
+    put.add_argument("url", type=written_url("the file"), help=_URL_HELP)
     put.add_argument(
         "--write-type",
         type=_write_type,
@@ -508,7 +515,7 @@ def add_parser(subparsers: Any) -> None:
         "atomically; an existing target file is replaced.",
     )
     cp.add_argument("source", help=_URL_HELP)
-    cp.add_argument("target", help=_URL_HELP)
+    cp.add_argument("target", type=written_url("the copy"), help=_URL_HELP)
     cp.add_argument("-r", "--recursive", action="store_true", help="copy a whole directory")
     cp.add_argument(
         "--write-type",

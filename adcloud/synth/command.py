@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from adcloud._argtypes import local_path
 from adcloud.config import load_settings
 from adcloud.synth.config import COMPRESSIONS, FORMATS, DriveConfig
 from adcloud.synth.drive import DriveResult, generate_drive
@@ -51,7 +52,11 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--out", required=True, metavar="PATH", help="bag file (ros1) or bag directory (ros2, mcap)"
+        "--out",
+        required=True,
+        metavar="PATH",
+        type=local_path("the drive"),
+        help="bag file (ros1) or bag directory (ros2, mcap): a local path or file:// URL",
     )
     p.add_argument(
         "--seconds", type=float, metavar="S", help="simulated duration in s (default 60)"

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from adcloud._argtypes import whole_number
+from adcloud._argtypes import whole_number, written_url
 
 __all__ = ["add_parser"]
 
@@ -59,10 +59,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 
     overrides: dict[str, Any] = {}
     for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            console.print(f"--set {item!r} is not KEY=VALUE")
-            return 2
+        key, _, value = item.partition("=")
         overrides[key.strip()] = value
     config = TrainConfig.load(file=args.config, **overrides).validate()
     task = load_task(config)  # a wrong task name or option fails before Spark starts
@@ -105,6 +102,13 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         highlight=False,
     )
     return 0
+
+
+def _setting(text: str) -> str:
+    """``--set``: ``KEY=VALUE``, checked as it is parsed."""
+    if "=" not in text or not text.partition("=")[0].strip():
+        raise argparse.ArgumentTypeError(f"--set {text!r} is not KEY=VALUE")
+    return text
 
 
 def _curve_row(curve: Any) -> list[tuple[str, str]]:
@@ -181,7 +185,12 @@ def add_parser(subparsers: Any) -> None:
     )
     run.add_argument("--config", help="YAML/JSON settings file (section train)")
     run.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting"
+        "--set",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="KEY=VALUE",
+        help="override a setting (repeatable), e.g. --set steps=300",
     )
     run.add_argument(
         "--master", help="Spark master URL (default: local[*,4] or ADCLOUD_SPARK_MASTER)"
@@ -213,7 +222,9 @@ def add_parser(subparsers: Any) -> None:
         help="bags to score on: files, directories, globs or fsspec URLs",
     )
     evaluate.add_argument(
-        "--out", help="directory or URL for eval.json and confusion.png (default: none written)"
+        "--out",
+        type=written_url("the scores"),
+        help="directory or URL for eval.json and confusion.png (default: none written)",
     )
     evaluate.add_argument(
         "--partitions-per-bag",

@@ -1224,7 +1224,8 @@ def test_export_and_report_urls_are_not_taken_for_relative_paths(
     assert (tmp_path / "cli" / names[0]).is_file()
     with pytest.raises(SystemExit):
         main(["hdmap", "export", "--map", map_dir, "--out", "s3://bucket/y"])
-    assert "s3://bucket/y: an export is written to the local disk" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "s3://bucket/y: an export can only be written to the local disk" in said
     traj = Trajectory(np.array([0, 10**9], dtype=np.int64), np.stack([np.eye(4)] * 2))
     page = write_report(f"file://{tmp_path}/report", trajectories=traj)
     assert page == tmp_path / "report" / "summary.html" and page.is_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,56 @@ def test_time_limits_are_finite_as_given(
         with pytest.raises(SystemExit) as info:
             _parse([*cameras, *option])
         assert info.value.code == 2 and says in capsys.readouterr().err
+
+
+def _no_session(master: str | None) -> None:
+    raise AssertionError("Spark started for a sweep that cannot run")
+
+
+@pytest.mark.parametrize(
+    ("cameras", "counts", "says"),
+    [
+        ("/a,/b,/a", [], "--cameras names a topic twice: /a,/b,/a"),
+        ("/a,/b", ["--counts", "1,3"], "--counts 3: more cameras than the 2 topic(s) --cameras"),
+    ],
+)
+def test_cameras_refuses_topics_and_counts_before_spark_starts(
+    cameras: str, counts: list[str], says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep found these only after a Spark session had started (5 to 12 s)."""
+    monkeypatch.setattr(command, "_session", _no_session)
+    args = _parse(["sim", "cameras", "b.bag", "--node", "n", "--cameras", cameras, *counts])
+    with pytest.raises(SimError, match=re.escape(says)):
+        args.func(args, Console(file=io.StringIO()))
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--counts", "0"], "argument --counts: --counts takes camera counts of 1 or more"),
+        (["--counts", ","], "argument --counts: --counts takes camera counts of 1 or more"),
+        (["--rate", "0"], "argument --rate: '0': give a finite replay speed > 0"),
+        (["--rate", "nan"], "argument --rate: 'nan': give a finite replay speed > 0"),
+        (["--require", "-1"], "argument --require: -1: give 0 or more cameras"),
+        (["--report", "memory://sweep"], "argument --report: memory://sweep: memory:// lives"),
+    ],
+)
+def test_cameras_numbers_are_checked_as_they_are_parsed(
+    option: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--rate 0`` replayed as fast as possible and said the detector sustained its count
+    "at 0x their frame rate"; ``--counts 0`` and an empty one failed after Spark started."""
+    with pytest.raises(SystemExit) as info:
+        _parse(["sim", "cameras", "b.bag", "--node", "n", "--cameras", "/a", *option])
+    assert info.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_report_in_memory_is_refused_as_it_is_parsed(capsys: pytest.CaptureFixture[str]) -> None:
+    """A memory:// report was written, and said to be there, in a store that ended with the
+    command."""
+    with pytest.raises(SystemExit) as info:
+        _parse(["sim", "run", "b.bag", "--node", "n", "--inputs", "/a", "--report", "memory://r"])
+    assert info.value.code == 2
+    assert "argument --report: memory://r: memory:// lives inside one process" in (
+        capsys.readouterr().err
+    )

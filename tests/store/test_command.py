@@ -383,3 +383,38 @@ def test_a_directory_target_takes_the_file_under_its_name(tmp_path: Path, store_
     with LocalStore(root=store_root) as store:
         assert store.stat("/drives").is_dir and store.get("/drives/scan.bin") == b"s" * 300
         assert store.get("/copies/scan.bin") == b"s" * 300
+
+
+@pytest.mark.parametrize("option", ["--socket-timeout"])
+def test_serve_refuses_a_time_limit_a_socket_cannot_wait(
+    option: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--socket-timeout 1e300`` started the server, which then dropped every connection
+    it accepted (``settimeout`` overflows) without a word."""
+    from adcloud.store import StoreServer  # noqa: PLC0415
+
+    def ctrl_c(self: StoreServer) -> None:
+        raise KeyboardInterrupt  # a server that started stops at once
+
+    monkeypatch.setattr(StoreServer, "serve_forever", ctrl_c)
+    with pytest.raises(SystemExit) as info:
+        run("store", "serve", "--port", "0", option, "1e300")
+    assert info.value.code == 2
+    assert f"argument {option}: '1e300': give a number of seconds of at most 9223372036" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("command", ["put", "cp"])
+def test_a_target_in_memory_is_refused(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``store put f memory:///x`` said "stored ... at memory:///x" of a store that ended
+    with the command."""
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"a")
+    source = str(src) if command == "put" else f"file://{src}"
+    with pytest.raises(SystemExit) as info:
+        run("store", command, source, "memory:///x.bin")
+    assert info.value.code == 2
+    assert "memory:///x.bin: memory:// lives inside one process" in capsys.readouterr().err

@@ -84,3 +84,21 @@ def test_demo_part_writes_a_sample_drive(tmp_path: Path, monkeypatch: pytest.Mon
     assert str(result.bag) in buf.getvalue()
     again = run_demo(tmp_path, console, seconds=1.0, quiet=True)  # replaces the earlier one
     assert again.bag.read_bytes() == result.bag.read_bytes()
+
+
+def test_out_is_a_local_path_or_file_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out s3://bucket/x.bag`` failed with "the output directory s3:/bucket does not
+    exist" (the URL taken as a path), and a file:// URL the same way."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        _parser().parse_args(["synth", "--out", "s3://bucket/x.bag"])
+    assert stop.value.code == 2
+    assert "--out: s3://bucket/x.bag: the drive can only be written to the local disk" in (
+        capsys.readouterr().err
+    )
+    argv = ["synth", "--seconds", "1", "--no-lidar", "--no-camera", "--no-raster", "-q"]
+    args = _parser().parse_args([*argv, "--out", f"file://{tmp_path}/u.bag"])
+    assert args.func(args, _console()[0]) == 0
+    assert (tmp_path / "u.bag").is_file() and (tmp_path / "u.bag.truth").is_dir()

@@ -107,9 +107,26 @@ def _no_spark(args: argparse.Namespace) -> None:
     raise AssertionError("Spark started for a run that cannot train")
 
 
-def test_run_rejects_settings_that_are_not_key_value(tmp_path: Path) -> None:
-    code, text = _call(["train", "run", "--set", "steps"])
-    assert code == 2 and "--set 'steps' is not KEY=VALUE" in text
+@pytest.mark.parametrize("item", ["steps", "=300"])
+def test_run_rejects_settings_that_are_not_key_value(
+    item: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once said on stdout, without "error:", after the parse; now argparse's usage error."""
+    with pytest.raises(SystemExit) as stop:
+        _parse(["train", "run", "--set", item])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and out == ""
+    assert f"argument --set: --set {item!r} is not KEY=VALUE" in err
+
+
+def test_eval_refuses_an_output_in_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    """eval.json and confusion.png went to a memory:// store that ended with the command."""
+    with pytest.raises(SystemExit) as stop:
+        _parse(["train", "eval", "--model", "m", "--bags", "b.bag", "--out", "memory://e"])
+    assert stop.value.code == 2
+    assert "argument --out: memory://e: memory:// lives inside one process" in (
+        capsys.readouterr().err
+    )
 
 
 def test_run_names_a_bad_setting(tmp_path: Path) -> None:
