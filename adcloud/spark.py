@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -48,6 +49,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from adcloud import _jvm_archive
+from adcloud._argtypes import whole_number
 from adcloud.config import load_settings
 from adcloud.errors import AdcloudError, ConfigError, MissingComponentError
 
@@ -1008,9 +1010,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = sub.add_parser("cluster", help="a Spark standalone cluster on 127.0.0.1")
     actions = cluster.add_subparsers(dest="action", required=True)
     start = actions.add_parser("start", help="start a master and workers, detached")
-    start.add_argument("--workers", type=int, default=2)
-    start.add_argument("--cores", type=int, default=1, help="cores per worker")
-    start.add_argument("--memory", default="1g", help="memory per worker (JVM notation)")
+    start.add_argument(
+        "--workers", type=whole_number(1, "workers"), default=2, help="worker JVMs (default 2)"
+    )
+    start.add_argument(
+        "--cores", type=whole_number(1, "cores"), default=1, help="cores per worker (default 1)"
+    )
+    start.add_argument(
+        "--memory", default="1g", help="memory per worker, JVM notation (default 1g)"
+    )
     start.add_argument(
         "--resource",
         action="append",
@@ -1018,7 +1026,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=_parse_resource,
         help="per-worker resource NAME=AMOUNT:DISCOVERY_SCRIPT (repeatable)",
     )
-    start.add_argument("--timeout", type=float, default=60.0)
+    start.add_argument(
+        "--timeout",
+        type=_start_seconds,
+        default=60.0,
+        help="seconds to wait for the master and every worker to register (default 60)",
+    )
     for action in (start, actions.add_parser("stop"), actions.add_parser("status")):
         action.add_argument("--state-dir", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -1060,13 +1073,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             doc = StandaloneCluster.from_state(state_dir).status()
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    except AdcloudError as err:
+    except AdcloudError as err:  # bad input or a cluster that cannot be had: as adcloud's CLI
         sys.stderr.write(f"error: {err}\n")
-        return 1
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("interrupted: what had started is stopped\n")
         return 130
     return 0
+
+
+def _start_seconds(text: str) -> float:
+    """``cluster start --timeout``: seconds > 0, finite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds > 0")
+    return value
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -736,7 +736,7 @@ def test_deploy_scripts_start_and_stop_a_cluster(tmp_path: Path) -> None:
         timeout=60,
         check=False,
     )
-    assert status.returncode == 1
+    assert status.returncode == 2
     assert f"no cluster recorded in {state}: none was started there, or it was stopped" in (
         status.stderr
     )
@@ -766,3 +766,19 @@ def test_failed_start_reports_the_log_tail_and_cleans_up(tmp_path: Path) -> None
     assert "master.log" in str(info.value)
     assert "Invalid maximum heap size" in str(info.value)
     assert cluster.pids == []
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--timeout", "nan"), ("--timeout", "-5"), ("--workers", "0"), ("--cores", "1.5")],
+)
+def test_cluster_start_numbers_are_checked_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str
+) -> None:
+    """``--timeout nan`` waited for ever; ``-5`` started the JVMs and then timed out."""
+    from adcloud.spark import main  # noqa: PLC0415
+
+    with pytest.raises(SystemExit) as stop:
+        main(["cluster", "start", "--state-dir", str(tmp_path / "state"), option, value])
+    assert stop.value.code == 2 and f"argument {option}" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()

@@ -2005,6 +2005,8 @@ class MapDir:
         (``adcloud hdmap build --readmit NAME`` takes one back).  Rolling back a rollback
         undoes it.  Atomic and exclusive like a build; its gc keeps at least the versions
         the map's builds keep (``keep_versions`` recorded in the current version)."""
+        if self.current() is None:  # before the lock, which would make a mistyped map's folder
+            raise HdmapError(f"no version to roll back: {self.no_version_text()}")
         with self.lock():
             current = self.current()
             if current is None:

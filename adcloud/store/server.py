@@ -89,6 +89,22 @@ class ServerLimits:
     header_timeout: float = 30.0
     min_body_rate: float = 64 << 10
 
+    def __post_init__(self) -> None:
+        # a limit a socket cannot take fails each connection as it is accepted, unlogged
+        whole = ("max_json_bytes", "max_request_bytes", "max_file_bytes", "max_streams")
+        for name in (*whole, "max_connections"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise StoreError(f"server limit {name} must be a whole number >= 1, not {value!r}")
+        for name in ("stream_idle_timeout", "socket_timeout", "header_timeout", "min_body_rate"):
+            value = getattr(self, name)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (number and 0 < value <= threading.TIMEOUT_MAX):
+                raise StoreError(
+                    f"server limit {name} must be a number > 0 and at most "
+                    f"{threading.TIMEOUT_MAX:.0f}, not {value!r}"
+                )
+
 
 class _HTTPError(Exception):
     """A transport-level failure answered with ``code`` and an Alluxio status."""

@@ -876,3 +876,19 @@ def test_a_client_reading_a_response_too_slowly_is_cut_off(store_root: Path) -> 
         stop.set()
         server.shutdown()
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"socket_timeout": 1e300}, "socket_timeout must be a number > 0 and at most"),
+        ({"socket_timeout": float("nan")}, "socket_timeout must be a number > 0"),
+        ({"header_timeout": 0}, "header_timeout must be a number > 0"),
+        ({"max_connections": 0}, "max_connections must be a whole number >= 1"),
+        ({"max_streams": 2.5}, "max_streams must be a whole number >= 1"),
+    ],
+)
+def test_limits_a_socket_cannot_take_are_refused(change: dict[str, float], says: str) -> None:
+    """A socket_timeout of 1e300 made every connection fail as it was accepted, unlogged."""
+    with pytest.raises(StoreError, match=says):
+        ServerLimits(**change)  # type: ignore[arg-type]
