@@ -5,9 +5,10 @@ starts."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
-__all__ = ["local_path", "whole_number", "written_url"]
+__all__ = ["local_path", "number", "whole_number", "written_url"]
 
 
 def whole_number(minimum: int, unit: str = "", maximum: int | None = None) -> Callable[[str], int]:
@@ -24,6 +25,31 @@ def whole_number(minimum: int, unit: str = "", maximum: int | None = None) -> Ca
             raise argparse.ArgumentTypeError(f"{value}: give {minimum} or more{counted}")
         if maximum is not None and value > maximum:
             raise argparse.ArgumentTypeError(f"{value}: give at most {maximum}{counted}")
+        return value
+
+    return parse
+
+
+def number(
+    what: str, *, minimum: float = 0.0, exclusive: bool = True, maximum: float | None = None
+) -> Callable[[str], float]:
+    """An argparse ``type`` for a finite number above ``minimum`` (or at least it, unless
+    ``exclusive``) and at most ``maximum`` when given; ``what`` names it in the messages
+    ("number of seconds", "replay speed")."""
+    most = None if maximum is None else f"{maximum:.0f}" if maximum >= 1e6 else f"{maximum:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {what}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a finite {what}")
+        if value < minimum or (exclusive and value == minimum):
+            sign = ">" if exclusive else ">="
+            raise argparse.ArgumentTypeError(f"{text!r}: give a {what} {sign} {minimum:g}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a {what} of at most {most}")
         return value
 
     return parse

@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from adcloud._argtypes import local_path, whole_number
+from adcloud._argtypes import local_path, number, whole_number
 from adcloud.errors import AdcloudError, ConfigError, MissingComponentError
 
 __all__ = ["main"]
@@ -62,17 +62,6 @@ _EPILOG_EXIT = """exit status:
 
 Every command has --help; adcloud -v COMMAND shows tracebacks and more logging.
 """
-
-
-def _drive_seconds(text: str) -> float:
-    """``demo --seconds``: a drive length in s, > 0 and finite."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds > 0")
-    return value
 
 
 def _ns(text: str | None) -> int | None:
@@ -591,7 +580,7 @@ Every output is listed at the end, under --out.""",
     )
     demo.add_argument(
         "--seconds",
-        type=_drive_seconds,
+        type=number("number of seconds"),
         default=5.0,
         help="length of the synthetic drive (default 5 s)",
     )

@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -49,7 +48,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from adcloud import _jvm_archive
-from adcloud._argtypes import whole_number
+from adcloud._argtypes import number, whole_number
 from adcloud.config import load_settings
 from adcloud.errors import AdcloudError, ConfigError, MissingComponentError
 
@@ -1028,7 +1027,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     start.add_argument(
         "--timeout",
-        type=_start_seconds,
+        type=number("number of seconds"),
         default=60.0,
         help="seconds to wait for the master and every worker to register (default 60)",
     )
@@ -1080,17 +1079,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("interrupted: what had started is stopped\n")
         return 130
     return 0
-
-
-def _start_seconds(text: str) -> float:
-    """``cluster start --timeout``: seconds > 0, finite."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds > 0")
-    return value
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -744,8 +744,8 @@ def test_submit_yarn_counts_are_checked_as_they_are_parsed(
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["--seconds", "nan"], "argument --seconds: 'nan': give a finite number of seconds > 0"),
-        (["--seconds", "0"], "argument --seconds: '0': give a finite number of seconds > 0"),
+        (["--seconds", "nan"], "argument --seconds: 'nan': give a finite number of seconds"),
+        (["--seconds", "0"], "argument --seconds: '0': give a number of seconds > 0"),
         (["--out", "s3://b/demo"], "argument --out: s3://b/demo: the demo can only be written"),
     ],
 )

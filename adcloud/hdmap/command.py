@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from adcloud._argtypes import local_path, whole_number
+from adcloud._argtypes import local_path, whole_number, written_url
 
 __all__ = ["add_parser"]
 
@@ -61,14 +61,8 @@ example:
 """
 
 
-def _map_uri(text: str) -> str:
-    if text.lower().startswith("memory://"):
-        raise argparse.ArgumentTypeError(
-            f"{text}: memory:// lives inside one process, so a map there is gone when the "
-            "command exits; give a path or a file://, s3://, local:// or alluxio:// URL "
-            "(memory:// is for the Python API)"
-        )
-    return text
+#: ``--map``: a path or URL, not memory:// (gone, the map with it, when the command exits).
+_map_uri = written_url("the map")
 
 
 def _tolerance(text: str) -> float:
@@ -556,7 +550,10 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ev.add_argument(
-        "--map", required=True, type=_map_uri, help="map directory or URL (its current version)"
+        "--map",
+        required=True,
+        type=_map_uri,
+        help="map directory or URL (its current version)",
     )
     ev.add_argument("--truth", required=True, help="the drive's truth directory (<bag>.truth)")
     ev.add_argument("--drive", help="which of the map's drives the truth belongs to")

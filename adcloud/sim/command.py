@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from adcloud._argtypes import whole_number, written_url
+from adcloud._argtypes import number, whole_number, written_url
 from adcloud.sim.adapters import ADAPTERS, MAX_WAIT_S, NodeSpec, ReplayTiming
 from adcloud.sim.errors import SimError
 from adcloud.sim.evaluators import EVALUATORS, parse_evaluator
@@ -54,41 +54,11 @@ Evaluators, written name:key=value,key=value (see adcloud.sim.evaluators):
 """
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds >= 0")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = _seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
-    return value
-
-
-def _wait_seconds(text: str) -> float:
-    """A quiet period: seconds >= 0 that a thread can wait (``inf`` overflows there)."""
-    value = _seconds(text)
-    if value > MAX_WAIT_S:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a number of seconds of at most {MAX_WAIT_S:.0f}"
-        )
-    return value
-
-
-def _limit_seconds(text: str) -> float:
-    """A time limit: seconds > 0 that a thread can wait."""
-    value = _wait_seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
-    return value
+#: Seconds >= 0; > 0; a quiet period a thread can wait (inf overflows there); a time limit.
+_seconds = number("number of seconds", exclusive=False)
+_positive_seconds = number("number of seconds")
+_wait_seconds = number("number of seconds", exclusive=False, maximum=MAX_WAIT_S)
+_limit_seconds = number("number of seconds", maximum=MAX_WAIT_S)
 
 
 def _topics(text: str) -> tuple[str, ...]:
@@ -215,19 +185,6 @@ def _counts(text: str) -> tuple[int, ...]:
     return counts
 
 
-def _speed(text: str) -> float:
-    """``sim cameras --rate``: a replay speed > 0 (0, as fast as possible, is no frame rate)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a replay speed") from None
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a finite replay speed > 0 (1: the frame rate)"
-        )
-    return value
-
-
 def _add_cameras_parser(sim_sub: Any) -> None:
     p = sim_sub.add_parser(
         "cameras",
@@ -250,7 +207,10 @@ def _add_cameras_parser(sim_sub: Any) -> None:
         "--counts", type=_counts, help="camera counts to try, comma-separated (default: all)"
     )
     p.add_argument(
-        "--rate", type=_speed, default=1.0, help="replay speed, > 0 (default 1: the frame rate)"
+        "--rate",
+        type=number("replay speed"),
+        default=1.0,
+        help="replay speed, > 0 (default 1: the frame rate)",
     )
     p.add_argument(
         "--max-loss", type=float, default=0.05, help="frame loss a count may have (default 0.05)"

@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from adcloud._argtypes import whole_number, written_url
+from adcloud._argtypes import number, whole_number, written_url
 from adcloud.store.base import (
     FileStatus,
     PersistenceState,
@@ -402,20 +402,9 @@ class _closing:  # noqa: N801 - used like contextlib.closing
         self._store.close()
 
 
-def _seconds(text: str) -> float:
-    """Seconds > 0 that a socket or a thread can wait (beyond ``threading.TIMEOUT_MAX``,
-    292 years, a server's connections fail as they are accepted)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
-    if value > threading.TIMEOUT_MAX:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a number of seconds of at most {threading.TIMEOUT_MAX:.0f}"
-        )
-    return value
+#: Seconds > 0 that a socket or a thread can wait (beyond ``threading.TIMEOUT_MAX``, 292
+#: years, a server's connections fail as they are accepted).
+_seconds = number("number of seconds", maximum=threading.TIMEOUT_MAX)
 
 
 def _port(text: str) -> int:

@@ -232,8 +232,8 @@ def test_cameras_refuses_topics_and_counts_before_spark_starts(
     [
         (["--counts", "0"], "argument --counts: --counts takes camera counts of 1 or more"),
         (["--counts", ","], "argument --counts: --counts takes camera counts of 1 or more"),
-        (["--rate", "0"], "argument --rate: '0': give a finite replay speed > 0"),
-        (["--rate", "nan"], "argument --rate: 'nan': give a finite replay speed > 0"),
+        (["--rate", "0"], "argument --rate: '0': give a replay speed > 0"),
+        (["--rate", "nan"], "argument --rate: 'nan': give a finite replay speed"),
         (["--require", "-1"], "argument --require: -1: give 0 or more cameras"),
         (["--report", "memory://sweep"], "argument --report: memory://sweep: memory:// lives"),
     ],
