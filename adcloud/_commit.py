@@ -13,6 +13,11 @@ Each staging directory has an owner file beside it (``<job id>.owner``: host, bo
 id and start time of the driver).  A driver killed outright (``kill -9``, a lost machine)
 cannot remove its staging; the next job into the same output on the same host does, once
 the owner is gone -- otherwise a killed ingest's gigabytes of staged parts stayed for ever.
+A driver killed *while committing* has already removed part of the earlier output, so its
+staging is not dropped but moved into place: before the commit removes anything it writes
+what it is about to do (``<job id>.commit``), and the next job finishes that commit first.
+A commit moves every file of the new output, its completion marker last, so that finished
+commit leaves a whole output.
 
 Used by :meth:`adcloud.binpipe.BinPipeRDD.save` and the image feature job of
 :mod:`adcloud.hetero`.
@@ -36,6 +41,7 @@ __all__ = ["TEMPORARY", "JobOutput"]
 
 TEMPORARY = "_temporary"
 _OWNER = ".owner"
+_COMMITTING = ".commit"
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +173,38 @@ class JobOutput:
             if not isinstance(owner, dict) or not _owner_gone(owner):
                 continue
             staging = path.removesuffix(_OWNER)
-            log.info("%s: removing the staging of a killed job (%s)", self.uri, staging)
+            plan = self._commit_plan(staging + _COMMITTING)
+            if plan is not None:
+                log.warning(
+                    "%s: a job was killed while committing its output; finishing that commit "
+                    "(%d files) before this job starts",
+                    self.uri,
+                    len(plan["moves"]),
+                )
+                self._finish(plan["remove"], [(s, t) for s, t in plan["moves"]], resumed=True)
+            else:
+                log.info("%s: removing the staging of a killed job (%s)", self.uri, staging)
             with contextlib.suppress(OSError):
                 self.fs.rm(staging, recursive=True)
-            with contextlib.suppress(OSError):
-                self.fs.rm(path)
+            for leftover in (staging + _COMMITTING, path):
+                with contextlib.suppress(OSError):
+                    self.fs.rm(leftover)
+
+    def _commit_plan(self, path: str) -> dict[str, Any] | None:
+        """The commit record at ``path``, or None: no commit was started (a record cut
+        short by the kill was written before anything was removed, so none was either)."""
+        try:
+            plan = json.loads(self.fs.cat_file(path))
+        except (OSError, ValueError):
+            return None
+        if (
+            not isinstance(plan, dict)
+            or not isinstance(plan.get("remove"), list)
+            or not isinstance(plan.get("moves"), list)
+            or not all(isinstance(m, list) and len(m) == 2 for m in plan["moves"])
+        ):
+            return None
+        return plan
 
     def abort(self) -> None:
         """The job failed: drop what it staged; the output is as it was.  Only this job's
@@ -197,7 +230,8 @@ class JobOutput:
 
         The earlier entries named in ``first`` (a completion marker, a manifest that
         readers start from) go before the others, so that a reader never takes a mix of
-        two outputs for a complete one; the caller writes them anew last.
+        two outputs for a complete one; the new ones, staged like the rest, come last in
+        ``files``.  A driver killed meanwhile leaves a commit the next job finishes.
 
         What another job committed there while this one ran is checked as the start
         checked the output: replaced with ``overwrite`` (if its entries are ``ours``),
@@ -214,16 +248,32 @@ class JobOutput:
                     + ("" if self._overwrite else " with overwrite to replace that output")
                 )
         order = {name: i for i, name in enumerate(first)}
-        for entry in sorted(
-            now, key=lambda e: order.get(posixpath.basename(e.rstrip("/")), len(order))
-        ):
-            self.fs.rm(entry, recursive=True)
-        move_all(self.fs, [(src, posixpath.join(self.root, name)) for src, name in files])
+        remove = sorted(now, key=lambda e: order.get(posixpath.basename(e.rstrip("/")), len(order)))
+        moves = [(src, posixpath.join(self.root, name)) for src, name in files]
+        # written before anything is removed: a driver killed from here on leaves the next
+        # job a commit to finish, not an output half gone (see the module doc)
+        record = self.staging + _COMMITTING
+        self.fs.pipe_file(record, json.dumps({"remove": remove, "moves": moves}).encode())
+        self._finish(remove, moves)
         with contextlib.suppress(FileNotFoundError):  # object stores: gone with its files
             self.fs.rm(self.staging, recursive=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self._owner)
+        for done in (record, self._owner):
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(done)
         self._tidy()
+
+    def _finish(
+        self, remove: Sequence[str], moves: Sequence[tuple[str, str]], *, resumed: bool = False
+    ) -> None:
+        """Remove the earlier entries ``remove`` (in order), then make the ``moves``.
+        ``resumed`` after a kill, it goes on where that one stopped: once a file has moved,
+        every earlier entry is gone already, and only the files still staged move."""
+        left = [m for m in moves if self.fs.exists(m[0])] if resumed else list(moves)
+        if len(left) == len(moves):
+            for entry in remove:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(entry, recursive=True)
+        move_all(self.fs, left)
 
 
 def move_all(fs: Any, pairs: Sequence[tuple[str, str]]) -> None:

@@ -180,3 +180,66 @@ def test_the_staging_of_a_killed_driver_goes_with_the_next_job(fs: Any) -> None:
     # and a job that ends removes its owner file with its staging
     jobs["running"].abort()
     assert not fs.exists(f"{jobs['running'].staging}.owner")
+
+
+_KILLED_MID_COMMIT = """
+import os, signal, sys
+import fsspec
+from adcloud._commit import JobOutput
+from adcloud.errors import AdcloudError
+
+root, phase = sys.argv[1], sys.argv[2]
+fs = fsspec.filesystem("file")
+output = JobOutput(fs, root, root, overwrite=True, ours=lambda name: True,
+                   error=AdcloudError, what="a test job")
+output.start()
+for name in ("part-0", "part-1", "part-2", "DONE"):
+    fs.pipe_file(f"{output.staging}/{name}-staged", b"new " + name.encode())
+real = getattr(fs, phase)
+calls = []
+
+def dies_on_the_second(*args, **kwargs):
+    calls.append(args)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kwargs)
+
+setattr(fs, phase, dies_on_the_second)
+names = ("part-0", "part-1", "part-2", "DONE")
+output.commit([(f"{output.staging}/{n}-staged", n) for n in names], first=("DONE",))
+"""
+
+
+@pytest.mark.parametrize("phase", ["rm", "mv"])
+def test_a_driver_killed_while_committing_loses_neither_output(tmp_path: Any, phase: str) -> None:
+    """A driver SIGKILLed inside the commit -- while it removes the earlier output, or while it
+    moves the new one in -- had removed earlier files the next job then dropped the staged
+    copies of: both outputs lost.  The next job into the directory finishes the commit."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("part-0", "part-1", "part-2", "DONE"):
+        (out / name).write_bytes(b"old " + name.encode())
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_MID_COMMIT, str(out), phase], check=False
+    )
+    assert killed.returncode == -9
+    local = fsspec.filesystem("file")
+    half = sorted(p.name for p in out.iterdir())
+    assert "_temporary" in half and half != ["DONE", "_temporary", "part-0", "part-1", "part-2"]
+    JobOutput(
+        local,
+        str(out),
+        str(out),
+        overwrite=True,
+        ours=lambda name: True,
+        error=RefusedError,
+        what="the next job",
+    ).start()
+    found = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert found == {n: b"new " + n.encode() for n in ("part-0", "part-1", "part-2", "DONE")}
+    staging = out / "_temporary"
+    assert [p.name for p in staging.iterdir()] != []  # the next job's own staging and owner
+    assert not any(p.name.endswith(".commit") for p in staging.iterdir())

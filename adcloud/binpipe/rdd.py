@@ -743,12 +743,18 @@ class BinPipeRDD:
             raise BinpipeError(
                 f"{uri}: the manifest cannot be written as JSON ({err}); nothing was saved"
             ) from err
+        # staged with the parts, so that a commit a killed driver left is finished whole;
         # _SUCCESS goes first and comes back last: load refuses a directory without it
-        output.commit([(tmp, _part_name(i)) for i, *_, tmp in written], first=("_SUCCESS",))
-        with fs.open(posixpath.join(root, "manifest.json"), "w") as out:
-            out.write(text)
-        with fs.open(posixpath.join(root, "_SUCCESS"), "w") as out:
-            out.write("")
+        files = [(tmp, _part_name(i)) for i, *_, tmp in written]
+        try:
+            for name, data in (("manifest.json", text.encode()), ("_SUCCESS", b"")):
+                staged = posixpath.join(output.staging, name)
+                fs.pipe_file(staged, data)
+                files.append((staged, name))
+        except BaseException:
+            output.abort()
+            raise
+        output.commit(files, first=("_SUCCESS",))
         return manifest
 
     def _saved_lineage(self, written: Sequence[tuple[int, int, int, str]]) -> dict[str, Any]:

@@ -303,11 +303,7 @@ def extract_features(
         output.abort()  # an earlier job's features stay whole
         raise
     seconds = time.perf_counter() - started
-    # the manifest goes first and comes back last: read_features starts from it
     names = [name for report in reports for name in report["files"]]
-    output.commit(
-        [(posixpath.join(output.staging, name), name) for name in names], first=("manifest.json",)
-    )
     for report in reports:
         report["files"] = [posixpath.join(out, name) for name in report["files"]]
     devices: dict[str, int] = defaultdict(int)
@@ -324,11 +320,23 @@ def extract_features(
         "seconds": seconds,
         "partitions": sorted(reports, key=lambda r: r["partition"]),
     }
+    # staged with the features, so that a commit a killed driver left is finished whole;
+    # the manifest goes first and comes back last: read_features starts from it
+    staged = {
+        "settings.json": json.dumps({"hetero": settings_dict(settings)}, indent=2) + "\n",
+        "manifest.json": json.dumps(manifest, indent=2) + "\n",
+    }
+    try:
+        for name, text in staged.items():
+            fs.pipe_file(posixpath.join(output.staging, name), text.encode())
+    except BaseException:
+        output.abort()
+        raise
+    output.commit(
+        [(posixpath.join(output.staging, name), name) for name in [*names, *staged]],
+        first=("manifest.json",),
+    )
     manifest_url = posixpath.join(out, "manifest.json")
-    with fs.open(posixpath.join(root, "manifest.json"), "w") as handle:
-        handle.write(json.dumps(manifest, indent=2) + "\n")
-    with fs.open(posixpath.join(root, "settings.json"), "w") as handle:
-        handle.write(json.dumps({"hetero": settings_dict(settings)}, indent=2) + "\n")
     files = sorted(f for r in reports for f in r["files"])
     log.info("features of %d images in %.2f s", manifest["images"], seconds)
     return FeatureJobResult(
