@@ -167,6 +167,11 @@ def _raw_class(msgtype, md5sum, definition):
 
 #: A node using at least this share of one core during a quiet period is still busy.
 _BUSY_SHARE = 0.1
+#: Thread states of a node that is not idle: running or waiting for a CPU, waiting for disk.
+_BUSY_STATES = (b"R", b"D")
+#: How long the bridge waits, the interpreter lock released, before it takes an idle node
+#: for one: an output this process has read but not yet handed on finishes meanwhile.
+_SETTLE_S = 0.02
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
@@ -205,8 +210,9 @@ class _GroupCpu:
         return total * _TICK_S
 
     def running(self):
-        """Whether a thread of the group is running or waiting for a CPU (state R): a node
-        computing on a loaded machine may get no CPU time for a whole quiet period."""
+        """Whether a thread of the group is running or waiting for a CPU (state R) or for
+        the disk (D): a node computing on a loaded machine may get no CPU time for a whole
+        quiet period."""
         for name in self.members:
             try:
                 tasks = os.listdir(f"/proc/{name}/task")  # noqa: PTH208
@@ -214,9 +220,60 @@ class _GroupCpu:
                 continue
             for tid in tasks:
                 fields = _stat(f"{name}/task/{tid}")
-                if fields is not None and fields[0] == b"R":
+                if fields is not None and fields[0] in _BUSY_STATES:
                     return True
         return False
+
+
+def _socket_inodes(pids):
+    """The inodes of the sockets processes ``pids`` hold open."""
+    found = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")  # noqa: PTH208
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")  # noqa: PTH115 - hot path
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                found.add(target[8:-1])
+    return found
+
+
+def _tcp_connections(inodes):
+    """``{(local, remote): (sent, received)}``: the established TCP connections of the
+    sockets ``inodes``, with the bytes each has queued -- sent but not yet taken by the other
+    end's kernel, received but not yet read."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, "rb") as f:  # noqa: PTH123
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # state 01: established (a listening socket's queue fields mean its backlog)
+            if len(fields) > 9 and fields[3] == b"01" and fields[9].decode() in inodes:
+                sent, received = fields[4].split(b":")
+                found[(fields[1], fields[2])] = (int(sent, 16), int(received, 16))
+    return found
+
+
+def _in_flight(node_pids):
+    """Whether bytes are queued on a connection between this bridge and the node: a message
+    on its way is in neither one's CPU time nor thread states (a sender whose last segment
+    waits for an acknowledgement, a reader blocked for the rest of a cloud)."""
+    ours = _tcp_connections(_socket_inodes(["self"]))
+    theirs = _tcp_connections(_socket_inodes(node_pids))
+    for (local, remote), queued in ours.items():
+        other = theirs.get((remote, local))
+        if other is not None and (any(queued) or any(other)):
+            return True
+    return False
 
 
 def _sending():
@@ -227,9 +284,17 @@ def _sending():
     for tid in os.listdir("/proc/self/task"):  # noqa: PTH208
         if int(tid) != me:
             fields = _stat(f"self/task/{tid}")
-            if fields is not None and fields[0] == b"R":
+            if fields is not None and fields[0] in _BUSY_STATES:
                 return True
     return False
+
+
+def _idle(node):
+    """Whether ``node`` (a ``_GroupCpu``) and this bridge are both idle now: no thread of
+    either running, and no message on its way between them."""
+    if node.running() or _sending():
+        return False
+    return not _in_flight(node.members)
 
 
 def _await(cond, state, seen, quiet, node, limit):
@@ -238,15 +303,23 @@ def _await(cond, state, seen, quiet, node, limit):
     ``limit`` s passed.  A node with a thread waiting for a CPU is not idle, nor is one
     that a message is still on its way to."""
     give_up = time.monotonic() + limit
+    arrived = lambda: state["outputs"] != seen  # noqa: E731
     while True:
         used = node.seconds() if node else 0.0
         with cond:
-            if cond.wait_for(lambda: state["outputs"] != seen, quiet):
+            if cond.wait_for(arrived, quiet):
                 return
         if node is None or time.monotonic() >= give_up:
             return
         node.refresh()
-        if node.seconds() - used < _BUSY_SHARE * quiet and not node.running() and not _sending():
+        if node.seconds() - used >= _BUSY_SHARE * quiet or not _idle(node):
+            continue
+        # A thread of this bridge that read an output while this one held the interpreter
+        # lock waits for the lock, in no busy state: release it a moment, then look again.
+        with cond:
+            if cond.wait_for(arrived, _SETTLE_S):
+                return
+        if _idle(node):
             return
 
 
@@ -319,7 +392,11 @@ def main():
             state["outputs"] += 1
             cond.notify_all()
 
-    subs = [rospy.Subscriber(t, rospy.AnyMsg, on_output, callback_args=t) for t in split]
+    # no Nagle delay on the outputs: an answer held back by it looks like no answer
+    subs = [
+        rospy.Subscriber(t, rospy.AnyMsg, on_output, callback_args=t, tcp_nodelay=True)
+        for t in split
+    ]
     # the node's CPU decides when it is idle in synchronous mode; its process group also
     # tells, in either mode, whether it is still there to subscribe at all
     node = _GroupCpu(args.node_pgid) if args.node_pgid and args.sync else None

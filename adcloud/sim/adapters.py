@@ -344,8 +344,8 @@ class CpuWatch:
 
     def running(self) -> bool:
         """Whether a thread of the watched processes is running or waiting for a CPU (state
-        R): on a loaded machine a node that is computing may get no CPU time for a whole
-        quiet period, and must not look idle."""
+        R) or for the disk (D): on a loaded machine a node that is computing may get no CPU
+        time for a whole quiet period, and must not look idle."""
         for pid in self.members:
             try:
                 tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -353,7 +353,7 @@ class CpuWatch:
                 continue
             for task in tasks:
                 fields = _stat_fields(task)
-                if fields is not None and fields[0] == b"R":
+                if fields is not None and fields[0] in (b"R", b"D"):
                     return True
         return False
 

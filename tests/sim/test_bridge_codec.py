@@ -60,3 +60,62 @@ def test_type_names(bridge: ModuleType) -> None:
     assert bridge._ros1_type("sensor_msgs/Imu") == "sensor_msgs/Imu"
     assert bridge._binpipe_type("sensor_msgs/Imu") == "sensor_msgs/msg/Imu"
     assert bridge._binpipe_type("sensor_msgs/msg/Imu") == "sensor_msgs/msg/Imu"
+
+
+_SLOW_READER = """
+import socket, sys, time
+conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+sys.stdin.readline()  # read nothing from the socket until told
+left = int(sys.argv[2])
+while left:
+    left -= len(conn.recv(65536))
+print("read", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_bridge_sees_a_message_still_on_its_way_to_the_node(bridge: ModuleType) -> None:
+    """Synchronous replay took a node for idle while a cloud was still queued on the socket
+    between them (no thread of either busy, no CPU used): the answer then came back stamped
+    with the next cloud's time.  Bytes queued on a connection between the bridge and the
+    node count as a message on its way; other connections (a listening socket's backlog,
+    one to another process) do not."""
+    import socket  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    size = 4 << 20
+    listener = socket.create_server(("127.0.0.1", 0))
+    stranger = socket.create_connection(listener.getsockname())
+    node = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_READER, str(listener.getsockname()[1]), str(size)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stranger_end, _ = listener.accept()  # accepted in the order they connected
+        link, _ = listener.accept()
+        stranger.sendall(b"x" * 1000)  # queued, but not on the way to the node
+        assert not bridge._in_flight([str(node.pid)])
+        link.setblocking(False)
+        sent = 0
+        while sent < size:
+            try:
+                sent += link.send(b"c" * min(1 << 20, size - sent))
+            except BlockingIOError:
+                break  # the node's receive buffer and ours are full: it reads nothing
+        assert sent > 0
+        assert bridge._in_flight([str(node.pid)])
+        assert node.stdin is not None and node.stdout is not None
+        link.setblocking(True)
+        node.stdin.write("go\n")
+        node.stdin.flush()
+        link.sendall(b"c" * (size - sent))
+        assert node.stdout.readline() == "read\n"
+        assert not bridge._in_flight([str(node.pid)])
+    finally:
+        node.kill()
+        node.wait()
+        for sock in (listener, stranger, stranger_end):
+            sock.close()
