@@ -477,8 +477,20 @@ def drive_pipe(
     return run
 
 
+def _own_python_first(extra: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """The environment a pipe node adds: ``PATH`` with the directory of the Python running
+    this task first (a node's ``python``/``python3`` is then the one that has adcloud and the
+    job's packages -- on a cluster executors run the virtual environment's Python by its path,
+    without it on ``PATH``, and ``python -m ...`` found the system one), then ``extra``."""
+    here = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    parts = [p for p in path.split(os.pathsep) if p and p != here]
+    return {"PATH": os.pathsep.join([here, *parts]), **dict(extra)}
+
+
 class PipeAdapter:
-    """``pipe``: the node is a program speaking BinPipe on stdin/stdout."""
+    """``pipe``: the node is a program speaking BinPipe on stdin/stdout.  Its ``PATH`` starts
+    with the directory of the task's Python, so ``python -m ...`` runs that one."""
 
     name = "pipe"
 
@@ -499,7 +511,7 @@ class PipeAdapter:
                 connections,
                 output_topics,
                 timing,
-                env=dict(node.env) or None,
+                env=_own_python_first(node.env),
                 cwd=node.cwd,
                 ready_signal=timing.wait_ready,
                 lifeline=lifeline,

@@ -60,3 +60,22 @@ def test_a_pipe_node_that_stops_reading_and_exits_0_fails(
 def test_replay_timing_refuses_what_it_cannot_mean(timing: dict[str, float], says: str) -> None:
     with pytest.raises(SimError, match=says):
         ReplayTiming(**timing).validate()  # type: ignore[arg-type]
+
+
+def test_python_in_a_node_command_is_the_task_s_python(
+    drive: DriveResult, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Executors on a cluster run the virtual environment's Python by its path, without its
+    directory on PATH: the README's ``--node "python -m adcloud.sim.examples.obstacle_node"``
+    then started the system Python, which has no adcloud, and every scenario failed."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    job = ReplayJob(
+        bags=(str(drive.bag),),
+        node=NodeSpec("python -m adcloud.sim.examples.obstacle_node"),
+        input_topics=("/lidar/points",),
+        output_topics=("/obstacles",),
+    ).validate()
+    (scenario,) = plan_scenarios(list(job.bags), job.cut)
+    result = run_scenario(scenario, job)
+    assert result.passed, (result.reason, result.stderr_tail)
+    assert result.output_counts == {"/obstacles": 29}
