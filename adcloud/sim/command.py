@@ -122,9 +122,10 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--no-sync", action="store_true", help="do not wait for outputs per input")
     p.add_argument(
-        "--quiet",
+        "--quiet-period",
         type=_wait_seconds,
         default=0.25,
+        metavar="SECONDS",
         help="synchronous mode: after each input, wait for the node's answer until the node "
         "has been idle this long (s; a node still computing is waited for, up to --timeout)",
     )
@@ -259,7 +260,7 @@ def job_from_args(args: argparse.Namespace) -> ReplayJob:
         timing=ReplayTiming(
             rate=args.rate,
             sync=not args.no_sync,
-            quiet_s=args.quiet,
+            quiet_s=args.quiet_period,
             timeout_s=args.timeout,
             startup_timeout_s=args.startup_timeout,
             trigger_topics=args.triggers,

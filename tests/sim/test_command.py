@@ -186,8 +186,8 @@ def test_window_options_are_checked_as_given(
             ["--startup-timeout", "1e12"],
             "argument --startup-timeout: '1e12': give a number of seconds of at most 9223372036",
         ),
-        (["--quiet", "inf"], "argument --quiet: 'inf': give a finite number of seconds"),
-        (["--quiet", "1e12"], "argument --quiet: '1e12': give a number of seconds of at most"),
+        (["--quiet-period", "inf"], "argument --quiet-period: 'inf': give a finite number of"),
+        (["--quiet", "1e12"], "argument --quiet-period: '1e12': give a number of seconds of at"),
     ],
 )
 def test_time_limits_are_finite_as_given(
