@@ -15,6 +15,7 @@ Only this module prints and chooses exit codes; the library raises
 from __future__ import annotations
 
 import argparse
+import contextlib
 import decimal
 import functools
 import json
@@ -464,6 +465,7 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(
             "nothing to submit: give the job after --, e.g. adcloud submit -- ingest x.bag"
         )
+    _check_job(job)
     confs = list(args.conf or [])
     bad = [c for c in confs if "=" not in c or c.startswith("=")]
     if bad:
@@ -525,7 +527,97 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
             "Java 17 is needed by spark-submit: apt-get install openjdk-17-jre-headless"
         )
     check_master(args.master)  # a minute of Spark's retries and a stack trace, otherwise
-    return subprocess.call(cmd, env=env)
+    return _run_submit(cmd, env)
+
+
+def _check_job(job: Sequence[str]) -> None:
+    """Refuse a job that names no adcloud command, or ``submit`` itself, before spark-submit
+    starts a JVM to find that out (and before a dry run prints a line that cannot run).
+
+    Only the command's name is checked: the rest of the job may name files that exist
+    only where the driver runs (``--deploy-mode cluster``).
+    """
+    commands = next(
+        action.choices
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    name = next((word for word in job if not word.startswith("-")), None)
+    jobs = ", ".join(command for command in commands if command != "submit")
+    if name == "submit":
+        raise ConfigError(
+            f"the job after -- is the adcloud command that spark-submit runs ({jobs}), not "
+            "submit itself: adcloud submit -- ingest x.bag --out o"
+        )
+    if name is not None and name not in commands:
+        raise ConfigError(f"the job after --: {name!r} is not an adcloud command ({jobs})")
+
+
+#: What ``adcloud submit`` passes on to the spark-submit it runs: Ctrl-C, a scheduler's or
+#: CI runner's SIGTERM, the hang-up of a closed terminal.
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _run_submit(cmd: list[str], env: dict[str, str]) -> int:
+    """Run spark-submit ``cmd`` to its end; its exit status (128+N when signal N ended it).
+
+    spark-submit execs the driver JVM, which starts the Python driver and, on a local
+    master, the executors' Python workers: one process group, made a session of its own so
+    that a signal sent to the group reaches all of it, and a terminal's Ctrl-C reaches it
+    once, through this process.  Each signal of :data:`_FORWARDED` this process gets goes
+    on to the group.  Killed without a chance to pass anything on (SIGKILL: a cancelled CI
+    job or Airflow task, the OOM killer), this process leaves the group to a
+    :class:`~adcloud._lifeline.Lifeline`, which stops it; the driver JVM and Python would
+    otherwise run on with no parent, holding their executors.  Nothing of the group
+    outlives spark-submit.
+    """
+    from adcloud._lifeline import Lifeline  # noqa: PLC0415
+
+    # The lifeline guards the group, not the environment mark: processes the job starts in
+    # sessions of their own (a pipe command, a node and its roscore) have lifelines of their
+    # own, whose reapers carry the environment and must be left to do their work.  The gap
+    # between spark-submit's start and guard_group() is closed by PR_SET_PDEATHSIG (kept
+    # across the exec of the JVM); setpriv sets it without Python code between fork and
+    # exec, which is not safe in a process with threads.
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        cmd = [setpriv, "--pdeathsig", "TERM", "--", *cmd]
+    proc: subprocess.Popen[bytes] | None = None
+    caught: list[int] = []  # before spark-submit started
+
+    def forward(signum: int, frame: object) -> None:
+        if proc is None:
+            caught.append(signum)
+        elif proc.returncode is None:  # once reaped, its group id may be another's
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signum)
+
+    handling = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.getsignal(sig) for sig in _FORWARDED}
+    lifeline = Lifeline()
+    try:
+        if handling:
+            for sig in _FORWARDED:
+                signal.signal(sig, forward)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        lifeline.guard_group(proc.pid)
+        for signum in caught:
+            forward(signum, None)
+        # its end, but not reaped yet: until then its group's id is its own
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    finally:
+        if proc is not None:
+            # What spark-submit left in its group (a Python worker still closing) goes with
+            # it, and all of the group if this process is failing.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        lifeline.release()
+        if handling:
+            for sig, handler in previous.items():
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    code = proc.returncode
+    return code if code >= 0 else 128 - code
 
 
 _REMOTE_ERROR = re.compile(
@@ -698,7 +790,11 @@ Every output is listed at the end, under --out.""",
         "submit",
         help="run an adcloud job through spark-submit on any cluster manager",
         description="Build and run the spark-submit line for an adcloud job. Everything after "
-        "-- is the job's own command line.",
+        "-- is the job's own command line.\n\n"
+        "It ends with spark-submit's exit status (the job's, when the driver runs here). "
+        "Ctrl-C,\nSIGTERM and SIGHUP go on to spark-submit and what it starts on this "
+        "machine (the driver,\nunless --deploy-mode cluster); killed (kill -9), it takes "
+        "those with it.",
         epilog="example: adcloud submit --master spark://127.0.0.1:7077 -- ingest d.bag --out o",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import dataclasses
 import functools
+import ipaddress
 import json
 import logging
 import os
@@ -242,6 +243,16 @@ def spark_conf(
             merged[key] = options
     # PySpark's daemon without a traceback whenever an idle worker is closed (see the module).
     merged.setdefault("spark.python.daemon.module", "adcloud._pyspark_daemon")
+    # Executors on this machine's loopback reach the driver there.  Left to itself the driver
+    # takes its host name's address -- on many hosts a loopback one, which Spark then trades
+    # for another interface's, with a warning -- and binds to it (spark.driver.bindAddress
+    # follows spark.driver.host), where a sandbox or a firewall may keep the executors out.
+    # A conf key, not only SPARK_LOCAL_IP: that reaches a driver JVM only when it starts,
+    # and a process's first session may have started it for another master.  The user's
+    # choice wins: spark.driver.host, else SPARK_LOCAL_IP or SPARK_LOCAL_HOSTNAME, which
+    # Spark derives it from.
+    if _on_loopback(settings.master) and not os.environ.get("SPARK_LOCAL_HOSTNAME"):
+        merged.setdefault("spark.driver.host", os.environ.get("SPARK_LOCAL_IP") or _LOOPBACK)
     return merged
 
 
@@ -270,6 +281,24 @@ def _executors_here(master: str) -> bool:
         return True
     match = re.fullmatch(r"spark://([^:/]+)(:\d+)?/?", master)
     return match is not None and match.group(1) in (_LOOPBACK, "localhost")
+
+
+def _on_loopback(master: str) -> bool:
+    """Whether all of ``master`` is on this machine's loopback interface: local mode, or a
+    standalone master (every one, if there are several) at a loopback address."""
+    if master.startswith("local"):
+        return True
+    if not master.startswith("spark://"):
+        return False
+    for hostport in master.removeprefix("spark://").rstrip("/").split(","):
+        host = hostport.rpartition(":")[0] or hostport
+        if host.strip("[]") != "localhost":
+            try:
+                if not ipaddress.ip_address(host.strip("[]")).is_loopback:
+                    return False
+            except ValueError:  # another host's name
+                return False
+    return True
 
 
 def _heap_options(memory: str) -> list[str]:
@@ -410,9 +439,9 @@ def get_session(
     if not under_submit:
         check_master(settings.master)
     find_java()
-    if settings.master.startswith("local") and not under_submit:
-        # Everything runs in this machine's JVM: bind to loopback (and skip Spark's warning
-        # that the host name resolves to it).
+    if merged.get("spark.driver.host") == _LOOPBACK and not under_submit:
+        # Everything runs on this machine's loopback (spark_conf): so do the driver's other
+        # services, and Spark does not warn that the host name resolves to it.
         os.environ.setdefault("SPARK_LOCAL_IP", _LOOPBACK)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -1031,8 +1060,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=60.0,
         help="seconds to wait for the master and every worker to register (default 60)",
     )
-    for action in (start, actions.add_parser("stop"), actions.add_parser("status")):
-        action.add_argument("--state-dir", type=Path, required=True)
+    stop = actions.add_parser("stop", help="stop the cluster recorded in --state-dir")
+    status = actions.add_parser(
+        "status", help="print the master's status (workers, applications) as JSON"
+    )
+    for action in (start, stop, status):
+        action.add_argument(
+            "--state-dir",
+            type=Path,
+            required=True,
+            help="directory of the cluster's master-url, pids, cluster.json and logs",
+        )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     state_dir: Path = args.state_dir

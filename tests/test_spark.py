@@ -458,6 +458,40 @@ def test_get_session_refuses_a_second_master(spark: SparkSession) -> None:
         get_session(SparkSettings(master="local[1]"))
 
 
+def test_a_master_on_loopback_gets_a_driver_on_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Executors on this machine's loopback reach the driver there; other masters, and the
+    user's own choice of the driver's address, are left alone."""
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.delenv("SPARK_LOCAL_HOSTNAME", raising=False)
+    here = (
+        "local[2]",
+        "local-cluster[2,1,1024]",
+        "spark://127.0.0.1:7077",
+        "spark://localhost:7077",
+        "spark://127.0.0.1:7077,127.0.0.1:7078",
+        "spark://[::1]:7077",
+    )
+    for master in here:
+        assert spark_conf(SparkSettings(master=master))["spark.driver.host"] == "127.0.0.1"
+    elsewhere = (
+        "spark://10.0.0.5:7077",
+        "spark://master.example.com:7077",
+        "spark://127.0.0.1:7077,10.0.0.5:7077",
+        "yarn",
+        "k8s://https://127.0.0.1:6443",
+    )
+    for master in elsewhere:
+        assert "spark.driver.host" not in spark_conf(SparkSettings(master=master)), master
+    loopback = SparkSettings(master="spark://127.0.0.1:7077")
+    assert spark_conf(loopback, {"spark.driver.host": "vm"})["spark.driver.host"] == "vm"
+    own = SparkSettings(master="spark://127.0.0.1:7077", conf=("spark.driver.host=vm",))
+    assert spark_conf(own)["spark.driver.host"] == "vm"
+    monkeypatch.setenv("SPARK_LOCAL_IP", "192.0.2.7")  # Spark's own default, kept
+    assert spark_conf(loopback)["spark.driver.host"] == "192.0.2.7"
+    monkeypatch.setenv("SPARK_LOCAL_HOSTNAME", "vm")
+    assert "spark.driver.host" not in spark_conf(loopback)
+
+
 # -- standalone cluster -----------------------------------------------------------------------
 
 
@@ -470,6 +504,35 @@ def test_cluster_reports_its_workers_alive(cluster: StandaloneCluster) -> None:
     assert {w["cores"] for w in workers} == {1}
     assert {w["memory"] for w in workers} == {1024}
     assert {w["host"] for w in workers} == {"127.0.0.1"}
+
+
+def test_a_session_on_a_loopback_cluster_keeps_its_driver_there(
+    cluster: StandaloneCluster,
+) -> None:
+    """A driver for ``spark://127.0.0.1:PORT`` took its host name's address: where that
+    resolves to loopback, Spark warned ("resolves to a loopback address ... Set
+    SPARK_LOCAL_IP") and bound the driver to another interface's address instead. No job
+    runs: the cluster's cores may be another session's."""
+    code = (
+        "from adcloud.spark import get_session\n"
+        "session = get_session(**{'spark.ui.enabled': 'false'})\n"
+        "print(session.sparkContext.getConf().get('spark.driver.host'))\n"
+        "session.stop()\n"
+    )
+    unset = ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME", "ADCLOUD_SPARK_CONF")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["ADCLOUD_SPARK_MASTER"] = cluster.master_url
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "127.0.0.1"
+    assert "loopback address" not in done.stderr, done.stderr
 
 
 def test_cluster_job_runs_on_two_executors(
