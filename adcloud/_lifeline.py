@@ -132,8 +132,11 @@ class Lifeline:
     def __init__(self, tmp: Path | None = None) -> None:
         # unique per lifeline: our pid tells owners apart, the random part runs apart
         self._mark = f"{LIFELINE_VARIABLE}={os.getpid()}-{secrets.token_hex(8)}"
+        # Not with an outer lifeline's mark (this process may run under one): that one's
+        # release or reaper would kill this reaper before it did its work.
         self._proc = subprocess.Popen(
             ["/bin/sh", "-c", _REAPER, "adcloud-reaper", str(tmp or ""), self._mark],
+            env={k: v for k, v in os.environ.items() if k != LIFELINE_VARIABLE},
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

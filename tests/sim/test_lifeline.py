@@ -213,6 +213,24 @@ def test_release_kills_what_a_command_left_in_a_session_of_its_own(
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_lifeline_under_another_keeps_its_reaper_when_the_outer_one_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process that runs under an outer lifeline's mark (a pipe command that replays a
+    node) starts a lifeline of its own: its reaper carried the outer mark, so the outer
+    release killed it as a stray, and the inner run's node was left unguarded."""
+    outer = Lifeline()
+    ((name, value),) = outer.environ({}).items()
+    monkeypatch.setenv(name, value)
+    inner = Lifeline()
+    try:
+        outer.release()
+        time.sleep(0.2)
+        assert _alive(inner.pid)
+    finally:
+        inner.release()
+
+
 def test_release_leaves_everything_to_its_owner(tmp_path: Path) -> None:
     line = Lifeline(tmp_path)
     sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
