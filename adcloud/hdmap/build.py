@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 from pyspark.sql import SparkSession
 
+from adcloud._scratch import scratch_dir
 from adcloud.config import names, settings_dict
 from adcloud.hdmap.config import HdmapSettings
 from adcloud.hdmap.drive import check_topics
@@ -176,16 +176,17 @@ def _parent_state(
 ) -> Iterator[tuple[Path | None, dict[str, Any], VersionFiles | None]]:
     """The parent version's local directory (None for a first build), its
     ``state/origin.json``, and how its files are read and carried. A map that is not on a
-    local filesystem is downloaded into a temporary directory, removed when the block ends:
-    all but the tile folders, whose files the build downloads as it merges or reads them
-    and has copied on the map's storage as it carries them."""
+    local filesystem is downloaded into a temporary directory, removed when the block ends
+    (or, when the driver was killed, by the next build's): all but the tile folders, whose
+    files the build downloads as it merges or reads them and has copied on the map's
+    storage as it carries them."""
     parent = staging.parent
     if parent is None:
         yield None, {}, None
     elif parent.path is not None:
         yield parent.path, _origin_info(parent.path), LocalFiles(parent.path)
     else:
-        with tempfile.TemporaryDirectory(prefix="hdmap-parent-", ignore_cleanup_errors=True) as tmp:
+        with scratch_dir("hdmap-parent-") as tmp:
             root = parent.fetch(tmp, skip=TILE_FOLDERS)
             yield root, _origin_info(root), staging.parent_files(root)
 

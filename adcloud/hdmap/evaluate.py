@@ -45,13 +45,14 @@ and :func:`mosaic` assembles a (downsampled) picture when one is wanted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
+from adcloud._scratch import remove_scratch
 from adcloud.errors import AdcloudError
 from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.mapdir import MANIFEST_NAME, MapDir, MapVersion, drive_name
@@ -334,19 +336,32 @@ def features_from_geojson(
     return lines, sign_arr, types
 
 
-def _resolve_version_dir(source: MapVersion | str | os.PathLike[str]) -> tuple[Path, str]:
+@contextlib.contextmanager
+def _version_dir(source: MapVersion | str | os.PathLike[str]) -> Iterator[tuple[Path, str]]:
+    """A local directory with the files of ``source`` and the URI that names it; a version
+    off the local disk is downloaded into a temporary directory, removed when the block
+    ends (a whole map version: it must not stay behind in ``/tmp``)."""
     if isinstance(source, MapVersion):
-        return source.fetch(), source.uri
-    text = os.fspath(source)
-    local = Path(text) if "://" not in text else None
-    if local is not None and (local / MANIFEST_NAME).is_file():
-        return local, text
-    if local is not None and not (local / "CURRENT").exists() and local.is_dir():
-        return local, text  # a plain directory of products
-    version = MapDir(text).current()
-    if version is None:
-        raise MapFormatError(f"{text}: the map has no version yet (no CURRENT); build it first")
-    return version.fetch(), version.uri
+        version = source
+    else:
+        text = os.fspath(source)
+        local = Path(text) if "://" not in text else None
+        if local is not None and (local / MANIFEST_NAME).is_file():
+            yield local, text
+            return
+        if local is not None and not (local / "CURRENT").exists() and local.is_dir():
+            yield local, text  # a plain directory of products
+            return
+        found = MapDir(text).current()
+        if found is None:
+            raise MapFormatError(f"{text}: the map has no version yet (no CURRENT); build it first")
+        version = found
+    root = version.fetch()
+    try:
+        yield root, version.uri
+    finally:
+        if version.path is None:
+            remove_scratch(root)
 
 
 def load_map_products(
@@ -355,7 +370,11 @@ def load_map_products(
     """Read a map's products: ``source`` is a :class:`MapVersion`, a map URI (its current
     version), a version directory or a plain directory of products.  ``grid_reader`` reads
     the grid (default: :mod:`adcloud.hdmap.geotiff`'s ``read_grid`` when available)."""
-    root, uri = _resolve_version_dir(source)
+    with _version_dir(source) as (root, uri):
+        return _read_products(root, uri, grid_reader)
+
+
+def _read_products(root: Path, uri: str, grid_reader: GridReader | None) -> MapProducts:
     notes: list[str] = []
     trajectories: dict[str, Trajectory] = {}
     for path in sorted((root / "trajectory").glob("*.tum")):

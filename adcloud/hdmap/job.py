@@ -41,7 +41,6 @@ import json
 import logging
 import math
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -56,6 +55,7 @@ from pyspark.broadcast import Broadcast
 from pyspark.sql import SparkSession
 from scipy.spatial import cKDTree
 
+from adcloud._scratch import scratch_dir
 from adcloud.binpipe import BinPipeRDD, decoded_messages
 from adcloud.config import load_settings, settings_dict, warn_unknown_variables
 from adcloud.hdmap.config import HdmapSettings
@@ -515,11 +515,13 @@ def _write_or_ship(out: str, token: str, write: Callable[[Path], _T]) -> tuple[_
         here = False
     if here:
         return write(root), []
-    with tempfile.TemporaryDirectory(prefix="adcloud-hdmap-tile-") as tmp:
-        result = write(Path(tmp))
+    # Spark kills the Python worker of an interrupted task (a cancelled job, a speculative
+    # copy that lost) with SIGKILL: the next tile written on this host removes its directory.
+    with scratch_dir("adcloud-hdmap-tile-") as tmp:
+        result = write(tmp)
         files = [
             (path.relative_to(tmp).as_posix(), path.read_bytes())
-            for path in sorted(Path(tmp).rglob("*"))
+            for path in sorted(tmp.rglob("*"))
             if path.is_file()
         ]
     return result, files
@@ -840,6 +842,11 @@ def _merge_by_key(pairs: RDD[Any], merge_many: Callable[[Sequence[Any]], Any]) -
     and merged in one pass (:func:`merge_many_partials`) once the buffered rows reach the
     merged part's size (at least :data:`_COMPACT_ROWS`): each row is regrouped O(log n)
     times and a buffer holds about twice its tile.
+
+    Which partials meet in one ``merge_many`` call, and in what order, follows the input's
+    partitions and the order in which the shuffle delivers map outputs (on a cluster,
+    another one in every run): ``merge_many`` must be exact (integer sums, min/max), or a
+    rebuild of the same drives writes tiles that differ in their last bits.
     """
 
     def compact(buf: list[Any]) -> list[Any]:

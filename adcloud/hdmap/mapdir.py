@@ -27,8 +27,12 @@ Guarantees
     an ``flock`` held for the whole build, which the kernel drops when the process dies; the
     JSON inside names the holder, so the next build logs that it takes over a stale lock
     from a dead process.  On other backends the lock file is created exclusively and a lock
-    whose process is gone (same host, pid not running) is taken over; a lock held from
-    another host must be removed by hand once that build is known to be dead.
+    whose process is gone (same host, and an earlier boot or a process id that no longer
+    names the process that started then) is taken over; a lock held from another host must
+    be removed by hand once that build is known to be dead.
+    *Tidy*: a map off the local filesystem is staged in a local directory (``staging_dir``)
+    with an owner file beside it; a build killed outright leaves it behind, and the next
+    build on that host removes it (:mod:`adcloud._scratch`).
 
 Bag hashing
     A bag file hashes as ``sha256(file bytes)`` (the same digest as ``sha256sum``).  A
@@ -73,7 +77,6 @@ import posixpath
 import re
 import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -83,6 +86,8 @@ from types import TracebackType
 from typing import IO, Any, Self
 
 from adcloud import __version__
+from adcloud._commit import _owner_gone, _this_owner
+from adcloud._scratch import make_scratch, remove_scratch
 from adcloud.errors import AdcloudError
 from adcloud.hdmap.drive import drive_name
 from adcloud.hdmap.errors import BuildError, HdmapError, MapFormatError
@@ -125,6 +130,11 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "adcloud.hdmap.manifest"
 MANIFEST_VERSION = 2
 _STAGING_PREFIX = ".staging-"
+#: Prefixes of the local directories that versions of maps off the local filesystem are
+#: staged in and downloaded to: the same for every build, so that the next one removes what
+#: a killed one left (:mod:`adcloud._scratch`).
+_LOCAL_STAGING_PREFIX = "hdmap-staging-"
+_DOWNLOAD_PREFIX = "hdmap-version-"
 _VERSION_RE = re.compile(r"^\d{6,}$")
 
 
@@ -1077,7 +1087,8 @@ class MapVersion:
         """Copy the version's files that ``include(relpath)`` accepts into the new local
         directory ``dest`` and return their relative paths.  Copies, never links, so the
         export may be edited without touching the map.  ``dest`` appears whole or not at
-        all (written beside it, then renamed); an existing non-empty ``dest`` is refused."""
+        all (written beside it, then renamed; the next export to ``dest`` removes what a
+        killed one left there); an existing non-empty ``dest`` is refused."""
         target = local_path(dest, "an export").absolute()
         if target.exists() and not target.is_dir():
             raise HdmapError(
@@ -1088,7 +1099,7 @@ class MapVersion:
             raise HdmapError(f"{target}: exists and is not an empty directory; choose another")
         target.parent.mkdir(parents=True, exist_ok=True)
         names = [rel for rel in self.files() if include(rel)]
-        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+        partial = make_scratch(f".{target.name}.partial-", target.parent)
         try:
             for rel in names:
                 (partial / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -1102,8 +1113,9 @@ class MapVersion:
                 target.rmdir()  # empty: checked above
             partial.rename(target)
         except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
+            remove_scratch(partial)
             raise
+        remove_scratch(partial)  # its owner file, now that the directory is the export
         return names
 
     def download(self, relpaths: Sequence[str], into: Path) -> None:
@@ -1126,11 +1138,13 @@ class MapVersion:
         self, dest: str | os.PathLike[str] | None = None, *, skip: Sequence[str] = ()
     ) -> Path:
         """A local directory with the version's files: the version's own directory for local
-        maps, else a copy downloaded into ``dest`` (a new temporary directory if None, which
-        the caller removes), without the files below the relative folders ``skip``."""
+        maps, else a copy downloaded into ``dest`` (if None, a new temporary directory that
+        the caller removes with :func:`adcloud._scratch.remove_scratch`; one a killed process
+        left is removed by the next download), without the files below the relative
+        folders ``skip``."""
         if self.path is not None:
             return self.path
-        target = Path(dest) if dest is not None else Path(tempfile.mkdtemp(prefix="hdmap-"))
+        target = Path(dest) if dest is not None else make_scratch(_DOWNLOAD_PREFIX)
         target.mkdir(parents=True, exist_ok=True)
         self._files.get_tree(self._root, target, skip=skip)
         return target
@@ -1194,12 +1208,19 @@ class BuildResult:
 
 @dataclass(frozen=True)
 class LockInfo:
-    """Who holds a map's build lock: ``pid`` on ``host`` since ``started`` (ISO-8601 UTC)."""
+    """Who holds a map's build lock: ``pid`` on ``host`` since ``started`` (ISO-8601 UTC).
+
+    ``boot`` (the host's boot id) and ``start`` (the process's start, clock ticks since
+    boot) tell a dead holder from a process that got its id since: a restarted container
+    keeps its host name and gives its new build the pid of the one killed there. Locks
+    written before these fields (empty) are judged by the pid alone."""
 
     pid: int
     host: str
     started: str
     map_uri: str = ""
+    boot: str = ""
+    start: str = ""
 
     def to_json(self) -> bytes:
         """The lock file's content."""
@@ -1210,9 +1231,25 @@ class LockInfo:
         """The holder in a lock file's content (None when empty or unreadable)."""
         try:
             obj = json.loads(data.decode())
-            return cls(int(obj["pid"]), str(obj["host"]), str(obj["started"]), str(obj["map_uri"]))
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return cls(
+                int(obj["pid"]),
+                str(obj["host"]),
+                str(obj["started"]),
+                str(obj["map_uri"]),
+                str(obj.get("boot", "")),
+                str(obj.get("start", "")),
+            )
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
             return None
+
+    def gone(self) -> bool:
+        """Whether the holder is known to be dead: only a holder on this host can be checked."""
+        if self.host != socket.gethostname():
+            return False
+        if self.boot and self.start:
+            owner = {"host": self.host, "boot": self.boot, "pid": self.pid, "start": self.start}
+            return _owner_gone(owner)
+        return not _pid_alive(self.pid)
 
     def describe(self) -> str:
         """``pid N on HOST since T`` for messages."""
@@ -1267,7 +1304,15 @@ class BuildLock:
         """Take the lock (see the class doc); returns self."""
         if self.held:
             raise BuildError(f"{self._files.describe(self._path)}: this build holds it already")
-        info = LockInfo(os.getpid(), socket.gethostname(), _now_text(), self._map_uri)
+        me = _this_owner()
+        info = LockInfo(
+            os.getpid(),
+            socket.gethostname(),
+            _now_text(),
+            self._map_uri,
+            str(me["boot"]),
+            str(me["start"]),
+        )
         if self._files.local:
             self._acquire_local(info)
         else:
@@ -1325,7 +1370,7 @@ class BuildLock:
                     f"{where}: unreadable build lock; if no build of this map is running, "
                     "delete it and retry"
                 )
-            if holder.host == socket.gethostname() and not _pid_alive(holder.pid):
+            if holder.gone():
                 self.taken_over = holder
                 _LOG.warning("%s", self._stale_message(holder))
                 self._files.remove(self._path)
@@ -1380,7 +1425,10 @@ class Staging:
     leaving the block without a commit aborts.
 
     For maps on a local filesystem ``path`` is ``<map>/versions/.staging-<id>`` and commit is
-    a rename; for other backends it is a local temporary directory uploaded at commit."""
+    a rename (the next build removes one a killed build left); for other backends it is a
+    local directory ``hdmap-staging-*`` (in ``staging_dir``, or the temporary directory)
+    uploaded at commit, which the next staging on that host removes if the process that
+    made it was killed."""
 
     def __init__(
         self,
@@ -1407,7 +1455,7 @@ class Staging:
             where = mapdir.settings.staging_dir or None
             if where is not None:
                 Path(where).mkdir(parents=True, exist_ok=True)
-            self.path = Path(tempfile.mkdtemp(prefix=f"hdmap-{version_id}-", dir=where))
+            self.path = make_scratch(_LOCAL_STAGING_PREFIX, where)
 
     @property
     def done(self) -> bool:
@@ -1512,7 +1560,7 @@ class Staging:
                 ]
             )
             md._files.write_atomic(posixpath.join(final, MANIFEST_NAME), stamped.to_json().encode())
-            shutil.rmtree(self.path, ignore_errors=True)
+            self._discard()
         md._files.write_atomic(md._path(CURRENT_NAME), f"{self.version_id}\n".encode())
         self._done = True
         _LOG.info(
@@ -1537,9 +1585,15 @@ class Staging:
             return
         self._done = True
         try:
-            shutil.rmtree(self.path, ignore_errors=True)
+            self._discard()
         finally:
             self._finish()
+
+    def _discard(self) -> None:
+        if self._mapdir._files.local:
+            shutil.rmtree(self.path, ignore_errors=True)
+        else:
+            remove_scratch(self.path)
 
     def _check_open(self) -> None:
         if self._done:
@@ -1681,9 +1735,7 @@ class MapDir:
         holder = self.lock_holder()
         # a build publishing the map's first version renames it into place, then writes
         # CURRENT: a reader in between sees this (a lock left by a dead build says nothing)
-        live = holder is not None and (
-            holder.host != socket.gethostname() or _pid_alive(holder.pid)
-        )
+        live = holder is not None and not holder.gone()
         busy = (
             f"; if the build holding the lock ({holder.describe()}) is publishing the map's "
             "first version, try again in a moment"

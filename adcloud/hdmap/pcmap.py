@@ -22,11 +22,14 @@ Stitching
     fixed lattice in the map frame, like the grid map, so drives merge by tile key. Per
     scan, :func:`scan_cloud_partials` averages points per voxel with
     :func:`adcloud.hetero.voxel_downsample` and keeps per-voxel sums (positions relative to
-    the tile's south-west corner, float64) and counts; :func:`merge_cloud_partials` adds
-    them (associative and commutative up to float64 rounding, ~1e-12 m), and
-    :func:`finalize_cloud` gives one centroid per voxel. :func:`stitch` does all three in
-    this process. Moving objects are not removed here; the grid map
-    (:mod:`adcloud.hdmap.grid`) tells static structure from traffic.
+    the tile's south-west corner, as integers of :data:`SUM_QUANTUM`) and counts;
+    :func:`merge_cloud_partials` adds them, exactly, and :func:`finalize_cloud` gives one
+    centroid per voxel. Integer sums make the merge associative and commutative to the
+    bit: Spark hands a tile's partials to the merge in whatever order the shuffle delivers
+    them and groups them as its partitions fell, and float sums in another order differ in
+    the last bits -- a rebuild of the same drives would write other tile files.
+    :func:`stitch` does all three in this process. Moving objects are not removed here; the
+    grid map (:mod:`adcloud.hdmap.grid`) tells static structure from traffic.
 
 Files (Autoware's divided point-cloud map)
     :func:`write_pointcloud_map` (or, tile by tile on executors, :func:`write_cloud_tile`
@@ -67,6 +70,7 @@ from adcloud.hetero.devices import ComputeDevice, as_device
 
 __all__ = [
     "METADATA_FILE",
+    "SUM_QUANTUM",
     "TILE_DIR",
     "CloudPartial",
     "MapCloud",
@@ -98,6 +102,11 @@ TileKey = tuple[int, int]
 #: Autoware's names: the tile directory and the metadata file beside it.
 TILE_DIR = "pointcloud_map"
 METADATA_FILE = "pointcloud_map_metadata.yaml"
+
+#: The unit of a :class:`CloudPartial`'s sums: micrometres for positions and millionths
+#: for intensities, as the grid's (:data:`adcloud.hdmap.grid.Z_QUANTUM`). int64 sums hold
+#: 9e8 points of a voxel 10 km from the origin (or of intensity 10 000) before they overflow.
+SUM_QUANTUM = 1e-6
 
 _XY_BITS = 16
 _HUBER = 0.1  # m, adcloud.hetero.align's default
@@ -322,8 +331,13 @@ class CloudPartial:
     """Per-voxel sums of one tile from some scans (merge with :func:`merge_cloud_partials`).
 
     ``voxels``: sorted packed int64 voxel keys within the tile; ``count`` (int64) points
-    per voxel; ``sums`` (m, 4) float64: x, y relative to the tile's south-west corner, z,
-    and intensity, summed over the voxel's points.
+    per voxel; ``sums`` (m, 4) int64, in :data:`SUM_QUANTUM`: x, y relative to the tile's
+    south-west corner, z, and intensity, summed over the voxel's points (each scan's sums
+    rounded once, then added exactly).
+
+    Kept in ``state/cloud`` of every map version. Versions written before the sums were
+    integers kept float64 metres there; such a partial is rounded to the integers when it
+    is read (:meth:`__post_init__`), so an incremental build merges it with new ones.
     """
 
     key: TileKey
@@ -331,10 +345,21 @@ class CloudPartial:
     voxel_size: float
     voxels: NDArray[np.int64]
     count: NDArray[np.int64]
-    sums: F64
+    sums: NDArray[np.int64]
+
+    def __post_init__(self) -> None:
+        sums = np.asarray(self.sums)
+        if np.issubdtype(sums.dtype, np.floating):  # kept by an earlier version
+            object.__setattr__(self, "sums", _fixed(sums))
 
     def __len__(self) -> int:
         return int(self.voxels.shape[0])
+
+
+def _fixed(values: NDArray[Any]) -> NDArray[np.int64]:
+    """Float sums as integers of :data:`SUM_QUANTUM`: adding them is exact, in any order."""
+    out: NDArray[np.int64] = np.rint(values / SUM_QUANTUM).astype(np.int64)
+    return out
 
 
 @dataclass(frozen=True)
@@ -414,9 +439,9 @@ def scan_cloud_partials(
     n_slots = int(first.sum())
     voxel_keys = sorted_voxel[first]
     count = np.bincount(slot, weights=counts, minlength=n_slots).astype(np.int64)
-    sums = np.empty((n_slots, 4))
+    sums = np.empty((n_slots, 4), np.int64)
     for c in range(4):
-        sums[:, c] = np.bincount(slot, weights=local[:, c] * counts, minlength=n_slots)
+        sums[:, c] = _fixed(np.bincount(slot, weights=local[:, c] * counts, minlength=n_slots))
     bounds = np.searchsorted(sorted_tile[first], np.arange(len(tiles) + 1))
     out: list[tuple[TileKey, CloudPartial]] = []
     for i, packed_tile in enumerate(tiles.tolist()):
@@ -445,7 +470,8 @@ def merge_cloud_partials(a: CloudPartial, b: CloudPartial) -> CloudPartial:
 
 def merge_many_cloud_partials(parts: Sequence[CloudPartial]) -> CloudPartial:
     """The voxel sums of all ``parts`` together (same tile and layout), in one pass
-    (folding two at a time re-copies the growing tile for every scan over it)."""
+    (folding two at a time re-copies the growing tile for every scan over it). The sums
+    are integers: any order and grouping of the parts gives the same result, to the bit."""
     if not parts:
         raise HdmapError("merge_many_cloud_partials needs at least one partial")
     a = parts[0]
@@ -466,7 +492,7 @@ def merge_many_cloud_partials(parts: Sequence[CloudPartial]) -> CloudPartial:
 
 def finalize_cloud(partial: CloudPartial) -> MapCloud:
     """One point per voxel (its points' centroid and mean intensity), in voxel order."""
-    mean = partial.sums / partial.count[:, None]
+    mean = partial.sums.astype(np.float64) * SUM_QUANTUM / partial.count[:, None]
     x0, y0 = partial.key[0] * partial.tile_size, partial.key[1] * partial.tile_size
     xyz = mean[:, :3].copy()
     xyz[:, 0] += x0

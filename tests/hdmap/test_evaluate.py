@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -494,6 +497,25 @@ def test_evaluate_map_reads_a_stored_map_version(
         abs=1e-4,  # type: ignore[union-attr]
     )
     assert from_disk.map_source.endswith("versions/000001")
+
+
+def test_a_map_version_off_the_local_disk_is_read_without_leaving_its_copy(
+    tmp_path: Path, products: MapProducts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a map on an object store downloads its version; the copy (a whole map
+    version) is removed once the products are in memory, not left in the temporary
+    directory for ever."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    uri = f"memory://hdmap-eval-{os.getpid()}-{time.monotonic_ns()}/map"
+    write_version(MapDir(uri), products)
+    for source in (uri, MapDir(uri).current()):
+        assert source is not None
+        loaded = load_map_products(source, grid_reader=npz_grid)
+        assert set(loaded.trajectories) == {"t"} and len(loaded.grid) == 1
+        assert loaded.source.endswith("versions/000001")
+        assert list(temp.iterdir()) == []
 
 
 def test_evaluate_map_bad_inputs(truth_dir: Path, tmp_path: Path, products: MapProducts) -> None:

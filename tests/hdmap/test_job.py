@@ -6,6 +6,13 @@ the grid stage: ``test_tilelayers.py``)."""
 from __future__ import annotations
 
 import functools
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -37,6 +44,7 @@ from adcloud.hdmap.job import (
     _sensors,
     _sign_points,
     _with_previous,
+    _write_or_ship,
 )
 from adcloud.hdmap.labels import LabelSettings
 from adcloud.hdmap.model import Extrinsics, GpsFixes, ImuSamples, OdomSamples
@@ -117,6 +125,60 @@ def test_tiles_of_executors_that_do_not_see_the_output_reach_it(
     assert sorted(shipped) == sorted(in_place)
     assert {name.split("/")[0] for name in in_place} >= {"grid", "pointcloud_map", "state"}
     assert shipped == in_place  # byte for byte
+
+
+KILLED_TILE_TASK = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from adcloud.hdmap.job import _write_or_ship
+
+    def write(root):
+        (root / "tile.pcd").write_bytes(b"x" * 1000)
+        Path(sys.argv[2] + ".tmp").write_text(str(root))
+        Path(sys.argv[2] + ".tmp").rename(sys.argv[2])
+        time.sleep(60)
+
+    _write_or_ship(sys.argv[1], "the driver's token", write)
+    """
+)
+
+
+def test_the_tile_directory_of_a_killed_task_is_removed_by_the_next_tile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark ends the Python worker of an interrupted task (a cancelled job, a speculative
+    copy that lost) with SIGKILL: the directory it wrote a tile to, to ship it to the
+    driver, is removed by the next tile written on that host."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    out, marker = tmp_path / "elsewhere", tmp_path / "writing"  # no driver's marker there
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_TILE_TASK, str(out), str(marker)],
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    left = Path(marker.read_text())
+    assert left.parent == temp and (left / "tile.pcd").is_file()
+
+    def write(root: Path) -> str:
+        (root / "tile.pcd").write_bytes(b"y")
+        return "written"
+
+    assert _write_or_ship(str(out), "the driver's token", write) == (
+        "written",
+        [("tile.pcd", b"y")],
+    )
+    assert list(temp.iterdir()) == []
 
 
 def _aligned(intensity: list[float], z: float = 3.0) -> AlignedScan:

@@ -4,6 +4,7 @@ and atomicity under SIGKILL (real child processes killed mid-build)."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import errno
 import hashlib
 import json
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -27,6 +29,7 @@ import pytest
 from fsspec.asyn import AsyncFileSystem
 
 from adcloud.hdmap import mapdir as mapdir_module
+from adcloud.hdmap.build import _parent_state
 from adcloud.hdmap.errors import BuildError, HdmapError, MapFormatError
 from adcloud.hdmap.mapdir import (
     CURRENT_NAME,
@@ -1119,6 +1122,72 @@ def test_sigkill_halfway_leaves_previous_version(
     assert [d.name for d in res.version.manifest.drives] == ["a", "b"]
     assert not list((root / "versions").glob(".staging-*"))
     assert reader.lock_holder() is None
+
+
+KILLED_OFF_DISK_BUILD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from adcloud.hdmap.build import _parent_state
+    from adcloud.hdmap.mapdir import MapDir, MapDirSettings
+    md = MapDir(sys.argv[1], MapDirSettings(staging_dir=sys.argv[2]))
+    st = md.begin(md.current())
+    with _parent_state(st) as (parent, _, _):
+        (st.path / "half").write_bytes(b"x" * 1000)
+        Path(sys.argv[3] + ".tmp").write_text(f"{st.path}\\n{parent}")
+        Path(sys.argv[3] + ".tmp").rename(sys.argv[3])
+        time.sleep(60)
+    """
+)
+
+
+def test_sigkill_of_a_build_off_the_local_disk_leaves_nothing_for_ever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A build of a map on a store stages the version in a local directory and downloads
+    the parent into another; killed outright, it leaves both (and its lock). The next build
+    on the host takes the lock over and removes both directories -- even when the dead
+    build's process id names a live process by then (a restarted container's new build)."""
+    uri = off_the_local_disk("store", tmp_path, monkeypatch)
+    stage, tmp = tmp_path / "stage", tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    settings = MapDirSettings(staging_dir=str(stage))
+    bags = [make_bag(tmp_path / f"d{i}.bag", i) for i in range(2)]
+    with MapDir(uri, settings) as md:
+        md.update(bags[:1], record_build([]))
+    marker = tmp_path / "staged"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_OFF_DISK_BUILD, uri, str(stage), str(marker)], cwd=REPO
+    )
+    try:
+        wait_for(marker, proc)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    staged, parent = map(Path, marker.read_text().splitlines())
+    assert staged.parent == stage and (staged / "half").is_file()
+    assert parent.parent == tmp and (parent / "manifest.json").is_file()
+
+    with MapDir(uri, settings) as md:
+        holder = md.lock_holder()
+        assert holder is not None and holder.pid == proc.pid
+        # the dead build's pid now names a live process: this one
+        reused = dataclasses.replace(holder, pid=os.getpid())
+        md._files.write_atomic(md._path(LOCK_NAME), reused.to_json())
+        caplog.set_level(logging.WARNING, logger="adcloud.hdmap.mapdir")
+
+        def build(plan: BuildPlan, staging: Staging) -> None:  # as build_map's steps go
+            with _parent_state(staging):
+                record_build([])(plan, staging)
+
+        res = md.update(bags, build)
+        assert res.changed and res.version is not None and res.version.id == "000002"
+        assert f"taking over the build lock left by pid {os.getpid()}" in caplog.text
+        assert md.lock_holder() is None
+    assert not staged.exists() and not parent.exists()
+    assert list(stage.iterdir()) == [] and list(tmp.iterdir()) == []
 
 
 LOOPING_BUILD = textwrap.dedent(

@@ -18,9 +18,11 @@ from scipy.spatial.transform import Rotation
 
 from adcloud.hdmap.drive import DriveData, read_drive
 from adcloud.hdmap.errors import DriveDataError, HdmapError, MapFormatError
+from adcloud.hdmap.exchange import dump_items, load_items
 from adcloud.hdmap.model import Extrinsics, Scan
 from adcloud.hdmap.pcmap import (
     METADATA_FILE,
+    SUM_QUANTUM,
     TILE_DIR,
     CloudPartial,
     MapCloud,
@@ -262,7 +264,8 @@ def test_scan_partials_hold_each_tiles_voxel_sums(
 ) -> None:
     """The partials of a scan are, tile by tile, the sums of its downsampled points grouped
     by voxel key, to the bit (a plain per-tile reference with np.unique, in the points'
-    order), on tiles small enough that a scan touches tens of them."""
+    order, rounded to :data:`SUM_QUANTUM`), on tiles small enough that a scan touches tens
+    of them."""
     settings = PointCloudMapSettings(tile_size=7.0, voxel_size=0.2, min_range=0.0)
     for xyz, intensity, sensor in clouds[::25]:
         parts = scan_cloud_partials(xyz, intensity, settings, sensor_xyz=sensor, device="numpy")
@@ -282,6 +285,7 @@ def test_scan_partials_hold_each_tiles_voxel_sums(
             sums = np.stack(
                 [np.bincount(slot, weights=local[:, c] * weights[mine]) for c in range(4)], 1
             )
+            sums = np.rint(sums / SUM_QUANTUM).astype(np.int64)
             expected[(kx, ky)] = (np.bincount(slot, weights=weights[mine]), sums)
         assert [key for key, _ in parts] == list(expected)
         for key, part in parts:
@@ -298,6 +302,8 @@ def test_scan_partials_hold_each_tiles_voxel_sums(
 def test_cloud_merge_order_does_not_matter(
     clouds: list[tuple[F64, NDArray[np.float32], F64]],
 ) -> None:
+    """Any order and grouping of a tile's partials gives the same sums, to the bit: Spark
+    merges them in the order and groups its shuffle and partitions give it."""
     settings = PointCloudMapSettings()
     parts: dict[tuple[int, int], list[CloudPartial]] = {}
     for xyz, intensity, sensor in clouds[20:40]:
@@ -306,6 +312,7 @@ def test_cloud_merge_order_does_not_matter(
         ):
             parts.setdefault(key, []).append(part)
     rng = random.Random(1)
+    merged_many = 0
     for items in parts.values():
         forward = reduce(merge_cloud_partials, items)
         shuffled = items[:]
@@ -313,15 +320,50 @@ def test_cloud_merge_order_does_not_matter(
         other = reduce(merge_cloud_partials, shuffled)
         np.testing.assert_array_equal(forward.voxels, other.voxels)
         np.testing.assert_array_equal(forward.count, other.count)
-        np.testing.assert_allclose(forward.sums, other.sums, rtol=1e-12, atol=1e-9)
+        np.testing.assert_array_equal(forward.sums, other.sums)
         a, b = finalize_cloud(forward), finalize_cloud(other)
-        np.testing.assert_allclose(a.xyz, b.xyz, atol=1e-9)
+        np.testing.assert_array_equal(a.xyz, b.xyz)
+        np.testing.assert_array_equal(a.intensity, b.intensity)
         many = merge_many_cloud_partials(shuffled)
-        np.testing.assert_array_equal(many.voxels, forward.voxels)
-        np.testing.assert_array_equal(many.count, forward.count)
-        np.testing.assert_allclose(many.sums, forward.sums, rtol=1e-12, atol=1e-9)
+        cut = len(shuffled) // 2
+        grouped = merge_many_cloud_partials(
+            [merge_many_cloud_partials(shuffled[cut:]), merge_many_cloud_partials(shuffled[:cut])]
+            if cut
+            else shuffled
+        )
+        for again in (many, grouped):
+            np.testing.assert_array_equal(again.voxels, forward.voxels)
+            np.testing.assert_array_equal(again.count, forward.count)
+            np.testing.assert_array_equal(again.sums, forward.sums)
+        merged_many += len(items) > 5
+    assert merged_many > 3
     with pytest.raises(HdmapError, match="at least one"):
         merge_many_cloud_partials([])
+
+
+def test_kept_float_sums_of_an_earlier_version_merge_with_new_ones(
+    clouds: list[tuple[F64, NDArray[np.float32], F64]], tmp_path: Path
+) -> None:
+    """Map versions written before the sums were integers kept float64 metres in
+    ``state/cloud``: read back, they are integers of :data:`SUM_QUANTUM` that merge with a
+    new build's partials, and give the centroids the float sums gave."""
+    settings = PointCloudMapSettings()
+    xyz, intensity, sensor = clouds[30]
+    key, part = scan_cloud_partials(xyz, intensity, settings, sensor_xyz=sensor)[0]
+    metres = part.sums * SUM_QUANTUM
+    old = CloudPartial(key, part.tile_size, part.voxel_size, part.voxels, part.count, metres)
+    path = tmp_path / "kept.npz"
+    dump_items([old], path)
+    (kept,) = load_items(path)
+    assert kept.sums.dtype == np.int64
+    np.testing.assert_array_equal(kept.sums, part.sums)
+    np.testing.assert_allclose(
+        finalize_cloud(kept).xyz,
+        (metres / part.count[:, None])[:, :3] + [*settings.tile_origin(key), 0],
+        atol=1e-9,
+    )
+    both = merge_cloud_partials(kept, part)
+    np.testing.assert_array_equal(both.sums, 2 * part.sums)
 
 
 def test_stitched_map_round_trips_through_autoware_files(
