@@ -176,8 +176,9 @@ def _parent_state(
 ) -> Iterator[tuple[Path | None, dict[str, Any], VersionFiles | None]]:
     """The parent version's local directory (None for a first build), its
     ``state/origin.json``, and how its files are read and carried. A map that is not on a
-    local filesystem is downloaded into a temporary directory, removed when the block ends
-    (or, when the driver was killed, by the next build's): all but the tile folders, whose
+    local filesystem is downloaded into a directory in ``staging_dir`` (or the temporary
+    directory), removed when the block ends (or, when the driver was killed, by the next
+    build's): all but the tile folders, whose
     files the build downloads as it merges or reads them and has copied on the map's
     storage as it carries them."""
     parent = staging.parent
@@ -186,7 +187,8 @@ def _parent_state(
     elif parent.path is not None:
         yield parent.path, _origin_info(parent.path), LocalFiles(parent.path)
     else:
-        with scratch_dir("hdmap-parent-") as tmp:
+        where = staging._mapdir.settings.staging_dir or None  # where room was made for it
+        with scratch_dir("hdmap-parent-", where) as tmp:
             root = parent.fetch(tmp, skip=TILE_FOLDERS)
             yield root, _origin_info(root), staging.parent_files(root)
 

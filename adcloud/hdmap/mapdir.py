@@ -157,8 +157,9 @@ class MapDirSettings:
     and directories to stable storage before switching ``CURRENT`` (only switch it off on
     scratch maps).  ``hash_chunk_bytes``: read size when hashing bags; ``hash_threads``:
     how many bags are hashed at a time.  ``staging_dir``:
-    where versions of maps that are not on a local filesystem are written before the upload
-    (empty: the system's temporary directory); it needs room for one whole version.
+    where versions of maps that are not on a local filesystem are written before the upload,
+    and their parent version is downloaded to (empty: the system's temporary directory); it
+    needs room for two whole versions.
     """
 
     keep_versions: int = 5
