@@ -256,15 +256,15 @@ def run_demo(
     """The training part of ``adcloud demo``: a short LiDAR-segmentation run on ``bag`` with
     two trainers all-reducing inside a Spark barrier stage, exported under ``out_dir/train``
     and, with ``heldout``, scored on that other drive by the executors."""
-    import tempfile  # noqa: PLC0415
-
+    from adcloud._scratch import scratch_dir  # noqa: PLC0415
     from adcloud.train.config import TrainConfig  # noqa: PLC0415
     from adcloud.train.job import run_training  # noqa: PLC0415
 
     console.rule("adcloud train: ETL and data-parallel training in one Spark job")
     out = f"{out_dir}/train"
-    # the run's checkpoints are only for resuming this run: they go with it
-    with tempfile.TemporaryDirectory(prefix="adcloud-demo-train-") as store:
+    # the run's checkpoints are only for resuming this run: they go with it (and with a
+    # killed demo, with the next one)
+    with scratch_dir("adcloud-demo-train-") as store:
         config = TrainConfig(
             task="lidar_seg",
             bags=(bag,),

@@ -30,11 +30,9 @@ import math
 import operator
 import os
 import posixpath
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -43,6 +41,7 @@ import torch
 from numpy.typing import NDArray
 from rich.table import Table
 
+from adcloud._scratch import scratch_dir
 from adcloud.config import names
 from adcloud.train.errors import ExportError, TrainError
 from adcloud.train.task import CountingTask, Task, get_task
@@ -464,8 +463,7 @@ class Evaluation:
         fs, root = fsspec.core.url_to_fs(out)
         fs.makedirs(root, exist_ok=True)
         written = []
-        with tempfile.TemporaryDirectory(prefix="adcloud-eval-") as tmp:
-            local = Path(tmp)
+        with scratch_dir("adcloud-eval-") as local:
             (local / EVAL_FILE).write_text(self.to_json())
             names = [EVAL_FILE]
             if self.plot(local / PLOT_FILE):

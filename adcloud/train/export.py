@@ -37,7 +37,6 @@ import os
 import platform
 import posixpath
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from rich.table import Table
 from torch.utils.flop_counter import FlopCounterMode
 
 import adcloud
+from adcloud._scratch import scratch_dir
 from adcloud.train.errors import ExportError
 
 __all__ = [
@@ -413,10 +413,10 @@ def local_model(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise ExportError(f"{where}: cannot open the model's location: {err}") from err
     if posixpath.basename(root) in (PROGRAM_FILE, METADATA_FILE):
         root = posixpath.dirname(root)
-    with tempfile.TemporaryDirectory(prefix="adcloud-model-") as tmp:
+    with scratch_dir("adcloud-model-") as tmp:
         for name in (METADATA_FILE, PROGRAM_FILE):
             try:
-                fs.get_file(posixpath.join(root, name), str(Path(tmp) / name))
+                fs.get_file(posixpath.join(root, name), str(tmp / name))
             except FileNotFoundError as err:
                 raise ExportError(
                     f"{where}/{name}: not found; is {where} a directory written by "
@@ -428,9 +428,9 @@ def local_model(path: str | os.PathLike[str]) -> Iterator[Path]:
                     "that the server or store is up and the URL is right"
                 ) from err
         try:
-            yield Path(tmp)
+            yield tmp
         except ExportError as err:  # name the model where it lives, not the download
-            raise ExportError(str(err).replace(tmp, where)) from err
+            raise ExportError(str(err).replace(str(tmp), where)) from err
 
 
 def load_exported(

@@ -15,7 +15,10 @@
    configured :mod:`~adcloud.train.sync` mode (``ps``: parameter versions in the store;
    ``allreduce``: a gloo/NCCL process group whose address rank 0 shares through
    ``BarrierTaskContext.allGather``).  Checkpoints go to the store, so a retried stage
-   resumes from the last one.  Rank 0 returns the final parameters as bytes.
+   resumes from the last one.  Rank 0 returns the final parameters as bytes.  The stage
+   needs ``workers`` task slots at once: too few fail before the ETL, and a stage that
+   waits longer than ``sync_timeout_s`` for them (a retry after a lost worker) is
+   cancelled (:mod:`adcloud.train.barrier`).
 4. ``single`` mode collects the samples and runs the same function in the driver.
 
 Held-out bags are decoded the same way and scored on the executors, each task summing the
@@ -48,10 +51,8 @@ import logging
 import math
 import os
 import posixpath
-import shutil
 import socket
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -62,8 +63,10 @@ import fsspec
 import numpy as np
 
 from adcloud._commit import JobOutput
+from adcloud._scratch import make_scratch, remove_scratch, scratch_dir
 from adcloud.errors import AdcloudError
 from adcloud.store import open_store
+from adcloud.train.barrier import BarrierWatch, cancelled_by, check_slots
 from adcloud.train.checkpoint import Checkpointer, latest_checkpoint, resume_with
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import CheckpointError, DataError, TrainError
@@ -681,14 +684,15 @@ def _barrier_train(
     report = result.to_dict()
     report["rank"] = rank
     report["parameters"] = result.parameters
-    report["attempt"] = context.attemptNumber()
     yield report
 
 
-def _result_from(report: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> TrainResult:
+def _result_from(
+    report: Mapping[str, Any], others: Sequence[Mapping[str, Any]], attempt: int
+) -> TrainResult:
     sync = dict(report["sync"])
     sync["max_sync_seconds"] = max(float(r["sync"]["sync_seconds"]) for r in others)
-    sync["attempt"] = float(report.get("attempt", 0))
+    sync["attempt"] = float(attempt)
     return TrainResult(
         task=report["task"],
         run=report["run"],
@@ -713,28 +717,45 @@ def _result_from(report: Mapping[str, Any], others: Sequence[Mapping[str, Any]])
 def train_on_shards(shards: RDD[tuple[int, Any]], config: TrainConfig, task: Task) -> TrainResult:
     """Run :func:`~adcloud.train.loop.train` in a barrier stage, one task per shard.
 
-    ``config.steps`` must be resolved (``epochs=0``).  The stage needs ``workers`` free task
-    slots at once; Spark retries the whole stage when a trainer dies, and the retry resumes
-    from the last checkpoint.
+    ``config.steps`` must be resolved (``epochs=0``).  The stage needs ``workers`` task slots
+    at once: fewer in the application fail at once (:func:`~adcloud.train.barrier.check_slots`).
+    Spark retries the whole stage when a trainer dies, and the retry resumes from the last
+    checkpoint; a stage none of whose tasks runs for ``sync_timeout_s`` and a margin (a retry
+    waiting for slots a lost worker had) is cancelled with a :class:`TrainError`
+    (:class:`~adcloud.train.barrier.BarrierWatch`).
     """
     if config.sync not in ("ps", "allreduce"):
         raise TrainError(f"train_on_shards runs ps or allreduce, not {config.sync!r}")
-    slots = shards.context.defaultParallelism
-    if config.workers > slots:
-        raise TrainError(
-            f"train.workers={config.workers} trainers need as many free task slots, but the "
-            f"cluster has {slots}: lower workers or add executors/cores"
-        )
+    sc = shards.context
+    check_slots(sc, config.workers, wait_s=config.sync_timeout_s)
     job = functools.partial(_barrier_train, task=task, config=config)
-    # Spark retries a failed barrier stage only when it is a shuffle-map stage (a failed
-    # barrier *result* stage aborts the job), so the reports go through a one-partition
-    # shuffle: a trainer that dies makes Spark rerun every trainer, which resume from the
-    # last checkpoint.
-    reports = shards.barrier().mapPartitions(job).repartition(1).collect()
+    run = config.run_id()
+    resume = (
+        f"Run it again (run {run}) once the cluster has the slots: it resumes from its last "
+        "checkpoint"
+        if config.checkpoint_every
+        else f"Run it again (run {run}) once the cluster has the slots"
+    )
+    watch = BarrierWatch(sc, run, config.sync_timeout_s, workers=config.workers, advice=resume)
+    try:
+        with watch:
+            # Spark retries a failed barrier stage only when it is a shuffle-map stage (a
+            # failed barrier *result* stage aborts the job), so the reports go through a
+            # one-partition shuffle: a trainer that dies makes Spark rerun every trainer,
+            # which resume from the last checkpoint.
+            reports = shards.barrier().mapPartitions(job).repartition(1).collect()
+    except Exception as err:
+        said = cancelled_by(watch, err)
+        if said is None:
+            raise
+        raise said from err
     by_rank = {int(r["rank"]): r for r in reports}
     if 0 not in by_rank:
         raise TrainError(f"run {config.run_id()}: rank 0 returned no result")
-    return _result_from(by_rank[0], reports)
+    # the stage attempt that trained the result (0: the first); a trainer cannot tell it:
+    # PySpark's task context has the task's attempt only, which a retried stage's new task
+    # set counts from 0 again
+    return _result_from(by_rank[0], reports, watch.stage_attempt())
 
 
 def _plot_losses(result: TrainResult, config: TrainConfig, path: Path) -> None:
@@ -847,8 +868,7 @@ def write_outputs(
     output = _RunOutput(fs, root, out)
     output.start()
     try:
-        with tempfile.TemporaryDirectory(prefix="adcloud-train-") as tmp:
-            local = Path(tmp)
+        with scratch_dir("adcloud-train-") as local:
             (local / "parameters.tensors").write_bytes(result.parameters)
             (local / "result.json").write_text(result.to_json())
             settings = json.dumps({"train": config.to_dict()}, indent=2, sort_keys=True)
@@ -1001,15 +1021,19 @@ def run_training(
         run = config.run_id()
         _check_output(config.output_dir(run))
         _check_resumable(config, run)
+    if config.sync != "single":  # before the ETL, not once the samples are made
+        check_slots(spark.sparkContext, config.workers, wait_s=config.sync_timeout_s)
     if keyed is None:
         keyed = etl_samples(spark, config, task, config.bags)
-    made_dir = ""
-    if config.etl == "files":
-        directory = config.etl_dir or tempfile.mkdtemp(prefix="adcloud-etl-")
-        made_dir = "" if config.etl_dir else directory
-        keyed = etl_to_files(spark, keyed, directory)
+    # Without train.etl_dir the samples (gigabytes) go to a scratch directory of the driver
+    # (which local-mode executors read too): a driver killed outright leaves it behind, and
+    # the next run's removes it (adcloud._scratch).
+    scratch = config.etl == "files" and not config.etl_dir
+    made_dir = make_scratch("adcloud-etl-") if scratch else None
     evaluation: Evaluation | None = None  # scored on the held-out samples kept for eval_every
     try:
+        if config.etl == "files":
+            keyed = etl_to_files(spark, keyed, config.etl_dir or str(made_dir))
         if config.sync == "single":
             samples = [s for _, s in sorted(keyed.collect(), key=lambda pair: pair[0])]
             if not samples:
@@ -1072,8 +1096,8 @@ def run_training(
                 shards.unpersist()
                 keyed.unpersist()
     finally:
-        if made_dir:
-            shutil.rmtree(made_dir, ignore_errors=True)
+        if made_dir is not None:
+            remove_scratch(made_dir)
     if evaluation is not None:
         metrics = evaluation.scores
         result = dataclasses.replace(result, metrics=metrics)

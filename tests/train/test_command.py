@@ -6,7 +6,10 @@ import argparse
 import io
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,3 +209,43 @@ def test_eval_refuses_a_partition_count_before_starting_spark(
     with pytest.raises(SystemExit) as stop:
         _parse(["train", "eval", "--model", "m", "--bags", "b.bag", "--partitions-per-bag", value])
     assert stop.value.code == 2 and "--partitions-per-bag" in capsys.readouterr().err
+
+
+def test_run_on_too_few_task_slots_says_so_in_one_line_at_once(tmp_path: Path) -> None:
+    """Two trainers on one task slot (``local[1]``, ``spark.default.parallelism=4``): the
+    slots were taken to be ``defaultParallelism`` -- that setting here, and on a standalone
+    cluster at least 2 whatever its cores -- so the run went on to Spark's own check of the
+    barrier stage, which fails after 40 x 15 s with a Java traceback."""
+    odom = generate_drive(
+        DriveConfig(seconds=1, seed=1, lidar=False, camera=False, truth_raster=False),
+        tmp_path / "odom.bag",
+    )
+    settings = {
+        "task": "lidar_seg",
+        "bags": str(odom.bag),
+        "sync": "allreduce",
+        "workers": "2",
+        "store": "local:///cli-slots",
+        "store_options": f"root={tmp_path / 'store'}",
+        "out": str(tmp_path / "run"),
+    }
+    argv = ["train", "run", "--master", "local[1]"]
+    argv += [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADCLOUD_")}
+    env["ADCLOUD_SPARK_CONF"] = "spark.default.parallelism=4,spark.ui.enabled=false"
+    done = subprocess.run(
+        [sys.executable, "-m", "adcloud.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "BarrierJobSlots" not in done.stderr
+    (said,) = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    assert said.startswith(
+        "error: train.workers=2 trainers run as one Spark barrier stage and need 2 task "
+        "slots at once, but the application on local[1] has 1"
+    )
+    assert "lower train.workers to 1" in said

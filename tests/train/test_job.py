@@ -14,6 +14,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -439,6 +442,10 @@ def test_a_killed_trainer_is_retried_by_spark_and_resumes(
     assert whole.start_step == 0
     assert killed.losses == whole.losses
     assert_close_parameters(killed, whole, atol=0.0)
+    # the second attempt of the stage trained the result, and result.json says so
+    assert (killed.sync["attempt"], whole.sync["attempt"]) == (1, 0)
+    written = json.loads((Path(str(killed.output)) / "result.json").read_text())
+    assert written["sync"]["attempt"] == 1
 
 
 def test_torchrun_runs_the_same_training_function(spark: SparkSession, tmp_path: Path) -> None:
@@ -511,7 +518,11 @@ def test_a_bag_both_trained_on_and_held_out_is_pointed_out(
 
 def test_job_errors_are_clear(spark: SparkSession, drive: str, tmp_path: Path) -> None:
     keyed = keyed_points(spark, make_points(8))
-    with pytest.raises(TrainError, match="workers=3 trainers need as many free task slots"):
+    with pytest.raises(
+        TrainError,
+        match=r"train.workers=3 trainers run as one Spark barrier stage and need 3 task slots "
+        r"at once, but the application on local\[2\] has 2 .*lower train.workers to 2",
+    ):
         run_training(
             spark,
             config(tmp_path, sync="ps", workers=3, batch_size=3),
@@ -738,3 +749,145 @@ def test_the_torchrun_entry_point_says_errors_in_one_line(
     assert err == [
         "error: invalid train settings: sync_timeout_s must be > 0 and finite (seconds), not inf"
     ]
+
+
+class PausingTask(LinearTask):
+    """Rank 1, at its 3rd step of the first attempt: writes ``ready`` in ``where``, waits
+    for ``go`` there, then SIGKILLs its own Spark Python worker."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.calls = 0
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.calls += 1
+        context = TaskContext.get()
+        ready, go = Path(self.where, "ready"), Path(self.where, "go")
+        rank = context.partitionId() if context is not None else 0
+        if rank == 1 and self.calls == 3 and not ready.exists():
+            ready.write_text(str(os.getpid()))
+            deadline = time.monotonic() + 60
+            while not go.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().loss(model, batch)
+
+
+def _hold_until(release: str) -> Iterator[int]:
+    deadline = time.monotonic() + 120
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield 0
+
+
+def test_a_retry_that_cannot_get_its_task_slots_is_cancelled_with_a_clear_error(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A trainer dies, and before Spark reruns the barrier stage another job of the
+    application (a notebook's) takes the freed slot -- as a lost worker takes its slots for
+    good.  The retry needs both slots at once and waited for them silently for ever; now it
+    is cancelled after sync_timeout_s and a margin, with an error that says what to do, and
+    the run resumes from its checkpoint when started again."""
+    sc = spark.sparkContext
+    release = tmp_path / "release"
+    held: list[Any] = []
+
+    def notebook() -> None:  # another job of the application, in a thread of its own
+        sc.setJobGroup("notebook", "holds a task slot")
+        held.extend(
+            sc.parallelize([0], 1).mapPartitions(lambda _: _hold_until(str(release))).collect()
+        )
+
+    def kill_once_the_job_waits() -> None:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        threads.append(threading.Thread(target=notebook, daemon=True))
+        threads[-1].start()
+        while not sc.statusTracker().getJobIdsForGroup("notebook"):
+            time.sleep(0.02)
+        (tmp_path / "go").write_text("")
+
+    threads = [threading.Thread(target=kill_once_the_job_waits, daemon=True)]
+    threads[0].start()
+    cfg = config(
+        tmp_path, sync="allreduce", steps=8, checkpoint_every=2, run="stalled", sync_timeout_s=8.0
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(TrainError) as failed:
+            run_training(
+                spark,
+                cfg,
+                task=PausingTask(str(tmp_path)),
+                keyed=keyed_points(spark, make_points(32)),
+            )
+        waited = time.monotonic() - started
+    finally:
+        release.write_text("")
+        for thread in threads:
+            thread.join(timeout=120)
+    said = str(failed.value)
+    assert said.startswith("run stalled: no task of its barrier stage has run for ")
+    assert "(train.sync_timeout_s=8 plus 5 s): its 2 trainers need 2 task slots at once" in said
+    assert "the application has 2 task slot(s) now" in said
+    assert "Run it again (run stalled) once the cluster has the slots: it resumes" in said
+    assert waited < 120  # cancelled, not left waiting
+    assert held == [0]  # the other job was left alone
+    store = open_store(cfg.store, **cfg.store_kwargs())
+    try:  # what the run, started again, resumes from
+        checkpoint = latest_checkpoint(store, "stalled")
+    finally:
+        store.close()
+    assert checkpoint is not None and checkpoint.step == 2
+
+
+_KILLED_DRIVER = """
+import os, signal, sys
+from adcloud._scratch import make_scratch
+path = make_scratch("adcloud-etl-", sys.argv[1])
+(path / "part-00000.tensors").write_bytes(b"x" * 1000)
+print(path, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+class ScratchSeeingTask(LinearTask):
+    """Notes, at its first step (in the driver: ``sync=single``), what ``where`` holds."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+        self.seen: list[str] = []
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if not self.seen:
+            self.seen = sorted(p.name for p in self.where.iterdir())
+        return super().loss(model, batch)
+
+
+def test_the_files_baseline_s_scratch_samples_go_even_after_a_killed_driver(
+    spark: SparkSession, drive: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without train.etl_dir the samples go to a scratch directory of the driver: a driver
+    killed with ``kill -9`` left it (gigabytes) in /tmp until a reboot; the next run removes
+    it, and its own goes when it ends."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_DRIVER, str(scratch)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    left = Path(killed.stdout.strip())
+    assert (left / "part-00000.tensors").exists()
+    task = ScratchSeeingTask(scratch)
+    cfg = config(tmp_path, run="scratch", sync="single", etl="files", bags=(drive,), steps=2)
+    run_training(spark, cfg, task=task)
+    etl = [name for name in task.seen if name.startswith("adcloud-etl-")]
+    made = etl[0]
+    assert made != left.name
+    assert etl == [made, f"{made}.owner"]  # the killed driver's went before the ETL
+    assert not [p for p in scratch.iterdir() if p.name.startswith("adcloud-etl-")]

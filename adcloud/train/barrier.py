@@ -1,0 +1,254 @@
+"""The driver's side of the trainers' barrier stage: task slots before it starts, a watch on
+it while it runs.
+
+A barrier stage starts all its tasks at once or none of them.  Spark checks that a cluster
+has enough slots only against its *total* and retries that check for minutes
+(``spark.scheduler.barrier.maxConcurrentTasksCheck.*``: 40 x 15 s) before it fails with a
+raw ``BarrierJobSlotsNumberCheckFailed``; and once the stage runs, a retried attempt after a
+lost executor waits for good if the slots are not all there again (a lost worker) or other
+jobs hold them -- the trainers' own waits end after ``sync_timeout_s``, Spark's does not.
+
+- :func:`task_slots` -- how many tasks the application runs at once (what Spark's check
+  counts: executors alive x their cores / ``spark.task.cpus``; ``local[N]``: ``N``);
+- :func:`check_slots` -- fail at once, saying what to change, when ``workers`` exceed them;
+- :class:`BarrierWatch` -- runs the stage's job in a job group of its own and cancels it
+  when none of its tasks has run for ``limit_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import threading
+import time
+import uuid
+from types import TracebackType
+from typing import Any
+
+from adcloud.train.errors import TrainError
+
+__all__ = ["BarrierWatch", "cancelled_by", "check_slots", "task_slots"]
+
+log = logging.getLogger(__name__)
+
+_LOCAL = re.compile(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?")
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,.*\]")
+#: The job-group properties a caller (a notebook) may have set; restored after the stage.
+_GROUP_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+
+
+def _task_cpus(sc: Any) -> int:
+    return max(1, int(sc.getConf().get("spark.task.cpus", "1") or 1))
+
+
+def task_slots(sc: Any) -> int | None:
+    """How many tasks the application on ``sc`` can run at once now; None when unknown.
+
+    Spark's own count (``SparkContext.maxNumConcurrentTasks``: the executors alive, each
+    with its cores divided by ``spark.task.cpus``) where the JVM offers it, else ``N`` of a
+    ``local[N]`` master, or the executors times ``spark.executor.cores``.  Not
+    ``defaultParallelism``: on a cluster that is at least 2 whatever the cores, and a
+    setting (``spark.default.parallelism``) besides.
+    """
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception as err:  # py4j's errors: another Spark version, a remote session
+        log.debug("Spark's task slot count is not available (%s); estimating it", err)
+    cpus = _task_cpus(sc)
+    master = str(sc.master)
+    local = _LOCAL.fullmatch(master)
+    if local is not None:
+        cores = local.group(1) or "1"
+        return (os.cpu_count() or 1) // cpus if cores == "*" else int(cores) // cpus
+    cluster = _LOCAL_CLUSTER.fullmatch(master)
+    if cluster is not None:
+        return int(cluster.group(1)) * (int(cluster.group(2)) // cpus)
+    cores = sc.getConf().get("spark.executor.cores")
+    if cores is None:
+        return None
+    executors = len(sc.statusTracker().getExecutorInfos()) - 1  # the driver is listed too
+    return max(0, executors) * (int(cores) // cpus)
+
+
+def _slots_in_use(sc: Any) -> int:
+    return sum(info.numRunningTasks for info in sc.statusTracker().getExecutorInfos())
+
+
+def check_slots(sc: Any, workers: int, *, wait_s: float = 10.0) -> None:
+    """Raise :class:`TrainError` when ``sc``'s application cannot run ``workers`` tasks at
+    once, saying what to change.  On a cluster, executors that are still registering (a
+    session just started) get ``wait_s`` seconds; a ``local[N]`` master has its slots from
+    the start."""
+    local = bool(_LOCAL.fullmatch(str(sc.master)) or _LOCAL_CLUSTER.fullmatch(str(sc.master)))
+    deadline = time.monotonic() + (0.0 if local else wait_s)
+    while True:
+        slots = task_slots(sc)
+        if slots is None or slots >= workers:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    raise TrainError(
+        f"train.workers={workers} trainers run as one Spark barrier stage and need {workers} "
+        f"task slots at once, but the application on {sc.master} has {slots} (executors "
+        f"alive x cores each / spark.task.cpus={_task_cpus(sc)}): lower train.workers to "
+        f"{max(slots, 1)}, or give it more executors or cores (spark.cores.max, "
+        "spark.executor.cores, more workers)"
+    )
+
+
+def _margin(timeout_s: float) -> float:
+    """Seconds of quiet beyond ``sync_timeout_s`` before the watch acts: between a failed
+    attempt and its retry Spark kills the old trainers (``spark.python.task.killTimeout``)
+    and resubmits the stage, a few quiet seconds that are no stall."""
+    return min(60.0, max(5.0, timeout_s / 2))
+
+
+class BarrierWatch:
+    """Runs the Spark jobs started inside its ``with`` block (in this thread) in a job group
+    of their own, and cancels them when none of their tasks has run for ``limit_s``
+    (``sync_timeout_s`` plus a margin): a barrier stage that waits for slots it will not get.
+
+    Running trainers are never judged: a slow step, a long validation or checkpoint is not a
+    stall, and a trainer that waits on a dead peer fails by itself after ``sync_timeout_s``.
+    Progress is what Spark's status tracker shows of the group's stages -- tasks running, a
+    task or a stage attempt that finished or failed.  After the block, :attr:`reason` says
+    why the jobs were cancelled (None when they were not); the caller's own job group, if it
+    had one, is restored.
+    """
+
+    def __init__(
+        self,
+        sc: Any,
+        name: str,
+        timeout_s: float,
+        *,
+        workers: int,
+        advice: str,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.sc = sc
+        self.group = f"adcloud-train-{name}-{uuid.uuid4().hex[:8]}"
+        self.name = name
+        self.timeout_s = timeout_s
+        self.limit_s = timeout_s + _margin(timeout_s)
+        self.workers = workers
+        self.advice = advice
+        self.poll_s = poll_s
+        self.reason: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> BarrierWatch:
+        self._saved = {key: self.sc.getLocalProperty(key) for key in _GROUP_PROPERTIES}
+        self.sc.setJobGroup(
+            self.group, f"adcloud train: run {self.name} (barrier stage)", interruptOnCancel=True
+        )
+        self._thread = threading.Thread(target=self._watch, name=f"watch {self.group}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        for key, value in self._saved.items():
+            self.sc.setLocalProperty(key, value)
+
+    def stage_attempt(self) -> int:
+        """The attempt number (0: the first) of the barrier stage of the group's last job:
+        the one before its result stage (both are made when the job is submitted, the
+        barrier stage first; the stages the shards were made by are older); 0 when Spark
+        no longer holds its record."""
+        tracker = self.sc.statusTracker()
+        for job_id in sorted(tracker.getJobIdsForGroup(self.group), reverse=True):
+            job = tracker.getJobInfo(job_id)
+            ids = sorted(job.stageIds) if job is not None else []
+            info = tracker.getStageInfo(ids[-2]) if len(ids) >= 2 else None
+            if info is not None:
+                return int(info.currentAttemptId)
+        return 0
+
+    def _state(self) -> tuple[int, tuple[tuple[int, ...], ...]]:
+        """``(tasks running, per stage: id, attempt, running, done, failed)`` of the
+        group's jobs."""
+        tracker = self.sc.statusTracker()
+        stages = []
+        for job_id in sorted(tracker.getJobIdsForGroup(self.group)):
+            job = tracker.getJobInfo(job_id)
+            if job is None:
+                continue
+            for stage_id in sorted(job.stageIds):
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    stages.append(
+                        (
+                            stage_id,
+                            info.currentAttemptId,
+                            info.numActiveTasks,
+                            info.numCompletedTasks,
+                            info.numFailedTasks,
+                        )
+                    )
+        return sum(stage[2] for stage in stages), tuple(stages)
+
+    def _watch(self) -> None:
+        since = time.monotonic()
+        last: tuple[tuple[int, ...], ...] | None = None
+        while not self._stop.wait(self.poll_s):
+            try:
+                running, stages = self._state()
+                now = time.monotonic()
+                if running or stages != last:
+                    since, last = now, stages
+                    continue
+                if now - since < self.limit_s:
+                    continue
+                self.reason = self._stalled(now - since)
+                log.warning("%s; cancelling Spark job group %s", self.reason, self.group)
+                self.sc.cancelJobGroup(self.group)
+            except Exception as err:  # the context stopped under us: nothing left to watch
+                log.debug("watch of %s ends: %s", self.group, err)
+            if self.reason is not None:
+                return
+
+    def _stalled(self, quiet_s: float) -> str:
+        slots = task_slots(self.sc)
+        try:
+            busy = f", {_slots_in_use(self.sc)} of them busy with other tasks"
+        except Exception:
+            busy = ""
+        have = "an unknown number of task slots" if slots is None else f"{slots} task slot(s)"
+        return (
+            f"run {self.name}: no task of its barrier stage has run for {math.floor(quiet_s)} s "
+            f"(train.sync_timeout_s={self.timeout_s:g} plus {_margin(self.timeout_s):g} s): "
+            f"its {self.workers} trainers need {self.workers} task slots at once and the "
+            f"application has {have} now{busy} (an executor or worker was lost, or other "
+            f"jobs hold them); the job was cancelled. {self.advice}"
+        )
+
+
+def cancelled_by(watch: BarrierWatch, err: BaseException) -> TrainError | None:
+    """The :class:`TrainError` to raise for ``err``, the failure of a job run under
+    ``watch``: its stall when the watch cancelled it, Spark's slot check when that failed
+    (executors lost between :func:`check_slots` and the stage); None for another error."""
+    if watch.reason is not None:
+        return TrainError(watch.reason)
+    if "BarrierJobSlotsNumberCheckFailed" in str(err):
+        slots = task_slots(watch.sc)
+        return TrainError(
+            f"run {watch.name}: Spark could not start the {watch.workers} trainers of the "
+            f"barrier stage together: the application has {slots} task slot(s) now; lower "
+            "train.workers or give it more executors or cores"
+        )
+    return None
