@@ -336,6 +336,7 @@ def find_loop_closures(
         )
         is not None
     ]
+    _warn_untied(everything, pairs, closures)
     log.info(
         "loop closures: %d of %d candidates accepted among %d keyframes (%d fixed)",
         len(closures),
@@ -344,6 +345,36 @@ def find_loop_closures(
         len(anchors),
     )
     return closures
+
+
+def _drive_pair(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a <= b else (b, a)
+
+
+def _warn_untied(
+    keyframes: Sequence[Keyframe], pairs: Sequence[tuple[int, int]], closures: Sequence[LoopClosure]
+) -> None:
+    """Warn about each two drives that come close (candidates between them) but that no
+    closure ties: each lies where its own GPS puts it, which can be a metre or two from
+    the other (two days' receiver biases), and the map shows the road twice."""
+    near: dict[tuple[str, str], list[float]] = {}
+    for i, j in pairs:
+        a, b = keyframes[i], keyframes[j]
+        if a.drive != b.drive:
+            gap = float(np.linalg.norm(a.pose[:3, 3] - b.pose[:3, 3]))
+            near.setdefault(_drive_pair(a.drive, b.drive), []).append(gap)
+    tied = {_drive_pair(c.a[0], c.b[0]) for c in closures}
+    for (a_drive, b_drive), gaps in sorted(near.items()):
+        if (a_drive, b_drive) not in tied:
+            log.warning(
+                "loop closures: drives %s and %s overlap (%d keyframe pair(s) within %.1f m) "
+                "but no registration of them passed verification: they are not tied, each "
+                "is placed by its own GPS alone and they may lie a metre or two apart",
+                a_drive,
+                b_drive,
+                len(gaps),
+                max(gaps),
+            )
 
 
 class KeyframeArchive:

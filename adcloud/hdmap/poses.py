@@ -114,6 +114,11 @@ class PoseSettings:
     ``gps_robust_k`` sigmas; fixes further than ``gps_gate_m`` from the segment's robust
     first fit are dropped. A segment is anchored to GPS when it has ``gps_min_fixes`` fixes
     spread over ``gps_min_extent_m``; otherwise it stays in its own frame until the join.
+    Each drive's fixes share an error (the receiver's bias on that day; two drives differ
+    by a metre or two): in the join, a drive that loop closures tie to another drive or to
+    the map gets a 3D offset of its fixes (zero-mean prior of ``gps_drive_bias_sigma_m``),
+    so that the closures, not the hundreds of fixes repeating the same bias, decide where
+    it lies relative to the other drive. 0 turns the offset off.
 
     Gravity: every keyframe's roll and pitch are held to the propagated tilt (the
     accelerometer's gravity) by an attitude factor of ``attitude_sigma_rad``; without it
@@ -165,6 +170,7 @@ class PoseSettings:
     gps_gate_m: float = 6.0
     gps_min_fixes: int = 5
     gps_min_extent_m: float = 20.0
+    gps_drive_bias_sigma_m: float = 1.0
     attitude_sigma_rad: float = 0.005
     tilt_bias_sigma_rad: float = 0.01
     max_iterations: int = 100
@@ -206,6 +212,7 @@ class PoseSettings:
             "odom_sigma_fraction",
             "odom_sigma_rotation_rate",
             "tilt_bias_sigma_rad",
+            "gps_drive_bias_sigma_m",
         )
         for name in non_negative:
             value = getattr(self, name)
@@ -779,6 +786,44 @@ def _tilt_offset(
     return key
 
 
+def _gps_bias(
+    graph: gtsam.NonlinearFactorGraph, values: gtsam.Values, index: int, cfg: PoseSettings
+) -> int:
+    """Add the ``index``-th drive's GPS offset (3D, m, map frame; zero-mean prior of
+    ``gps_drive_bias_sigma_m``) to a graph and return its key."""
+    key = int(gtsam.symbol("g", index))
+    values.insert(key, np.zeros(3))
+    prior = gtsam.noiseModel.Isotropic.Sigma(3, cfg.gps_drive_bias_sigma_m)
+    graph.add(gtsam.PriorFactorVector(key, np.zeros(3), prior))
+    return key
+
+
+def _biased_gps_factor(key: int, bias_key: int, fix: F64, lever: F64, noise: Any) -> Any:
+    """``GPSFactorArm`` whose fix is read with the drive's offset ``bias_key``: the antenna
+    (``lever`` in ``base_link`` of pose ``key``) plus the offset predicts ``fix`` (map)."""
+    measured = np.asarray(fix, dtype=np.float64)
+    arm = np.asarray(lever, dtype=np.float64)
+
+    # GTSAM's GPS factors have no bias; this is GPSFactorArm's error with one added.
+    def error(this: Any, values: Any, jacobians: Any) -> F64:
+        pose_key, offset_key = this.keys()
+        pose = values.atPose3(pose_key)
+        rotation = pose.rotation().matrix()
+        residual: F64 = (
+            np.asarray(pose.translation()) + rotation @ arm + values.atVector(offset_key) - measured
+        )
+        if jacobians is not None:
+            # Pose3 moves on the right: R exp([w]x) a = R a - R [a]x w; t + R v.
+            jacobian = np.zeros((3, 6))
+            jacobian[:, :3] = -rotation @ _skew(arm)
+            jacobian[:, 3:] = rotation
+            jacobians[0] = jacobian
+            jacobians[1] = np.eye(3)
+        return residual
+
+    return gtsam.CustomFactor(noise, [key, bias_key], error)
+
+
 def _optimize(graph: gtsam.NonlinearFactorGraph, values: gtsam.Values, cfg: PoseSettings) -> Any:
     params = gtsam.LevenbergMarquardtParams()
     params.setMaxIterations(cfg.max_iterations)
@@ -1193,7 +1238,11 @@ def join_segments(
     every pair belong to some segment) -- GPS fixes of ``gps[drive]`` (those no segment
     rejected) on their nearest keyframe with the robust noise model, and the
     ``loop_closures`` with a Cauchy kernel. Each drive's dense trajectory is its segments'
-    ``dense`` motion corrected onto the optimised keyframes.
+    ``dense`` motion corrected onto the optimised keyframes. The fixes of a drive that
+    closures tie to another drive (or to ``fixed`` keyframes) are read with an offset of
+    their own (see :class:`PoseSettings`, ``gps_drive_bias_sigma_m``): otherwise a drive
+    that overlaps the other over a few keyframes, and so gets one or two closures, is held
+    by its GPS up to a metre or two from where they put it.
 
     ``fixed``: keyframes of drives already in the map (an incremental build's earlier
     versions); those that loop closures name join the graph held at their poses, so the new
@@ -1213,11 +1262,20 @@ def join_segments(
             keys = [node_of.setdefault((drive, int(t)), len(node_of)) for t in sol.stamps]
             group.nodes.append(np.asarray(keys, np.int64))
 
+    anchors = {k.key: k for k in fixed if k.drive not in groups}
+    known = {*groups, *(key[0] for key in anchors)}
+    tied = {
+        d
+        for loop in loop_closures
+        if loop.a[0] != loop.b[0] and {loop.a[0], loop.b[0]} <= known
+        for d in (loop.a[0], loop.b[0])
+    }
     graph = gtsam.NonlinearFactorGraph()
     initial: dict[int, F64] = {}
     gps_factors: dict[str, int] = {}
     values = gtsam.Values()
     offsets: list[int] = []
+    biases: dict[str, int] = {}
     for drive, group in groups.items():
         _place(group, initial)
         for (a, b), rels in _pair_measurements(group, cfg).items():
@@ -1234,19 +1292,20 @@ def join_segments(
             owner = np.argmax(depth, axis=0)
             keep &= depth[owner, np.arange(len(fixes.t))] >= -_NS // 2
             lever = group.solutions[0].gps_lever_arm
+            bias = None
+            if drive in tied and cfg.gps_drive_bias_sigma_m > 0 and keep.any():
+                bias = biases[drive] = _gps_bias(graph, values, len(biases), cfg)
             for o, sol in enumerate(group.solutions):
                 rows = np.flatnonzero(keep & (owner == o))
                 if not len(rows):
                     continue
                 near, body = _antenna_links(sol.stamps, sol.poses, sol.dense, fixes.t[rows], lever)
                 for f, r, b in zip(rows, near, body, strict=True):
+                    node, noise = _key(int(group.nodes[o][r])), _gps_noise(fixes.sigma[f], cfg)
                     graph.add(
-                        gtsam.GPSFactorArm(
-                            _key(int(group.nodes[o][r])),
-                            fixes.enu[f],
-                            b,
-                            _gps_noise(fixes.sigma[f], cfg),
-                        )
+                        gtsam.GPSFactorArm(node, fixes.enu[f], b, noise)
+                        if bias is None
+                        else _biased_gps_factor(node, bias, fixes.enu[f], b, noise)
                     )
                     used += 1
         gps_factors[drive] = used
@@ -1265,7 +1324,6 @@ def join_segments(
         _between_noise(loops_cfg.sigma_rotation_rad, loops_cfg.sigma_translation_m),
     )
     ties: dict[str, set[str]] = {drive: set() for drive in groups}
-    anchors = {k.key: k for k in fixed if k.drive not in groups}
     named = {key for loop in loop_closures for key in (loop.a, loop.b) if key in anchors}
     held_noise = _between_noise(1e-6, 1e-6)
     for key in sorted(named):
@@ -1307,6 +1365,15 @@ def join_segments(
             # A few mrad is an accelerometer's bias; tens suggest a wrong IMU mount.
             x, y = 1e3 * result.atVector(offset)
             log.info("join: drive %s: gravity's tilt offset (%.1f, %.1f) mrad", drive, x, y)
+        if drive in biases:
+            x, y, z = result.atVector(biases[drive])
+            log.info(
+                "join: drive %s: its GPS reads (%.2f, %.2f, %.2f) m off where loop closures put it",
+                drive,
+                x,
+                y,
+                z,
+            )
     log.info(
         "join: %d keyframes (%d of the map, fixed), %d drives, %d GPS fixes, %d loop closures",
         len(node_of),

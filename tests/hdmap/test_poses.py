@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,7 @@ from adcloud.hdmap.poses import (
     PoseSettings,
     SegmentSolution,
     _attitude_factor,
+    _biased_gps_factor,
     _key,
     _tilt_offset,
     deskew_scan,
@@ -52,7 +54,7 @@ from adcloud.hdmap.poses import (
     solve_segment,
     split_segments,
 )
-from adcloud.hdmap.trajectory import Trajectory, absolute_trajectory_error
+from adcloud.hdmap.trajectory import Trajectory, absolute_trajectory_error, rigid_alignment
 from adcloud.synth import DriveResult, read_poses
 from tests.device_order import sums_in_any_order
 
@@ -711,6 +713,94 @@ def test_a_new_drive_is_tied_to_the_fixed_keyframes_of_the_map(
     apart_err = _ate_of_all({**map_traj, **alone}, truth)
     tied_err = _ate_of_all({**map_traj, **tied}, truth)
     assert apart_err > 0.5 and tied_err < 0.1, (apart_err, tied_err)
+
+
+def _offset_from_map(
+    map_traj: Trajectory, traj: Trajectory, truth: Trajectory
+) -> tuple[float, float]:
+    """Median and largest distance (m) of ``traj`` from the truth in the frame in which
+    the map's trajectory ``map_traj`` best fits the truth: how far from where it belongs
+    relative to the map a drive was placed."""
+    align = rigid_alignment(map_traj.xyz, truth.at(map_traj.t)[:, :3, 3])
+    placed = traj.xyz @ align[:3, :3].T + align[:3, 3]
+    off = np.linalg.norm(placed - truth.at(traj.t)[:, :3, 3], axis=1)
+    return float(np.median(off)), float(off.max())
+
+
+def test_a_drive_that_overlaps_the_map_a_little_is_tied_to_it_not_to_its_gps(
+    drive: DriveData, truth: Trajectory, tmp_path: Path
+) -> None:
+    """The map's drive (3-20 s) and a new 33 s drive (25-58 s, its GPS 2.2 m north of the
+    map's) share only the few metres where the loop comes back: one closure ties them.
+    That closure, not the new drive's 150 fixes repeating their bias, decides where the
+    drive lies (a per-drive GPS offset in the join; with its fixes taken as independent the
+    drive stayed 2.1 m off, the one closure outvoted). Backward matching keeps the new
+    drive's shape good to a few centimetres away from the closure."""
+    settings = PoseSettings()
+    first = _cut(drive, "first", 3.0, 20.0)
+    cut = _cut(drive, "second", 25.0, 58.0)
+    gps = dataclasses.replace(cut.gps, enu=cut.gps.enu + np.array([0.0, 2.2, 0.0]))
+    map_solutions = _solve_drive(first, settings)
+    map_traj = join_segments(map_solutions, {"first": first.gps}, (), settings)["first"]
+    fixed = solution_keyframes(map_solutions, {"first": map_traj})
+    solutions = _solve_drive(dataclasses.replace(cut, gps=gps), settings)
+    alone = join_segments(solutions, {"second": gps}, (), settings)
+    closures = find_loop_closures(solution_keyframes(solutions, alone), fixed=fixed)
+    assert len([c for c in closures if "first" in (c.a[0], c.b[0])]) == 1  # a little overlap
+    tied = join_segments(solutions, {"second": gps}, closures, settings, fixed=fixed)["second"]
+    gps_only = _offset_from_map(map_traj, alone["second"], truth)
+    median, largest = _offset_from_map(map_traj, tied, truth)
+    assert gps_only[0] > 1.5 and median < 0.1 and largest < 0.25, (gps_only, median, largest)
+    # with the offset off, the drive's own fixes win (the earlier behaviour)
+    off = dataclasses.replace(settings, gps_drive_bias_sigma_m=0.0)
+    held = join_segments(solutions, {"second": gps}, closures, off, fixed=fixed)["second"]
+    assert _offset_from_map(map_traj, held, truth)[0] > 1.0
+
+
+def test_the_biased_gps_factor_has_the_derivative_of_its_error() -> None:
+    rng = np.random.default_rng(3)
+    pose = gtsam.Pose3(
+        gtsam.Rot3(Rotation.from_rotvec(rng.normal(0, 0.5, 3)).as_matrix()), rng.normal(0, 5, 3)
+    )
+    lever, fix = np.array([0.3, -0.2, 1.6]), rng.normal(0, 5, 3)
+    bias = int(gtsam.symbol("g", 0))
+    noise = gtsam.noiseModel.Isotropic.Sigma(3, 1.0)
+    factor = _biased_gps_factor(_key(0), bias, fix, lever, noise)
+    values = gtsam.Values()
+    values.insert(_key(0), pose)
+    values.insert(bias, np.array([0.4, -1.1, 0.2]))
+    # with no offset it is GTSAM's GPSFactorArm
+    plain = gtsam.GPSFactorArm(_key(0), fix, lever, noise)
+    zero = gtsam.Values(values)
+    zero.update(bias, np.zeros(3))
+    np.testing.assert_allclose(factor.unwhitenedError(zero), plain.unwhitenedError(zero))
+    analytic, _ = factor.linearize(values).jacobian()
+    numeric = np.zeros((3, 9))
+    step = 1e-6
+    for i in range(9):
+        moved = gtsam.Values(values)
+        delta = np.zeros(9)
+        delta[i] = step
+        if i < 6:
+            moved.update(_key(0), pose.retract(delta[:6]))
+        else:
+            moved.update(bias, values.atVector(bias) + delta[6:])
+        numeric[:, i] = (factor.unwhitenedError(moved) - factor.unwhitenedError(values)) / step
+    np.testing.assert_allclose(analytic, numeric, atol=1e-5)
+
+
+def test_drives_that_come_close_but_are_not_tied_are_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Keyframes of two drives a few metres apart whose sweeps cannot be registered (here:
+    empty): no closure, and a warning names both drives, since each is then placed by its
+    own GPS alone."""
+    keyframes = [_keyframe("a", 0.0, 0.0, 0.0), _keyframe("b", 100.0, 3.0, 0.0)]
+    with caplog.at_level(logging.WARNING, logger="adcloud.hdmap.loops"):
+        assert find_loop_closures(keyframes, device="numpy") == []
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "drives a and b overlap" in record.getMessage()
+    assert "not tied" in record.getMessage()
 
 
 def test_keyframe_archive_loads_only_nearby_drives_and_names_bad_files(tmp_path: Path) -> None:
