@@ -6,7 +6,9 @@ Layout in the store (every file an :mod:`adcloud.train.tensors` file, written wi
     /<run>/checkpoints/step-<N:09d>/state       model state_dict, optimizer state_dict, the
                                                 loss curve and the validation curve (JSON
                                                 text; absent in older checkpoints) so far,
-                                                step N, world size (rank 0)
+                                                step N, world size, the pinned settings and
+                                                the training data's fingerprint (JSON text;
+                                                absent in older checkpoints) (rank 0)
     /<run>/checkpoints/step-<N:09d>/rank-<r>    trainer r's data position (epoch, batch index
                                                 within the epoch) and RNG states: torch (and
                                                 CUDA), NumPy, Python ``random``
@@ -74,6 +76,10 @@ class CheckpointInfo:
     #: The settings the run had when it wrote the checkpoint (``TrainConfig.pinned_settings``;
     #: None for checkpoints written without them).
     settings: dict[str, Any] | None = None
+    #: What the run was trained on when it wrote the checkpoint: the fingerprint of each
+    #: training bag (:func:`adcloud.train.job.data_fingerprint`; None for checkpoints written
+    #: without one, or by a run given its samples rather than bags).
+    data: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,9 @@ class Checkpointer:
     ``timeout_s`` how long rank 0 waits for the other trainers' parts before it gives up on
     publishing the pointer (the checkpoint then simply stays incomplete).  ``write_type``
     defaults to the store's own (the local store's ``ASYNC_THROUGH`` persists through a
-    journal, so an acknowledged checkpoint survives a killed process).
+    journal, so an acknowledged checkpoint survives a killed process).  ``settings`` and
+    ``data`` are recorded in every checkpoint (:attr:`CheckpointInfo.settings`,
+    :attr:`CheckpointInfo.data`), so that a resumed run can be checked against them.
     """
 
     def __init__(
@@ -180,6 +188,7 @@ class Checkpointer:
         timeout_s: float = 120.0,
         write_type: WriteType | str | None = None,
         settings: Mapping[str, Any] | None = None,
+        data: Mapping[str, Any] | None = None,
     ) -> None:
         if every < 0 or keep < 1:
             raise CheckpointError(f"checkpoint every={every} must be >= 0 and keep={keep} >= 1")
@@ -190,6 +199,7 @@ class Checkpointer:
         self.timeout_s = timeout_s
         self.write_type = write_type
         self.settings = None if settings is None else dict(settings)
+        self.data = None if data is None else dict(data)
         self.saved_seconds = 0.0
 
     def due(self, step: int, *, last: bool = False) -> bool:
@@ -247,6 +257,7 @@ class Checkpointer:
                 # JSON text (the scores' names vary by task): [[step, {name: value}], ...]
                 "validation": json.dumps([[k, dict(v)] for k, v in validation]),
                 "settings": json.dumps(self.settings, sort_keys=True, default=str),
+                "data": json.dumps(self.data, sort_keys=True, default=str),
             }
             meta = {"format": _FORMAT, "version": _VERSION, "kind": "state", "run": self.run}
             self._put(f"{base}/state", encode_tree(state, meta))
@@ -430,7 +441,8 @@ def _newest_good(
                 len(problems) + len(incomplete),
             )
         settings = json.loads(state.get("settings") or "null")
-        info = CheckpointInfo(run, step, _dir_key(run, step), world, settings)
+        data = json.loads(state.get("data") or "null")
+        info = CheckpointInfo(run, step, _dir_key(run, step), world, settings, data)
         return info, state, part
     if problems:
         raise CheckpointError(

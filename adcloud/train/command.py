@@ -42,7 +42,9 @@ train.yaml:
                                # (default adcloud-runs/{run}, {run}: the run's name)
 
 Running the same config on the same bags again resumes from its last checkpoint; bags
-that changed (their size or file metadata) start a new run.  Set train.run to name a run.
+that changed (their size or file metadata) start a new run.  Set train.run to name a run:
+resumed on bags that changed, were added or removed, or with other task options, a named
+run is refused, naming them (--set resume_changed_data=true resumes it on them anyway).
 """
 
 

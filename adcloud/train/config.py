@@ -41,8 +41,9 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 DEVICES = ("auto", "cpu", "cuda")
 
-# What a checkpoint records (TrainConfig.pinned_settings), for the warning of a run resumed
-# with other values.
+# What a checkpoint records (TrainConfig.pinned_settings): a run resumed with another task or
+# other task options is refused (they decide the samples, see adcloud.train.job), one resumed
+# with other values of the rest is warned about.
 _PINNED_BY_CHECKPOINT = (
     "task",
     "task_options",
@@ -84,6 +85,7 @@ _NOT_IN_RUN_ID = frozenset(
         "threads",
         "etl",  # memory or files: the same samples in the same order
         "etl_dir",
+        "resume_changed_data",  # whether a resume may go on; not what it computes
     }
 )
 
@@ -144,6 +146,11 @@ class TrainConfig:
     #: Run name in the store (empty: :meth:`run_id`): letters, digits, ``.``, ``_`` and
     #: ``-``, not starting with ``.``.
     run: str = ""
+    #: Resume the run's checkpoint even when the data it was trained on changed since (a
+    #: training bag regenerated, edited, added or removed; another task or other task
+    #: options): the steps before it keep what they learnt from the old data.  Without it
+    #: such a resume is refused, naming what changed.
+    resume_changed_data: bool = False
     #: Where every finished run writes its deployable model (``model/``), final parameters,
     #: loss curve and effective settings: a directory or fsspec URL in which ``{run}`` stands
     #: for the run's name.  A relative path is below the driver's working directory; on a

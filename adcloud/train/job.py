@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import datetime
 import functools
 import hashlib
 import json
@@ -61,13 +62,14 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 import numpy as np
+from fsspec.implementations.local import LocalFileSystem
 
 from adcloud._commit import JobOutput
 from adcloud._scratch import make_scratch, remove_scratch, scratch_dir
 from adcloud.errors import AdcloudError
 from adcloud.store import open_store
 from adcloud.train.barrier import BarrierWatch, cancelled_by, check_slots
-from adcloud.train.checkpoint import Checkpointer, latest_checkpoint, resume_with
+from adcloud.train.checkpoint import Checkpointer, CheckpointInfo, latest_checkpoint, resume_with
 from adcloud.train.config import TrainConfig
 from adcloud.train.errors import CheckpointError, DataError, TrainError
 from adcloud.train.evaluate import (
@@ -99,6 +101,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "bag_uris",
+    "data_changes",
+    "data_fingerprint",
     "decode_samples",
     "etl_samples",
     "etl_to_files",
@@ -138,12 +142,20 @@ def bag_uris(bags: Sequence[str]) -> list[str]:
     return expand_uris([_absolute(b) for b in bags]) if bags else []
 
 
-def _check_resumable(config: TrainConfig, run: str, *, warn: bool = True) -> None:
+def _check_resumable(
+    config: TrainConfig,
+    run: str,
+    *,
+    warn: bool = True,
+    data: Mapping[str, Any] | None = None,
+) -> None:
     """On the driver, before any Spark work: a run whose newest checkpoint was written by
     another number of trainers, or trained with another optimizer, cannot resume (each
     trainer would find out in its task), nor can one whose checkpoint is past its steps
     (``steps`` as given; with ``epochs``, once they resolve to steps); one resumed with
-    other settings is warned about (unless not ``warn``)."""
+    other settings is warned about (unless not ``warn``).  With ``data``, the training
+    bags' :func:`data_fingerprint`, a run whose training data changed since its checkpoint
+    cannot resume unless ``config.resume_changed_data`` (:func:`_check_same_data`)."""
     store = open_store(config.store, **config.store_kwargs())
     try:
         info = latest_checkpoint(store, run)
@@ -165,12 +177,17 @@ def _check_resumable(config: TrainConfig, run: str, *, warn: bool = True) -> Non
             f"resume another optimizer; run with optimizer={saved_optimizer} to resume it, or "
             "give the run a new name (train.run)"
         )
+    if info is not None and data is not None:
+        _check_same_data(config, run, info, data, f"{store.uri}{info.key}", warn=warn)
     if warn and info is not None and info.settings is not None:
         now = json.loads(json.dumps(config.pinned_settings(), sort_keys=True, default=str))
+        # what decides the samples is the data check's; the bags as written (a directory
+        # or the glob of its files) only where the checkpoint has no data fingerprint
+        covered = {*_DECIDE_SAMPLES, *(("bags",) if info.data is not None else ())}
         changed = [
             f"{name} {info.settings.get(name)!r} -> {now[name]!r}"
             for name in now
-            if info.settings.get(name) != now[name]
+            if name not in covered and info.settings.get(name) != now[name]
         ]
         if changed:
             log.warning(
@@ -183,19 +200,82 @@ def _check_resumable(config: TrainConfig, run: str, *, warn: bool = True) -> Non
             )
 
 
+#: Settings that decide which samples the bags give (the data check, not the warning).
+_DECIDE_SAMPLES = ("task", "task_options")
+
+
+def _check_same_data(
+    config: TrainConfig,
+    run: str,
+    info: CheckpointInfo,
+    data: Mapping[str, Any],
+    where: str,
+    *,
+    warn: bool,
+) -> None:
+    """Refuse to resume checkpoint ``info`` (at ``where``) on other data than it was
+    trained on: the run would go on training one model on two datasets.  ``data`` is the
+    training bags' :func:`data_fingerprint` now; a changed task or task options change the
+    samples too.  With ``config.resume_changed_data`` it resumes, with a warning (unless
+    not ``warn``).  A checkpoint without a fingerprint (written by an older adcloud)
+    resumes, with a warning that its data cannot be checked."""
+    changes = []
+    if info.settings is not None:
+        now = json.loads(json.dumps(config.pinned_settings(), sort_keys=True, default=str))
+        changes = [
+            f"{name} {info.settings[name]!r} -> {now[name]!r}"
+            for name in _DECIDE_SAMPLES
+            if name in info.settings and info.settings[name] != now[name]
+        ]
+    if info.data is None:
+        if warn and not changes:
+            log.warning(
+                "run %s: checkpoint %s records no fingerprint of the bags it was trained on "
+                "(an older adcloud, or a run given its samples, wrote it): it resumes without "
+                "a check that they are these",
+                run,
+                where,
+            )
+    else:
+        changes += data_changes(info.data, data)
+    if not changes:
+        return
+    shown = "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more" if len(changes) > 6 else "")
+    if config.resume_changed_data:
+        if warn:
+            log.warning(
+                "run %s resumes at step %d on other training data than its checkpoint %s was "
+                "trained on (train.resume_changed_data): %s",
+                run,
+                info.step,
+                where,
+                shown,
+            )
+        return
+    raise CheckpointError(
+        f"run {run}: the training data changed since its checkpoint {where} (step "
+        f"{info.step}) was written: {shown}. Resumed, the run would train one model on both "
+        "datasets. Give the run a new name (train.run; left empty, the run's name follows "
+        "the bags) to train afresh on this data, or set train.resume_changed_data=true to "
+        "resume on it anyway"
+    )
+
+
 def preflight(config: TrainConfig, task: Task | None = None) -> str:
     """The run's name (fixed before steps resolve; it covers what the bags are now), after
     the checks that need no Spark: every bag is there (:func:`check_bags`), every held-out
     bag has the messages ``task`` (default: ``config.task``) reads
     (:func:`check_heldout_topics`), the output directory is not a file, and the run's
     checkpoints, if any, were written by as many trainers as it has, with the same
-    optimizer, at no more steps than it has.  ``adcloud train run`` calls it before it
-    starts Spark and hands the name to :func:`run_training`, which calls it otherwise."""
+    optimizer, at no more steps than it has, on the same data (bags, task and task
+    options; or ``resume_changed_data``).  ``adcloud train run`` calls it before it starts
+    Spark and hands the name to :func:`run_training`, which calls it otherwise."""
     check_bags(config)
     check_heldout_topics(config, load_task(config) if task is None else task)
-    run = config.run_id(data_identity(bag_uris(config.bags)))
+    uris = bag_uris(config.bags)
+    run = config.run_id(data_identity(uris))
     _check_output(config.output_dir(run))
-    _check_resumable(config, run)
+    _check_resumable(config, run, data=data_fingerprint(uris))
     return run
 
 
@@ -280,6 +360,90 @@ def data_identity(bags: Sequence[str]) -> str:
                 raise TrainError(f"{uri}: cannot stat {member}: {err}") from err
             digest.update(key.encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:16]
+
+
+def _modified(info: Mapping[str, Any]) -> str | None:
+    """When a file was last written, from fsspec's ``info`` (UTC, ISO 8601; None: the
+    filesystem does not say)."""
+    for name in ("mtime", "LastModified", "last_modified", "updated", "modified"):
+        value = info.get(name)
+        if isinstance(value, datetime.datetime):
+            zone = value.tzinfo or datetime.UTC
+            value = value.replace(tzinfo=zone).timestamp()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            stamp = datetime.datetime.fromtimestamp(float(value), datetime.UTC)
+            return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def data_fingerprint(bags: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """What each bag at ``bags`` (URLs, as :func:`bag_uris` gives them) is now, by URL (a
+    local bag by its path): ``{"bytes", "files", "modified", "stamp"}``, recorded in every
+    checkpoint so that a resumed run can tell whether it trains on the data its checkpoint
+    was trained on.
+
+    ``bytes`` and ``files`` count a rosbag2 directory's files together, ``modified`` is the
+    newest write time (:func:`_modified`), ``stamp`` a digest of every file's path, size and
+    write time -- a local file's ``st_mtime_ns``; elsewhere fsspec's ``ukey`` (an object's
+    ETag or version).  Metadata only, not a read of the data, so it costs milliseconds on any
+    bag size: a bag regenerated or edited in place gets another stamp, one merely read,
+    ``chmod``-ed or moved back keeps its own.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for uri in bags:
+        fs, path = fsspec.core.url_to_fs(uri)
+        local = isinstance(fs, LocalFileSystem)
+        digest = hashlib.sha256()
+        size = 0
+        newest: str | None = None
+        try:
+            members = sorted(fs.find(path)) if fs.isdir(path) else [path]
+            for member in members:
+                info = fs.info(member)
+                size += int(info.get("size") or 0)
+                # a local file's write time to the nanosecond (its ukey would take in the
+                # inode and ctime too, which a chmod or a backup's restore change)
+                mark = str(Path(member).stat().st_mtime_ns) if local else str(fs.ukey(member))
+                written = _modified(info)
+                if written is not None and (newest is None or written > newest):
+                    newest = written
+                rel = posixpath.relpath(member, path) if member != path else ""
+                key = f"{rel}\0{info.get('size')}\0{mark}\n"
+                digest.update(key.encode("utf-8", "surrogateescape"))
+        except (OSError, ValueError) as err:
+            raise TrainError(f"{uri}: cannot stat the bag: {err}") from err
+        # a local bag by its path: file:///d/a.bag and /d/a.bag are the same bag
+        out[path if local else uri] = {
+            "bytes": size,
+            "files": len(members),
+            "modified": newest,
+            "stamp": digest.hexdigest()[:16],
+        }
+    return out
+
+
+def data_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """How the training data ``now`` differs from ``before`` (both :func:`data_fingerprint`):
+    one line per bag changed, added or removed (empty: the same data)."""
+    out = []
+    for uri in sorted(set(before) | set(now)):
+        old, new = before.get(uri), now.get(uri)
+        if new is None:
+            out.append(f"{uri} removed from the bags")
+        elif old is None:
+            out.append(f"{uri} added to the bags")
+        elif old.get("stamp") != new.get("stamp"):
+            told = []
+            if old.get("bytes") != new.get("bytes"):
+                told.append(f"{old.get('bytes')} -> {new.get('bytes')} bytes")
+            if old.get("files") != new.get("files"):
+                told.append(f"{old.get('files')} -> {new.get('files')} files")
+            if old.get("modified") != new.get("modified"):
+                told.append(f"written {old.get('modified')} -> {new.get('modified')}")
+            out.append(f"{uri} changed ({', '.join(told) or 'its files were rewritten'})")
+    return out
 
 
 # -- ETL ------------------------------------------------------------------------------------
@@ -640,7 +804,11 @@ def _validate_shard(
 
 
 def _barrier_train(
-    items: Iterable[tuple[int, Any]], *, task: Task, config: TrainConfig
+    items: Iterable[tuple[int, Any]],
+    *,
+    task: Task,
+    config: TrainConfig,
+    data: Mapping[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Executor side: one trainer of the barrier stage."""
     from pyspark import BarrierTaskContext  # noqa: PLC0415
@@ -666,6 +834,7 @@ def _barrier_train(
         keep=config.keep_checkpoints,
         timeout_s=config.sync_timeout_s,
         settings=config.pinned_settings(),
+        data=data,
     )
     try:
         result = train(
@@ -714,10 +883,17 @@ def _result_from(
     )
 
 
-def train_on_shards(shards: RDD[tuple[int, Any]], config: TrainConfig, task: Task) -> TrainResult:
+def train_on_shards(
+    shards: RDD[tuple[int, Any]],
+    config: TrainConfig,
+    task: Task,
+    *,
+    data: Mapping[str, Any] | None = None,
+) -> TrainResult:
     """Run :func:`~adcloud.train.loop.train` in a barrier stage, one task per shard.
 
-    ``config.steps`` must be resolved (``epochs=0``).  The stage needs ``workers`` task slots
+    ``config.steps`` must be resolved (``epochs=0``); ``data``, the training bags'
+    :func:`data_fingerprint`, goes into every checkpoint.  The stage needs ``workers`` task slots
     at once: fewer in the application fail at once (:func:`~adcloud.train.barrier.check_slots`).
     Spark retries the whole stage when a trainer dies, and the retry resumes from the last
     checkpoint; a stage none of whose tasks runs for ``sync_timeout_s`` and a margin (a retry
@@ -728,7 +904,7 @@ def train_on_shards(shards: RDD[tuple[int, Any]], config: TrainConfig, task: Tas
         raise TrainError(f"train_on_shards runs ps or allreduce, not {config.sync!r}")
     sc = shards.context
     check_slots(sc, config.workers, wait_s=config.sync_timeout_s)
-    job = functools.partial(_barrier_train, task=task, config=config)
+    job = functools.partial(_barrier_train, task=task, config=config, data=data)
     run = config.run_id()
     resume = (
         f"Run it again (run {run}) once the cluster has the slots: it resumes from its last "
@@ -1012,6 +1188,8 @@ def run_training(
             "has none: set eval_every=0"
         )
     started = time.perf_counter()
+    # what the checkpoints record the run was trained on (preflight checked it against theirs)
+    data = data_fingerprint(bag_uris(config.bags)) if keyed is None else None
     if preflighted:
         run = preflighted
     elif keyed is None:
@@ -1051,6 +1229,7 @@ def run_training(
                 keep=config.keep_checkpoints,
                 timeout_s=config.sync_timeout_s,
                 settings=config.pinned_settings(),
+                data=data,
             )
             held = None
             if validating:  # decoded once, kept on the executors, scored there
@@ -1086,7 +1265,7 @@ def run_training(
             try:
                 if config.epochs:  # before the trainers start (they would fail each attempt)
                     _check_resumable(resolved, run, warn=False)
-                result = train_on_shards(shards, resolved, task)
+                result = train_on_shards(shards, resolved, task, data=data)
                 # samples to trace the exported model with, from the cached shards
                 examples = [s for _, s in shards.filter(lambda pair: pair[0] >= 0).take(2)]
                 if heldout is not None:  # the held-out pairs dealt into the cached shards
@@ -1151,14 +1330,18 @@ def run_torchrun(
             "score the exported model with: adcloud train eval --model OUT/model --bags %s",
             " ".join(config.heldout_bags),
         )
-    data = data_identity(bag_uris(config.bags)) if samples is None else ""
-    if samples is None:
-        samples = local_samples(task, config.bags, partitions_per_bag=config.partitions_per_bag)
+    uris = bag_uris(config.bags) if samples is None else []
+    fingerprint = data_fingerprint(uris) if samples is None else None
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     config = config.replace(sync="allreduce", workers=world)
+    run = config.run_id(data_identity(uris))
+    # every rank reaches the same verdict, before it decodes the bags and before the
+    # process group waits for the others
+    _check_resumable(config, run, warn=rank == 0, data=fingerprint)
+    if samples is None:
+        samples = local_samples(task, config.bags, partitions_per_bag=config.partitions_per_bag)
     sizes = [len(range(r, len(samples), world)) for r in range(world)]
-    run = config.run_id(data)
     config = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=run)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = resolve_device(config.device, local_rank)
@@ -1174,6 +1357,7 @@ def run_torchrun(
         keep=config.keep_checkpoints,
         timeout_s=config.sync_timeout_s,
         settings=config.pinned_settings(),
+        data=fingerprint,
     )
     shard = [samples[i] for i in range(rank, len(samples), world)]
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import re
@@ -37,6 +38,7 @@ from adcloud.train.config import TrainConfig
 from adcloud.train.errors import CheckpointError, DataError, ExportError, TrainError
 from adcloud.train.export import inspect_model
 from adcloud.train.job import (
+    data_fingerprint,
     data_identity,
     etl_samples,
     local_samples,
@@ -285,6 +287,177 @@ def test_same_bags_resume_and_changed_bags_start_a_new_run(
     assert fresh.run != first.run and fresh.run.startswith("toy_linear-")
     assert fresh.start_step == 0 and fresh.losses != first.losses
     assert cfg.replace(run="named").run_id(data_identity([str(bag)])) == "named"
+
+
+def _odom_drive(path: Path, seed: int) -> str:
+    """A 4 s odometry-only drive like ``drive``'s, written (or rewritten) at ``path``."""
+    cfg = DriveConfig(
+        seconds=4, seed=seed, lidar=False, camera=False, truth_raster=False, chunk_bytes=16384
+    )
+    return str(generate_drive(cfg, path, overwrite=True).bag)
+
+
+def test_a_named_run_resumed_on_changed_bags_is_refused_naming_them(
+    spark: SparkSession, drive: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A named run's checkpoints record what its bags were: resumed on a bag regenerated at
+    the same path, or with a bag added or removed, it is refused before any Spark work,
+    naming each bag and how to go on, instead of training one model on two datasets; on
+    the same bags it resumes as before, and with resume_changed_data it resumes on the new
+    data (whose fingerprint its next checkpoints record)."""
+    bag = tmp_path / "drive.bag"
+    shutil.copyfile(drive, bag)
+    extra = tmp_path / "extra.bag"
+    shutil.copyfile(drive, extra)
+    cfg = config(
+        tmp_path, sync="single", bags=(str(bag),), run="named", steps=2, checkpoint_every=2
+    )
+    assert run_training(spark, cfg, task=LinearTask()).start_step == 0
+    same = run_training(spark, cfg.replace(steps=4), task=LinearTask())
+    assert same.run == "named" and same.start_step == 2  # unchanged bags: resumed
+
+    _odom_drive(bag, seed=11)  # regenerated in place: other data at the same path
+    with pytest.raises(CheckpointError) as refused:
+        run_training(spark, cfg.replace(steps=6), task=LinearTask())
+    said = str(refused.value)
+    assert re.search(
+        rf"run named: the training data changed since its checkpoint \S+step-000000004 "
+        rf"\(step 4\) was written: {re.escape(str(bag))} changed \((\d+ -> \d+ bytes, )?"
+        r"written \S+ -> \S+\)\. ",
+        said,
+    ), said
+    assert "a new name (train.run" in said and "train.resume_changed_data=true" in said
+    # nothing was trained: the newest checkpoint is still the one of the old data
+    store = open_store(cfg.store, **cfg.store_kwargs())
+    assert latest_checkpoint(store, "named").step == 4  # type: ignore[union-attr]
+
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(extra))} added to the bags"):
+        job_module.preflight(cfg.replace(bags=(str(bag), str(extra)), steps=6), LinearTask())
+
+    with caplog.at_level(logging.WARNING, logger="adcloud.train.job"):
+        moved = run_training(
+            spark, cfg.replace(steps=6, resume_changed_data=True), task=LinearTask()
+        )
+    assert moved.run == "named" and moved.start_step == 4 and moved.steps == 6
+    assert "resumes at step 4 on other training data" in caplog.text
+    assert f"{bag} changed" in caplog.text
+    # the checkpoints written since record the new data: resumed on it, no override needed
+    assert run_training(spark, cfg.replace(steps=8), task=LinearTask()).start_step == 6
+    # and the bag the run started on is now the one it was not trained on last
+    shutil.copyfile(drive, bag)
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(bag))} changed"):
+        job_module.preflight(cfg.replace(steps=10), LinearTask())
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(bag))} removed from the bags"):
+        job_module.preflight(cfg.replace(bags=(str(extra),), steps=10), LinearTask())
+
+
+def test_two_trainer_checkpoints_record_the_bags_they_were_trained_on(
+    spark: SparkSession, drive: str, tmp_path: Path
+) -> None:
+    """The trainers in the executors write the checkpoints of a ps or allreduce run: they
+    record the fingerprint the driver took, so a resume on other data is refused too."""
+    bag = tmp_path / "drive.bag"
+    shutil.copyfile(drive, bag)
+    cfg = config(tmp_path, sync="allreduce", bags=(str(bag),), run="pair-data", steps=2)
+    run_training(spark, cfg, task=LinearTask())
+    store = open_store(cfg.store, **cfg.store_kwargs())
+    info = latest_checkpoint(store, "pair-data")
+    assert info is not None and info.data == data_fingerprint([str(bag)])
+    _odom_drive(bag, seed=11)
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(bag))} changed"):
+        job_module.preflight(cfg.replace(steps=4), LinearTask())
+
+
+def test_a_run_resumed_with_other_task_options_is_refused(drive: str, tmp_path: Path) -> None:
+    """Task options decide the samples the bags give (a topic, a voxel size): resumed with
+    others, the run would also mix two datasets."""
+    cfg = config(tmp_path, sync="single", bags=(drive,), run="opts", steps=2)
+    store = open_store(cfg.store, **cfg.store_kwargs())
+    saver = Checkpointer(
+        store,
+        "opts",
+        every=2,
+        settings=cfg.pinned_settings(),
+        data=data_fingerprint([drive]),
+    )
+    train(LinearTask(), make_points(32), cfg, None, saver)
+    assert job_module.preflight(cfg, LinearTask()) == "opts"
+    other = cfg.replace(task_options={"topic": "/odom/other"})
+    with pytest.raises(CheckpointError, match=r"task_options \{\} -> \{'topic': '/odom/other'\}"):
+        job_module.preflight(other, LinearTask())
+    assert job_module.preflight(other.replace(resume_changed_data=True), LinearTask()) == "opts"
+    # the override as the command line and the environment give it
+    loaded = TrainConfig.load(environ={"ADCLOUD_TRAIN_RESUME_CHANGED_DATA": "true"})
+    assert loaded.resume_changed_data is True
+    assert TrainConfig.load(environ={}, resume_changed_data="false").resume_changed_data is False
+
+
+def test_a_torchrun_rank_resumed_on_changed_bags_is_refused_before_it_joins(
+    drive: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under torchrun every process checks the checkpoint against the bags itself, before
+    it decodes them and waits for the process group."""
+    bag = tmp_path / "drive.bag"
+    shutil.copyfile(drive, bag)
+    cfg = config(tmp_path, sync="allreduce", workers=1, bags=(str(bag),), run="tr-data")
+    store = open_store(cfg.store, **cfg.store_kwargs())
+    saver = Checkpointer(
+        store, "tr-data", every=2, settings=cfg.pinned_settings(), data=data_fingerprint([str(bag)])
+    )
+    train(LinearTask(), make_points(32), cfg.replace(steps=2), None, saver)
+    _odom_drive(bag, seed=11)
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)  # no process group is ever opened
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(bag))} changed"):
+        job_module.run_torchrun(cfg, task=LinearTask())
+
+
+def test_checkpoints_without_a_data_fingerprint_still_resume(
+    drive: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Checkpoints an older adcloud wrote record no fingerprint: they resume, with a
+    warning that the bags cannot be checked."""
+    cfg = config(tmp_path, sync="single", bags=(drive,), run="older", steps=2)
+    store = open_store(cfg.store, **cfg.store_kwargs())
+    saver = Checkpointer(store, "older", every=2, settings=cfg.pinned_settings())
+    train(LinearTask(), make_points(32), cfg, None, saver)
+    assert latest_checkpoint(store, "older").data is None  # type: ignore[union-attr]
+    with caplog.at_level(logging.WARNING, logger="adcloud.train.job"):
+        assert job_module.preflight(cfg.replace(steps=4), LinearTask()) == "older"
+    assert "records no fingerprint of the bags it was trained on" in caplog.text
+
+
+def test_the_data_fingerprint_follows_writes_not_reads_or_modes(tmp_path: Path) -> None:
+    """Rewritten, edited in place (even to the same size) or grown by a file (a rosbag2
+    directory): another fingerprint; read, chmod-ed: the same one."""
+    bag = tmp_path / "a.bag"
+    bag.write_bytes(b"x" * 100)
+    first = data_fingerprint([str(bag)])[str(bag)]
+    assert first["bytes"] == 100 and first["files"] == 1 and first["modified"]
+    bag.read_bytes()
+    bag.chmod(0o600)
+    assert data_fingerprint([str(bag)])[str(bag)] == first
+    stat = bag.stat()
+    with bag.open("r+b") as f:  # same size, other bytes
+        f.write(b"y")
+    os.utime(bag, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    edited = data_fingerprint([str(bag)])[str(bag)]
+    assert edited["stamp"] != first["stamp"] and edited["bytes"] == 100
+    (changed,) = job_module.data_changes({str(bag): first}, {str(bag): edited})
+    assert changed.startswith(f"{bag} changed (")  # written within the same ms, perhaps
+
+    # the same bag named by a file:// URL or by its path
+    assert data_fingerprint([f"file://{bag}"]) == data_fingerprint([str(bag)])
+
+    folder = tmp_path / "ros2"
+    folder.mkdir()
+    (folder / "metadata.yaml").write_text("rosbag2_bagfile_information: {}\n")
+    before = data_fingerprint([str(folder)])
+    (folder / "ros2_0.mcap").write_bytes(b"m" * 10)
+    after = data_fingerprint([str(folder)])
+    (changed,) = job_module.data_changes(before, after)
+    assert "1 -> 2 files" in changed
 
 
 def test_ps_and_allreduce_follow_the_single_process_curve(

@@ -457,6 +457,7 @@ _NOT_DECISIVE = {
     "log_every": 3,
     "eval_every": 4,
     "progress": False,
+    "resume_changed_data": True,
 }
 
 
