@@ -17,7 +17,11 @@ A driver killed *while committing* has already removed part of the earlier outpu
 staging is not dropped but moved into place: before the commit removes anything it writes
 what it is about to do (``<job id>.commit``), and the next job finishes that commit first.
 A commit moves every file of the new output, its completion marker last, so that finished
-commit leaves a whole output.
+commit leaves a whole output.  A job takes over a dead job's leftovers by renaming its owner
+file to a claim (``<job id>.claim-<its own id>``), which only one job wins, so two jobs never
+finish one commit together; a claim whose job died in turn is taken over the same way.  A
+job writes its owner file before it makes its staging directory, so a staging directory
+without one (a task of a failed job still writing after its abort) is nobody's and goes too.
 
 Used by :meth:`adcloud.binpipe.BinPipeRDD.save` and the image feature job of
 :mod:`adcloud.hetero`.
@@ -30,6 +34,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import socket
 import uuid
 from collections.abc import Callable, Sequence
@@ -37,11 +42,14 @@ from typing import Any
 
 from adcloud.errors import AdcloudError
 
-__all__ = ["TEMPORARY", "JobOutput"]
+__all__ = ["TEMPORARY", "JobOutput", "interrupted_commit"]
 
 TEMPORARY = "_temporary"
 _OWNER = ".owner"
 _COMMITTING = ".commit"
+_CLAIM = ".claim-"
+#: A job's id: the name of its staging directory.
+_JOB = re.compile(r"[0-9a-f]{32}")
 
 log = logging.getLogger(__name__)
 
@@ -121,23 +129,30 @@ class JobOutput:
                 f"{uri} is a file, not a directory {what} can write into; remove it or "
                 "choose another directory"
             )
+        self._hint = hint
         self.entries = self._replaceable(self._listed()) if self.existed else []
-        if self.entries:
-            if not overwrite:
-                raise error(
-                    f"{uri} already exists and is not empty; {hint}, or choose a new directory"
-                )
-            foreign = [e for e in self.entries if not ours(posixpath.basename(e.rstrip("/")))]
-            if foreign:
-                raise error(
-                    f"{uri} holds files {what} did not write (e.g. "
-                    f"{posixpath.basename(foreign[0].rstrip('/'))}); refusing to replace it: "
-                    "choose an empty or new directory"
-                )
+        self._check(self.entries)
         self.job = uuid.uuid4().hex
         #: Where the tasks write (a path of ``fs``).
         self.staging = posixpath.join(root, TEMPORARY, self.job)
         self._owner = self.staging + _OWNER
+
+    def _check(self, entries: list[str]) -> None:
+        """Refuse to replace ``entries`` without ``overwrite``, or ones that are not ours."""
+        if not entries:
+            return
+        if not self._overwrite:
+            raise self._error(
+                f"{self.uri} already exists and is not empty; {self._hint}, or choose a new "
+                "directory"
+            )
+        foreign = [e for e in entries if not self._ours(posixpath.basename(e.rstrip("/")))]
+        if foreign:
+            raise self._error(
+                f"{self.uri} holds files {self._what} did not write (e.g. "
+                f"{posixpath.basename(foreign[0].rstrip('/'))}); refusing to replace it: "
+                "choose an empty or new directory"
+            )
 
     def _replaceable(self, entries: list[str]) -> list[str]:
         """Of the output's ``entries``, those a commit replaces (all; a subclass may keep
@@ -153,42 +168,98 @@ class JobOutput:
         return [e for e in found if posixpath.basename(e.rstrip("/")) != TEMPORARY]
 
     def start(self) -> None:
-        """Make the staging directory (before the tasks run), and remove the staging that
-        drivers killed on this host left (see the module doc)."""
-        self._sweep_dead()
-        self.fs.makedirs(self.staging, exist_ok=True)
+        """Make the staging directory (before the tasks run), after finishing or removing
+        what drivers killed on this host left (see the module doc).  What such a commit
+        finished is checked as the output was: refused without ``overwrite``, before any
+        work is done."""
+        temporary = posixpath.join(self.root, TEMPORARY)
+        self.fs.makedirs(temporary, exist_ok=True)
+        # The owner file first: a staging directory without one (a task of a failed job
+        # that wrote on after its abort) is nobody's, and the sweep removes it.
         self.fs.pipe_file(self._owner, json.dumps(_this_owner()).encode())
+        try:
+            self._sweep_dead()
+            now = self._replaceable(self._listed())
+            if sorted(now) != sorted(self.entries):
+                self._check(now)
+                self.entries = now
+            self.fs.makedirs(self.staging, exist_ok=True)
+        except BaseException:
+            self.abort()
+            raise
 
     def _sweep_dead(self) -> None:
         temporary = posixpath.join(self.root, TEMPORARY)
         try:
-            owners = [p for p in self.fs.ls(temporary, detail=False) if p.endswith(_OWNER)]
+            found = [p.rstrip("/") for p in self.fs.ls(temporary, detail=False)]
         except (FileNotFoundError, NotADirectoryError):
             return
-        for path in owners:
-            try:
-                owner = json.loads(self.fs.cat_file(path))
-            except (OSError, ValueError):
-                continue  # being written, or not ours to judge
-            if not isinstance(owner, dict) or not _owner_gone(owner):
+        names = {posixpath.basename(p) for p in found}
+        for path in found:
+            job = self._dead_job(temporary, posixpath.basename(path))
+            if job is None:
                 continue
-            staging = path.removesuffix(_OWNER)
-            plan = self._commit_plan(staging + _COMMITTING)
-            if plan is not None:
-                log.warning(
-                    "%s: a job was killed while committing its output; finishing that commit "
-                    "(%d files) before this job starts",
-                    self.uri,
-                    len(plan["moves"]),
-                )
-                self._finish(plan["remove"], [(s, t) for s, t in plan["moves"]], resumed=True)
-            else:
-                log.info("%s: removing the staging of a killed job (%s)", self.uri, staging)
-            with contextlib.suppress(OSError):
-                self.fs.rm(staging, recursive=True)
-            for leftover in (staging + _COMMITTING, path):
+            # Claimed by a rename, which only one job wins: two jobs finishing one commit
+            # at once would each remove what the other had moved into place.
+            claim = posixpath.join(temporary, f"{job}{_CLAIM}{self.job}")
+            try:
+                self.fs.mv(path, claim)
+            except OSError:
+                continue  # another job claimed it first
+            self._take_over(posixpath.join(temporary, job), claim)
+        for name in names:
+            if (
+                _JOB.fullmatch(name)
+                and name != self.job
+                and not any(other != name and other.startswith(name + ".") for other in names)
+            ):
+                log.info("%s: removing a staging directory no job owns (%s)", self.uri, name)
                 with contextlib.suppress(OSError):
-                    self.fs.rm(leftover)
+                    self.fs.rm(posixpath.join(temporary, name), recursive=True)
+
+    def _dead_job(self, temporary: str, name: str) -> str | None:
+        """The job whose leftovers the file ``name`` of ``_temporary`` hands to this one:
+        its owner file, if the owner is gone; a claim on it by a job that is gone."""
+        if name.endswith(_OWNER) and _CLAIM not in name:
+            job, owner_file = name.removesuffix(_OWNER), posixpath.join(temporary, name)
+        elif _CLAIM in name:
+            job, _, claimer = name.partition(_CLAIM)
+            if claimer == self.job:
+                return None
+            owner_file = posixpath.join(temporary, claimer + _OWNER)
+        else:
+            return None
+        if job == self.job:
+            return None
+        try:
+            owner = json.loads(self.fs.cat_file(owner_file))
+        except FileNotFoundError:
+            # a claimer's owner file goes when it ends (having finished the claim) or is
+            # swept: the claim is left over; an owner file itself was listed, so it is
+            # being removed by the job that ends
+            return job if _CLAIM in name else None
+        except (OSError, ValueError):
+            return None  # being written, or not ours to judge
+        return job if isinstance(owner, dict) and _owner_gone(owner) else None
+
+    def _take_over(self, staging: str, claim: str) -> None:
+        """Finish the commit a killed job left (``<staging>.commit``), or drop its staging."""
+        plan = self._commit_plan(staging + _COMMITTING)
+        if plan is not None:
+            log.warning(
+                "%s: a job was killed while committing its output; finishing that commit "
+                "(%d files) before this job starts",
+                self.uri,
+                len(plan["moves"]),
+            )
+            self._finish(plan["remove"], [(s, t) for s, t in plan["moves"]], resumed=True)
+        else:
+            log.info("%s: removing the staging of a killed job (%s)", self.uri, staging)
+        with contextlib.suppress(OSError):
+            self.fs.rm(staging, recursive=True)
+        for leftover in (staging + _COMMITTING, claim):
+            with contextlib.suppress(OSError):
+                self.fs.rm(leftover)
 
     def _commit_plan(self, path: str) -> dict[str, Any] | None:
         """The commit record at ``path``, or None: no commit was started (a record cut
@@ -274,6 +345,16 @@ class JobOutput:
                 with contextlib.suppress(FileNotFoundError):
                     self.fs.rm(entry, recursive=True)
         move_all(self.fs, left)
+
+
+def interrupted_commit(fs: Any, root: str) -> str | None:
+    """The commit record a job killed while committing into ``root`` left (a path of
+    ``fs``), or None: readers say so, rather than only that the output is incomplete."""
+    try:
+        found = fs.ls(posixpath.join(root, TEMPORARY), detail=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return next((p for p in found if p.endswith(_COMMITTING)), None)
 
 
 def move_all(fs: Any, pairs: Sequence[tuple[str, str]]) -> None:

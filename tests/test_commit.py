@@ -243,3 +243,104 @@ def test_a_driver_killed_while_committing_loses_neither_output(tmp_path: Any, ph
     staging = out / "_temporary"
     assert [p.name for p in staging.iterdir()] != []  # the next job's own staging and owner
     assert not any(p.name.endswith(".commit") for p in staging.iterdir())
+
+
+def _killed_mid_commit(root: Any, moved: int) -> None:
+    """An output at ``root`` (local) whose driver was killed after the commit record, the
+    removal of the old files and ``moved`` moves: the rest is still staged."""
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    local = fsspec.filesystem("file")
+    local.makedirs(str(root), exist_ok=True)
+    for name in ("part-0", "part-1", "DONE"):
+        local.pipe_file(f"{root}/{name}", b"old")
+    job = JobOutput(
+        local, str(root), str(root), overwrite=True, ours=bool, error=RefusedError, what="it"
+    )
+    job.start()
+    moves = []
+    for name in ("part-0", "part-1", "DONE"):
+        local.pipe_file(f"{job.staging}/{name}-staged", b"new")
+        moves.append((f"{job.staging}/{name}-staged", f"{root}/{name}"))
+    record = {"remove": [f"{root}/DONE", f"{root}/part-0", f"{root}/part-1"], "moves": moves}
+    local.pipe_file(f"{job.staging}.commit", json.dumps(record).encode())
+    for entry in record["remove"]:
+        local.rm(entry)
+    for move in moves[:moved]:
+        local.mv(*move)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    owner = f"{job.staging}.owner"
+    local.pipe_file(
+        owner, json.dumps({**json.loads(local.cat_file(owner)), "pid": dead.pid}).encode()
+    )
+
+
+def test_two_jobs_never_finish_one_killed_commit_together(tmp_path: Any) -> None:
+    """Two jobs started into an output whose driver was killed mid-commit both finished that
+    commit: the slower one, having seen every file still staged, removed the "old" entries
+    after the faster had moved the new ones in (a save lost for good).  The first to claim
+    the commit finishes it; the other leaves it alone."""
+    out = tmp_path / "out"
+    _killed_mid_commit(out, moved=0)
+
+    def job(fs: Any) -> JobOutput:
+        return JobOutput(
+            fs, str(out), str(out), overwrite=True, ours=bool, error=RefusedError, what="it"
+        )
+
+    slower_fs = fsspec.filesystem("file", skip_instance_cache=True)
+    faster = job(fsspec.filesystem("file", skip_instance_cache=True))
+    real_rm = slower_fs.rm
+
+    def rm(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if not faster_ran and "_temporary" not in str(path):
+            # the slower job decided what to remove; the faster one runs meanwhile
+            faster_ran.append(True)
+            faster.start()
+        return real_rm(path, *args, **kwargs)
+
+    faster_ran: list[bool] = []
+    slower_fs.rm = rm
+    slower = job(slower_fs)
+    slower.start()
+    assert faster_ran
+    found = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert found == {"part-0": b"new", "part-1": b"new", "DONE": b"new"}
+    faster.abort()
+    slower.abort()
+    assert sorted(p.name for p in out.iterdir()) == ["DONE", "part-0", "part-1"]
+
+
+def test_a_finished_commit_is_checked_as_the_output_was(tmp_path: Any) -> None:
+    """An output a killed commit left holding only ``_temporary`` passed for empty: a job
+    without overwrite ran to its end, then the finished commit made it fail, its work lost,
+    saying another job had written meanwhile.  It is refused at its start."""
+    out = tmp_path / "out"
+    _killed_mid_commit(out, moved=0)
+    assert [p.name for p in out.iterdir()] == ["_temporary"]
+    local = fsspec.filesystem("file")
+    job = JobOutput(
+        local, str(out), str(out), overwrite=False, ours=bool, error=RefusedError, what="it"
+    )
+    with pytest.raises(RefusedError, match="already exists and is not empty"):
+        job.start()
+    found = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert found == {"part-0": b"new", "part-1": b"new", "DONE": b"new"}
+    assert not (out / "_temporary").exists()
+
+
+def test_a_staging_directory_nobody_owns_goes_with_the_next_job(fs: Any) -> None:
+    """A task still starting when its job failed wrote its part after the abort had
+    removed the staging and its owner file: a directory no sweep looked at, for ever."""
+    failed = _output(fs)
+    failed.start()
+    failed.abort()
+    fs.pipe(f"{failed.staging}/part-3-late", b"x" * 100)  # the late task (auto-made dirs)
+    running = _output(fs)
+    running.start()
+    fs.pipe(f"{running.staging}/part-0-attempt1", b"live")
+    _output(fs).start()
+    assert not fs.exists(failed.staging)
+    assert fs.cat_file(f"{running.staging}/part-0-attempt1") == b"live"

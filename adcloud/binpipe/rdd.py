@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from adcloud._commit import JobOutput
+from adcloud._commit import JobOutput, interrupted_commit
 from adcloud.binpipe.bags import (
     BagPartition,
     TimeSource,
@@ -240,8 +240,9 @@ def _save_partition(
     JobOutput`): a retried, speculative or killed attempt never touches the output.
     """
     fs, _ = open_fs(url, tuple(storage_options.items()))
+    # No makedirs: the driver made the staging directory; a task still starting after its
+    # job failed (and the staging went) must fail, not write a part into one nobody owns.
     tmp = posixpath.join(staging, f"part-{index:05d}-{uuid.uuid4().hex}{_PART_SUFFIX}")
-    fs.makedirs(posixpath.dirname(tmp), exist_ok=True)
     try:
         with fs.open(tmp, "wb") as out:
             writer = StreamWriter(out)
@@ -584,6 +585,14 @@ class BinPipeRDD:
             what = "is a file, not" if fs.exists(root) else "does not exist; expected"
             raise BinpipeError(f"{uri} {what} a directory written by BinPipeRDD.save")
         if not fs.exists(posixpath.join(root, "_SUCCESS")):
+            record = interrupted_commit(fs, root)
+            if record is not None:
+                raise BinpipeError(
+                    f"{uri} is not a complete BinPipe save: the save that wrote it was killed "
+                    f"while moving its files into place ({record}); the next save into it "
+                    "(overwrite=True, adcloud ingest --overwrite) on this host finishes that "
+                    "first -- do not delete the directory, its _temporary holds the rest"
+                )
             raise BinpipeError(
                 f"{uri} is not a complete BinPipe save (no _SUCCESS marker); "
                 "was the job that wrote it interrupted?"

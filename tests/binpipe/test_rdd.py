@@ -352,6 +352,11 @@ def test_failed_save_leaves_no_partial_output(
     out.mkdir()  # a directory without the marker: a save that never finished
     with pytest.raises(BinpipeError, match="no _SUCCESS marker"):
         BinPipeRDD.load(spark, str(out))
+    # one whose commit was killed: said so, with what finishes it (not "delete it")
+    (out / "_temporary").mkdir()
+    (out / "_temporary" / "0123.commit").write_text("{}")
+    with pytest.raises(BinpipeError, match=r"killed while moving .*0123\.commit.*--overwrite"):
+        BinPipeRDD.load(spark, str(out))
 
 
 def test_a_save_to_a_process_s_own_memory_is_refused_before_spark(spark: Any) -> None:
