@@ -78,18 +78,29 @@ def _slots_in_use(sc: Any) -> int:
     return sum(info.numRunningTasks for info in sc.statusTracker().getExecutorInfos())
 
 
+#: Seconds the slot count of a cluster must stay the same, once it has any, before
+#: :func:`check_slots` takes it for all the application gets.
+_SETTLE_S = 5.0
+
+
 def check_slots(sc: Any, workers: int, *, wait_s: float = 10.0) -> None:
     """Raise :class:`TrainError` when ``sc``'s application cannot run ``workers`` tasks at
     once, saying what to change.  On a cluster, executors that are still registering (a
-    session just started) get ``wait_s`` seconds; a ``local[N]`` master has its slots from
-    the start."""
+    session just started) are waited for: up to ``wait_s`` seconds, and no longer once the
+    count has stayed the same for :data:`_SETTLE_S` (a cluster with too few cores does not
+    get more by waiting); a ``local[N]`` master has its slots from the start."""
     local = bool(_LOCAL.fullmatch(str(sc.master)) or _LOCAL_CLUSTER.fullmatch(str(sc.master)))
-    deadline = time.monotonic() + (0.0 if local else wait_s)
+    now = time.monotonic()
+    deadline = now + (0.0 if local else wait_s)
+    last, since = None, now
     while True:
         slots = task_slots(sc)
         if slots is None or slots >= workers:
             return
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if slots != last:
+            last, since = slots, now
+        if now >= deadline or (slots > 0 and now - since >= _SETTLE_S):
             break
         time.sleep(0.5)
     raise TrainError(
