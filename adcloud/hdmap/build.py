@@ -20,7 +20,10 @@ A version directory holds::
     labels/imported.json                          human/external labels kept across rebuilds
                                                   (a build given labels and no new drive
                                                   writes a version with just them merged)
-    report/summary.html                           a page to look at
+    report/summary.html                           a page to look at; its notes name the
+                                                  drives loop closures did not tie and
+                                                  each tied drive's GPS offset
+    report/drive_ties.json                        the same, machine-readable
     settings.json, manifest.json                  effective settings; drives by content hash
     state/                                        tile statistics the next build merges into,
                                                   keyframes its new drives are tied to, the
@@ -66,7 +69,7 @@ from adcloud.hdmap.kept import (
 )
 from adcloud.hdmap.labels import lane_centerlines, markings_from_paint, reference_lines
 from adcloud.hdmap.lanelet import LaneletSummary, write_lanelet2, write_map_projector_info
-from adcloud.hdmap.loops import KeyframeArchive
+from adcloud.hdmap.loops import DriveTies, KeyframeArchive
 from adcloud.hdmap.mapdir import (
     MANIFEST_NAME,
     BuildPlan,
@@ -82,7 +85,7 @@ from adcloud.hdmap.mapdir import (
     lies_below,
     local_path,
 )
-from adcloud.hdmap.report import write_report
+from adcloud.hdmap.report import TIES_JSON_NAME, write_report
 from adcloud.hdmap.semantic import (
     SemanticMap,
     automatic_features,
@@ -383,6 +386,7 @@ def _write_report(
     lanelets: LaneletSummary,
     inputs: dict[str, str],
     grid_text: str,
+    ties: DriveTies,
 ) -> None:
     write_report(
         out / "report",
@@ -395,7 +399,15 @@ def _write_report(
         connectors=lanelets.connector_lines,
         inputs=inputs,
         title="HD map build",
+        ties=ties,
     )
+
+
+def _parent_ties(parent_root: Path | None) -> DriveTies:
+    """The drive ties the parent version's report records (none for a first build)."""
+    if parent_root is None:
+        return DriveTies()
+    return DriveTies.read(parent_root / "report" / TIES_JSON_NAME)
 
 
 def _semantic_counts(semantic: SemanticMap, lanelets: LaneletSummary) -> dict[str, int]:
@@ -455,6 +467,7 @@ def _relabel(
     }
     overview = _report_grid(_overview_of(files, stages))
     keys = [_tile_key(n, files.root) for n in files.names(GRID_DIR) if n.endswith(".tif")]
+    ties = _parent_ties(parent_root)  # the poses are the parent's
     shutil.rmtree(out / "report", ignore_errors=True)
     _write_report(
         out,
@@ -464,6 +477,7 @@ def _relabel(
         lanelets,
         {d.name: d.uri for d in plan.known_drives},
         _grid_text(keys, len(overview), stages.grid),
+        ties,
     )
     return {**_semantic_counts(semantic, lanelets), "labels_imported": len(imported)}
 
@@ -499,7 +513,7 @@ def _write_version(
     inputs = {name: d.uri for name, d in result.drives.items()}
     drawn = _report_grid(result.overview)
     grid_text = _grid_text(result.tile_keys, len(drawn), stages.grid)
-    _write_report(out, trajectories, drawn, published, lanelets, inputs, grid_text)
+    _write_report(out, trajectories, drawn, published, lanelets, inputs, grid_text, result.ties)
     return _semantic_counts(published, lanelets)
 
 
@@ -754,6 +768,9 @@ def build_map(
                 sign_points=np.concatenate([old_pts, result.sign_points]),
                 sign_intensity=np.concatenate([old_int, result.sign_intensity]),
             )
+        # The map's earlier drives do not move (fixed keyframes): what their builds found
+        # about their ties still holds, and the report lists it with the new drives'.
+        result = dataclasses.replace(result, ties=_parent_ties(parent_root) | result.ties)
         imported = _merged_labels(parent_root, fresh)
         tick = time.perf_counter()
 

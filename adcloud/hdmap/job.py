@@ -98,7 +98,14 @@ from adcloud.hdmap.labels import (
     resample_polyline,
 )
 from adcloud.hdmap.lanelet import LaneletSettings
-from adcloud.hdmap.loops import Keyframe, KeyframeArchive, LoopSettings, find_loop_closures
+from adcloud.hdmap.loops import (
+    DriveTies,
+    Keyframe,
+    KeyframeArchive,
+    LoopClosure,
+    LoopSettings,
+    find_loop_closures,
+)
 from adcloud.hdmap.model import Extrinsics, Scan
 from adcloud.hdmap.pcmap import (
     CloudPartial,
@@ -236,6 +243,9 @@ class PipelineResult:
     timings: dict[str, float]
     origin: Origin
     keyframes: list[Keyframe] = field(default_factory=list)
+    #: Drives that came close but were not tied by loop closures, and the GPS offsets of
+    #: those that were: for the build's report.
+    ties: DriveTies = field(default_factory=DriveTies)
 
 
 # -- stage 0: ETL ---------------------------------------------------------------------------
@@ -363,7 +373,10 @@ def _poses(
     archive: KeyframeArchive | None = None,
     *,
     lidar_topic: str,
-) -> tuple[dict[str, Trajectory], int, list[Keyframe]]:
+) -> tuple[dict[str, Trajectory], int, list[Keyframe], DriveTies]:
+    """Stage 1 on the cluster: each drive's trajectory, the number of loop closures, the
+    keyframes (for the next build's archive) and how the drives were tied (for the
+    report)."""
     sc = scans.context
     segments: dict[tuple[str, int], SegmentInput] = {}
     membership: dict[tuple[str, int], list[tuple[str, int]]] = {}
@@ -401,8 +414,11 @@ def _poses(
     keyed = scans.mapPartitions(_on_task_device(device, keyframe_clouds))
     solutions = keyed.groupByKey(numPartitions=max(1, len(segments))).map(solve).collect()
     gps = {name: d.gps for name, d in drives.items()}
-    trajectories = join_segments(solutions, gps, (), stages.poses, loop_settings=stages.loops)
-    closures = []
+    trajectories = join_segments(
+        solutions, gps, (), stages.poses, loop_settings=stages.loops
+    ).trajectories
+    closures: list[LoopClosure] = []
+    ties = DriveTies()
     keyframes = solution_keyframes(solutions, trajectories)
     if stages.poses.loop_closure:
         fixed: list[Keyframe] = []
@@ -412,13 +428,19 @@ def _poses(
             fixed = archive.near(xy, stages.loops.search_radius_m, exclude=set(drives))
             if fixed:
                 progress(f"poses: {len(fixed)} keyframes of the map near the new drive(s)")
-        closures = find_loop_closures(keyframes, stages.loops, device=device or None, fixed=fixed)
+        found = find_loop_closures(keyframes, stages.loops, device=device or None, fixed=fixed)
+        closures = found.closures
+        offsets: dict[str, NDArray[np.float64]] = {}
         if closures:
-            trajectories = join_segments(
+            trajectories, offsets = join_segments(
                 solutions, gps, closures, stages.poses, loop_settings=stages.loops, fixed=fixed
             )
             keyframes = solution_keyframes(solutions, trajectories)
-    return trajectories, len(closures), keyframes
+        ties = DriveTies(
+            tuple(found.untied),
+            {drive: (float(x), float(y), float(z)) for drive, (x, y, z) in offsets.items()},
+        )
+    return trajectories, len(closures), keyframes, ties
 
 
 def write_tile_outputs(tile: GridTile, out: Path, origin: Origin) -> None:
@@ -1240,7 +1262,7 @@ def run_pipeline(
         say(f"etl: {len(drives)} drive(s) decoded")
 
         tick = time.perf_counter()
-        trajectories, loops, keyframes = _poses(
+        trajectories, loops, keyframes, ties = _poses(
             scans,
             drives,
             stamps,
@@ -1367,6 +1389,7 @@ def run_pipeline(
             sign_intensity=sign_int,
             loop_closures=loops,
             keyframes=keyframes,
+            ties=ties,
             timings=timings,
             origin=next(iter(drives.values())).origin,
         )

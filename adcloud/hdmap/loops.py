@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -44,10 +45,13 @@ from adcloud.hetero import HeteroError, align
 from adcloud.hetero.devices import ComputeDevice, as_device
 
 __all__ = [
+    "DriveTies",
     "Keyframe",
     "KeyframeArchive",
     "LoopClosure",
+    "LoopSearch",
     "LoopSettings",
+    "UntiedDrives",
     "find_loop_closures",
     "local_keyframe",
     "loop_candidates",
@@ -169,6 +173,138 @@ class LoopClosure:
     fitness: float
     rmse_m: float
     correction_m: float
+
+
+@dataclass(frozen=True)
+class UntiedDrives:
+    """Two drives that came close -- ``candidates`` keyframe pairs of them within the
+    search radius, the closest ``closest_m`` apart by their pose estimates (m, ``map``)
+    -- but that no loop closure ties: each is placed by its own GPS alone, which can be a
+    metre or two from the other (two days' receiver biases), and the map may show their
+    common road twice. ``drives`` are in name order."""
+
+    drives: tuple[str, str]
+    candidates: int
+    closest_m: float
+
+    def note(self) -> str:
+        """The line a person reads in the build's report."""
+        a, b = self.drives
+        return (
+            f"drives {a} and {b} come within {self.closest_m:.1f} m of each other "
+            f"({self.candidates} candidate keyframe pair(s)) but no loop closure between "
+            "them passed verification: they are not tied, each is placed by its own GPS "
+            "alone and they may lie a metre or two apart"
+        )
+
+
+class LoopSearch(NamedTuple):
+    """What :func:`find_loop_closures` found: the verified ``closures`` and the pairs of
+    drives that came close but were not ``untied`` by any of them."""
+
+    closures: list[LoopClosure]
+    untied: list[UntiedDrives]
+
+
+@dataclass(frozen=True)
+class DriveTies:
+    """How a map's drives hold together, as pose recovery found it: the pairs of drives
+    that came close but that no loop closure tied (:class:`UntiedDrives`;
+    each is placed by its own GPS alone) and, per drive tied by closures, how far its GPS
+    fixes read from where the closures put it (x, y, z in m, ``map`` ENU; fix minus pose,
+    see :class:`~adcloud.hdmap.poses.JoinedPoses`). An offset beyond ``LARGE_GPS_OFFSET_M``
+    is singled out in the notes.
+
+    Stored as ``drive_ties.json`` beside a build's ``report/summary.html``
+    (:func:`~adcloud.hdmap.report.write_report`). Format history: 1, the first.
+    """
+
+    untied: tuple[UntiedDrives, ...] = ()
+    gps_offsets: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+
+    FORMAT = 1
+    #: More than a day's receiver bias (a few decimetres): another day's far off the map's,
+    #: or a wrong antenna lever arm.
+    LARGE_GPS_OFFSET_M = 1.0
+
+    def __bool__(self) -> bool:
+        return bool(self.untied or self.gps_offsets)
+
+    def notes(self) -> list[str]:
+        """One line per untied pair and per tied drive, for the report's notes."""
+        out = [pair.note() for pair in self.untied]
+        for drive, (x, y, z) in sorted(self.gps_offsets.items()):
+            size = math.sqrt(x * x + y * y + z * z)
+            text = (
+                f"drive {drive} is tied by loop closures; its GPS reads {size:.2f} m off where "
+                f"they put it ({x:+.2f}, {y:+.2f}, {z:+.2f} m east, north, up)"
+            )
+            if size > self.LARGE_GPS_OFFSET_M:
+                text = (
+                    f"LARGE GPS OFFSET: {text}, more than {self.LARGE_GPS_OFFSET_M:g} m: "
+                    "another day's receiver bias, or a wrong GPS antenna lever arm (check "
+                    "the drive's extrinsics)"
+                )
+            out.append(text)
+        return out
+
+    def without(self, drives: set[str]) -> DriveTies:
+        """These ties less every entry that names one of ``drives`` (built again)."""
+        return DriveTies(
+            tuple(p for p in self.untied if not drives & set(p.drives)),
+            {d: v for d, v in self.gps_offsets.items() if d not in drives},
+        )
+
+    def __or__(self, newer: DriveTies) -> DriveTies:
+        """Both, ``newer``'s entries replacing those of the same drives."""
+        named = {d for p in newer.untied for d in p.drives} | set(newer.gps_offsets)
+        kept = self.without(named)
+        return DriveTies((*kept.untied, *newer.untied), {**kept.gps_offsets, **newer.gps_offsets})
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": self.FORMAT,
+                "untied": [
+                    {"drives": list(p.drives), "candidates": p.candidates, "closest_m": p.closest_m}
+                    for p in self.untied
+                ],
+                "gps_offsets_m": {d: list(v) for d, v in sorted(self.gps_offsets.items())},
+                "large_gps_offsets": sorted(
+                    d
+                    for d, v in self.gps_offsets.items()
+                    if math.hypot(*v) > self.LARGE_GPS_OFFSET_M
+                ),
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> DriveTies:
+        """The ties stored at ``path``; none where there is no file (a report written
+        before they were kept)."""
+        where = Path(path)
+        if not where.is_file():
+            return cls()
+        try:
+            raw = json.loads(where.read_text(encoding="utf-8"))
+            if raw["format"] != cls.FORMAT:
+                raise ValueError(f"format {raw['format']!r}, this version reads {cls.FORMAT}")
+            untied = tuple(
+                UntiedDrives(
+                    (str(p["drives"][0]), str(p["drives"][1])),
+                    int(p["candidates"]),
+                    float(p["closest_m"]),
+                )
+                for p in raw["untied"]
+            )
+            offsets = {
+                str(d): (float(x), float(y), float(z))
+                for d, (x, y, z) in raw["gps_offsets_m"].items()
+            }
+        except (ValueError, KeyError, TypeError, IndexError) as err:
+            raise MapFormatError(f"{where}: not a record of drive ties ({err})") from err
+        return cls(untied, offsets)
 
 
 def loop_candidates(
@@ -307,10 +443,12 @@ def find_loop_closures(
     *,
     device: ComputeDevice | str | None = None,
     fixed: Sequence[Keyframe] = (),
-) -> list[LoopClosure]:
+) -> LoopSearch:
     """Verified loop closures among ``keyframes`` (one drive or several of the same area),
     and between them and the ``fixed`` keyframes of drives mapped before (those of a drive
-    also in ``keyframes`` are ignored).
+    also in ``keyframes`` are ignored); with them, the drives that came close (candidate
+    pairs between them) but that no closure ties (:class:`UntiedDrives`), for the build's
+    report.
 
     Candidates come from :func:`loop_candidates`; each is checked by :func:`verify_loop`
     on the merged sweeps around both keyframes (:func:`local_keyframe`). The keyframes'
@@ -336,7 +474,9 @@ def find_loop_closures(
         )
         is not None
     ]
-    _warn_untied(everything, pairs, closures)
+    untied = _untied(everything, pairs, closures)
+    for pair in untied:
+        log.warning("loop closures: %s", pair.note())
     log.info(
         "loop closures: %d of %d candidates accepted among %d keyframes (%d fixed)",
         len(closures),
@@ -344,19 +484,17 @@ def find_loop_closures(
         len(everything),
         len(anchors),
     )
-    return closures
+    return LoopSearch(closures, untied)
 
 
 def _drive_pair(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
 
 
-def _warn_untied(
+def _untied(
     keyframes: Sequence[Keyframe], pairs: Sequence[tuple[int, int]], closures: Sequence[LoopClosure]
-) -> None:
-    """Warn about each two drives that come close (candidates between them) but that no
-    closure ties: each lies where its own GPS puts it, which can be a metre or two from
-    the other (two days' receiver biases), and the map shows the road twice."""
+) -> list[UntiedDrives]:
+    """Each two drives that come close (candidates between them) but that no closure ties."""
     near: dict[tuple[str, str], list[float]] = {}
     for i, j in pairs:
         a, b = keyframes[i], keyframes[j]
@@ -364,17 +502,11 @@ def _warn_untied(
             gap = float(np.linalg.norm(a.pose[:3, 3] - b.pose[:3, 3]))
             near.setdefault(_drive_pair(a.drive, b.drive), []).append(gap)
     tied = {_drive_pair(c.a[0], c.b[0]) for c in closures}
-    for (a_drive, b_drive), gaps in sorted(near.items()):
-        if (a_drive, b_drive) not in tied:
-            log.warning(
-                "loop closures: drives %s and %s overlap (%d keyframe pair(s) within %.1f m) "
-                "but no registration of them passed verification: they are not tied, each "
-                "is placed by its own GPS alone and they may lie a metre or two apart",
-                a_drive,
-                b_drive,
-                len(gaps),
-                max(gaps),
-            )
+    return [
+        UntiedDrives(drives, len(gaps), min(gaps))
+        for drives, gaps in sorted(near.items())
+        if drives not in tied
+    ]
 
 
 class KeyframeArchive:

@@ -43,7 +43,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gtsam
 import numpy as np
@@ -61,6 +61,7 @@ from adcloud.hetero import HeteroError, align, voxel_downsample
 from adcloud.hetero.devices import ComputeDevice, as_device
 
 __all__ = [
+    "JoinedPoses",
     "PoseSettings",
     "SegmentInput",
     "SegmentSolution",
@@ -1221,6 +1222,18 @@ def _gauge(gps_factors: Mapping[str, int], ties: Mapping[str, set[str]]) -> dict
     return {d: d in reached and d != root for d in ties}
 
 
+class JoinedPoses(NamedTuple):
+    """What :func:`join_segments` returns: each drive's ``trajectories`` (by name), and for
+    each drive whose GPS fixes were read with an offset of their own (one tied by loop
+    closures, see :class:`PoseSettings`), ``gps_offsets``: how far its fixes read from
+    where the closures put it (3, m, ``map`` ENU; fix minus pose). A few decimetres is a
+    day's receiver bias; metres suggest another day's bias far off the map's, or a wrong
+    antenna lever arm."""
+
+    trajectories: dict[str, Trajectory]
+    gps_offsets: dict[str, F64]
+
+
 def join_segments(
     solutions: Sequence[SegmentSolution],
     gps: Mapping[str, GpsFixes],
@@ -1229,8 +1242,9 @@ def join_segments(
     *,
     loop_settings: LoopSettings | None = None,
     fixed: Sequence[Keyframe] = (),
-) -> dict[str, Trajectory]:
-    """The globally consistent trajectory of every drive in ``solutions`` (by drive name).
+) -> JoinedPoses:
+    """The globally consistent trajectory of every drive in ``solutions`` (by drive name),
+    and the GPS offsets of the drives tied by loop closures (:class:`JoinedPoses`).
 
     One graph over all keyframes: each pair of consecutive keyframes is constrained by the
     segments' measurements of it -- odometry and scan matches, each taken from a segment
@@ -1359,6 +1373,7 @@ def join_segments(
         values.insert(_key(n), _pose(pose))
     result = _optimize(graph, values, cfg)
     out: dict[str, Trajectory] = {}
+    gps_offsets: dict[str, F64] = {}
     for (drive, group), offset in zip(groups.items(), offsets, strict=True):
         out[drive] = _dense_of_drive(group, result)
         if cfg.tilt_bias_sigma_rad > 0:
@@ -1366,7 +1381,8 @@ def join_segments(
             x, y = 1e3 * result.atVector(offset)
             log.info("join: drive %s: gravity's tilt offset (%.1f, %.1f) mrad", drive, x, y)
         if drive in biases:
-            x, y, z = result.atVector(biases[drive])
+            gps_offsets[drive] = np.asarray(result.atVector(biases[drive]), np.float64)
+            x, y, z = gps_offsets[drive]
             log.info(
                 "join: drive %s: its GPS reads (%.2f, %.2f, %.2f) m off where loop closures put it",
                 drive,
@@ -1382,7 +1398,7 @@ def join_segments(
         sum(gps_factors[d] for d in groups),
         len(loop_closures),
     )
-    return out
+    return JoinedPoses(out, gps_offsets)
 
 
 def _dense_of_drive(group: _DriveSolutions, result: Any) -> Trajectory:
@@ -1441,13 +1457,15 @@ def estimate_trajectory(
     solutions = [solve_segment(s, cfg, device=dev) for s in segments]
     t2 = time.perf_counter()
     gps = {drive.name: drive.gps}
-    trajectories = join_segments(solutions, gps, (), cfg, loop_settings=loops_cfg)
+    trajectories = join_segments(solutions, gps, (), cfg, loop_settings=loops_cfg).trajectories
     t3 = time.perf_counter()
     if cfg.loop_closure:
         keyframes = solution_keyframes(solutions, trajectories)
-        closures = find_loop_closures(keyframes, loops_cfg, device=dev)
+        closures = find_loop_closures(keyframes, loops_cfg, device=dev).closures
         if closures:
-            trajectories = join_segments(solutions, gps, closures, cfg, loop_settings=loops_cfg)
+            trajectories = join_segments(
+                solutions, gps, closures, cfg, loop_settings=loops_cfg
+            ).trajectories
     t4 = time.perf_counter()
     log.info(
         "drive %s: poses in %.1f s (propagate %.1f, segments %.1f, join %.1f, loops %.1f)",

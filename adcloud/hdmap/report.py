@@ -8,6 +8,9 @@
 - with an :class:`~adcloud.hdmap.evaluate.EvalResult`: ``ate.png`` (position error over
   time after the alignment) and, when the grid was evaluated, ``elevation_error.png`` (the
   histogram of per-cell elevation errors), plus ``eval.json``;
+- with a build's :class:`~adcloud.hdmap.loops.DriveTies`: ``drive_ties.json``, the drives
+  that came close but were not tied by loop closures and each tied drive's GPS offset,
+  also listed as notes;
 - ``summary.html`` -- the inputs, the accuracy table against the targets and the pictures,
   referenced by relative names: copy the directory anywhere and it still shows.
 
@@ -44,6 +47,7 @@ from adcloud.hdmap.evaluate import (
     mosaic,
 )
 from adcloud.hdmap.geotiff import PNG_OPTIONS
+from adcloud.hdmap.loops import DriveTies
 from adcloud.hdmap.mapdir import MANIFEST_NAME, VERSIONS_DIR, MapDir, MapVersion, local_path
 from adcloud.hdmap.trajectory import Trajectory
 
@@ -57,6 +61,7 @@ PREVIEW_NAME = "map_preview.png"
 ATE_NAME = "ate.png"
 ELEVATION_NAME = "elevation_error.png"
 EVAL_JSON_NAME = "eval.json"
+TIES_JSON_NAME = "drive_ties.json"
 # Longest side of a mosaic as drawn; larger grids are block-averaged (a panel is ~600 px
 # wide on the page: more cells would only be dropped by matplotlib, unaveraged).
 _MAX_PIXELS = 1024
@@ -362,6 +367,7 @@ def write_report(
     notes: Sequence[str] = (),
     title: str = "HD map summary",
     grid_text: str | None = None,
+    ties: DriveTies | None = None,
 ) -> Path:
     """Write ``summary.html`` and its PNGs into ``out_dir`` (created) and return the HTML path.
 
@@ -372,9 +378,10 @@ def write_report(
     ``signs`` (n, 2|3), ``lanes`` (the lanes' centre lines) and ``connectors`` (the
     lanelet2 connectors' centre lines) are all in the map frame (m).  ``eval_result`` adds
     the accuracy table and the error plots; ``inputs`` are rows for the inputs table (map
-    URI, version, drives...); ``notes`` are listed at the end.  ``grid_text`` describes the
-    grid in place of the figures of ``grid``, where that is a part of it (coarse copies of
-    some of the map's tiles)."""
+    URI, version, drives...); ``notes`` are listed at the end, with those of ``ties`` (a
+    build's, also written as ``drive_ties.json``).  ``grid_text`` describes the grid in
+    place of the figures of ``grid``, where that is a part of it (coarse copies of some of
+    the map's tiles)."""
     out = local_path(out_dir, "a report")
     _check_outside_versions(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -405,6 +412,8 @@ def write_report(
             _elevation_plot(out / ELEVATION_NAME, eval_result)
             images.append((ELEVATION_NAME, "elevation error histogram"))
         (out / EVAL_JSON_NAME).write_text(eval_result.to_json(), encoding="utf-8")
+    if ties is not None:
+        (out / TIES_JSON_NAME).write_text(ties.to_json() + "\n", encoding="utf-8")
 
     rows = list((inputs or {}).items())
     rows.append(("drives", ", ".join(sorted(trajs)) or "none"))
@@ -457,7 +466,11 @@ def write_report(
         if name in (PREVIEW_NAME, ATE_NAME):
             parts.append(f"<h2>{section}</h2>")
         parts.append(f'<img src="{html.escape(name)}" alt="{html.escape(alt)}">')
-    all_notes = list(notes) + (list(eval_result.notes) if eval_result is not None else [])
+    all_notes = [
+        *(ties.notes() if ties is not None else []),
+        *notes,
+        *(eval_result.notes if eval_result is not None else []),
+    ]
     if all_notes:
         items = "".join(f"<li>{html.escape(n)}</li>" for n in all_notes)
         parts.append(f"<h2>Notes</h2><ul>{items}</ul>")

@@ -329,6 +329,17 @@ def test_new_drive_is_merged_into_the_previous_version(
     t = old.t[(old.t >= second_traj.t[0]) & (old.t <= second_traj.t[-1])]
     offset = np.linalg.norm(second_traj.at(t)[:, :3, 3] - old.at(t)[:, :3, 3], axis=1)
     assert len(t) > 100 and float(np.median(offset)) < 0.05 and float(offset.max()) < 0.25
+    # ... and the report says how far its GPS read from there (the 1.5 m north it was
+    # given, give or take the drives' own GPS errors): a note a maintainer sees, and JSON
+    report = version.path / "report"
+    ties = json.loads((report / "drive_ties.json").read_text())
+    assert list(ties["gps_offsets_m"]) == ["second"] and ties["untied"] == [], ties
+    east, north, _ = ties["gps_offsets_m"]["second"]
+    assert abs(east) < 0.5 and abs(north - GPS_SHIFT_M) < 0.5, ties
+    assert ties["large_gps_offsets"] == ["second"]
+    page = " ".join((report / "summary.html").read_text().split())
+    assert "LARGE GPS OFFSET: drive second is tied by loop closures" in page
+    assert f"({east:+.2f}, {north:+.2f}," in page and "antenna lever arm" in page
     index = json.loads((version.path / "state" / "keyframes" / "index.json").read_text())
     assert sorted(index["drives"]) == ["first", "second"]
     # where both drives went, the map holds each marking and each lane once

@@ -32,6 +32,7 @@ from adcloud.hdmap.loops import (
     KeyframeArchive,
     LoopClosure,
     LoopSettings,
+    UntiedDrives,
     find_loop_closures,
     local_keyframe,
     loop_candidates,
@@ -92,21 +93,21 @@ def solutions(drive: DriveData, propagated: Trajectory) -> list[SegmentSolution]
 
 @pytest.fixture(scope="module")
 def joined(drive: DriveData, solutions: list[SegmentSolution]) -> Trajectory:
-    return join_segments(solutions, {drive.name: drive.gps})[drive.name]
+    return join_segments(solutions, {drive.name: drive.gps}).trajectories[drive.name]
 
 
 @pytest.fixture(scope="module")
 def closures(
     drive: DriveData, solutions: list[SegmentSolution], joined: Trajectory
 ) -> list[LoopClosure]:
-    return find_loop_closures(solution_keyframes(solutions, {drive.name: joined}))
+    return find_loop_closures(solution_keyframes(solutions, {drive.name: joined})).closures
 
 
 @pytest.fixture(scope="module")
 def final(
     drive: DriveData, solutions: list[SegmentSolution], closures: list[LoopClosure]
 ) -> Trajectory:
-    return join_segments(solutions, {drive.name: drive.gps}, closures)[drive.name]
+    return join_segments(solutions, {drive.name: drive.gps}, closures).trajectories[drive.name]
 
 
 def _cut(drive: DriveData, name: str, start_s: float, end_s: float) -> DriveData:
@@ -401,10 +402,11 @@ def test_join_does_not_depend_on_the_order_solutions_arrive_in(
     final: Trajectory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    closures = find_loop_closures(solution_keyframes(solutions, {drive.name: final}))
+    closures = find_loop_closures(solution_keyframes(solutions, {drive.name: final})).closures
     with caplog.at_level("INFO", logger="adcloud.hdmap.poses"):
-        forward = join_segments(solutions, {drive.name: drive.gps}, closures)[drive.name]
-    backward = join_segments(solutions[::-1], {drive.name: drive.gps}, closures)[drive.name]
+        ahead = join_segments(solutions, {drive.name: drive.gps}, closures).trajectories
+    behind = join_segments(solutions[::-1], {drive.name: drive.gps}, closures).trajectories
+    forward, backward = ahead[drive.name], behind[drive.name]
     assert np.array_equal(forward.t, backward.t)
     assert np.abs(forward.matrices - backward.matrices).max() < 1e-6
     # the drive's gravity offset is reported: a few mrad, as the synthetic IMU's bias gives
@@ -552,9 +554,9 @@ def test_bad_gps_fixes_and_a_long_outage_do_not_break_it(
     assert np.isin(g.t[bad], rejected).all()
     assert not solutions[1].anchored
     gps = {drive.name: fixes}
-    joined = join_segments(solutions, gps, (), settings)
-    closures = find_loop_closures(solution_keyframes(solutions, joined))
-    final = join_segments(solutions, gps, closures, settings)[drive.name]
+    joined = join_segments(solutions, gps, (), settings).trajectories
+    closures = find_loop_closures(solution_keyframes(solutions, joined)).closures
+    final = join_segments(solutions, gps, closures, settings).trajectories[drive.name]
     assert absolute_trajectory_error(final, truth).rmse <= ATE_TARGET_M
 
 
@@ -565,7 +567,8 @@ def test_estimate_trajectory_runs_the_same_steps(drive: DriveData, truth: Trajec
     propagated = propagate(short.imu, short.odom, short.extrinsics, settings)
     solutions = [solve_segment(s, settings) for s in split_segments(short, propagated, settings)]
     assert len(solutions) == 2
-    by_hand = join_segments(solutions, {short.name: short.gps}, (), settings)[short.name]
+    joined = join_segments(solutions, {short.name: short.gps}, (), settings).trajectories
+    by_hand = joined[short.name]
     assert np.array_equal(estimate.t, by_hand.t)
     if sums_in_any_order():
         # a GPU's float atomics add voxel centroids in whatever order work-items finish,
@@ -661,10 +664,10 @@ def test_loop_closures_tie_two_drives_of_the_same_area(drive: DriveData, truth: 
         moved = propagate(part.imu, part.odom, part.extrinsics, settings)
         solutions += [solve_segment(s, settings) for s in split_segments(part, moved, settings)]
     gps = {first.name: first.gps, second.name: second.gps}
-    apart = join_segments(solutions, gps, (), settings)
-    closures = find_loop_closures(solution_keyframes(solutions, apart))
+    apart = join_segments(solutions, gps, (), settings).trajectories
+    closures = find_loop_closures(solution_keyframes(solutions, apart)).closures
     assert any(c.a[0] != c.b[0] for c in closures)
-    together = join_segments(solutions, gps, closures, settings)
+    together = join_segments(solutions, gps, closures, settings).trajectories
 
     assert _ate_of_all(together, truth) < 0.5 * _ate_of_all(apart, truth)
     assert _ate_of_all(together, truth) < 0.1
@@ -694,21 +697,21 @@ def test_a_new_drive_is_tied_to_the_fixed_keyframes_of_the_map(
     gps = dataclasses.replace(cut.gps, enu=cut.gps.enu + np.array([0.0, 1.5, 0.0]))
     second = dataclasses.replace(cut, gps=gps)
     map_solutions = _solve_drive(first, settings)
-    map_traj = join_segments(map_solutions, {"first": first.gps}, (), settings)
+    map_traj = join_segments(map_solutions, {"first": first.gps}, (), settings).trajectories
     archive = KeyframeArchive.write(
         tmp_path / "keyframes", solution_keyframes(map_solutions, map_traj)
     )
 
     solutions = _solve_drive(second, settings)
-    alone = join_segments(solutions, {"second": gps}, (), settings)
+    alone = join_segments(solutions, {"second": gps}, (), settings).trajectories
     keyframes = solution_keyframes(solutions, alone)
     xy = np.array([k.pose[:2, 3] for k in keyframes])
     fixed = KeyframeArchive(tmp_path / "keyframes").near(xy, LoopSettings().search_radius_m)
     assert {k.drive for k in fixed} == {"first"} and len(fixed) == len(archive.load("first"))
-    closures = find_loop_closures(keyframes, fixed=fixed)
+    closures = find_loop_closures(keyframes, fixed=fixed).closures
     assert closures and all("second" in (c.a[0], c.b[0]) for c in closures)
     assert any("first" in (c.a[0], c.b[0]) for c in closures)
-    tied = join_segments(solutions, {"second": gps}, closures, settings, fixed=fixed)
+    tied = join_segments(solutions, {"second": gps}, closures, settings, fixed=fixed).trajectories
     assert set(tied) == {"second"}  # the map's drive is not re-solved
     apart_err = _ate_of_all({**map_traj, **alone}, truth)
     tied_err = _ate_of_all({**map_traj, **tied}, truth)
@@ -735,26 +738,38 @@ def test_a_drive_that_overlaps_the_map_a_little_is_tied_to_it_not_to_its_gps(
     That closure, not the new drive's 150 fixes repeating their bias, decides where the
     drive lies (a per-drive GPS offset in the join; with its fixes taken as independent the
     drive stayed 2.1 m off, the one closure outvoted). Backward matching keeps the new
-    drive's shape good to a few centimetres away from the closure."""
+    drive's shape good to a few centimetres away from the closure. The join returns the
+    offset it estimated for the drive's GPS (the 2.2 m north), for the build's report."""
     settings = PoseSettings()
     first = _cut(drive, "first", 3.0, 20.0)
     cut = _cut(drive, "second", 25.0, 58.0)
     gps = dataclasses.replace(cut.gps, enu=cut.gps.enu + np.array([0.0, 2.2, 0.0]))
     map_solutions = _solve_drive(first, settings)
-    map_traj = join_segments(map_solutions, {"first": first.gps}, (), settings)["first"]
+    map_joined = join_segments(map_solutions, {"first": first.gps}, (), settings)
+    assert map_joined.gps_offsets == {}  # no closure: the drive is placed by its GPS
+    map_traj = map_joined.trajectories["first"]
     fixed = solution_keyframes(map_solutions, {"first": map_traj})
     solutions = _solve_drive(dataclasses.replace(cut, gps=gps), settings)
-    alone = join_segments(solutions, {"second": gps}, (), settings)
-    closures = find_loop_closures(solution_keyframes(solutions, alone), fixed=fixed)
+    alone = join_segments(solutions, {"second": gps}, (), settings).trajectories
+    found = find_loop_closures(solution_keyframes(solutions, alone), fixed=fixed)
+    closures = found.closures
+    assert found.untied == []  # tied: not named among the drives close but untied
     assert len([c for c in closures if "first" in (c.a[0], c.b[0])]) == 1  # a little overlap
-    tied = join_segments(solutions, {"second": gps}, closures, settings, fixed=fixed)["second"]
+    joined = join_segments(solutions, {"second": gps}, closures, settings, fixed=fixed)
+    tied = joined.trajectories["second"]
+    assert set(joined.gps_offsets) == {"second"}
+    # fix minus pose, in map ENU: the 2.2 m north it was given, give or take the map
+    # drive's own GPS error where the closure ties them (decimetres)
+    east, north, _ = joined.gps_offsets["second"]
+    assert abs(east) < 0.5 and abs(north - 2.2) < 0.5, joined.gps_offsets
     gps_only = _offset_from_map(map_traj, alone["second"], truth)
     median, largest = _offset_from_map(map_traj, tied, truth)
     assert gps_only[0] > 1.5 and median < 0.1 and largest < 0.25, (gps_only, median, largest)
     # with the offset off, the drive's own fixes win (the earlier behaviour)
     off = dataclasses.replace(settings, gps_drive_bias_sigma_m=0.0)
-    held = join_segments(solutions, {"second": gps}, closures, off, fixed=fixed)["second"]
-    assert _offset_from_map(map_traj, held, truth)[0] > 1.0
+    held = join_segments(solutions, {"second": gps}, closures, off, fixed=fixed)
+    assert held.gps_offsets == {}
+    assert _offset_from_map(map_traj, held.trajectories["second"], truth)[0] > 1.0
 
 
 def test_the_biased_gps_factor_has_the_derivative_of_its_error() -> None:
@@ -797,10 +812,15 @@ def test_drives_that_come_close_but_are_not_tied_are_named(
     own GPS alone."""
     keyframes = [_keyframe("a", 0.0, 0.0, 0.0), _keyframe("b", 100.0, 3.0, 0.0)]
     with caplog.at_level(logging.WARNING, logger="adcloud.hdmap.loops"):
-        assert find_loop_closures(keyframes, device="numpy") == []
+        found = find_loop_closures(keyframes, device="numpy")
+    assert found.closures == []
+    # returned for the build's report, not only logged
+    assert found.untied == [UntiedDrives(("a", "b"), 1, 3.0)]
+    note = found.untied[0].note()
     (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert "drives a and b overlap" in record.getMessage()
-    assert "not tied" in record.getMessage()
+    assert record.getMessage() == f"loop closures: {note}"
+    assert "drives a and b come within 3.0 m" in note and "1 candidate keyframe pair" in note
+    assert "not tied" in note and "own GPS alone" in note
 
 
 def test_keyframe_archive_loads_only_nearby_drives_and_names_bad_files(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from adcloud.hdmap.errors import HdmapError
+from adcloud.hdmap.errors import HdmapError, MapFormatError
 from adcloud.hdmap.evaluate import (
     EvalResult,
     GridLayers,
@@ -21,6 +21,7 @@ from adcloud.hdmap.evaluate import (
     polyline_metrics,
     sign_metrics,
 )
+from adcloud.hdmap.loops import DriveTies, UntiedDrives
 from adcloud.hdmap.mapdir import Manifest, MapDir
 from adcloud.hdmap.report import write_map_report, write_report
 from adcloud.hdmap.trajectory import Trajectory, absolute_trajectory_error
@@ -170,6 +171,38 @@ def test_report_without_grid_or_truth(tmp_path: Path) -> None:
     assert count_colour(rgb, "#1f77b4") > 200
     assert not (tmp_path / "ate.png").exists() and not (tmp_path / "eval.json").exists()
     assert "Accuracy" not in page.read_text()
+
+
+def test_report_lists_the_drive_ties(tmp_path: Path) -> None:
+    """A build's drive ties: each pair of drives close but not tied and each tied drive's
+    GPS offset is a note (a large offset singled out) and a record in drive_ties.json."""
+    ties = DriveTies(
+        (UntiedDrives(("monday", "tuesday"), 4, 2.5),),
+        {"wednesday": (0.1, 1.4, -0.2), "thursday": (0.05, -0.2, 0.0)},
+    )
+    page = write_report(tmp_path, trajectories=circle_trajectory(), ties=ties)
+    text = " ".join(page.read_text().split())
+    notes = text[text.index("<h2>Notes</h2>") :]
+    assert "drives monday and tuesday come within 2.5 m of each other (4 candidate" in notes
+    assert "not tied, each is placed by its own GPS alone" in notes
+    large = "LARGE GPS OFFSET: drive wednesday is tied by loop closures; its GPS reads 1.42 m"
+    assert large in notes
+    assert "(+0.10, +1.40, -0.20 m east, north, up)" in notes
+    assert "drive thursday is tied by loop closures; its GPS reads 0.21 m" in notes
+    assert "LARGE GPS OFFSET: drive thursday" not in notes
+    stored = json.loads((tmp_path / "drive_ties.json").read_text())
+    assert stored["untied"] == [
+        {"drives": ["monday", "tuesday"], "candidates": 4, "closest_m": 2.5}
+    ]
+    assert stored["large_gps_offsets"] == ["wednesday"]
+    assert DriveTies.read(tmp_path / "drive_ties.json") == ties
+    assert DriveTies.read(tmp_path / "missing.json") == DriveTies()
+    # a later build's record of a drive replaces the earlier one
+    later = ties | DriveTies((), {"tuesday": (0.0, 0.3, 0.0)})
+    assert later.untied == () and set(later.gps_offsets) == {"wednesday", "thursday", "tuesday"}
+    (tmp_path / "drive_ties.json").write_text('{"format": 1, "untied": [{"drives": []}]}')
+    with pytest.raises(MapFormatError, match=r"drive_ties\.json: not a record of drive ties"):
+        DriveTies.read(tmp_path / "drive_ties.json")
 
 
 def test_report_draws_lanes_and_connectors(tmp_path: Path) -> None:
