@@ -129,6 +129,9 @@ class BuildSummary:
     counts: dict[str, int]
     #: Bags left out because they cannot be mapped (``skip_bad_bags``): URI -> why.
     skipped: dict[str, str] = field(default_factory=dict)
+    #: What pose recovery found about how this build's drives hold together (drives that
+    #: came close but were not tied, each tied drive's GPS offset): the report's notes.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -649,6 +652,7 @@ def build_map(
     mapdir = MapDir(map_uri, _mapdir_settings(settings))
     timings: dict[str, float] = {}
     counts: dict[str, int] = {}
+    notes: list[str] = []
     relabel = False
     skipped: dict[str, str] = {}
     checked: set[str] = set()  # new bags whose topics were checked already
@@ -770,6 +774,7 @@ def build_map(
             )
         # The map's earlier drives do not move (fixed keyframes): what their builds found
         # about their ties still holds, and the report lists it with the new drives'.
+        notes.extend(result.ties.notes())  # this build's own, for the command line
         result = dataclasses.replace(result, ties=_parent_ties(parent_root) | result.ties)
         imported = _merged_labels(parent_root, fresh)
         tick = time.perf_counter()
@@ -809,4 +814,4 @@ def build_map(
     timings["total"] = time.perf_counter() - started
     if skipped:
         counts["bags_skipped"] = len(skipped)
-    return BuildSummary(outcome, timings, counts, skipped)
+    return BuildSummary(outcome, timings, counts, skipped, notes)

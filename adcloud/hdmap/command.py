@@ -213,6 +213,8 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
         table.add_row(stage, f"{seconds:.1f}")
     console.print(table)
     counts = ", ".join(f"{k} {v}" for k, v in summary.counts.items())
+    for note in summary.notes:  # also in the report; a nightly log shows them too
+        console.print(f"note: {note}", highlight=False)
     console.print(f"{counts}\noutputs: {result.version.uri}", highlight=False)
     return 0
 

@@ -340,6 +340,7 @@ def test_new_drive_is_merged_into_the_previous_version(
     page = " ".join((report / "summary.html").read_text().split())
     assert "LARGE GPS OFFSET: drive second is tied by loop closures" in page
     assert f"({east:+.2f}, {north:+.2f}," in page and "antenna lever arm" in page
+    assert [n for n in v2.notes if "LARGE GPS OFFSET: drive second" in n], v2.notes  # the CLI's
     index = json.loads((version.path / "state" / "keyframes" / "index.json").read_text())
     assert sorted(index["drives"]) == ["first", "second"]
     # where both drives went, the map holds each marking and each lane once
