@@ -316,6 +316,20 @@ _MASTER_SCHEMES = ("local", "spark://", "yarn", "k8s://", "mesos://")
 _LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?|local-cluster\[[0-9, ]+\]")
 
 
+def local_cores(master: str) -> int | None:
+    """How many task cores a ``local[...]`` or ``local-cluster[...]`` master runs (``local``:
+    1, ``local[*]``: this machine's), or None for any other master: those have executors."""
+    if not _LOCAL_MASTER.fullmatch(master):
+        return None
+    if master.startswith("local-cluster"):
+        workers, cores, *_ = (int(v) for v in master[len("local-cluster[") : -1].split(","))
+        return workers * cores
+    if master == "local":
+        return 1
+    given = master[len("local[") :].split(",", maxsplit=1)[0].rstrip("]")
+    return (os.cpu_count() or 1) if given == "*" else int(given)
+
+
 def check_master(master: str, timeout: float = 3.0, *, reach: bool = True) -> None:
     """Raise :class:`ConfigError` for a master URL Spark does not take (or ``yarn`` without
     the Hadoop configuration spark-submit needs), and -- with ``reach`` -- a

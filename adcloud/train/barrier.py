@@ -19,22 +19,19 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import re
 import threading
 import time
 import uuid
 from types import TracebackType
 from typing import Any
 
+from adcloud.spark import local_cores
 from adcloud.train.errors import TrainError
 
 __all__ = ["BarrierWatch", "cancelled_by", "check_slots", "task_slots"]
 
 log = logging.getLogger(__name__)
 
-_LOCAL = re.compile(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?")
-_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,.*\]")
 #: The job-group properties a caller (a notebook) may have set; restored after the stage.
 _GROUP_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 
@@ -59,14 +56,9 @@ def task_slots(sc: Any) -> int | None:
     except Exception as err:  # py4j's errors: another Spark version, a remote session
         log.debug("Spark's task slot count is not available (%s); estimating it", err)
     cpus = _task_cpus(sc)
-    master = str(sc.master)
-    local = _LOCAL.fullmatch(master)
-    if local is not None:
-        cores = local.group(1) or "1"
-        return (os.cpu_count() or 1) // cpus if cores == "*" else int(cores) // cpus
-    cluster = _LOCAL_CLUSTER.fullmatch(master)
-    if cluster is not None:
-        return int(cluster.group(1)) * (int(cluster.group(2)) // cpus)
+    cores_here = local_cores(str(sc.master))
+    if cores_here is not None:
+        return cores_here // cpus
     cores = sc.getConf().get("spark.executor.cores")
     if cores is None:
         return None
@@ -89,7 +81,7 @@ def check_slots(sc: Any, workers: int, *, wait_s: float = 10.0) -> None:
     session just started) are waited for: up to ``wait_s`` seconds, and no longer once the
     count has stayed the same for :data:`_SETTLE_S` (a cluster with too few cores does not
     get more by waiting); a ``local[N]`` master has its slots from the start."""
-    local = bool(_LOCAL.fullmatch(str(sc.master)) or _LOCAL_CLUSTER.fullmatch(str(sc.master)))
+    local = local_cores(str(sc.master)) is not None
     now = time.monotonic()
     deadline = now + (0.0 if local else wait_s)
     last, since = None, now
