@@ -300,6 +300,40 @@ def _evaluate(evaluator: Evaluator, data: ScenarioData) -> Evaluation:
     return replace(verdict, metrics=metrics)
 
 
+def _dropped(run: NodeRun, job: ReplayJob, *, also: bool = False) -> str:
+    """What the node wrote outside the output topics (a misspelt ``--outputs`` reads as a
+    node that said nothing)."""
+    elsewhere = ", ".join(f"{topic} ({n})" for topic, n in sorted(run.ignored.items()))
+    return (
+        f"the node {'also ' if also else ''}wrote on {elsewhere}, which are not output "
+        f"topics ({', '.join(job.output_topics)}): dropped"
+    )
+
+
+def _failure_with_progress(run: NodeRun, inputs: int, job: ReplayJob) -> str:
+    """``run.failure`` told with how far the replay got.  A node that timed out having
+    answered nothing, in synchronous mode, is most often one that does not answer the
+    inputs it is sent (another input topic than ``--inputs``, answers on a topic other than
+    ``--outputs``): each input then waits out its quiet period, and the reason says so."""
+    assert run.failure is not None
+    if not run.sent:  # it failed before its first input (start-up): nothing to add
+        return run.failure
+    said = (
+        f"{run.failure} ({len(run.sent):,} of {inputs:,} inputs sent, "
+        f"{len(run.outputs):,} outputs received)"
+    )
+    if run.ignored:
+        said += f"; {_dropped(run, job)}"
+    if "timed out" in run.failure and not run.outputs and job.timing.sync:
+        said += (
+            "; in synchronous mode each input waits for the node's answer, for at least "
+            "the quiet period: check that the node reads the input topics and answers on "
+            "the output topics, or replay without waiting (--no-sync) or waiting only "
+            "after some inputs (--triggers)"
+        )
+    return said
+
+
 def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
     """Replay one scenario through the job's node and evaluate it (no Spark needed)."""
     started = time.monotonic()
@@ -352,7 +386,7 @@ def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
         job.node, inputs, input_conns, job.output_topics, job.timing
     )
     if run.failure is not None:
-        return result(run, False, run.failure, [])
+        return result(run, False, _failure_with_progress(run, len(inputs), job), [])
     described = {c.topic for c in run.output_connections}
     serialization = conns[0].serialization if conns else "ros1"
     guessed = [
@@ -367,11 +401,7 @@ def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
     evals = [_evaluate(evaluator, data) for evaluator in evaluators]
     failed = [f"{e.name}: {e.reason}" for e in evals if not e.passed]
     if failed and run.ignored:  # a misspelt output topic reads as a node that said nothing
-        elsewhere = ", ".join(f"{topic} ({n})" for topic, n in sorted(run.ignored.items()))
-        failed.append(
-            f"the node also wrote on {elsewhere}, which are not output topics "
-            f"({', '.join(job.output_topics)}): dropped"
-        )
+        failed.append(_dropped(run, job, also=True))
     return result(run, not failed, "; ".join(failed), evals)
 
 

@@ -133,6 +133,23 @@ def test_hang_times_out(drive: DriveResult, bad_nodes: dict[str, str]) -> None:
     assert result.wall_s < 15
 
 
+def test_a_node_that_never_answers_times_out_saying_how_far_the_replay_got(
+    drive: DriveResult,
+) -> None:
+    """A node listening on another topic than --inputs answers nothing: each input waits
+    out its quiet period until the time limit.  The reason was a bare "timed out after
+    3.0 s", as for a hung node; it now says how many inputs went in and came out and what
+    to check."""
+    deaf = OBSTACLE_NODE + " --input /camera/image"
+    result = _run(_job(drive.bag, deaf, timeout_s=3, startup_timeout_s=1, quiet_s=0.25))
+    assert not result.passed
+    assert "timed out after 3" in result.reason
+    sent = int(result.reason.split("(", 1)[1].split(" of ", 1)[0])
+    assert 1 <= sent < 29, result.reason
+    assert f"{sent} of 29 inputs sent, 0 outputs received" in result.reason
+    assert "--no-sync" in result.reason and "--triggers" in result.reason
+
+
 def test_garbage_output(drive: DriveResult, bad_nodes: dict[str, str]) -> None:
     result = _run(_job(drive.bag, bad_nodes["garbage"], startup_timeout_s=1))
     assert not result.passed
