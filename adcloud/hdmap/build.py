@@ -727,6 +727,9 @@ def build_map(
             staging.copy_from_parent(*carried, local=parent_root)
             for path in sorted((parent_root / "trajectory").glob("*.tum")):
                 previous_traj[path.stem] = Trajectory.read_tum(path)
+        # read before the pipeline runs: a record this version cannot read fails the build
+        # now, not after the whole of it
+        earlier_ties = _parent_ties(parent_root)
         if spark is None:
             raise HdmapError(
                 f"{map_uri}: {len(plan.new_drives)} new drive(s) to build, and no Spark session "
@@ -775,7 +778,7 @@ def build_map(
         # The map's earlier drives do not move (fixed keyframes): what their builds found
         # about their ties still holds, and the report lists it with the new drives'.
         notes.extend(result.ties.notes())  # this build's own, for the command line
-        result = dataclasses.replace(result, ties=_parent_ties(parent_root) | result.ties)
+        result = dataclasses.replace(result, ties=earlier_ties | result.ties)
         imported = _merged_labels(parent_root, fresh)
         tick = time.perf_counter()
 

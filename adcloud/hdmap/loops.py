@@ -256,10 +256,14 @@ class DriveTies:
         )
 
     def __or__(self, newer: DriveTies) -> DriveTies:
-        """Both, ``newer``'s entries replacing those of the same drives."""
-        named = {d for p in newer.untied for d in p.drives} | set(newer.gps_offsets)
-        kept = self.without(named)
-        return DriveTies((*kept.untied, *newer.untied), {**kept.gps_offsets, **newer.gps_offsets})
+        """Both, ``newer``'s entries replacing those of the same drives: every entry of a
+        drive ``newer`` has a GPS offset of, and an untied pair ``newer`` names again. A
+        new drive that came close to a drive of the map without a tie says nothing new of
+        that drive: the drive's own entries are kept."""
+        pairs = {p.drives for p in newer.untied}
+        kept = self.without(set(newer.gps_offsets))
+        untied = tuple(p for p in kept.untied if p.drives not in pairs)
+        return DriveTies((*untied, *newer.untied), {**kept.gps_offsets, **newer.gps_offsets})
 
     def to_json(self) -> str:
         return json.dumps(
@@ -494,18 +498,27 @@ def _drive_pair(a: str, b: str) -> tuple[str, str]:
 def _untied(
     keyframes: Sequence[Keyframe], pairs: Sequence[tuple[int, int]], closures: Sequence[LoopClosure]
 ) -> list[UntiedDrives]:
-    """Each two drives that come close (candidates between them) but that no closure ties."""
+    """Each two drives that come close (candidates between them) but that no closure ties,
+    directly or through other drives (a tied to c and c to b holds a and b together)."""
     near: dict[tuple[str, str], list[float]] = {}
     for i, j in pairs:
         a, b = keyframes[i], keyframes[j]
         if a.drive != b.drive:
             gap = float(np.linalg.norm(a.pose[:3, 3] - b.pose[:3, 3]))
             near.setdefault(_drive_pair(a.drive, b.drive), []).append(gap)
-    tied = {_drive_pair(c.a[0], c.b[0]) for c in closures}
+    group: dict[str, str] = {}
+
+    def root(drive: str) -> str:
+        while group.get(drive, drive) != drive:
+            drive = group[drive]
+        return drive
+
+    for c in closures:
+        group[root(c.a[0])] = root(c.b[0])
     return [
         UntiedDrives(drives, len(gaps), min(gaps))
         for drives, gaps in sorted(near.items())
-        if drives not in tied
+        if root(drives[0]) != root(drives[1])
     ]
 
 

@@ -1146,8 +1146,13 @@ class MapVersion:
         if self.path is not None:
             return self.path
         target = Path(dest) if dest is not None else make_scratch(_DOWNLOAD_PREFIX)
-        target.mkdir(parents=True, exist_ok=True)
-        self._files.get_tree(self._root, target, skip=skip)
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            self._files.get_tree(self._root, target, skip=skip)
+        except BaseException:
+            if dest is None:  # a part of a map version, that no caller would remove
+                remove_scratch(target)
+            raise
         return target
 
 

@@ -15,7 +15,7 @@ import adcloud.hdmap.command as command
 from adcloud.cli import main
 from adcloud.hdmap import HdmapSettings, MapDir, build_map
 from adcloud.hdmap.build import labels_would_change, plan_build
-from adcloud.hdmap.errors import BuildError, HdmapError
+from adcloud.hdmap.errors import BuildError, HdmapError, MapFormatError
 from adcloud.hdmap.job import StageSettings
 from adcloud.hdmap.kept import TILE_SETTINGS, tile_settings
 from adcloud.hdmap.mapdir import BuildPlan, Staging
@@ -137,3 +137,29 @@ def test_a_map_keeps_its_tile_layout(
     monkeypatch.delenv("ADCLOUD_HDMAP_TILE_M")
     assert main([*args, "--dry-run"]) == 0
     assert "1 new drive(s) to build" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_parent_drive_ties_record_it_cannot_read_fails_before_spark(
+    tmp_path: Path, new_bag: DriveResult
+) -> None:
+    """The parent version's ``report/drive_ties.json`` (here of a later format) was read
+    after the whole pipeline had run, and the build failed then; it is read first."""
+    old = tmp_path / "old.bag"
+    old.write_bytes(random.Random(1).randbytes(4096))
+    stages = StageSettings.from_settings(HdmapSettings())
+
+    def first_version(plan: BuildPlan, staging: Staging) -> None:
+        for folder in ("state", "trajectory", "report"):
+            (staging.path / folder).mkdir()
+        (staging.path / "state" / "origin.json").write_text(json.dumps({"origin": ORIGIN}))
+        (staging.path / TILE_SETTINGS).write_text(
+            json.dumps(tile_settings(stages.grid, stages.cloud))
+        )
+        (staging.path / "report" / "drive_ties.json").write_text('{"format": 2}')
+
+    uri = str(tmp_path / "map")
+    MapDir(uri).update([old], first_version)
+    # no Spark session: a build that got as far as the pipeline would say it needs one
+    with pytest.raises(MapFormatError, match=r"drive_ties\.json: not a record of drive ties"):
+        build_map(None, [str(old), str(new_bag.bag)], uri)
+    assert MapDir(uri).versions() == ["000001"]

@@ -9,9 +9,11 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 from scipy.spatial import cKDTree
 from scipy.spatial.transform import Rotation
 
@@ -516,6 +518,30 @@ def test_a_map_version_off_the_local_disk_is_read_without_leaving_its_copy(
         assert set(loaded.trajectories) == {"t"} and len(loaded.grid) == 1
         assert loaded.source.endswith("versions/000001")
         assert list(temp.iterdir()) == []
+
+
+def test_a_download_cut_off_leaves_no_part_of_the_map_version(
+    tmp_path: Path, products: MapProducts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection lost while a version off the local disk is downloaded fails the read
+    and removes what had come, before the next try downloads it all again (a notebook
+    retrying kept one partial copy of the map version per try)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    uri = f"memory://hdmap-eval-{os.getpid()}-{time.monotonic_ns()}/map"
+    write_version(MapDir(uri), products)
+    served = MemoryFileSystem._open
+
+    def cut_off(self: MemoryFileSystem, path: str, *args: Any, **kwargs: Any) -> Any:
+        if "/trajectory/" in path:
+            raise ConnectionResetError(f"{path}: connection reset by peer")
+        return served(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "_open", cut_off)
+    with pytest.raises(ConnectionResetError):
+        load_map_products(uri, grid_reader=npz_grid)
+    assert list(temp.iterdir()) == []
 
 
 def test_evaluate_map_bad_inputs(truth_dir: Path, tmp_path: Path, products: MapProducts) -> None:

@@ -33,6 +33,7 @@ from adcloud.hdmap.loops import (
     LoopClosure,
     LoopSettings,
     UntiedDrives,
+    _untied,
     find_loop_closures,
     local_keyframe,
     loop_candidates,
@@ -821,6 +822,24 @@ def test_drives_that_come_close_but_are_not_tied_are_named(
     assert record.getMessage() == f"loop closures: {note}"
     assert "drives a and b come within 3.0 m" in note and "1 candidate keyframe pair" in note
     assert "not tied" in note and "own GPS alone" in note
+
+
+def test_drives_tied_through_a_third_are_not_named_as_untied() -> None:
+    """Drives a and b come close with no closure between them, but each is tied to c: the
+    three hold together, so the report does not say a and b are placed by their own GPS
+    alone; d, close to a and tied to nothing, is named."""
+    keyframes = [
+        _keyframe("a", 0.0, 0.0, 0.0),
+        _keyframe("b", 0.0, 3.0, 0.0),
+        _keyframe("c", 0.0, 1.0, 0.0),
+        _keyframe("d", 0.0, -2.0, 0.0),
+    ]
+    pairs = [(0, 1), (0, 2), (1, 2), (0, 3)]
+    closures = [
+        LoopClosure(("a", 0), ("c", 0), np.eye(4), 1.0, 0.0, 0.0),
+        LoopClosure(("c", 0), ("b", 0), np.eye(4), 1.0, 0.0, 0.0),
+    ]
+    assert _untied(keyframes, pairs, closures) == [UntiedDrives(("a", "d"), 1, 2.0)]
 
 
 def test_keyframe_archive_loads_only_nearby_drives_and_names_bad_files(tmp_path: Path) -> None:

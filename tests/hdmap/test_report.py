@@ -205,6 +205,30 @@ def test_report_lists_the_drive_ties(tmp_path: Path) -> None:
         DriveTies.read(tmp_path / "drive_ties.json")
 
 
+def test_a_new_drive_left_untied_keeps_what_the_map_knew_of_the_old_drive() -> None:
+    """The parent's ties of a map drive (its GPS offset, its own untied pairs) stay in the
+    record when a new drive comes close to it without a tie: only the same pair or the
+    same drive's offset is replaced."""
+    parent = DriveTies(
+        (UntiedDrives(("monday", "tuesday"), 4, 2.5),),
+        {"monday": (0.1, 1.4, -0.2), "tuesday": (0.0, 0.2, 0.0)},
+    )
+    newer = DriveTies((UntiedDrives(("friday", "monday"), 2, 3.0),), {"friday": (0.0, 0.3, 0.0)})
+    both = parent | newer
+    assert both.untied == (
+        UntiedDrives(("monday", "tuesday"), 4, 2.5),
+        UntiedDrives(("friday", "monday"), 2, 3.0),
+    )
+    assert both.gps_offsets == {**parent.gps_offsets, "friday": (0.0, 0.3, 0.0)}
+    assert [n for n in both.notes() if "LARGE GPS OFFSET: drive monday" in n]
+    # the same pair found again replaces the earlier record of it
+    again = both | DriveTies((UntiedDrives(("monday", "tuesday"), 1, 4.0),))
+    assert again.untied == (
+        UntiedDrives(("friday", "monday"), 2, 3.0),
+        UntiedDrives(("monday", "tuesday"), 1, 4.0),
+    )
+
+
 def test_report_draws_lanes_and_connectors(tmp_path: Path) -> None:
     lane = np.column_stack([np.linspace(0, 40, 50), np.zeros(50), np.zeros(50)])
     bridge = np.column_stack([np.linspace(40, 55, 20), np.linspace(0, 5, 20), np.zeros(20)])
