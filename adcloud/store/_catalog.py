@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from adcloud.store.errors import StoreError
+from adcloud.store.errors import StoreCorruptionError, StoreError
 
 __all__ = ["Catalog", "FileRow", "JournalEntry", "descendant_range"]
 
@@ -140,7 +140,18 @@ class Catalog:
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         db_path.parent.mkdir(parents=True, exist_ok=True)
-        self._init_schema()
+        try:
+            self._init_schema()
+        except sqlite3.OperationalError as err:  # locked past the timeout, unreadable, ...
+            self.close()
+            raise StoreError(f"cannot open the store catalog {db_path}: {err}") from err
+        except sqlite3.DatabaseError as err:  # damaged: "not a database", "malformed"
+            self.close()
+            raise StoreCorruptionError(
+                f"the store catalog {db_path} is damaged ({err}); move it and its -wal "
+                "and -shm files away: the store then starts empty "
+                "(files in the under-store stay there, but are no longer listed)"
+            ) from err
 
     @property
     def path(self) -> Path:

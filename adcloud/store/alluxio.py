@@ -286,19 +286,20 @@ class AlluxioStore(BaseStore):
 
     # -- Store -----------------------------------------------------------------------------
 
-    def _create(self, path: str, options: dict[str, Any]) -> int:
+    def _create(self, path: str, options: dict[str, Any]) -> tuple[int, bool]:
+        """A write stream for ``path``: its id, and whether it replaces an existing file."""
         try:
-            return self._stream_id(self._path_call(path, "create-file", options), path)
+            return self._stream_id(self._path_call(path, "create-file", options), path), False
         except StoreExistsError:
             pass
         try:
             return self._stream_id(
                 self._path_call(path, "create-file", {**options, "overwrite": True}), path
-            )
+            ), True
         except StoreExistsError:
             log.debug("the proxy ignores 'overwrite'; replacing %s non-atomically", path)
         self.delete(path)
-        return self._stream_id(self._path_call(path, "create-file", options), path)
+        return self._stream_id(self._path_call(path, "create-file", options), path), True
 
     def _create_options(
         self, write_type: WriteType | str | None, ttl: float | None
@@ -323,8 +324,11 @@ class AlluxioStore(BaseStore):
         """A read stream, or a write stream that completes the file on close."""
         if mode == "wb":
             check_ttl(ttl, path)
-            ident = self._create(path, self._create_options(write_type, ttl))
-            return cast(BinaryIO, _AlluxioWriter(self, ident, path, pinned))
+            ident, replaces = self._create(path, self._create_options(write_type, ttl))
+            # the proxy keeps a replaced file's pin; pinned=False must drop it (a new file
+            # is never pinned: no request for that)
+            pin = None if pinned is False and not replaces else pinned
+            return cast(BinaryIO, _AlluxioWriter(self, ident, path, pin))
         if mode != "rb":
             raise ValueError(f"mode must be 'rb' or 'wb', not {mode!r}")
         ident = self._stream_id(self._path_call(path, "open-file"), path)
@@ -483,6 +487,7 @@ class _AlluxioWriter(WriteStream):
     """A ``streams/{id}/write`` stream; buffers ``chunk_size`` bytes per request."""
 
     def __init__(self, store: AlluxioStore, ident: int, path: str, pinned: bool | None) -> None:
+        """``pinned``: pin the file once complete (True), unpin it (False) or leave it."""
         super().__init__(path)
         self._store = store
         self._ident = ident
@@ -556,8 +561,10 @@ class _AlluxioWriter(WriteStream):
             raise
         self._closed = True
         self._store._call(self._store._stream_url(self._ident, "close"), what=f"close {self.name}")
-        if self._pinned:
+        if self._pinned is True:
             self._store.pin(self.name)
+        elif self._pinned is False:
+            self._store.unpin(self.name)
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):

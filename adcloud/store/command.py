@@ -56,6 +56,14 @@ def _ttl(status: FileStatus) -> str:
     return "-" if status.ttl is None else f"{status.ttl:g} s ({status.ttl_action})"
 
 
+def _where(status: FileStatus, ufs: str = "under-store") -> str:
+    """Where a file's bytes are: its tier, the under-store (``ufs``), or nowhere when it
+    is LOST (its cached copy is gone and it was never persisted)."""
+    if status.tier:
+        return status.tier
+    return "lost" if status.persistence is PersistenceState.LOST else ufs
+
+
 def _file_table(entries: list[FileStatus]) -> Table:
     table = Table(show_edge=False, pad_edge=False)
     for name, justify in (
@@ -74,7 +82,7 @@ def _file_table(entries: list[FileStatus]) -> Table:
             table.add_row(
                 s.path,
                 format_size(s.size),
-                s.tier or "under-store",
+                _where(s),
                 "yes" if s.pinned else "",
                 str(s.persistence),
                 _ttl(s),
@@ -86,7 +94,7 @@ def _per_tier(entries: list[FileStatus]) -> Table:
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for s in entries:
         if not s.is_dir:
-            key = s.tier or "under-store only"
+            key = _where(s, "under-store only")
             totals[key][0] += 1
             totals[key][1] += s.size
     table = Table(title="listed files per tier", show_edge=False, pad_edge=False)
@@ -302,7 +310,7 @@ def _cmd_stat(args: argparse.Namespace, console: Console) -> int:
             ("path", status.path),
             ("kind", "directory" if status.is_dir else "file"),
             ("size", f"{status.size:,} B ({format_size(status.size)})"),
-            ("tier", status.tier or ("-" if status.is_dir else "under-store only")),
+            ("tier", "-" if status.is_dir else _where(status, "under-store only")),
             ("pinned", "yes" if status.pinned else "no"),
             ("persistence", str(status.persistence)),
             ("write type", str(status.write_type or "-")),

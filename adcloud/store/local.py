@@ -540,6 +540,7 @@ class LocalStore(BaseStore):
                 try:
                     os.link(tier.object_path(row.object), link)
                 except FileNotFoundError:
+                    self._forget_missing_copy(row)
                     continue  # moved or replaced meanwhile: read the catalog again
                 except OSError as err:
                     log.debug("cannot link %s in %s (%s); copying it", row.path, tier.name, err)
@@ -580,6 +581,7 @@ class LocalStore(BaseStore):
             try:
                 raw = open(tier.object_path(row.object), "rb", buffering=0)  # noqa: SIM115
             except FileNotFoundError:
+                self._forget_missing_copy(row)
                 continue  # moved or replaced meanwhile: read the catalog again
             self._accessed(row.id)
             expect = row.checksum if self._verifies(tier.name) else None
@@ -620,6 +622,7 @@ class LocalStore(BaseStore):
             try:
                 data = read_object(tier.object_path(row.object), row.size)
             except FileNotFoundError:
+                self._forget_missing_copy(row)
                 continue
             self._verify(row, data, tier.name)
             self._accessed(row.id)
@@ -627,6 +630,40 @@ class LocalStore(BaseStore):
                 self._cache_bytes(row, data)
             return data
         raise StoreError(f"{self._rel(key)} kept changing while being read; try again")
+
+    def _forget_missing_copy(self, row: FileRow) -> None:
+        """Record that the cached copy of ``row`` is gone, if its object is missing while
+        the catalog still places it in its tier: the tier directory was emptied without a
+        reboot (systemd's ``RemoveIPC`` clears a user's ``/dev/shm`` at logout; a clean-up
+        script), which the reconciliation at a new boot does not see.  As that
+        reconciliation does, a persisted file is then read from the under-store and any
+        other file is LOST.  A copy moved, evicted or replaced meanwhile changed its
+        catalog row first, so it is left alone."""
+        tier = self._by_level.get(row.tier) if row.tier is not None else None
+        if tier is None:
+            return
+        lost = row.persistence != PersistenceState.PERSISTED
+        # in the transaction: tier moves rename their new copy inside theirs, and unlink
+        # the old one only after it committed
+        with self._cat.transaction(durable=True) as c:
+            if os.path.exists(tier.object_path(row.object)):
+                return
+            cur = c.execute(
+                "UPDATE files SET tier = NULL"
+                + (", persistence = 'LOST'" if lost else "")
+                + " WHERE id = ? AND object = ? AND tier IS ?",
+                (row.id, row.object, row.tier),
+            )
+            if cur.rowcount == 1 and lost:
+                self._cat.drop_entries(c, row.id)
+        if cur.rowcount == 1:
+            log.error(
+                "%s: its cached copy in %s (%s) is gone; %s",
+                self._rel(row.path),
+                tier.name,
+                tier.dir,
+                "it is marked LOST (never persisted)" if lost else "reading the under-store",
+            )
 
     def _verifies(self, where: str) -> bool:
         """Whether reads from ``where`` (a tier name, or UFS) check the CRC-32."""
@@ -1340,6 +1377,7 @@ class LocalStore(BaseStore):
                     staging.finish()
                 except FileNotFoundError:
                     staging.discard()
+                    self._forget_missing_copy(again)
                     continue  # evicted to another tier meanwhile
                 except BaseException:
                     staging.discard()

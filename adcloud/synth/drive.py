@@ -16,11 +16,13 @@ at ``k / truth_hz``; IMU at ``k / imu_hz + 1 ms``; odometry and ``/tf`` at
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -424,20 +426,99 @@ def _check_replaceable(bag: Path, truth: Path) -> None:
             )
 
 
-def _dead_asides(path: Path) -> list[Path]:
-    """What runs that are no longer alive (``kill -9``) set aside of ``path``."""
+def _dead_leftovers(path: Path, mark: str) -> list[Path]:
+    """What runs that are no longer alive (``kill -9``) left beside ``path``: the old drive
+    they set aside (``mark`` ``replaced``) or the new one they were writing (``part``)."""
     found = []
-    for aside in path.parent.glob(f".{glob.escape(path.name)}.replaced-*"):
-        pid = aside.name.rpartition("-")[2]
+    for left in path.parent.glob(f".{glob.escape(path.name)}.{mark}-*"):
+        pid = left.name.rpartition("-")[2]
         if not pid.isdigit():
             continue
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            found.append(aside)
+            found.append(left)
         except PermissionError:  # alive, another user's
             continue
     return found
+
+
+def _dead_asides(path: Path) -> list[Path]:
+    """What runs that are no longer alive (``kill -9``) set aside of ``path``."""
+    return _dead_leftovers(path, "replaced")
+
+
+def _exists_already(path: Path) -> SynthError:
+    return SynthError(f"{path} exists already; remove it or pass overwrite=True (--overwrite)")
+
+
+def _move_into_place(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``, never over something that appeared at ``dst`` meanwhile
+    (another run's drive): a directory claims the name with ``mkdir`` and is renamed onto
+    that empty directory, a file is linked (both fail if the name is taken)."""
+    if src.is_dir():
+        try:
+            dst.mkdir()
+        except FileExistsError:
+            raise _exists_already(dst) from None
+        try:
+            src.rename(dst)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                dst.rmdir()
+            raise
+        return
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise _exists_already(dst) from None
+    except OSError:  # a file system without hard links
+        if dst.exists() or dst.is_symlink():
+            raise _exists_already(dst) from None
+        src.rename(dst)
+        return
+    src.unlink()
+
+
+def _publish(staged: Path, bag: Path, truth: Path, *, overwrite: bool) -> None:
+    """Move a whole drive from its staging directory to ``bag`` and ``truth`` (the truth
+    first: a bag under its name is a whole drive).  With ``overwrite`` the drive there is
+    set aside until the new one is in place; any failure puts it back."""
+    aside: list[tuple[Path, Path]] = []
+    moved: list[Path] = []
+    try:
+        if overwrite:
+            _check_replaceable(bag, truth)
+            for path in (bag, truth):
+                if path.exists() or path.is_symlink():
+                    kept = path.with_name(f".{path.name}.replaced-{os.getpid()}")
+                    _remove(kept)
+                    path.rename(kept)
+                    aside.append((kept, path))
+        for src, dst in ((truth_dir_for(staged), truth), (staged, bag)):
+            _move_into_place(src, dst)
+            moved.append(dst)
+    except BaseException:
+        for dst in moved:
+            _remove(dst)
+        for kept, path in aside:
+            kept.rename(path)
+        raise
+    for kept, _ in aside:
+        _remove(kept)
+
+
+def _user_error(err: OSError, stage: Path, bag: Path) -> OSError:
+    """``err`` naming the output as the user named it: a path in the staging directory
+    (gone once the run failed) as its final name, and the bag where ``err`` names none
+    (rosbags' writers raise ``ENOSPC`` without a file name)."""
+    name = bag
+    if err.filename is not None:
+        try:
+            name = bag.parent / Path(os.fsdecode(err.filename)).relative_to(stage)
+        except ValueError:
+            return err
+    return OSError(err.errno, err.strerror or str(err), str(name))
 
 
 def generate_drive(
@@ -452,61 +533,67 @@ def generate_drive(
     ``out`` is a ``.bag`` file (``ros1``) or a rosbag2 directory (``ros2``, ``mcap``).
     ``progress`` is called with the simulated seconds done after each window.  Raises
     :class:`SynthError` for bad settings or an existing output (unless ``overwrite``).
+
+    The drive is written into a hidden staging directory beside ``out``
+    (``.<name>.part-<random>-<pid>``) and moved to its name only once whole, so no run -- failed,
+    interrupted or killed with ``kill -9`` -- leaves half a bag under that name, and an
+    overwritten drive stays in place until then; a later run removes what killed runs left.
     """
     config.validate()
     bag = Path(out)
     if bag.name in ("", ".", ".."):
         raise SynthError(f"out must name a bag file or bag directory, not {str(out)!r}")
     truth = truth_dir_for(bag)
-    # With overwrite the old drive is moved aside, not deleted, until the new one is whole:
-    # a failed or interrupted run puts it back.
-    aside: list[tuple[Path, Path]] = []
     if overwrite and bag.parent.is_dir():
         _check_replaceable(bag, truth)
         for path in (bag, truth):
             for stale in _dead_asides(path):  # a killed run's; this run replaces it anyway
                 log.info("synth: removing %s, set aside by a run that was killed", stale)
                 _remove(stale)
-        for path in (bag, truth):
-            if path.exists() or path.is_symlink():
-                kept = path.with_name(f".{path.name}.replaced-{os.getpid()}")
-                _remove(kept)
-                path.rename(kept)
-                aside.append((kept, path))
     for path in (bag, truth):
-        if path.exists():
-            raise SynthError(
-                f"{path} exists already; remove it or pass overwrite=True (--overwrite)"
-            )
+        if not overwrite and path.exists():
+            raise _exists_already(path)
     if not bag.parent.is_dir():
         raise SynthError(f"the output directory {bag.parent} does not exist")
+    for stale in _dead_leftovers(bag, "part"):
+        log.info("synth: removing %s, left by a run that was killed", stale)
+        _remove(stale)
+    # unique per call (two calls of one process may write one name), the pid last
+    stage = bag.with_name(f".{bag.name}.part-{uuid.uuid4().hex[:8]}-{os.getpid()}")
+    try:
+        stage.mkdir()
+    except OSError as err:  # e.g. a directory this user cannot write to
+        raise OSError(err.errno, err.strerror or str(err), str(bag)) from err
     started = time.perf_counter()
-    world = build_world(config.seed)
-    route = make_route(world, config)
-    driver = Driver(world, route, config)
     log.info(
         "synth: %s s drive, seed %d, %s -> %s", config.seconds, config.seed, config.format, bag
     )
-    ok = False
     try:
-        drive = _open_drive(config, bag, world)
+        world = build_world(config.seed)
+        route = make_route(world, config)
+        driver = Driver(world, route, config)
+        staged = stage / bag.name
+        drive = _open_drive(config, staged, world)
+        ok = False
         try:
             _run(drive, driver, config, progress)
             drive.writer.close()
-            drive.truth.finish(_truth_meta(drive, config, bag))  # inside: all or nothing
+            drive.truth.finish(_truth_meta(drive, config, bag))
             ok = True
         finally:
-            if not ok:  # leave no partial drive behind (an error, Ctrl-C or SIGTERM)
-                drive.writer.abort()
-                drive.truth.abort()
-                _remove(bag)
-                _remove(truth)
+            if not ok:  # release the files; the staging directory goes below
+                with contextlib.suppress(Exception):
+                    drive.writer.abort()
+                with contextlib.suppress(Exception):
+                    drive.truth.abort()
+        _publish(staged, bag, truth, overwrite=overwrite)
+    except OSError as err:
+        named = _user_error(err, stage, bag)
+        if named is err:
+            raise
+        raise named from err
     finally:
-        for kept, path in aside:
-            if ok:
-                _remove(kept)
-            else:
-                kept.rename(path)
+        _remove(stage)
     wall = time.perf_counter() - started
     log.info("synth: wrote %d messages to %s in %.1f s", sum(drive.counts.values()), bag, wall)
     return DriveResult(

@@ -21,6 +21,7 @@ History: version 1 (first version).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import zipfile
@@ -193,9 +194,11 @@ class TruthWriter:
         (self.root / "world.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
     def abort(self) -> None:
-        """Close open files after a failure."""
+        """Close open files after a failure (each of them: closing one that cannot flush its
+        last lines, as on a full disk, raises, and the directory is removed anyway)."""
         for f in self._files.values():
-            f.close()
+            with contextlib.suppress(OSError):
+                f.close()
 
 
 def world_json(world: World, config: DriveConfig) -> dict[str, Any]:

@@ -255,6 +255,25 @@ class StoreConformance:
 
     # -- caching attributes ----------------------------------------------------------------
 
+    def test_overwriting_with_pinned_false_unpins(self, store: Store) -> None:
+        """``pinned=None`` keeps an overwritten file's pin, ``pinned=False`` drops it (the
+        alluxio:// backend only ever pinned, so the file stayed pinned there)."""
+        store.put("/pf/f", b"1", pinned=True)
+        store.put("/pf/f", b"2")
+        assert store.stat("/pf/f").pinned is ("pin" in store.capabilities)
+        store.put("/pf/f", b"3", pinned=False)
+        assert not store.stat("/pf/f").pinned
+        with store.open("/pf/f", "wb", pinned=True) as stream:
+            stream.write(b"4")
+        store.copy("/pf/f", "/pf/g", pinned=True)
+        store.copy("/pf/f", "/pf/g", pinned=False)
+        assert not store.stat("/pf/g").pinned
+        with store.open("/pf/f", "wb", pinned=False) as stream:
+            stream.write(b"5")
+        assert not store.stat("/pf/f").pinned and store.get("/pf/f") == b"5"
+        store.put("/pf/new", b"6", pinned=False)
+        assert not store.stat("/pf/new").pinned
+
     def test_pin_free_persist_keep_data(self, store: Store) -> None:
         store.put("/p/file", b"keep me", write_type=WriteType.CACHE_THROUGH)
         store.pin("/p/file")

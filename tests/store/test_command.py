@@ -418,3 +418,22 @@ def test_a_target_in_memory_is_refused(
         run("store", command, source, "memory:///x.bin")
     assert info.value.code == 2
     assert "memory:///x.bin: memory:// lives inside one process" in capsys.readouterr().err
+
+
+def test_ls_and_stat_never_place_a_lost_file_in_the_under_store(
+    tmp_path: Path, store_root: Path
+) -> None:
+    """A LOST file (cached only, and its cached copy gone) has no tier; ls and stat showed
+    it in the "under-store", where it never was."""
+    with LocalStore("local://", background=False) as store:
+        store.put("/l/mc", b"cache only", write_type="MUST_CACHE")
+        for obj in (store_root / "mem" / "objects").rglob("*"):
+            if obj.is_file():
+                obj.unlink()
+        with pytest.raises(StoreError, match="is lost"):
+            store.get("/l/mc")
+    code, out = run("store", "ls", "local:///l")
+    assert code == 0
+    assert re.search(r"/l/mc .* lost .* LOST", out) and "under-store" not in out
+    code, out = run("store", "stat", "local:///l/mc")
+    assert code == 0 and re.search(r"tier\s+\S*\s*lost", out) and "under-store" not in out

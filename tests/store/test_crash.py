@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -14,9 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from adcloud.store import LocalStore, PersistenceState, StoreFullError, WriteType
+from adcloud.store import (
+    LocalStore,
+    PersistenceState,
+    StoreCorruptionError,
+    StoreFullError,
+    WriteType,
+)
 from tests.store._worker import check_payload, payload
-from tests.store.conftest import start_worker, wait_for_line
+from tests.store.conftest import start_worker, wait_for_line, worker_env
 
 
 def kill(proc: subprocess.Popen[str]) -> None:
@@ -228,3 +235,28 @@ def test_full_tier_injected_enospc_in_a_real_process(store_root: Path) -> None:
         assert os.listdir(store_root / "ufs") == []
     finally:
         store.close()
+
+
+def test_a_damaged_catalog_is_one_error_naming_it(store_root: Path) -> None:
+    """A catalog file that is not (or no longer) a SQLite database -- a disk that lost
+    its pages, a file copied over it -- failed every command with sqlite3's traceback
+    ("file is not a database") that named no file."""
+    with LocalStore("local://", background=False) as store:
+        store.put("/a", b"x", write_type=WriteType.CACHE_THROUGH)
+    catalog = store_root / "catalog.sqlite"
+    for damage in (b"not a database at all\n", catalog.read_bytes()[:3000]):
+        catalog.write_bytes(damage)
+        for leftover in ("catalog.sqlite-wal", "catalog.sqlite-shm"):
+            (store_root / leftover).unlink(missing_ok=True)
+        with pytest.raises(StoreCorruptionError, match=f"{catalog} is damaged"):
+            LocalStore("local://", background=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "adcloud.cli", "store", "ls", "local:///"],
+            capture_output=True,
+            text=True,
+            env=worker_env(),
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert done.stderr.startswith(f"error: the store catalog {catalog} is damaged")

@@ -768,3 +768,38 @@ def test_a_copy_that_does_not_fit_leaves_the_target_alone(
     assert store.get("/b2") == b"kept"
     assert not list((store_root / "mem/tmp").iterdir())  # no link left behind
     assert [s.st_nlink for s in objects(store_root, "mem")] == [1, 1, 1]
+
+
+def test_a_tier_emptied_without_a_reboot_serves_the_under_store_or_says_lost(
+    make_store: MakeStore, store_root: Path
+) -> None:
+    """A MEM tier emptied while the machine runs (systemd's RemoveIPC clears a user's
+    /dev/shm at logout; a clean-up script) left the catalog naming objects that were gone:
+    every read failed with "kept changing while being read; try again" -- persisted files
+    whose under-store copy was whole included -- and retrying never helped."""
+    store = make_store()
+    store.put("/ct", b"persisted", write_type=WriteType.CACHE_THROUGH)
+    store.put("/ct2", b"persisted too", write_type=WriteType.CACHE_THROUGH)
+    store.put("/src", b"copied", write_type=WriteType.CACHE_THROUGH)
+    store.put("/mc", b"cache only", write_type=WriteType.MUST_CACHE)
+    store.put("/at", b"not yet persisted", write_type=WriteType.ASYNC_THROUGH)
+    for obj in (store_root / "mem" / "objects").rglob("*"):
+        if obj.is_file():
+            obj.unlink()
+    assert store.get("/ct") == b"persisted"
+    with store.open("/ct2") as stream:
+        assert stream.read() == b"persisted too"
+    store.copy("/src", "/dst", write_type=WriteType.MUST_CACHE)
+    assert store.get("/dst") == b"copied"
+    with pytest.raises(StoreDataLostError, match="/mc is lost"):
+        store.get("/mc")
+    assert store.stat("/mc").persistence is PersistenceState.LOST
+    with pytest.raises(StoreDataLostError, match="/at is lost"):
+        store.persist("/at")
+    assert store.stat("/at").persistence is PersistenceState.LOST
+    assert store.pending_persists() == 0
+    # another process sees the same
+    with LocalStore("local://", background=False) as other:
+        assert other.get("/ct") == b"persisted"
+        with pytest.raises(StoreDataLostError):
+            other.get("/mc")

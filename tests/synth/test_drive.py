@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -367,35 +366,122 @@ _KILLED = """
 import sys
 from adcloud.synth import DriveConfig, generate_drive
 config = DriveConfig(seconds=600, format=sys.argv[2], lidar_beams=16, truth_raster=False)
-generate_drive(config, sys.argv[1])
+
+def progress(t):
+    if t >= 1.0:  # a second of the drive is written: time to be killed
+        print("writing", flush=True)
+
+generate_drive(config, sys.argv[1], overwrite=len(sys.argv) > 3, progress=progress)
 """
+
+
+@pytest.mark.parametrize("fmt", ["ros1", "mcap"])
+def test_a_killed_run_leaves_no_half_drive_under_its_name(fmt: str, tmp_path: Path) -> None:
+    """``kill -9`` (OOM killer, power cut) mid-drive: the half-written bag stays hidden in
+    the run's staging directory, never under the name readers open (it stood there, and
+    ``adcloud synth`` refused the next run with "exists already").  An overwritten drive
+    is still there, whole; the next run removes what the killed one left."""
+    out = tmp_path / ("cut.bag" if fmt == "ros1" else "cut")
+    config = DriveConfig(**{**TINY.__dict__, "format": fmt})
+    old = generate_drive(config, out)
+    before = _digest(old.bag)
+    for overwrite in (True, False):
+        if not overwrite:
+            _remove_drive(old)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _KILLED, str(out), fmt, *(["overwrite"] if overwrite else [])],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
+        finally:
+            proc.kill()
+            proc.wait()
+        if overwrite:
+            assert _digest(out) == before and (old.truth / "world.json").is_file()
+        else:
+            assert not out.exists() and not old.truth.exists()
+    drive = generate_drive(config, out)
+    assert _count(drive.bag) == drive.messages
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name, f"{out.name}.truth"]
+
+
+def _remove_drive(drive: DriveResult) -> None:
+    if drive.bag.is_dir():
+        shutil.rmtree(drive.bag)
+    else:
+        drive.bag.unlink()
+    shutil.rmtree(drive.truth)
 
 
 @pytest.mark.parametrize("fmt", ["ros2", "mcap"])
 def test_overwrite_replaces_a_rosbag2_drive_whose_writer_was_killed(
     fmt: str, tmp_path: Path
 ) -> None:
-    """``kill -9`` (OOM killer, power cut) leaves a rosbag2 directory without metadata.yaml
-    (written last) and a truth directory without world.json; ``--overwrite`` replaces that
-    drive instead of calling the directory "not a bag"."""
-    out = tmp_path / "cut"
-    storage = out / ("cut.db3" if fmt == "ros2" else "cut.mcap")
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(out), fmt])
-    try:
-        deadline = time.monotonic() + 120
-        while not (storage.exists() and storage.stat().st_size > 0):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert not (out / "metadata.yaml").exists()
-    assert not (tmp_path / "cut.truth" / "world.json").exists()
+    """A writer killed mid-drive by an adcloud that wrote in place left a rosbag2 directory
+    without metadata.yaml (written last) and a truth directory without world.json;
+    ``--overwrite`` replaces that drive instead of calling the directory "not a bag"."""
     config = DriveConfig(**{**TINY.__dict__, "format": fmt})
+    (tmp_path / "whole").mkdir()
+    whole = generate_drive(config, tmp_path / "whole" / "cut")
+    out = tmp_path / "cut"
+    out.mkdir()
+    storage = "cut.db3" if fmt == "ros2" else "cut.mcap"
+    shutil.copy(whole.bag / storage, out / storage)
+    (tmp_path / "cut.truth").mkdir()
+    shutil.copy(whole.truth / "poses.txt", tmp_path / "cut.truth" / "poses.txt")
+    shutil.rmtree(tmp_path / "whole")
     drive = generate_drive(config, out, overwrite=True)
     assert _count(drive.bag) == drive.messages
     assert (drive.truth / "world.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut", "cut.truth"]
+
+
+def test_a_full_disk_is_one_error_naming_the_bag_and_leaves_nothing(tmp_path: Path) -> None:
+    """``ENOSPC`` while the bag is written: closing the half bag and the truth files failed
+    the same way, so the clean-up stopped half-way (the half bag and truth stayed) and the
+    command line printed a traceback (rosbags' error names no file)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("this sandbox does not permit mounting a tmpfs")
+    try:
+        config = DriveConfig(**{**TINY.__dict__, "seconds": 3.0})
+        with pytest.raises(OSError, match="No space left") as caught:
+            generate_drive(config, disk / "d.bag")
+        assert caught.value.filename == str(disk / "d.bag")
+        assert list(disk.iterdir()) == []
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "adcloud.cli",
+                "synth",
+                "--out",
+                str(disk / "d.bag"),
+                "-q",
+                "--seconds",
+                "3",
+                "--beams",
+                "16",
+                "--no-raster",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"error: {disk / 'd.bag'}: No space left on device" in done.stderr
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
 
 
 def test_output_names_and_times_a_bag_cannot_hold_are_refused(tmp_path: Path) -> None:
