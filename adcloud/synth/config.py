@@ -137,6 +137,11 @@ class DriveConfig:
             if any(isinstance(v, float) and not math.isfinite(v) for v in items):
                 problems.append(f"{name} must be finite, not {value}")
         need(0 < self.seconds <= 1e6, f"seconds must be in (0, 1e6], not {self.seconds}")
+        # time is kept in whole nanoseconds: a shorter drive would be an empty bag
+        need(
+            not 0 < self.seconds < 1e-9,
+            f"seconds must be at least 1e-9 (one nanosecond), not {self.seconds}",
+        )
         need(0 <= self.seed < 2**63, f"seed must be in [0, 2**63), not {self.seed}")
         need(
             self.format in FORMATS,
@@ -222,6 +227,11 @@ class DriveConfig:
         need(
             isinstance(self.cameras, int) and 1 <= self.cameras <= 8,
             f"cameras must be an integer in [1, 8], not {self.cameras!r}",
+        )
+        need(
+            self.camera or self.cameras == 1,
+            f"cameras={self.cameras} with camera off records no camera at all; turn the "
+            "camera on (drop --no-camera) or leave cameras out",
         )
         need(10 <= self.camera_hfov_deg <= 150, "camera_hfov_deg must be in [10, 150]")
         need(0.01 <= self.truth_raster_res_m <= 1, "truth_raster_res_m must be in [0.01, 1]")
