@@ -30,7 +30,7 @@ import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
-from itertools import repeat
+from itertools import repeat, zip_longest
 from operator import itemgetter
 from typing import Any, TypeVar
 
@@ -723,23 +723,65 @@ def _parsed_messages(
     ranks: Mapping[int, int],
     start: int | None,
     end: int | None,
+    chunk: _Chunk | None = None,
 ) -> tuple[list[int], list[int], list[int], list[memoryview]]:
     """The selected messages of a chunk parsed record by record, sorted:
-    (record times, connection ranks, record offsets, data)."""
+    (record times, connection ranks, record offsets, data).
+
+    With ``chunk`` (whose INDEX_DATA lists entries), the message records of the selected
+    connections must be those the index lists for them, at their offsets with their
+    times: a record damaged in its ``conn`` or ``time`` field would otherwise be dropped
+    or misplaced without a word (ROS 1 has no checksums; the index is the only second
+    copy of those fields).  Records of other connections are not compared (a reindexed
+    copy keeps the records of a connection it has no definition of, unindexed).
+    """
     found: list[tuple[tuple[int, int, int], memoryview]] = []
+    seen: list[tuple[int, int, int]] = []
     for rel, conn, time, data in chunk_messages(content, 0):
         rank = ranks.get(conn)
         if rank is None:
             continue
+        seen.append((rel, conn, time))
         if (start is not None and time < start) or (end is not None and time >= end):
             continue
         found.append(((time, rank, rel), data))
+    if chunk is not None and len(chunk.table):
+        _check_index(chunk, ranks, seen)
     found.sort(key=itemgetter(0))
     return (
         [k[0] for k, _ in found],
         [k[1] for k, _ in found],
         [k[2] for k, _ in found],
         [d for _, d in found],
+    )
+
+
+def _check_index(chunk: _Chunk, ranks: Mapping[int, int], seen: list[tuple[int, int, int]]) -> None:
+    """Raise :class:`FormatError` unless ``seen`` (offset, conn, record time of each message
+    record of the connections in ``ranks``, in content order) is exactly what ``chunk``'s
+    index lists for those connections."""
+    table = chunk.table
+    entries = zip(table[:, 2].tolist(), table[:, 3].tolist(), chunk.times.tolist(), strict=True)
+    listed = sorted(e for e in entries if e[1] in ranks)
+    if listed == seen:
+        return
+    got, want = next((g, w) for g, w in zip_longest(seen, listed) if g != w)
+    if got is not None and want is not None and got[0] == want[0]:
+        at = got[0]
+        what = (
+            f"the message record says connection {got[1]} at time {got[2]} ns, the chunk's "
+            f"index says connection {want[1]} at time {want[2]} ns"
+        )
+    elif got is not None and (want is None or got[0] < want[0]):
+        at, what = got[0], "a message record the chunk's index does not list"
+    else:
+        assert want is not None
+        at, what = want[0], "no message record where the chunk's index lists one"
+    raise FormatError(
+        at,
+        f"{what} ({len(seen)} message records, {len(listed)} index entries of the topics "
+        "read); the chunk is damaged: adcloud bag reindex BAG COPY.bag writes a copy "
+        "indexed from its records",
     )
 
 
@@ -783,7 +825,9 @@ def _read_runs(part: BagPartition, make: _Make[_T]) -> Iterator[_T]:
                     view = memoryview(content)
                     data = list(map(view.__getitem__, map(slice, lo, hi)))
                 else:
-                    times, conn_ranks, offsets, data = _parsed_messages(content, ranks, start, end)
+                    times, conn_ranks, offsets, data = _parsed_messages(
+                        content, ranks, start, end, chunk
+                    )
             except FormatError as err:
                 where_in = (
                     f"byte offset {chunk.data_pos + err.offset}"

@@ -629,6 +629,42 @@ def test_message_length_inside_chunk(tmp_path: Path, bags: dict[str, Path]) -> N
         list(read_partition(part))
 
 
+@pytest.mark.parametrize(
+    ("field", "says"),
+    [
+        ("conn", r"no message record where the chunk's index lists one"),
+        ("time", r"the message record says connection \d+ at time \d+ ns, the chunk's index"),
+    ],
+)
+def test_a_message_record_its_index_contradicts_is_a_bag_error(
+    tmp_path: Path, bags: dict[str, Path], field: str, says: str
+) -> None:
+    # ROS 1 has no checksums: a damaged conn or time field of a message record is seen
+    # only against the chunk's index.  It used to drop the message (an unknown
+    # connection) or give it a wrong time without a word.
+    bad = _copy(bags["ros1-none"], tmp_path / "contradicted.bag")
+    part = plan_partitions(str(bad))[1]
+    data = bytearray(bad.read_bytes())
+    hlen = struct.unpack_from("<I", data, part.start_offset)[0]
+    content = part.start_offset + 4 + hlen + 4
+    at = data.index(f"{field}=".encode(), content) + len(field) + 1
+    if field == "conn":
+        data[at : at + 4] = struct.pack("<I", 77)
+    else:
+        sec, nsec = struct.unpack_from("<II", data, at)
+        data[at : at + 8] = struct.pack("<II", sec + 1000, nsec)
+    bad.write_bytes(bytes(data))
+    with pytest.raises(
+        BagError,
+        match=r"contradicted\.bag: partition 1: chunk at byte offset \d+, byte offset \d+: " + says,
+    ):
+        list(read_partition(part))
+    # the remedy the message names reads every message again
+    fixed = tmp_path / "fixed.bag"
+    reindex_bag(str(bad), str(fixed))
+    assert sum(1 for p in plan_partitions(str(fixed)) for _ in read_partition(p)) >= 399
+
+
 @pytest.mark.parametrize("name", ["ros1-none", "ros1-lz4", "mcap-none", "mcap-zstd"])
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
