@@ -101,8 +101,16 @@ def _mib(text: str) -> float:
     return value
 
 
-def _topics(text: str | None) -> list[str] | None:
-    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+def _topics(text: str) -> list[str]:
+    """``--topics`` as a list (argparse type).  A value that names no topic
+    (``--topics ,``) is an error: it would select nothing."""
+    topics = [t.strip() for t in text.split(",") if t.strip()]
+    if not topics:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names no topic; give comma-separated topics, or leave --topics out "
+            "for all of them"
+        )
+    return topics
 
 
 def _fmt_time(ns: int) -> str:
@@ -209,7 +217,7 @@ def _cmd_ingest(args: argparse.Namespace, console: Console) -> int:
 
     uris = expand_uris(args.bags)
     check_save_target(args.out, overwrite=args.overwrite)  # before Spark starts
-    topics = _topics(args.topics)
+    topics = args.topics
     spark = _session(args)
     parts = []
     for uri in tqdm(uris, desc="indexing bags", unit="bag", disable=args.quiet):
@@ -227,7 +235,10 @@ def _cmd_ingest(args: argparse.Namespace, console: Console) -> int:
             )
         )
     _check_selection(uris, parts, topics, args, console)
-    rdd = BinPipeRDD.from_partitions(spark, parts)
+    request = {"topics": topics, "start": args.start, "end": args.end}
+    rdd = BinPipeRDD.from_partitions(
+        spark, parts, bags=uris, request={**request, "time_source": args.time_source}
+    )
     started = time.monotonic()
     with _SparkProgress(spark, total=len(parts), quiet=args.quiet):
         manifest = rdd.save(args.out, overwrite=args.overwrite)
@@ -725,7 +736,9 @@ Every output is listed at the end, under --out.""",
     )
     ingest.add_argument("bags", nargs="+", help="bag files, directories or globs (any fsspec URL)")
     ingest.add_argument("--out", required=True, help="output directory or URL")
-    ingest.add_argument("--topics", help="comma-separated topics to keep (default: all)")
+    ingest.add_argument(
+        "--topics", type=_topics, help="comma-separated topics to keep (default: all)"
+    )
     ingest.add_argument(
         "--start", type=_ns, help="first record time to keep (ns as digits, or s with a dot)"
     )

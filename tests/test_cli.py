@@ -153,6 +153,11 @@ def test_ingest_says_what_a_selection_misses(
     two = ["--topics", "/fix", "--out", str(tmp_path / "two")]
     assert main(["ingest", bag, luminar, *two]) == 0
     assert "ingested 989 messages from 1 of 2 bags into" in capsys.readouterr().out
+    # the manifest lists both bags given, and the filters (it listed only the bag read)
+    source = json.loads((tmp_path / "two" / "manifest.json").read_text())["source"]
+    assert [b["uri"] for b in source["bags"]] == [bag, luminar]
+    assert [b["partitions"] > 0 for b in source["bags"]] == [True, False]
+    assert source["topic_filter"] == ["/fix"] and source["time_source"] == "record"
 
 
 def test_ingest_refuses_an_existing_output_before_spark_starts(
@@ -688,6 +693,8 @@ def test_what_py4j_logs_of_an_interrupted_command_is_not_shown(
         ("--partition-mb", "nan", "give a size in MiB, 0 or more"),  # was a traceback
         ("--partition-mb", "-1", "give a size in MiB, 0 or more"),  # was taken
         ("--partitions-per-bag", "0", "0: give 1 or more"),  # was found after Spark started
+        ("--topics", ",", "',' names no topic"),  # selected nothing: an empty save
+        ("--topics", " ", "' ' names no topic"),
     ],
 )
 def test_ingest_numbers_are_checked_as_they_are_parsed(

@@ -516,11 +516,11 @@ class BinPipeRDD:
                 )
             )
         log.info("planned %d partitions from %s", len(parts), uris)
-        rdd = cls.from_partitions(spark, parts, block_bytes=block_bytes)
         # every bag asked for, and the filters, even where they leave no partition
         request = {"topics": topics, "start": start, "end": end, "time_source": time_source}
-        rdd.lineage = _bags_lineage(parts, bags=bags, request=request)
-        return rdd
+        return cls.from_partitions(
+            spark, parts, block_bytes=block_bytes, bags=bags, request=request
+        )
 
     @classmethod
     def from_partitions(
@@ -529,10 +529,17 @@ class BinPipeRDD:
         parts: Sequence[BagPartition],
         *,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
+        bags: Sequence[str] = (),
+        request: Mapping[str, Any] | None = None,
     ) -> BinPipeRDD:
-        """One RDD partition per planned bag partition (see :func:`plan_partitions`)."""
+        """One RDD partition per planned bag partition (see :func:`plan_partitions`).
+
+        ``bags`` (the bags planned) and ``request`` (the ``topics``, ``start``, ``end`` and
+        ``time_source`` they were planned with) go into the lineage a save records, so that
+        a bag the filters left nothing of is listed too, and the filters are recorded when
+        no partition is left."""
         sc = spark.sparkContext
-        lineage = _bags_lineage(parts)
+        lineage = _bags_lineage(parts, bags=bags, request=request)
         if not parts:
             return cls(sc.emptyRDD(), block_bytes=block_bytes, lineage=lineage, partition_bags=())
         rdd = sc.parallelize(list(parts), len(parts)).mapPartitions(
