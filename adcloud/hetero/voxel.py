@@ -59,6 +59,10 @@ class Voxels(NamedTuple):
     counts: NDArray[np.int32]
 
 
+#: The largest voxel edge, m (float32 offsets keep ~0.6 mm at this size).
+MAX_VOXEL_M = 1e4
+
+
 def _check_size(voxel_size: float) -> float:
     try:
         size = float(voxel_size)
@@ -66,6 +70,10 @@ def _check_size(voxel_size: float) -> float:
         size = float("nan")
     if not (np.isfinite(size) and size > 0):
         raise HeteroError(f"voxel_size must be a positive number of metres, got {voxel_size!r}")
+    if size > MAX_VOXEL_M:
+        # the kernels keep offsets within the lattice in float32: cells this large would
+        # lose the points' positions (1e9 m cells merged points metres apart)
+        raise HeteroError(f"voxel_size must be at most {MAX_VOXEL_M:g} m, got {voxel_size!r}")
     return size
 
 

@@ -71,6 +71,14 @@ def test_a_bad_voxel_size_is_an_error_naming_it(size: object) -> None:
         voxel_downsample(np.zeros((3, 3)), size, device="numpy")  # type: ignore[arg-type]
 
 
+def test_a_voxel_larger_than_the_kernels_keep_exact_is_an_error() -> None:
+    # 1e9 m cells gave 2 voxels at y = z = 0 for 8 octants of a 20 m cloud
+    points = np.random.default_rng(5).uniform(-10, 10, (200, 3))
+    with pytest.raises(HeteroError, match=r"voxel_size must be at most 10000 m, got 1000000000\.0"):
+        voxel_downsample(points, 1e9, device="numpy")
+    assert len(voxel_downsample(points, 1e4, device="numpy").points) >= 1
+
+
 def test_reference_agrees_with_a_dictionary_of_voxels() -> None:
     points = np.random.default_rng(3).uniform(-3, 3, (2000, 3)) + 0.013  # off the lattice
     result = voxel_downsample(points, 1.0, device="numpy")
