@@ -11,7 +11,7 @@ jobs hold them -- the trainers' own waits end after ``sync_timeout_s``, Spark's 
 - :func:`task_slots` -- how many tasks the application runs at once (what Spark's check
   counts: executors alive x their cores / ``spark.task.cpus``; ``local[N]``: ``N``);
 - :func:`check_slots` -- fail at once, saying what to change, when ``workers`` exceed them;
-- :class:`BarrierWatch` -- runs the stage's job in a job group of its own and cancels it
+- :class:`BarrierWatch` -- tags the stage's job with a job tag of its own and cancels it
   when none of its tasks has run for ``limit_s``.
 """
 
@@ -32,8 +32,10 @@ __all__ = ["BarrierWatch", "cancelled_by", "check_slots", "task_slots"]
 
 log = logging.getLogger(__name__)
 
-#: The job-group properties a caller (a notebook) may have set; restored after the stage.
-_GROUP_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+#: The job properties a caller (a notebook) may have set that the watch sets for the
+#: stage; restored after it.  Not the job group: a notebook (Zeppelin, Livy, Databricks)
+#: cancels a cell's jobs by the group it set, and the training is one of them.
+_JOB_PROPERTIES = ("spark.job.description", "spark.job.interruptOnCancel")
 
 
 def _task_cpus(sc: Any) -> int:
@@ -80,9 +82,11 @@ def check_slots(sc: Any, workers: int, *, wait_s: float = 10.0) -> None:
     once, saying what to change.  On a cluster, executors that are still registering (a
     session just started) are waited for: up to ``wait_s`` seconds, and no longer once the
     count has stayed the same for :data:`_SETTLE_S` (a cluster with too few cores does not
-    get more by waiting); a ``local[N]`` master has its slots from the start."""
-    local = local_cores(str(sc.master)) is not None
-    now = time.monotonic()
+    get more by waiting); a ``local[N]`` master has its slots from the start (a
+    ``local-cluster[...]`` one has executors, which register as a cluster's do)."""
+    master = str(sc.master)
+    local = local_cores(master) is not None and not master.startswith("local-cluster")
+    now = started = time.monotonic()
     deadline = now + (0.0 if local else wait_s)
     last, since = None, now
     while True:
@@ -95,12 +99,20 @@ def check_slots(sc: Any, workers: int, *, wait_s: float = 10.0) -> None:
         if now >= deadline or (slots > 0 and now - since >= _SETTLE_S):
             break
         time.sleep(0.5)
-    raise TrainError(
+    need = (
         f"train.workers={workers} trainers run as one Spark barrier stage and need {workers} "
         f"task slots at once, but the application on {sc.master} has {slots} (executors "
-        f"alive x cores each / spark.task.cpus={_task_cpus(sc)}): lower train.workers to "
-        f"{max(slots, 1)}, or give it more executors or cores (spark.cores.max, "
-        "spark.executor.cores, more workers)"
+        f"alive x cores each / spark.task.cpus={_task_cpus(sc)})"
+    )
+    if slots == 0:  # no number of trainers fits: lowering train.workers is no way out
+        raise TrainError(
+            f"{need} after {math.ceil(now - started)} s: no executor has registered, or "
+            "none has spark.task.cpus cores; check that the cluster has workers with free "
+            "cores for the application (spark.cores.max, spark.executor.cores, more workers)"
+        )
+    raise TrainError(
+        f"{need}: lower train.workers to {slots}, or give it more executors or cores "
+        "(spark.cores.max, spark.executor.cores, more workers)"
     )
 
 
@@ -112,16 +124,17 @@ def _margin(timeout_s: float) -> float:
 
 
 class BarrierWatch:
-    """Runs the Spark jobs started inside its ``with`` block (in this thread) in a job group
-    of their own, and cancels them when none of their tasks has run for ``limit_s``
-    (``sync_timeout_s`` plus a margin): a barrier stage that waits for slots it will not get.
+    """Tags the Spark jobs started inside its ``with`` block (in this thread) with a job tag
+    of their own (:attr:`tag`), and cancels them when none of their tasks has run for
+    ``limit_s`` (``sync_timeout_s`` plus a margin): a barrier stage that waits for slots it
+    will not get.  The caller's job group stays theirs: cancelling it cancels the training.
 
     Running trainers are never judged: a slow step, a long validation or checkpoint is not a
     stall, and a trainer that waits on a dead peer fails by itself after ``sync_timeout_s``.
-    Progress is what Spark's status tracker shows of the group's stages -- tasks running, a
-    task or a stage attempt that finished or failed.  After the block, :attr:`reason` says
-    why the jobs were cancelled (None when they were not); the caller's own job group, if it
-    had one, is restored.
+    Progress is what Spark's status tracker shows of the tagged jobs' stages -- tasks
+    running, a task or a stage attempt that finished or failed.  After the block,
+    :attr:`reason` says why the jobs were cancelled (None when they were not); the caller's
+    job description and ``interruptOnCancel`` are restored.
     """
 
     def __init__(
@@ -135,7 +148,7 @@ class BarrierWatch:
         poll_s: float = 0.5,
     ) -> None:
         self.sc = sc
-        self.group = f"adcloud-train-{name}-{uuid.uuid4().hex[:8]}"
+        self.tag = f"adcloud-train-{name}-{uuid.uuid4().hex[:8]}"
         self.name = name
         self.timeout_s = timeout_s
         self.limit_s = timeout_s + _margin(timeout_s)
@@ -148,11 +161,13 @@ class BarrierWatch:
         self._saved: dict[str, str | None] = {}
 
     def __enter__(self) -> BarrierWatch:
-        self._saved = {key: self.sc.getLocalProperty(key) for key in _GROUP_PROPERTIES}
-        self.sc.setJobGroup(
-            self.group, f"adcloud train: run {self.name} (barrier stage)", interruptOnCancel=True
+        self._saved = {key: self.sc.getLocalProperty(key) for key in _JOB_PROPERTIES}
+        self.sc.addJobTag(self.tag)
+        self.sc.setLocalProperty(
+            "spark.job.description", f"adcloud train: run {self.name} (barrier stage)"
         )
-        self._thread = threading.Thread(target=self._watch, name=f"watch {self.group}", daemon=True)
+        self.sc.setInterruptOnCancel(True)
+        self._thread = threading.Thread(target=self._watch, name=f"watch {self.tag}", daemon=True)
         self._thread.start()
         return self
 
@@ -165,16 +180,17 @@ class BarrierWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self.sc.removeJobTag(self.tag)
         for key, value in self._saved.items():
             self.sc.setLocalProperty(key, value)
 
     def stage_attempt(self) -> int:
-        """The attempt number (0: the first) of the barrier stage of the group's last job:
-        the one before its result stage (both are made when the job is submitted, the
-        barrier stage first; the stages the shards were made by are older); 0 when Spark
-        no longer holds its record."""
+        """The attempt number (0: the first) of the barrier stage of the last job tagged
+        :attr:`tag`: the one before its result stage (both are made when the job is
+        submitted, the barrier stage first; the stages the shards were made by are older); 0
+        when Spark no longer holds its record."""
         tracker = self.sc.statusTracker()
-        for job_id in sorted(tracker.getJobIdsForGroup(self.group), reverse=True):
+        for job_id in sorted(self._job_ids(), reverse=True):
             job = tracker.getJobInfo(job_id)
             ids = sorted(job.stageIds) if job is not None else []
             info = tracker.getStageInfo(ids[-2]) if len(ids) >= 2 else None
@@ -182,12 +198,17 @@ class BarrierWatch:
                 return int(info.currentAttemptId)
         return 0
 
+    def _job_ids(self) -> list[int]:
+        """The ids of the jobs tagged :attr:`tag` (Spark's status tracker: PySpark's has
+        no lookup by tag)."""
+        return [int(i) for i in self.sc._jsc.sc().statusTracker().getJobIdsForTag(self.tag)]
+
     def _state(self) -> tuple[int, tuple[tuple[int, ...], ...]]:
         """``(tasks running, per stage: id, attempt, running, done, failed)`` of the
-        group's jobs."""
+        tagged jobs."""
         tracker = self.sc.statusTracker()
         stages = []
-        for job_id in sorted(tracker.getJobIdsForGroup(self.group)):
+        for job_id in sorted(self._job_ids()):
             job = tracker.getJobInfo(job_id)
             if job is None:
                 continue
@@ -218,10 +239,10 @@ class BarrierWatch:
                 if now - since < self.limit_s:
                     continue
                 self.reason = self._stalled(now - since)
-                log.warning("%s; cancelling Spark job group %s", self.reason, self.group)
-                self.sc.cancelJobGroup(self.group)
+                log.warning("%s; cancelling the Spark jobs tagged %s", self.reason, self.tag)
+                self.sc.cancelJobsWithTag(self.tag)
             except Exception as err:  # the context stopped under us: nothing left to watch
-                log.debug("watch of %s ends: %s", self.group, err)
+                log.debug("watch of %s ends: %s", self.tag, err)
             if self.reason is not None:
                 return
 

@@ -130,12 +130,14 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
         evaluate_model,
     )
     from adcloud.train.export import inspect_model  # noqa: PLC0415
+    from adcloud.train.job import bag_uris  # noqa: PLC0415
     from adcloud.train.task import get_task  # noqa: PLC0415
 
-    # a missing or corrupt model, one of an unknown task, or an --out that is a file fails
-    # before Spark starts
+    # a missing bag, a missing or corrupt model, one of an unknown task, or an --out that is
+    # a file fails before Spark starts
     if args.out:
         check_eval_target(args.out)
+    bag_uris([b for b in args.bags if b.strip()])  # raises naming a bag or glob not there
     info = inspect_model(args.model)
     options = info.get("config", {}).get("task_options", {}) if info.get("config") else {}
     get_task(str(info.get("task")), options)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import re
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,52 @@ _RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 #: Stores each Python process has for itself (fsspec's ``memory://``): trainers in other
 #: processes (Spark executors, torchrun ranks) cannot see each other's files there.
 _PROCESS_STORES = ("memory://",)
+
+
+def _of_type(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the type a :class:`TrainConfig` field declares (``hint``)."""
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple:
+        return isinstance(value, tuple) and all(_of_type(v, args[0]) for v in value)
+    if type(None) in args:  # X | None
+        return value is None or any(_of_type(value, a) for a in args if a is not type(None))
+    return True  # task_options: a mapping, checked when the config is made
+
+
+_TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as Python's own number or bool where it is a NumPy scalar (a notebook's
+    ``steps=np.int64(100)``, ``lr=np.float32(0.01)``), which a run's ``settings.json``
+    could not hold; anything else as it is (:func:`_wrong_types` judges it).  NumPy is
+    recognised by its module, not imported: this module is read for ``--help``."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
+
+
+def _wrong_types(config: TrainConfig) -> list[str]:
+    """One line per field of ``config`` whose value is not of the field's type: text is
+    read into numbers and booleans by :meth:`TrainConfig.load`, not by the constructor."""
+    hints = typing.get_type_hints(TrainConfig)
+    out = []
+    for item in dataclasses.fields(config):
+        value, hint = getattr(config, item.name), hints[item.name]
+        if not _of_type(value, hint):
+            wanted = _TYPE_NAMES.get(hint) or (
+                "a list of text" if typing.get_origin(hint) is tuple else str(hint)
+            )
+            out.append(f"{item.name} must be {wanted}, not {type(value).__name__} {value!r}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -182,6 +229,12 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if (plain := _plain(value)) is not value:
+                object.__setattr__(self, item.name, plain)
+        # store_options="root=/tmp/x" is one option, as bags="drive.bag" is one bag
+        object.__setattr__(self, "store_options", names(self.store_options))
         for name in ("bags", "heldout_bags"):  # bags="drive.bag" is one bag
             # a blank entry (bags= or heldout_bags= on the command line, "a.bag," in the
             # environment) names no bag: kept, it would stand for the working directory and
@@ -214,7 +267,11 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Return ``self`` if every setting is usable, else raise :class:`TrainError`."""
-        problems: list[str] = []
+        # values of another type (a notebook's steps="100" or resume_changed_data="false",
+        # which is true) are named before the checks below compare them
+        problems: list[str] = _wrong_types(self)
+        if problems:
+            raise TrainError("invalid train settings: " + "; ".join(problems))
 
         def need(ok: bool, text: str) -> None:
             if not ok:
@@ -228,7 +285,7 @@ class TrainConfig:
         need(self.batch_size >= 1, f"batch_size must be >= 1, not {self.batch_size}")
         world = self.world
         need(
-            self.batch_size % world == 0,
+            world < 1 or self.batch_size % world == 0,  # workers < 1: said above
             f"batch_size {self.batch_size} must be a multiple of workers ({world}) so every "
             "trainer takes the same share of the global batch",
         )

@@ -80,7 +80,7 @@ from adcloud.train.evaluate import (
     score_parameters,
     score_samples,
 )
-from adcloud.train.export import METADATA_FILE, data_manifest, export_model
+from adcloud.train.export import METADATA_FILE, PROGRAM_FILE, data_manifest, export_model
 from adcloud.train.loop import (
     TrainResult,
     learning_rate,
@@ -307,7 +307,9 @@ def check_heldout_topics(config: TrainConfig, task: Task) -> None:
 
 
 def _check_output(out: str) -> None:
-    """Refuse an output place that is a file (the run would fail once trained)."""
+    """Refuse an output place that is a file, or a directory holding an entry of a run's
+    name that no run wrote (a project's ``model/`` package, another tool's
+    ``settings.json``), which the run would replace: now, not once trained."""
     out = _absolute(out)
     fs, root = fsspec.core.url_to_fs(out)
     if fs.isfile(root):
@@ -315,6 +317,16 @@ def _check_output(out: str) -> None:
             f"train.out: {out} is a file, not a directory for the run's model and results: "
             "remove it or set train.out to another place"
         )
+    if not fs.isdir(root):
+        return
+    for entry in fs.ls(root, detail=False):
+        name = posixpath.basename(entry.rstrip("/"))
+        if name in _RUN_FILES and not _run_entry(fs, entry):
+            raise TrainError(
+                f"train.out: {out} holds {name}, which no run wrote there and the run would "
+                "replace with its own: move it away, or set train.out to an empty or new "
+                "directory (default adcloud-runs/{run})"
+            )
 
 
 def check_bags(config: TrainConfig) -> None:
@@ -987,15 +999,48 @@ _RUN_FILES = (
 )
 
 
+#: Keys of the JSON files a run writes (and ``adcloud train eval --out`` its ``eval.json``).
+_RUN_JSON_KEYS = {
+    "settings.json": {"train"},
+    "result.json": {"losses"},
+    EVAL_FILE: {"scores"},
+}
+
+
+def _run_entry(fs: Any, path: str) -> bool:
+    """Whether ``path``, an entry of :data:`_RUN_FILES` in an output directory, is what a
+    run wrote there (so that the next run may replace it): ``model/`` holding nothing but an
+    export's files, a JSON file with the keys a run writes; the other names are a run's."""
+    name = posixpath.basename(path.rstrip("/"))
+    try:
+        if name == "model":
+            held = {posixpath.basename(e.rstrip("/")) for e in fs.ls(path, detail=False)}
+            return bool(fs.isdir(path)) and held <= {PROGRAM_FILE, METADATA_FILE}
+        keys = _RUN_JSON_KEYS.get(name)
+        if keys is None:
+            return True
+        text = json.loads(fs.cat_file(path))
+    except (OSError, ValueError):
+        return False
+    return isinstance(text, dict) and keys <= set(text)
+
+
 class _RunOutput(JobOutput):
     """A run's output directory, replaced as a whole (:class:`adcloud._commit.JobOutput`):
     the files are staged under ``<out>/_temporary/<job>/`` and moved into place once all are
     written, so an export that fails or is interrupted leaves the earlier run's outputs as
-    they were.  Only the entries of :data:`_RUN_FILES` are replaced."""
+    they were.  Only the entries of :data:`_RUN_FILES` are replaced, and only when a run
+    wrote them (:func:`_run_entry`)."""
 
     def __init__(self, fs: Any, root: str, uri: str) -> None:
         super().__init__(
-            fs, root, uri, overwrite=True, ours=lambda name: True, error=TrainError, what="a run"
+            fs,
+            root,
+            uri,
+            overwrite=True,
+            ours=lambda name: _run_entry(fs, posixpath.join(root, name)),
+            error=TrainError,
+            what="a run",
         )
 
     def _replaceable(self, entries: list[str]) -> list[str]:

@@ -1,7 +1,10 @@
-"""``adcloud.train.barrier.check_slots`` on a cluster whose executors are all there."""
+"""``adcloud.train.barrier.check_slots`` on a cluster whose executors are all there, and on a
+``local-cluster`` master whose executors are still registering."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -45,3 +48,42 @@ def test_too_few_slots_on_a_cluster_are_refused_once_the_count_settles() -> None
 
 def test_enough_slots_pass_at_once() -> None:
     check_slots(_Cluster(executors=2, cores=2), 4, wait_s=600)
+
+
+_LOCAL_CLUSTER_CHECK = """
+from adcloud.spark import SparkSettings, get_session
+from adcloud.train.barrier import check_slots, task_slots
+spark = get_session(SparkSettings.load(master="local-cluster[2,1,1024]"))
+try:
+    print("slots at start:", task_slots(spark.sparkContext), flush=True)
+    check_slots(spark.sparkContext, 2, wait_s=60)
+    print("enough slots", flush=True)
+finally:
+    spark.stop()
+"""
+
+
+@pytest.mark.cluster
+def test_a_local_cluster_s_executors_are_waited_for() -> None:
+    """``local-cluster[2,1,1024]`` runs two executor JVMs that register a second or two
+    after the session starts: taken for ``local[N]``, whose slots are there at once, two
+    trainers were refused with "has 0 ... lower train.workers to 1"."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOCAL_CLUSTER_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert "enough slots" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert done.returncode == 0
+
+
+def test_a_cluster_without_executors_is_not_told_to_lower_the_workers() -> None:
+    """No executor registered (a cluster without free cores): "lower train.workers to 1" led
+    to the same refusal with workers=1."""
+    with pytest.raises(TrainError) as refused:
+        check_slots(_Cluster(executors=0, cores=2), 2, wait_s=1)
+    said = str(refused.value)
+    assert "has 0 (executors alive" in said and "no executor has registered" in said
+    assert "lower train.workers" not in said

@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 from rich.console import Console
 
+from adcloud.errors import AdcloudError
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 from adcloud.train import command
 from adcloud.train.errors import CheckpointError, TrainError
@@ -199,6 +200,18 @@ def test_run_names_a_heldout_bag_without_the_task_s_topic_before_starting_spark(
         r"/lidar/points, which task lidar_seg scores \(its topics: .*/odom",
     ):
         _call(["train", "run", *(a for item in settings for a in ("--set", item))])
+
+
+@pytest.mark.parametrize("bags", [["nope.bag"], ["{bag}", "typo*.bag"]])
+def test_eval_names_a_missing_bag_before_starting_spark(
+    train_drive: DriveResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bags: list[str]
+) -> None:
+    """Once found only after Spark had started (seconds; on a cluster, once executors ran)."""
+    monkeypatch.setattr(command, "_session", _no_spark)
+    monkeypatch.chdir(tmp_path)
+    given = [b.format(bag=train_drive.bag) for b in bags]
+    with pytest.raises(AdcloudError, match=re.escape(str(tmp_path / given[-1]))):
+        _call(["train", "eval", "--model", "m", "--bags", *given])
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"])

@@ -801,7 +801,7 @@ def test_an_interrupted_or_failed_export_leaves_the_earlier_outputs_whole(
     cfg = config(tmp_path, sync="single", run="outputs", checkpoint_every=0, out=str(out))
     first = train(LinearTask(), points, cfg.replace(steps=3))
     job_module.write_outputs(first, cfg, str(out), task=LinearTask(), examples=points[:1])
-    (out / "eval.json").write_text("{}")  # an earlier run's scores
+    (out / "eval.json").write_text('{"scores": {}}')  # an earlier run's scores
     (out / "nov").mkdir()  # adcloud train eval --out OUT/nov
     (out / "nov" / "eval.json").write_text("{}")
     before = _tree(out)
@@ -1064,3 +1064,81 @@ def test_the_files_baseline_s_scratch_samples_go_even_after_a_killed_driver(
     assert made != left.name
     assert etl == [made, f"{made}.owner"]  # the killed driver's went before the ETL
     assert not [p for p in scratch.iterdir() if p.name.startswith("adcloud-etl-")]
+
+
+class SlowTask(LinearTask):
+    """Writes ``started`` in ``where`` at its first step, and takes 0.3 s a step."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        Path(self.where, "started").touch()
+        time.sleep(0.3)
+        return super().loss(model, batch)
+
+
+def test_a_notebook_cancelling_its_job_group_stops_the_trainers(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Notebooks (Zeppelin, Livy, Databricks) run a cell's jobs in a job group and stop the
+    cell by cancelling it: the barrier stage ran in a job group of the watch's own, so the
+    trainers went on to the last step."""
+    sc = spark.sparkContext
+    cfg = config(tmp_path, sync="allreduce", steps=60, checkpoint_every=0, run="cancelled")
+    outcome: list[BaseException | TrainResult] = []
+
+    def cell() -> None:
+        sc.setJobGroup("cell-7", "a notebook cell", interruptOnCancel=True)
+        try:
+            outcome.append(
+                run_training(
+                    spark,
+                    cfg,
+                    task=SlowTask(str(tmp_path)),
+                    keyed=keyed_points(spark, make_points(32)),
+                )
+            )
+        except Exception as err:
+            outcome.append(err)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=cell, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sc.cancelJobGroup("cell-7")
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert outcome and isinstance(outcome[0], Exception), outcome  # stopped, not trained on
+    assert "cell-7" in str(outcome[0])  # cancelled as part of the cell's group
+
+
+def test_a_run_does_not_replace_what_it_did_not_write_in_its_output(
+    drive: str, tmp_path: Path
+) -> None:
+    """``out`` set to a project directory: its ``model/`` package and its ``settings.json``
+    were deleted and replaced by the run's without a word. They are refused, before Spark
+    starts (preflight) and when the outputs are written; what a run wrote is replaced."""
+    points = make_points(32)
+    out = tmp_path / "project"
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "weights.pt").write_text("mine")
+    cfg = config(tmp_path, sync="single", run="project", checkpoint_every=0, out=str(out))
+    result = train(LinearTask(), points, cfg.replace(steps=2))
+    with pytest.raises(TrainError, match=r"holds model, which no run wrote there"):
+        job_module.preflight(cfg.replace(bags=(drive,)), LinearTask())
+    with pytest.raises(TrainError, match=r"holds model, which no run wrote there"):
+        job_module.write_outputs(result, cfg, str(out), task=LinearTask(), examples=points[:1])
+    assert (out / "model" / "weights.pt").read_text() == "mine"
+    (out / "model" / "weights.pt").unlink()
+    (out / "settings.json").write_text('{"mine": 1}')
+    with pytest.raises(TrainError, match=r"holds settings.json, which no run wrote there"):
+        job_module.write_outputs(result, cfg, str(out), task=LinearTask(), examples=points[:1])
+    assert json.loads((out / "settings.json").read_text()) == {"mine": 1}
+    (out / "settings.json").unlink()
+    job_module.write_outputs(result, cfg, str(out), task=LinearTask(), examples=points[:1])
+    job_module.write_outputs(result, cfg, str(out), task=LinearTask(), examples=points[:1])
+    assert inspect_model(out / "model")["training"]["steps"] == 2

@@ -331,6 +331,39 @@ def test_config_validation_names_the_fields() -> None:
         TrainConfig(sync="ps", workers=2, batch_size=7).validate()
 
 
+def test_values_of_another_type_are_named() -> None:
+    # from a notebook: steps="100" ended in a TypeError traceback, and
+    # resume_changed_data="false" (a non-empty string, so true) let a run resume on changed
+    # data; one store option given as a string was refused character by character
+    text: Any = {"steps": "100", "lr": "1e-3", "resume_changed_data": "false"}
+    with pytest.raises(TrainError) as info:
+        TrainConfig(**text).validate()
+    said = str(info.value)
+    assert "steps must be a whole number, not str '100'" in said
+    assert "lr must be a number, not str '1e-3'" in said
+    assert "resume_changed_data must be true or false, not str 'false'" in said
+    with pytest.raises(TrainError, match=r"workers must be a whole number, not float 2\.5"):
+        TrainConfig(sync="allreduce", workers=2.5).validate()  # type: ignore[arg-type]
+    one: Any = "root=/tmp/x"
+    config = TrainConfig(store_options=one, lr=1, partitions_per_bag=None).validate()
+    assert config.store_options == ("root=/tmp/x",)
+    assert config.store_kwargs() == {"root": "/tmp/x"}
+    # NumPy's scalars are numbers: taken as Python's, which settings.json can hold
+    numpy_made: Any = {"steps": np.int64(7), "lr": np.float32(0.5), "progress": np.bool_(False)}
+    config = TrainConfig(**numpy_made).validate()
+    assert (config.steps, config.lr, config.progress) == (7, 0.5, False)
+    assert type(config.steps) is int and type(config.lr) is float
+    json.dumps(dataclasses.asdict(config))
+    with pytest.raises(TrainError, match=r"steps must be a whole number, not float 7\.5"):
+        TrainConfig(steps=np.float64(7.5)).validate()  # type: ignore[arg-type]
+
+
+def test_zero_workers_are_named_not_divided_by() -> None:
+    # workers=0 (--set workers=0) ended in a ZeroDivisionError traceback from the batch check
+    with pytest.raises(TrainError, match=r"invalid train settings: workers must be >= 1, not 0$"):
+        TrainConfig(sync="allreduce", workers=0).validate()
+
+
 def test_config_loads_from_file_and_environment(tmp_path: Any) -> None:
     path = tmp_path / "settings.yaml"
     path.write_text("train:\n  sync: ps\n  workers: 2\n  task_options: {voxel: 0.2}\n")
