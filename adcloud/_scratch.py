@@ -21,7 +21,7 @@ from pathlib import Path
 
 from adcloud._commit import _owner_gone, _this_owner
 
-__all__ = ["make_scratch", "remove_scratch", "scratch_dir"]
+__all__ = ["make_scratch", "remove_scratch", "scratch_dir", "sweep_scratch"]
 
 _OWNER = ".owner"
 
@@ -57,6 +57,14 @@ def scratch_dir(prefix: str, where: str | Path | None = None) -> Iterator[Path]:
         yield path
     finally:
         remove_scratch(path)
+
+
+def sweep_scratch(prefix: str, where: str | Path | None = None) -> None:
+    """Remove the directories of ``prefix`` in ``where`` (the temporary directory) whose
+    owner is gone, as :func:`make_scratch` does first: for a job that makes such a
+    directory only in some of its modes, so that a killed run's goes with the next run
+    whatever its mode."""
+    _sweep(Path(where) if where is not None else Path(tempfile.gettempdir()), prefix)
 
 
 def _sweep(parent: Path, prefix: str) -> None:

@@ -65,7 +65,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from adcloud._commit import JobOutput
-from adcloud._scratch import make_scratch, remove_scratch, scratch_dir
+from adcloud._scratch import make_scratch, remove_scratch, scratch_dir, sweep_scratch
 from adcloud.errors import AdcloudError
 from adcloud.store import open_store
 from adcloud.train.barrier import BarrierWatch, cancelled_by, check_slots
@@ -117,6 +117,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Prefix of the scratch directory that holds a files-mode ETL's samples without train.etl_dir.
+_ETL_SCRATCH = "adcloud-etl-"
 
 _SAMPLES_FORMAT = "adcloud-samples"
 _SAMPLES_VERSION = 1
@@ -1252,7 +1255,9 @@ def run_training(
     # (which local-mode executors read too): a driver killed outright leaves it behind, and
     # the next run's removes it (adcloud._scratch).
     scratch = config.etl == "files" and not config.etl_dir
-    made_dir = make_scratch("adcloud-etl-") if scratch else None
+    made_dir = make_scratch(_ETL_SCRATCH) if scratch else None
+    if made_dir is None:  # a killed files-mode run's samples go with any later run
+        sweep_scratch(_ETL_SCRATCH)
     evaluation: Evaluation | None = None  # scored on the held-out samples kept for eval_every
     try:
         if config.etl == "files":

@@ -1064,6 +1064,18 @@ def test_the_files_baseline_s_scratch_samples_go_even_after_a_killed_driver(
     assert made != left.name
     assert etl == [made, f"{made}.owner"]  # the killed driver's went before the ETL
     assert not [p for p in scratch.iterdir() if p.name.startswith("adcloud-etl-")]
+    # a run in the default mode (etl=memory, no scratch of its own) removes one too: it
+    # stayed until the next files-mode run
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_DRIVER, str(scratch)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert Path(killed.stdout.strip()).is_dir()
+    task = ScratchSeeingTask(scratch)
+    run_training(spark, cfg.replace(etl="memory", run="scratch-memory"), task=task)
+    assert not [name for name in task.seen if name.startswith("adcloud-etl-")]
 
 
 class SlowTask(LinearTask):
