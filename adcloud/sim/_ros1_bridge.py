@@ -209,6 +209,10 @@ class _GroupCpu:
                 total += sum(int(v) for v in fields[11:15])
         return total * _TICK_S
 
+    def alive(self):
+        """Whether a member found by the last ``refresh`` still runs (is no zombie)."""
+        return any((f := _stat(name)) is not None and f[0] != b"Z" for name in self.members)
+
     def running(self):
         """Whether a thread of the group is running or waiting for a CPU (state R) or for
         the disk (D): a node computing on a loaded machine may get no CPU time for a whole
@@ -301,26 +305,29 @@ def _await(cond, state, seen, quiet, node, limit):
     """Wait until an output arrives after ``seen``, or the node (a ``_GroupCpu``, or None:
     not watched) has been idle -- below ``_BUSY_SHARE`` of a core -- for ``quiet`` s, or
     ``limit`` s passed.  A node with a thread waiting for a CPU is not idle, nor is one
-    that a message is still on its way to."""
+    that a message is still on its way to.  Returns False when the node is gone (it
+    exited or crashed: nothing more will come), else True."""
     give_up = time.monotonic() + limit
     arrived = lambda: state["outputs"] != seen  # noqa: E731
     while True:
         used = node.seconds() if node else 0.0
         with cond:
             if cond.wait_for(arrived, quiet):
-                return
+                return True
         if node is None or time.monotonic() >= give_up:
-            return
+            return True
         node.refresh()
+        if not node.alive():
+            return False
         if node.seconds() - used >= _BUSY_SHARE * quiet or not _idle(node):
             continue
         # A thread of this bridge that read an output while this one held the interpreter
         # lock waits for the lock, in no busy state: release it a moment, then look again.
         with cond:
             if cond.wait_for(arrived, _SETTLE_S):
-                return
+                return True
         if _idle(node):
-            return
+            return True
 
 
 def _wait(pred, timeout, alive=None):
@@ -403,6 +410,10 @@ def main():
     triggers = {t for t in args.triggers.split(",") if t}
     pubs = {}
     started = False
+    # A node that exited or crashed midway answers nothing: the rest of the input is read
+    # but neither published nor waited for (a quiet period per input, for nothing); the
+    # adapter then reports the node's exit.
+    gone = False
     for kind, records in read_stream(src):
         if kind == META:
             for topic, msgtype, _fmt, definition, md5sum, _ser in records:
@@ -434,6 +445,8 @@ def main():
         for topic, stamp, _msgtype, data in records:
             if topic not in pubs:
                 raise SystemExit(f"adcloud bridge: no META record describes topic {topic}")
+            if gone:
+                continue
             with cond:
                 state["now"] = stamp
                 seen = state["outputs"]
@@ -441,12 +454,12 @@ def main():
             pub, cls = pubs[topic]
             pub.publish(cls(data))
             if args.sync and (not triggers or topic in triggers):
-                _await(cond, state, seen, args.quiet, node, args.max_wait)
+                gone = not _await(cond, state, seen, args.quiet, node, args.max_wait)
     # The last outputs: wait until the node has been quiet for one quiet period.
-    while True:
+    while not gone:
         with cond:
             seen = state["outputs"]
-        _await(cond, state, seen, max(args.quiet, 0.05), node, args.max_wait)
+        gone = not _await(cond, state, seen, max(args.quiet, 0.05), node, args.max_wait)
         with cond:
             if state["outputs"] == seen:
                 break

@@ -210,6 +210,7 @@ class _Feed:
         timing: ReplayTiming,
         wait_for_outputs: bool,
         ready_signal: bool = False,
+        ready_wait_s: float | None = None,
     ) -> None:
         self.inputs = inputs
         self.connections = connections
@@ -222,29 +223,52 @@ class _Feed:
         self.sent: list[tuple[int, float]] = []
         self.stopped = False
         self.ready_signal = ready_signal
+        #: How long to wait for the ready signal (default: the start-up limit).
+        self.ready_wait_s = timing.startup_timeout_s if ready_wait_s is None else ready_wait_s
+        #: The command's process id, once it runs (see :meth:`command_gone`).
+        self.pid: int | None = None
         #: Whether the node is past its start-up (ready signal seen or first trigger sent).
         self.warm = False
         #: The node's CPU use (set once it runs; None: not watched).
         self.cpu: CpuWatch | None = None
+        #: Whether the watched node is gone (exited, crashed): no answer is waited for.
+        self.gone = False
 
     def _await_output(self, seen: int, patience: float) -> None:
         """Wait until an output arrives after ``seen`` outputs, or the node has been idle
-        for ``patience`` s (see the module docstring), or ``timeout_s`` passed."""
+        for ``patience`` s (see the module docstring), or ``timeout_s`` passed, or the
+        node is gone.
+
+        A node that died (crashed at start-up, killed at its time limit) answers nothing:
+        waiting out the rest of a long patience (the start-up one) would hold up the
+        replay's end -- its failure is reported only once the input side stops -- by up
+        to ``startup_timeout_s``; nor is it waited for after each of the inputs left (a
+        ROS node behind the bridge, which reads them all)."""
         give_up = time.monotonic() + self.timing.timeout_s
-        while True:
+        while not self.gone:
             used = self.cpu.seconds() if self.cpu is not None else 0.0
             deadline = time.monotonic() + patience
-            with self.cond:
-                while self.outputs_seen == seen and not self.stopped:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self.cond.wait(left)
-                if self.outputs_seen != seen or self.stopped:
+            while True:
+                with self.cond:
+                    while self.outputs_seen == seen and not self.stopped:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self.cond.wait(min(left, _ALIVE_CHECK_S))
+                        if self.cpu is not None and time.monotonic() < deadline:
+                            break  # look whether the node still runs, outside the lock
+                    if self.outputs_seen != seen or self.stopped:
+                        return
+                if time.monotonic() >= deadline:
+                    break
+                if self.cpu is not None and not self.cpu.alive():
+                    self.gone = True
                     return
             if self.cpu is None or time.monotonic() >= give_up:
                 return
-            self.cpu.refresh()
+            if not self.cpu.alive():  # looks the members up again, as the check below needs
+                self.gone = True
+                return
             if self.cpu.seconds() - used < _BUSY_SHARE * patience and not self.cpu.running():
                 return  # idle for a whole period: the node has nothing to say
 
@@ -267,18 +291,29 @@ class _Feed:
             self.stopped = True
             self.cond.notify_all()
 
+    def command_gone(self) -> bool:
+        """Whether the command (the pipe's process) has exited."""
+        if self.pid is None:
+            return False
+        fields = _stat_fields(Path(f"/proc/{self.pid}"))
+        return fields is None or fields[0] == b"Z"
+
     def blocks(self) -> Iterator[bytes]:
         yield meta_block(self.connections)
         if self.ready_signal:
             # The node side answers the META block with a block of its own once it is
-            # ready (the ROS bridge: when the node subscribed); time starts then.
-            deadline = time.monotonic() + self.timing.startup_timeout_s
-            with self.cond:
-                while self.blocks_seen == 0 and not self.stopped:
+            # ready (the ROS bridge: when the node subscribed); time starts then.  A
+            # command that exits meanwhile (a bridge whose node never subscribed) is fed
+            # nothing: its inputs were never sent to a node.
+            deadline = time.monotonic() + self.ready_wait_s
+            while True:
+                with self.cond:
                     left = deadline - time.monotonic()
-                    if left <= 0:
+                    if self.blocks_seen or self.stopped or left <= 0:
                         break
-                    self.cond.wait(left)
+                    self.cond.wait(min(left, _ALIVE_CHECK_S))
+                if self.command_gone():
+                    return
             self.warm = True
         wall0 = time.monotonic()
         t0 = self.inputs[0].timestamp if self.inputs else 0
@@ -293,7 +328,8 @@ class _Feed:
             with self.cond:
                 seen = self.outputs_seen
             block = encode_block([msg])
-            self.sent.append((msg.timestamp, time.monotonic()))
+            if not self.gone:  # what a node that is gone never saw does not count as sent
+                self.sent.append((msg.timestamp, time.monotonic()))
             yield block
             if self.wait and (not self.triggers or msg.topic in self.triggers):
                 # The first trigger waits through the node's start-up; later ones for
@@ -305,6 +341,8 @@ class _Feed:
 
 #: A node using at least this share of one core during a quiet period is still busy.
 _BUSY_SHARE = 0.1
+#: How often (s) a long wait for an answer looks whether the node still runs.
+_ALIVE_CHECK_S = 0.5
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
@@ -341,6 +379,16 @@ class CpuWatch:
                 # utime, stime, cutime, cstime (fields 14-17 of proc(5))
                 total += sum(int(v) for v in fields[11:15])
         return total * _TICK_S
+
+    def alive(self) -> bool:
+        """Whether a watched process still runs (exists and is no zombie); a group's
+        members are looked up again."""
+        self.refresh()
+        for pid in self.members:
+            fields = _stat_fields(Path(f"/proc/{pid}"))
+            if fields is not None and fields[0] != b"Z":
+                return True
+        return False
 
     def running(self) -> bool:
         """Whether a thread of the watched processes is running or waiting for a CPU (state
@@ -396,6 +444,7 @@ def drive_pipe(
     cwd: str | None = None,
     wait_for_outputs: bool = True,
     ready_signal: bool = False,
+    ready_wait_s: float | None = None,
     watch_group: int | None = None,
     lifeline: Lifeline | None = None,
 ) -> NodeRun:
@@ -407,11 +456,12 @@ def drive_pipe(
 
     Outputs on topics outside ``output_topics`` (when it is not empty) are dropped.
     With ``ready_signal`` the first data message waits until the command has written a
-    block (see :class:`Ros1Adapter`).  A node that fails -- exit code, timeout, a
-    malformed stream, non-message records -- gives a :class:`NodeRun` with ``failure`` set;
-    errors of the input side propagate.
+    block, for at most ``ready_wait_s`` (default ``timing.startup_timeout_s``; nothing is
+    sent when the command exits meanwhile; see :class:`Ros1Adapter`).  A node that fails
+    -- exit code, timeout, a malformed stream, non-message records -- gives a
+    :class:`NodeRun` with ``failure`` set; errors of the input side propagate.
     """
-    feed = _Feed(inputs, connections, timing, wait_for_outputs, ready_signal)
+    feed = _Feed(inputs, connections, timing, wait_for_outputs, ready_signal, ready_wait_s)
     run = NodeRun()
     wanted = set(output_topics)
     started = time.monotonic()
@@ -422,6 +472,7 @@ def drive_pipe(
         # pipe_blocks starts the command as the leader of its own process group (and
         # guards it with ``lifeline``): watch the group, so a node behind a wrapper
         # script counts with its children
+        feed.pid = pid
         if feed.cpu is None:
             feed.cpu = CpuWatch(pid, group=True)
 
@@ -520,6 +571,8 @@ class PipeAdapter:
             lifeline.release()
 
 
+#: How long the ROS bridge may take to start (rospy) before its start-up wait begins.
+_BRIDGE_START_S = 30.0
 #: How many free ports a run tries for its roscore before giving up.
 _MASTER_ATTEMPTS = 3
 
@@ -730,8 +783,10 @@ class Ros1Adapter:
         check_ros()
         foreign = sorted({c.topic for c in connections if c.serialization != "ros1"})
         if foreign:
-            raise SimError(
-                f"the ros1 adapter replays ROS 1 messages; {', '.join(foreign)} "
+            # the scenario's bag, not the infrastructure: failing the task would fail the
+            # whole job (the ROS 1 bags' results with it) after retries that cannot help
+            return NodeRun(
+                failure=f"the ros1 adapter replays ROS 1 messages; {', '.join(foreign)} "
                 "are not ROS 1 serialized (ROS 2 bags need a ROS 2 adapter)"
             )
         program = node.args[0]
@@ -801,6 +856,9 @@ class Ros1Adapter:
                 timing,
                 env=env,
                 ready_signal=True,
+                # the bridge gives up on a node that does not subscribe by itself, after
+                # startup_timeout_s counted from its own start: the feeder waits for that
+                ready_wait_s=timing.startup_timeout_s + _BRIDGE_START_S,
                 watch_group=node_proc.pid,
                 lifeline=lifeline,
             )

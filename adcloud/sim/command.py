@@ -102,7 +102,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--cut",
         choices=[m.value for m in CutMode],
-        default="bag",
+        default=None,  # bag; None tells a --cut given beside --scenarios from the default
         help="how bags become scenarios: bag = one per bag (default), window = consecutive "
         "--window windows, file = the --scenarios file",
     )
@@ -248,8 +248,21 @@ def _session(master: str | None) -> Any:
 
 
 def job_from_args(args: argparse.Namespace) -> ReplayJob:
-    """The :class:`ReplayJob` that ``args`` describe (validated)."""
-    mode = CutMode.FILE if args.scenarios else CutMode(args.cut)
+    """The :class:`ReplayJob` that ``args`` describe (validated).
+
+    A scenario file names its bags and cuts them itself: bags or a ``--cut`` other than
+    ``file`` beside ``--scenarios`` are refused rather than ignored."""
+    if args.scenarios and args.bags:
+        raise SimError(
+            f"--scenarios {args.scenarios} names the bags it replays; give no bags with it "
+            f"(not {' '.join(args.bags)})"
+        )
+    if args.scenarios and args.cut not in (None, CutMode.FILE.value):
+        raise SimError(
+            f"--scenarios {args.scenarios} cuts the bags as it lists; --cut {args.cut} "
+            "does not go with it"
+        )
+    mode = CutMode.FILE if args.scenarios else CutMode(args.cut or CutMode.BAG.value)
     return ReplayJob(
         bags=tuple(args.bags),
         node=NodeSpec(args.node, adapter=args.adapter),

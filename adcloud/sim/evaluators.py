@@ -491,11 +491,32 @@ def build_evaluator(spec: EvaluatorSpec) -> Evaluator:
                 f"{', '.join(params)}"
             )
     try:
-        return factory(**dict(spec.params))
+        evaluator = factory(**dict(spec.params))
     except (TypeError, ValueError) as err:
         raise SimError(
             f"evaluator {spec.name!r}: bad parameters {dict(spec.params)}: {err}"
         ) from err
+    _check_evaluator(spec.name, evaluator)
+    return evaluator
+
+
+def _check_evaluator(name: str, evaluator: object) -> None:
+    """Raise :class:`SimError` unless ``evaluator`` has what :class:`Evaluator` promises: a
+    user's factory may return anything, and a missing ``truth_topics`` found only on the
+    executors would fail every task (and so the job) rather than the job's validation."""
+    truth = getattr(evaluator, "truth_topics", None)
+    problems = []
+    if not isinstance(getattr(evaluator, "name", None), str):
+        problems.append("no name (a str)")
+    if not isinstance(truth, tuple | list) or not all(isinstance(t, str) for t in truth):
+        problems.append(f"truth_topics {truth!r} is no tuple of topic names")
+    if not callable(getattr(evaluator, "evaluate", None)):
+        problems.append("no evaluate(data) method")
+    if problems:
+        raise SimError(
+            f"evaluator {name!r} made a {type(evaluator).__name__} with {'; '.join(problems)}: "
+            "an evaluator has name, truth_topics and evaluate(data) (see Evaluator)"
+        )
 
 
 def _value(text: str) -> str | float | int:
@@ -510,12 +531,13 @@ def _value(text: str) -> str | float | int:
 def parse_evaluator(text: str) -> EvaluatorSpec:
     """Parse ``name:key=value,key=value`` (values become int, float or str).
 
-    ``name`` may be an import path, ``package.module:attr`` (the module dotted, so that
-    ``rate:topic`` stays a name with a bad parameter list).
+    ``name`` may be an import path, ``package.module:attr`` or ``module:attr`` (a module
+    on the ``PYTHONPATH``, ``my_evals:Lateness``); ``rate:topic``, ``rate`` being a
+    registered name, stays a name with a bad parameter list.
     """
     name, _, rest = text.partition(":")
     head, _, tail = rest.partition(":")
-    if "." in name and IMPORT_PATH.match(f"{name}:{head}"):
+    if IMPORT_PATH.match(f"{name}:{head}") and ("." in name or name not in EVALUATORS):
         name, rest = f"{name}:{head}", tail
     params: Mapping[str, str | float | int] = {}
     if rest:

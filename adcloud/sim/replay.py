@@ -276,12 +276,19 @@ def _evaluate(evaluator: Evaluator, data: ScenarioData) -> Evaluation:
     An evaluator that cannot judge the scenario fails it with the reason: its
     :class:`SimError`, or the text and place of anything else it raises or a verdict that
     is not an :class:`Evaluation` (a user's evaluator meeting an unexpected message) --
-    the other evaluations and scenarios, and so the Spark job, go on.
+    the other evaluations and scenarios, and so the Spark job, go on.  ``passed`` must be
+    a bool (NumPy's too: ``value <= limit`` of a NumPy number is one): a string such as
+    ``"no"`` would pass, and a NumPy bool does not go into the result's JSON.
     """
     try:
         verdict = evaluator.evaluate(data)
         if not isinstance(verdict, Evaluation):
             raise SimError(f"it returned {type(verdict).__name__}, not an Evaluation")
+        if not isinstance(verdict.passed, bool | np.bool_):
+            shown = repr(verdict.passed)[:60]
+            raise SimError(
+                f"its verdict's passed is {type(verdict.passed).__name__} {shown}, not a bool"
+            )
         metrics = {str(k): float(v) for k, v in verdict.metrics.items()}
     except SimError as err:
         return Evaluation(evaluator.name, False, {}, f"cannot evaluate: {err}")
@@ -297,7 +304,7 @@ def _evaluate(evaluator: Evaluator, data: ScenarioData) -> Evaluation:
             f"cannot evaluate: {type(err).__name__}: {err} (raised in {where.name}, "
             f"{where.filename}:{where.lineno})",
         )
-    return replace(verdict, metrics=metrics)
+    return replace(verdict, passed=bool(verdict.passed), metrics=metrics)
 
 
 def _dropped(run: NodeRun, job: ReplayJob, *, also: bool = False) -> str:

@@ -319,7 +319,12 @@ def read_scenario_file(
         out.append(
             Scenario(name, bag, start, end, max(first, start - round(warmup_s * _NS)), options)
         )
-    names = [s.name for s in out]
-    if len(set(names)) != len(names):
-        raise SimError(f"{url}: scenario names must be unique")
+    twice = [name for name, n in Counter(s.name for s in out).items() if n > 1]
+    if twice:
+        # a default name (``drive#0003``: the bag's stem and the entry's index) may be one
+        # another entry gives explicitly
+        raise SimError(
+            f"{url}: scenario names must be unique; {', '.join(map(repr, twice))} "
+            "is given more than once"
+        )
     return out

@@ -257,3 +257,27 @@ def test_a_report_in_memory_is_refused_as_it_is_parsed(capsys: pytest.CaptureFix
     assert "argument --report: memory://r: memory:// lives inside one process" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (
+            ["a.bag"],
+            "--scenarios s.json names the bags it replays; give no bags with it (not a.bag)",
+        ),
+        (
+            ["--cut", "window"],
+            "--scenarios s.json cuts the bags as it lists; --cut window does not",
+        ),
+    ],
+)
+def test_bags_or_a_cut_beside_a_scenario_file_are_refused(extra: list[str], says: str) -> None:
+    """Bags and ``--cut window`` given with ``--scenarios`` were silently ignored."""
+    args = _parse(
+        ["sim", "run", "--node", "cat", "--inputs", "/a", "--scenarios", "s.json", *extra]
+    )
+    with pytest.raises(SimError, match=re.escape(says)):
+        command.job_from_args(args)
+    args = _parse(["sim", "run", "--node", "cat", "--inputs", "/a", "--scenarios", "s.json"])
+    assert command.job_from_args(args).cut.mode is CutMode.FILE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from adcloud.binpipe import Message, MessageDecoder
 from adcloud.binpipe.decode import ConnectionInfo, standard_typestore
 from adcloud.sim import (
     EVALUATORS,
+    Evaluation,
     EvaluatorSpec,
     Scenario,
     ScenarioData,
@@ -239,3 +241,55 @@ def test_a_nan_detection_does_not_hide_the_others(drive: DriveResult) -> None:
     assert result.metrics["recall"] == 1.0
     assert result.metrics["detected_objects"] == truth + 5
     assert result.metrics["precision"] == pytest.approx(truth / (truth + 5))
+
+
+def test_an_evaluator_in_a_top_level_module_is_named_on_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--eval my_evals:AtLeast`` (a module of its own on the PYTHONPATH) was refused:
+    "expected name:key=value,key=value"."""
+    (tmp_path / "my_evals.py").write_text(
+        "from adcloud.sim import Evaluation\n"
+        "class AtLeast:\n"
+        "    name, truth_topics = 'at_least', ()\n"
+        "    def __init__(self, n=1):\n"
+        "        self.n = n\n"
+        "    def evaluate(self, data):\n"
+        "        return Evaluation(self.name, len(data.outputs) >= self.n)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert parse_evaluator("my_evals:AtLeast") == EvaluatorSpec("my_evals:AtLeast")
+    spec = parse_evaluator("my_evals:AtLeast:n=2")
+    assert spec == EvaluatorSpec.of("my_evals:AtLeast", n=2)
+    assert build_evaluator(spec).evaluate(_data([0, 1], [1.0, 1.0])).passed
+    # a registered name with a parameter list lacking "=" stays a bad parameter list
+    with pytest.raises(SimError, match="expected name:key=value"):
+        parse_evaluator("rate:topic")
+
+
+class _NoTruthTopics:
+    name = "no_truth"
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        return Evaluation(self.name, True)
+
+
+def _not_an_evaluator() -> int:
+    return 5
+
+
+@pytest.mark.parametrize(
+    ("factory", "says"),
+    [
+        (_NoTruthTopics, "made a _NoTruthTopics with truth_topics None is no tuple of topic"),
+        (_not_an_evaluator, "made a int with no name (a str); truth_topics None is no tuple"),
+    ],
+)
+def test_what_a_factory_makes_is_checked_when_it_is_built(
+    factory: object, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An evaluator without ``truth_topics`` passed the job's validation and failed every
+    Spark task (and so the job) with an AttributeError traceback."""
+    monkeypatch.setitem(EVALUATORS, "odd", factory)
+    with pytest.raises(SimError, match=re.escape(f"evaluator 'odd' {says}")):
+        build_evaluator(EvaluatorSpec("odd"))

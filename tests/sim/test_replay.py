@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from adcloud.errors import MissingComponentError
@@ -351,3 +353,59 @@ def test_a_ros1_job_without_output_topics_is_refused(drive: DriveResult) -> None
     with pytest.raises(SimError, match=r"ros1 adapter collects only the output topics"):
         job.validate()
     replace(job, node=NodeSpec("my_detector", adapter="pipe")).validate()
+
+
+def test_a_node_that_dies_while_its_start_up_is_waited_for_fails_at_once(
+    drive: DriveResult, tmp_path: Path
+) -> None:
+    """A node that died (an import error) while the first input waited out its start-up
+    was reported only once that wait (``startup_timeout_s``) or 5 s more had passed."""
+    node = tmp_path / "import_error.py"
+    node.write_text(
+        "import sys, time\ntime.sleep(0.3)\nsys.exit('ModuleNotFoundError: no_such_model')\n"
+    )
+    result = _run(_job(drive.bag, f"{sys.executable} {node}", startup_timeout_s=30))
+    assert not result.passed
+    assert result.exit_code == 1
+    assert "no_such_model" in result.stderr_tail
+    assert result.wall_s < 4
+
+
+class _Verdict:
+    """A user evaluator whose verdict's ``passed`` is ``value`` (NumPy's bool, a string)."""
+
+    truth_topics: tuple[str, ...] = ()
+
+    def __init__(self, kind: str) -> None:
+        self.name = f"verdict_{kind}"
+        self.kind = kind
+
+    def evaluate(self, data: ScenarioData) -> Evaluation:
+        count = np.float64(len(data.outputs))
+        passed = count >= 1 if self.kind == "numpy" else "no"
+        return Evaluation(self.name, passed, {"count": count})  # type: ignore[arg-type]
+
+
+def test_a_verdict_passed_must_be_a_bool(
+    drive: DriveResult, bad_nodes: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``count >= limit`` of a NumPy number is a NumPy bool, which ``json.dumps`` refused:
+    the task, and so the job, failed; a string ``"no"`` passed the scenario."""
+    monkeypatch.setitem(EVALUATORS, "verdict", _Verdict)
+    job = replace(
+        _job(drive.bag, bad_nodes["relay_pose"] + " /lidar/points"),
+        output_topics=("/estimate",),
+        evaluators=(
+            EvaluatorSpec.of("verdict", kind="numpy"),
+            EvaluatorSpec.of("verdict", kind="str"),
+        ),
+    ).validate()
+    result = _run(job)
+    verdicts = {e["name"]: e for e in result.evaluations}
+    assert verdicts["verdict_numpy"]["passed"] is True
+    assert not verdicts["verdict_str"]["passed"]
+    assert verdicts["verdict_str"]["reason"] == (
+        "cannot evaluate: its verdict's passed is str 'no', not a bool"
+    )
+    assert not result.passed
+    assert json.loads(json.dumps(result.to_dict()))["evaluations"][0]["passed"] is True

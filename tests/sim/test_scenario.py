@@ -207,3 +207,13 @@ def test_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
     listing.write_text("scenarios:\n  - {name: a, bag: drive.bag, start: 0.5\n  - name: b\n")
     with pytest.raises(SimError, match=r"scenarios\.yaml: not valid YAML: line \d+"):
         plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(listing)))
+
+
+def test_a_name_given_twice_is_named(drive: DriveResult, tmp_path: Path) -> None:
+    """ "scenario names must be unique" did not say which: here the second entry's default
+    name, the bag's stem and its index, is the one the first entry gives."""
+    listing = tmp_path / "scenarios.json"
+    entries = [{"name": "drive#0001", "bag": str(drive.bag)}, {"bag": str(drive.bag)}]
+    listing.write_text(json.dumps({"scenarios": entries}))
+    with pytest.raises(SimError, match="'drive#0001' is given more than once"):
+        plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(listing)))
