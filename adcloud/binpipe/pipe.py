@@ -234,8 +234,10 @@ def pipe_blocks(
         watchdog.daemon = True
         watchdog.start()
 
+    stopped_running = threading.Event()  # killed below while still running: no exit code
+
     def failure(reason: str, cause: BaseException | None = None) -> PipeCommandError:
-        running = proc.poll() is None
+        running = proc.poll() is None or stopped_running.is_set()
         _kill_group(proc)
         proc.wait()
         stderr.join(timeout=_AFTER_EXIT_S)
@@ -275,6 +277,11 @@ def pipe_blocks(
             if proc.poll() is None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=1)
+            if proc.poll() is None:
+                # still running after writing garbage: stopped now, so that a feeder
+                # blocked on the stdin it does not read ends at once, not in 5 s
+                stopped_running.set()
+                _kill_group(proc)
             feeder.join(timeout=5)
             if feeder.error is not None:
                 # The input itself failed (e.g. a corrupt bag): that is the cause.

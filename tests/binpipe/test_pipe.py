@@ -176,6 +176,18 @@ def test_a_command_stopped_for_garbage_has_no_exit_code_of_ours() -> None:
     assert info.value.returncode is None and "exit code" not in str(info.value)
 
 
+def test_a_command_writing_garbage_without_reading_is_stopped_at_once() -> None:
+    """A node that writes garbage and reads none of its input, still running: the feeder,
+    blocked writing its stdin, was joined for 5 s before the node was stopped (6 s for a
+    failure known after a few milliseconds)."""
+    garbage = ["sh", "-c", "printf 'text, not a stream'; sleep 30"]
+    blocks = list(encode_blocks(_records(400, size=64 * 1024)))  # ~25 MB: beyond any pipe
+    started = time.monotonic()
+    with pytest.raises(PipeCommandError, match=r"\(still running: stopped\)"):
+        list(pipe_blocks(blocks, garbage))
+    assert time.monotonic() - started < 4.5  # 1 s for it to exit by itself; 6 s before
+
+
 def test_missing_command(tmp_path: Path) -> None:
     with pytest.raises(PipeCommandError, match="cannot start"):
         list(pipe_blocks([], str(tmp_path / "no-such-program")))
