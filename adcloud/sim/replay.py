@@ -140,8 +140,15 @@ class ReplayJob:
         data = asdict(self)
         data["evaluators"] = [{"name": e.name, "params": dict(e.params)} for e in self.evaluators]
         data["storage_options"] = sorted(k for k, _ in self.storage_options)
+        # the report is shared: a credential in the node's environment is not written out
+        data["node"]["env"] = [
+            [k, "<hidden>" if _SECRET_NAME.search(k) else v] for k, v in self.node.env
+        ]
         return data
 
+
+#: Environment variables whose values :meth:`ReplayJob.to_dict` does not write out.
+_SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY", re.I)
 
 _NAN_FIELDS = ("latency_p50_ms", "latency_p95_ms", "latency_max_ms", "startup_ms")
 

@@ -283,3 +283,28 @@ def test_results_jsonl_holds_results_only_as_documented(tmp_path: Path) -> None:
     doc = " ".join((report_module.__doc__ or "").split())
     assert '"format"' not in doc
     assert "its format version is ``report_version`` in ``job.json``" in doc
+
+
+def test_the_job_written_with_a_report_hides_credentials_of_the_node_environment() -> None:
+    """``job.json`` goes with the report (shared, archived by CI): it held the node's whole
+    environment, an ``AWS_SECRET_ACCESS_KEY`` or a model registry token included."""
+    env = {
+        "AWS_SECRET_ACCESS_KEY": "abc/xyz",
+        "REGISTRY_TOKEN": "t0k3n",
+        "DB_PASSWORD": "pw",
+        "MODEL_PATH": "/models/det.onnx",
+    }
+    job = ReplayJob(
+        bags=("d.bag",),
+        node=NodeSpec("python -m det", env=tuple(env.items())),
+        input_topics=("/lidar/points",),
+        output_topics=("/obstacles",),
+    )
+    written = dict(json.loads(json.dumps(job.to_dict()))["node"]["env"])
+    assert written == {
+        "AWS_SECRET_ACCESS_KEY": "<hidden>",
+        "REGISTRY_TOKEN": "<hidden>",
+        "DB_PASSWORD": "<hidden>",
+        "MODEL_PATH": "/models/det.onnx",
+    }
+    assert job.node.env == tuple(env.items())  # the run itself gets them all
