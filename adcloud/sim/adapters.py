@@ -141,6 +141,10 @@ class ReplayTiming:
     #: (e.g. a META block announcing its outputs, written once it is loaded), waiting at
     #: most ``startup_timeout_s``.  The ROS bridge always signals readiness this way.
     wait_ready: bool = False
+    #: The most output (MiB of message data on the output topics) one scenario's node
+    #: may write: the replay holds a scenario's outputs in the executor's memory, and a
+    #: node that floods them fails its scenario instead of taking the executor down.
+    max_output_mb: float = 1024.0
 
     def validate(self) -> ReplayTiming:
         """Return ``self`` if usable, else raise :class:`SimError`."""
@@ -157,6 +161,8 @@ class ReplayTiming:
                 raise SimError(
                     f"{name} must be > 0 and at most {MAX_WAIT_S:.0f} (finite seconds), not {value}"
                 )
+        if not (self.max_output_mb > 0 and math.isfinite(self.max_output_mb)):
+            raise SimError(f"max_output_mb must be a finite number > 0, not {self.max_output_mb}")
         return self
 
 
@@ -490,6 +496,8 @@ def drive_pipe(
         lifeline=lifeline,
         require_all_input=True,  # a node that stops reading has not been replayed
     )
+    limit = timing.max_output_mb * 2**20
+    held = 0  # bytes of output message data kept
     try:
         for raw in outputs:
             block = Block.parse(memoryview(raw))
@@ -509,9 +517,22 @@ def drive_pipe(
                     continue
                 run.outputs.append(msg)
                 run.received.append(now)
+                held += len(msg.data)
                 count += 1
+            if held > limit:
+                if isinstance(outputs, Generator):
+                    outputs.close()  # kills the node
+                run.failure = (
+                    f"node wrote more than {timing.max_output_mb:g} MiB of output messages "
+                    f"({len(run.outputs):,} messages): stopped; raise the limit "
+                    "(--max-output-mb, ReplayTiming.max_output_mb) if that much is expected"
+                )
+                run.outputs.clear()  # what the scenario is judged on is gone with it
+                run.received.clear()
+                break
             feed.output_arrived(max(count, 1))
-        run.exit_code = 0
+        else:
+            run.exit_code = 0
     except PipeCommandError as err:
         run.failure = str(err).split("; stderr tail:", 1)[0]
         run.exit_code = err.returncode

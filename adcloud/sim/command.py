@@ -143,6 +143,13 @@ def add_parser(subparsers: Any) -> None:
         "--startup-timeout", type=_limit_seconds, default=20.0, help="node start-up limit, s"
     )
     p.add_argument(
+        "--max-output-mb",
+        type=number("number of MiB"),
+        default=1024.0,
+        help="most output one scenario's node may write, MiB of messages on the output "
+        "topics (default 1024): more fails the scenario, not the executor's memory",
+    )
+    p.add_argument(
         "--report",
         metavar="URI",
         type=written_url("the report"),
@@ -277,6 +284,7 @@ def job_from_args(args: argparse.Namespace) -> ReplayJob:
             timeout_s=args.timeout,
             startup_timeout_s=args.startup_timeout,
             trigger_topics=args.triggers,
+            max_output_mb=args.max_output_mb,
         ),
     ).validate()
 

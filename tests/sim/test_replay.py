@@ -152,6 +152,18 @@ def test_a_node_that_never_answers_times_out_saying_how_far_the_replay_got(
     assert "--no-sync" in result.reason and "--triggers" in result.reason
 
 
+def test_a_node_flooding_its_outputs_fails_its_scenario_at_the_limit(drive: DriveResult) -> None:
+    """Outputs are held in the executor's memory until the scenario is judged: a node that
+    wrote without end (40 MB a message) took the executor, and with it the job, down."""
+    result = _run(_job(drive.bag, max_output_mb=0.001))  # ~1 kB: a few detections
+    assert not result.passed
+    assert result.reason.startswith("node wrote more than 0.001 MiB of output messages (")
+    assert "--max-output-mb" in result.reason
+    assert result.exit_code is None and result.output_counts == {}
+    with pytest.raises(SimError, match="max_output_mb must be a finite number > 0, not 0"):
+        ReplayTiming(max_output_mb=0).validate()
+
+
 def test_garbage_output(drive: DriveResult, bad_nodes: dict[str, str]) -> None:
     result = _run(_job(drive.bag, bad_nodes["garbage"], startup_timeout_s=1))
     assert not result.passed
