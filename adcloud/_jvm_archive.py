@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -66,15 +67,18 @@ def archive_path(java: Path, home: Path) -> Path:
 
 
 def java_options(java: Path, home: Path) -> list[str]:
-    """JVM options that map the archive of this JVM and Spark home; none when it was not
-    built (or was built for another Java or another pyspark)."""
+    """JVM options that map the archive of this JVM and Spark home, each quoted for an option
+    string of Spark's; none when it was not built (or was built for another Java or another
+    pyspark)."""
     try:
         path = archive_path(java, home)
     except OSError:  # a JVM or Spark home that cannot be read: Spark will say so itself
         return []
     if not path.is_file():
         return []
-    return [f"-XX:SharedArchiveFile={path}", *_QUIET]
+    # quoted as Spark's option strings (extraJavaOptions, SPARK_DAEMON_JAVA_OPTS) read
+    # them back: an installation under "My Projects" would split the path in two
+    return [shlex.quote(f"-XX:SharedArchiveFile={path}"), *_QUIET]
 
 
 def _exercise(dump_to: Path, work: Path) -> None:
@@ -90,7 +94,9 @@ def _exercise(dump_to: Path, work: Path) -> None:
     spark = get_session(
         settings,
         **{
-            "spark.driver.extraJavaOptions": f"{driver} -XX:ArchiveClassesAtExit={dump_to}",
+            "spark.driver.extraJavaOptions": (
+                f"{driver} {shlex.quote(f'-XX:ArchiveClassesAtExit={dump_to}')}"
+            ),
             "spark.ui.showConsoleProgress": "false",
         },
     )

@@ -895,6 +895,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args, console))
     except AdcloudError as err:
+        if args.verbose:  # as the epilog says: -v shows the traceback, then the one line
+            traceback.print_exc()
         errors.print(
             f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True, markup=True
         )

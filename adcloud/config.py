@@ -185,7 +185,8 @@ def load_settings(
         path = Path(file)
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as err:
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            # UnicodeDecodeError: not a text file at all (a bag given as --config)
             raise ConfigError(f"{path}: cannot read settings file: {err}") from err
         if not isinstance(loaded, dict):
             raise ConfigError(
@@ -194,9 +195,17 @@ def load_settings(
             )
         if section not in loaded:
             _check_missing_section(path, section, loaded, cls)
-        part = loaded.get(section) or {}
-        if not isinstance(part, dict):
+        part = loaded.get(section)
+        if part is None:  # "spark:" with nothing under it, or no such section
+            part = {}
+        if not isinstance(part, dict):  # "spark: []" and "spark: 0" too: not an empty mapping
             raise ConfigError(f"{path}: section {section!r} must be a mapping")
+        odd = [key for key in part if not isinstance(key, str)]
+        if odd:  # YAML reads "1: x" as the number 1: no field is named by one
+            raise ConfigError(
+                f"{path}: {section}.{odd[0]!r} is not a setting name; known: "
+                f"{', '.join(sorted(f.name for f in dataclasses.fields(cls)))}"
+            )
         values.update(part)
     prefix = f"ADCLOUD_{section.upper()}_"
     for field in dataclasses.fields(cls):
@@ -216,7 +225,26 @@ def load_settings(
     coerced = {
         name: _coerce(value, hints[name], f"{section}.{name}") for name, value in values.items()
     }
-    return cls(**coerced)
+    settings = cls(**coerced)  # its own checks first: they say what range a value must be in
+    for field in dataclasses.fields(cls):
+        value = coerced.get(field.name)
+        if isinstance(value, float) and math.isnan(value) and not _unset_allowed(field, defaults):
+            # NaN (or null, how settings_dict writes it) stands for "unset" only where that
+            # is the default: elsewhere every comparison with it is false, and a threshold
+            # of NaN would switch its check off without a word
+            given = values[field.name]
+            what = "no value (an empty entry in the file?)" if given is None else f"{given!r}"
+            raise ConfigError(
+                f"{section}.{field.name}: {what} is not a number; give one, or leave the "
+                "key out for its default"
+            )
+    return settings
+
+
+def _unset_allowed(field: dataclasses.Field[Any], defaults: Mapping[str, Any] | None) -> bool:
+    """Whether ``field`` may be NaN: its default (the class's or the caller's) is."""
+    default = (defaults or {}).get(field.name, field.default)
+    return isinstance(default, float) and math.isnan(default)
 
 
 def names(value: Any) -> tuple[str, ...]:

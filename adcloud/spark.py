@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -91,6 +92,10 @@ _G1_REGION = "-XX:G1HeapRegionSize=4m"
 _G1_REGION_BELOW = 8 << 30
 _MEMORY_UNITS = {"": 1 << 20, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _STATE_FILE = "cluster.json"
+# What Spark reads as a memory size (JavaUtils.byteStringAs; no unit: MiB) and the levels
+# SparkContext.setLogLevel takes.
+_JVM_MEMORY = re.compile(r"\s*(\d+)(?:[kmgtp]b?)?\s*", re.IGNORECASE)
+_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
 
 
 class SparkClusterError(AdcloudError):
@@ -120,6 +125,26 @@ class SparkSettings:
     executor_memory: str = "1g"
     conf: tuple[str, ...] = ()
     log_level: str = "WARN"
+
+    def __post_init__(self) -> None:
+        # Checked here, before a JVM starts: Spark itself refuses a bad memory size with a
+        # Java stack trace and "Java gateway process exited", and a bad log level only once
+        # the session is up, with a Py4J traceback.
+        for name in ("driver_memory", "executor_memory"):
+            value = getattr(self, name)
+            size = _JVM_MEMORY.fullmatch(value)
+            if size is None or not int(size[1]):
+                msg = (
+                    f"spark.{name}: {value!r} is not a JVM memory size such as 512m or 2g "
+                    f"(ADCLOUD_SPARK_{name.upper()})"
+                )
+                raise ConfigError(msg)
+        if self.log_level.upper() not in _LOG_LEVELS:
+            msg = (
+                f"spark.log_level: {self.log_level!r} is not a log level Spark takes: "
+                f"{', '.join(_LOG_LEVELS)} (ADCLOUD_SPARK_LOG_LEVEL)"
+            )
+            raise ConfigError(msg)
 
     @classmethod
     def load(
@@ -225,7 +250,10 @@ def spark_conf(
     merged.setdefault(
         "spark.driver.extraJavaOptions",
         " ".join(
-            [f"-Dlog4j2.configurationFile={_LOG4J2}", *_heap_options(merged["spark.driver.memory"])]
+            [
+                shlex.quote(f"-Dlog4j2.configurationFile={_LOG4J2}"),
+                *_heap_options(merged["spark.driver.memory"]),
+            ]
         ),
     )
     executor = _heap_options(merged["spark.executor.memory"])
@@ -863,7 +891,9 @@ class StandaloneCluster:
                 msg = f"resource {name!r}: discovery script {script_path} is not executable"
                 raise ConfigError(msg)
             opts.append(f"-Dspark.worker.resource.{name}.amount={int(amount)}")
-            opts.append(f"-Dspark.worker.resource.{name}.discoveryScript={script_path}")
+            opts.append(
+                shlex.quote(f"-Dspark.worker.resource.{name}.discoveryScript={script_path}")
+            )
         return " ".join(o for o in opts if o)
 
     def _spawn(

@@ -782,3 +782,20 @@ def test_local_path_takes_a_file_url_as_its_path() -> None:
     assert parse("out/x.bag") == "out/x.bag"
     assert parse("file:///tmp/x y.bag") == "/tmp/x y.bag"
     assert parse("FILE:///tmp/x.bag") == "/tmp/x.bag"
+
+
+def test_verbose_shows_the_traceback_of_an_error_raised_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``adcloud -v COMMAND shows tracebacks`` (the epilog): it did for errors raised in
+    Spark tasks and for OSErrors, but not for adcloud's own errors raised in the driver,
+    where it is most wanted. Without -v there is one error line, with it the same line
+    after the traceback."""
+    missing = tmp_path / "missing.bag"
+    assert main(["bag", "info", str(missing)]) == 2
+    quiet = capsys.readouterr().err
+    assert "Traceback" not in quiet and quiet.startswith("error: ") and str(missing) in quiet
+    assert main(["-v", "bag", "info", str(missing)]) == 2
+    verbose = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in verbose
+    assert verbose.splitlines()[-1] == quiet.splitlines()[-1]

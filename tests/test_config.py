@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -283,3 +285,69 @@ def test_settings_meant_for_a_section_that_is_not_there_are_an_error(tmp_path: P
     assert load_settings(Example, "example", file=path, environ={}) == Example()
     path.write_text("name:\n  a: 1\n")  # a section that happens to share a field's name
     assert load_settings(Example, "example", file=path, environ={}) == Example()
+
+
+def test_a_settings_file_that_is_not_text_is_a_config_error(tmp_path: Path) -> None:
+    """A bag or an image given as the settings file: one error naming it, not a
+    UnicodeDecodeError traceback."""
+    path = tmp_path / "drive.bag"
+    path.write_bytes(b"#ROSBAG V2.0\n\x89\xff\xfe\x00")
+    with pytest.raises(ConfigError, match=r"drive\.bag: cannot read settings file"):
+        load_settings(Example, "example", file=path, environ={})
+
+
+@pytest.mark.parametrize("text", ["example:\n  1: 2\n", "example:\n  on: 2\n  name: x\n"])
+def test_a_key_that_is_no_name_is_a_config_error(tmp_path: Path, text: str) -> None:
+    """YAML reads ``1:`` and ``on:`` as a number and a boolean: an error naming the key,
+    not a TypeError from sorting the unknown keys."""
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"s\.yaml: example\.(1|True) is not a setting name"):
+        load_settings(Example, "example", file=path, environ={})
+
+
+@pytest.mark.parametrize("value", ["[]", "0", "''", "false"])
+def test_a_section_that_is_no_mapping_is_an_error_even_when_empty(
+    tmp_path: Path, value: str
+) -> None:
+    """``example: []`` is not ``example:``: its settings were meant to be somewhere."""
+    path = tmp_path / "s.yaml"
+    path.write_text(f"example: {value}\n")
+    with pytest.raises(ConfigError, match="section 'example' must be a mapping"):
+        load_settings(Example, "example", file=path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("where", "value"), [("env", "nan"), ("env", "NaN"), ("file", ".nan"), ("file", "")]
+)
+def test_nan_or_an_empty_number_is_refused_unless_unset_is_the_default(
+    tmp_path: Path, where: str, value: str
+) -> None:
+    """NaN (and null, settings_dict's spelling of it) stands for "unset" only in a field
+    whose default is NaN; a threshold of NaN made every comparison false and switched its
+    check off without a word (``ADCLOUD_HDMAP_LOOPS_MIN_TRAVEL_M=nan``)."""
+
+    @dataclass(frozen=True)
+    class Thresholds:
+        ratio: float = 0.5
+        origin: float = float("nan")
+
+    path = tmp_path / "s.yaml"
+    path.write_text(f"example:\n  ratio: {value}\n  origin: {value}\n")
+    environ = {"ADCLOUD_EXAMPLE_RATIO": value, "ADCLOUD_EXAMPLE_ORIGIN": value}
+    source: dict[str, Any] = {"file": path} if where == "file" else {"environ": environ}
+    with pytest.raises(ConfigError, match=r"example\.ratio: .* is not a number"):
+        load_settings(Thresholds, "example", **({"environ": {}} | source))
+    path.write_text(f"example:\n  origin: {value}\n")
+    environ.pop("ADCLOUD_EXAMPLE_RATIO")
+    loaded = load_settings(Thresholds, "example", **({"environ": {}} | source))
+    assert loaded.ratio == 0.5 and math.isnan(loaded.origin)
+    # a caller's NaN default makes it unset there too
+    assert math.isnan(
+        load_settings(
+            Thresholds,
+            "example",
+            environ={"ADCLOUD_EXAMPLE_RATIO": "nan"},
+            defaults={"ratio": math.nan},
+        ).ratio
+    )

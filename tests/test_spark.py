@@ -109,6 +109,34 @@ def test_settings_conf_entry_without_equals_sign_is_an_error() -> None:
         settings.conf_pairs()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("ADCLOUD_SPARK_DRIVER_MEMORY", "lots"),
+        ("ADCLOUD_SPARK_DRIVER_MEMORY", "1.5g"),
+        ("ADCLOUD_SPARK_EXECUTOR_MEMORY", "0"),
+        ("ADCLOUD_SPARK_EXECUTOR_MEMORY", ""),
+        ("ADCLOUD_SPARK_LOG_LEVEL", "loud"),
+    ],
+)
+def test_a_memory_or_log_level_spark_cannot_take_is_refused_before_a_jvm_starts(
+    variable: str, value: str
+) -> None:
+    """Found by Spark only once a JVM ran: a Java stack trace and "Java gateway process
+    exited" for a memory size, a Py4J traceback from setLogLevel for a log level."""
+    field = variable.removeprefix("ADCLOUD_SPARK_").lower()
+    with pytest.raises(ConfigError, match=rf"spark\.{field}: {value!r} is not .*{variable}"):
+        SparkSettings.load(environ={variable: value})
+    taken = SparkSettings.load(
+        environ={
+            "ADCLOUD_SPARK_DRIVER_MEMORY": "1400M",
+            "ADCLOUD_SPARK_EXECUTOR_MEMORY": "2gb",
+            "ADCLOUD_SPARK_LOG_LEVEL": "info",
+        }
+    )
+    assert (taken.driver_memory, taken.executor_memory, taken.log_level) == ("1400M", "2gb", "info")
+
+
 def test_get_session_rejects_a_non_spark_key() -> None:
     with pytest.raises(ConfigError, match="not a Spark configuration key"):
         get_session(SparkSettings(master="local[1]"), master="local[1]")
@@ -845,3 +873,65 @@ def test_cluster_start_numbers_are_checked_before_anything_starts(
         main(["cluster", "start", "--state-dir", str(tmp_path / "state"), option, value])
     assert stop.value.code == 2 and f"argument {option}" in capsys.readouterr().err
     assert not (tmp_path / "state").exists()
+
+
+SPACED_CHECKOUT = """
+import sys
+import adcloud.spark
+from pyspark import TaskContext
+from adcloud.spark import SparkSettings, StandaloneCluster, class_archive_options, get_session
+assert " " in adcloud.spark.__file__, adcloud.spark.__file__
+print("archive", class_archive_options(), flush=True)
+with StandaloneCluster(1, resources={"gpu": (1, sys.argv[1])}, log_dir=sys.argv[2]) as cluster:
+    spark = get_session(
+        SparkSettings(master=cluster.master_url, driver_memory="512m", executor_memory="512m"),
+        **cluster.session_conf(),
+        **{
+            "spark.ui.enabled": "false",
+            "spark.executor.resource.gpu.amount": "1",
+            "spark.task.resource.gpu.amount": "1",
+        },
+    )
+    rdd = spark.sparkContext.parallelize([0], 1)
+    print("gpus", rdd.map(lambda _: TaskContext.get().resources()["gpu"].addresses).collect())
+    spark.stop()
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.cluster
+def test_a_checkout_and_scripts_under_a_path_with_a_space_run_spark(tmp_path: Path) -> None:
+    """A checkout in "~/My Projects" broke every session: the driver's JVM options name
+    adcloud's log4j2 file (and the class archive), and Spark splits an option string at
+    spaces ("Could not find or load main class Projects...."); a worker's discovery script
+    there kept the worker from starting."""
+    spaced = tmp_path / "My Projects"
+    spaced.mkdir()
+    (spaced / "adcloud").symlink_to(REPO_ROOT, target_is_directory=True)
+    script = spaced / "discover gpus.sh"
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["7"]}\'\n')
+    script.chmod(0o755)
+    archives = spaced / "jvm archives"
+    archives.mkdir()
+    for built in _built_archives():  # linked, not copied: ~190 MB
+        (archives / built.name).symlink_to(built)
+    env = python_env(PYTHONPATH=str(spaced / "adcloud"), ADCLOUD_JVM_ARCHIVE_DIR=str(archives))
+    done = subprocess.run(
+        [sys.executable, "-c", SPACED_CHECKOUT, str(script), str(spaced / "cluster logs")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "gpus [['7']]" in done.stdout, done.stdout
+    if _built_archives():  # and the archive itself is mapped from there
+        assert "jvm archives" in done.stdout.splitlines()[0]
+
+
+def _built_archives() -> list[Path]:
+    from adcloud import _jvm_archive  # noqa: PLC0415
+
+    return sorted(_jvm_archive.archive_dir().glob("*.jsa"))
