@@ -379,6 +379,11 @@ def check_master(master: str, timeout: float = 3.0, *, reach: bool = True) -> No
             "YARN_CONF_DIR) to the directory holding its core-site.xml and yarn-site.xml "
             "(see deploy/yarn/README.md)"
         )
+    if master.startswith("k8s://") and not master.removeprefix("k8s://").strip():
+        raise ConfigError(
+            f"Spark master {master!r} names no Kubernetes API server: "
+            f"k8s://https://HOST:PORT {where}"
+        )
     if not master.startswith("spark://"):
         return
     hostports = master.removeprefix("spark://").split(",")
@@ -394,6 +399,7 @@ def check_master(master: str, timeout: float = 3.0, *, reach: bool = True) -> No
     problems = []
     for hostport in hostports:
         host, _, port = hostport.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")  # an IPv6 address: spark://[::1]:7077
         try:
             with socket.create_connection((host, int(port)), timeout=timeout):
                 return

@@ -391,6 +391,7 @@ def test_submit_refuses_what_would_be_ignored(
         ("local[0]", "'local[0]' is not one Spark takes"),
         ("spark://127.0.0.1", "'127.0.0.1' is not HOST:PORT (a standalone master listens on 7077"),
         ("spark://h1:7077,h2", "'h2' is not HOST:PORT"),
+        ("k8s://", "'k8s://' names no Kubernetes API server"),
         ("yarn", "--master yarn needs the cluster's Hadoop configuration: set HADOOP_CONF_DIR"),
     ],
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,7 @@ from adcloud.spark import (
     SparkClusterError,
     SparkSettings,
     StandaloneCluster,
+    check_master,
     class_archive_options,
     find_java,
     get_session,
@@ -935,3 +937,16 @@ def _built_archives() -> list[Path]:
     from adcloud import _jvm_archive  # noqa: PLC0415
 
     return sorted(_jvm_archive.archive_dir().glob("*.jsa"))
+
+
+def test_a_master_at_an_ipv6_address_is_reached() -> None:
+    """``spark://[::1]:7077`` was looked up with its brackets and always "cannot reach"."""
+    try:
+        server = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError as err:  # a kernel without IPv6
+        pytest.skip(f"no IPv6 loopback here: {err}")
+    with server:
+        port = server.getsockname()[1]
+        check_master(f"spark://[::1]:{port}")
+    with pytest.raises(SparkClusterError, match=r"cannot reach the Spark master spark://\[::1\]"):
+        check_master(f"spark://[::1]:{port}", timeout=1)
