@@ -350,6 +350,8 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from adcloud.synth.command import run_demo as synth_demo  # noqa: PLC0415
 
     out = Path(args.out).resolve()
+    for bag in args.bag or ():
+        summarize(bag)  # a missing or unreadable --bag fails now, not after the drive and Spark
     out.mkdir(parents=True, exist_ok=True)
     outputs: list[tuple[str, Path]] = []
 

@@ -767,6 +767,18 @@ def test_demo_options_are_checked_as_they_are_parsed(
     assert stop.value.code == 2 and says in capsys.readouterr().err
 
 
+def test_demo_with_a_missing_bag_fails_before_it_makes_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``adcloud demo --bag missing.bag`` made the synthetic drive and started Spark before
+    it failed (~10 s); it fails first, and nothing is written."""
+    out = tmp_path / "demo"
+    missing = tmp_path / "missing.bag"
+    assert main(["demo", "--out", str(out), "--bag", str(missing), "--quiet"]) == 2
+    assert str(missing) in " ".join(capsys.readouterr().err.split())
+    assert not out.exists()
+
+
 def test_help_states_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])
