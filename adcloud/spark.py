@@ -165,6 +165,14 @@ class SparkSettings:
             if not sep or not key.strip():
                 msg = f"spark.conf: entry {entry!r} is not of the form key=value"
                 raise ConfigError(msg)
+            if key.strip() == "spark.master":
+                # the master is checked (and a cluster found) from settings.master; one given
+                # here would replace it unchecked
+                msg = (
+                    f"spark.conf: entry {entry!r}: set the master with --master or "
+                    "ADCLOUD_SPARK_MASTER (the spark section's master), not in spark.conf"
+                )
+                raise ConfigError(msg)
             pairs[key.strip()] = value.strip()
         return pairs
 

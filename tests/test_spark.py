@@ -950,3 +950,14 @@ def test_a_master_at_an_ipv6_address_is_reached() -> None:
         check_master(f"spark://[::1]:{port}")
     with pytest.raises(SparkClusterError, match=r"cannot reach the Spark master spark://\[::1\]"):
         check_master(f"spark://[::1]:{port}", timeout=1)
+
+
+def test_a_master_in_spark_conf_is_refused_with_where_to_set_it() -> None:
+    """``ADCLOUD_SPARK_CONF=spark.master=local[1]`` replaced the master after the other one
+    was checked, and a later session then said it ran on a "different master"."""
+    settings = SparkSettings.load(environ={"ADCLOUD_SPARK_CONF": "spark.master=local[1]"})
+    with pytest.raises(ConfigError, match=r"set the master with --master or ADCLOUD_SPARK_MASTER"):
+        settings.conf_pairs()
+    assert SparkSettings(conf=("spark.ui.enabled=false",)).conf_pairs() == {
+        "spark.ui.enabled": "false"
+    }
