@@ -182,16 +182,20 @@ generate_drive(DriveConfig(seconds=600, lidar_beams=16, camera=False), sys.argv[
 def test_the_truth_of_a_killed_drive_is_not_read_as_whole(tmp_path: Path) -> None:
     """``kill -9`` mid-drive leaves poses.txt cut anywhere (possibly inside a number) and
     no map or world.json; the readers said nothing and returned the cut trajectory."""
-    truth = tmp_path / "cut.bag.truth"
     proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(tmp_path / "cut.bag")])
     try:
         deadline = time.monotonic() + 120
-        while not ((truth / "poses.txt").exists() and (truth / "poses.txt").stat().st_size > 0):
+        while True:  # the run writes its drive in a staging directory beside its name
+            poses = list(tmp_path.glob(".cut.bag.part-*/cut.bag.truth/poses.txt"))
+            if poses and poses[0].stat().st_size > 0:
+                break
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
     finally:
         proc.kill()
         proc.wait()
+    assert not (tmp_path / "cut.bag.truth").exists()  # nothing under the drive's name
+    truth = poses[0].parent
     for read in (read_poses, read_map, read_raster):
         with pytest.raises(SynthError, match=r"cut\.bag\.truth is an incomplete truth directory"):
             read(truth)

@@ -138,12 +138,15 @@ def test_run_names_a_bad_setting(tmp_path: Path) -> None:
         _call(["train", "run", "--set", "sync=gossip", "--set", "bags=x.bag"])
 
 
-@pytest.mark.parametrize("momentum", ["-1", "nan"])
+@pytest.mark.parametrize(
+    ("momentum", "says"),
+    [("-1", r"momentum must be in \[0, 1\), not -1"), ("nan", r"momentum: 'nan' is not a number")],
+)
 def test_run_names_a_bad_momentum_before_starting_spark(
-    momentum: str, monkeypatch: pytest.MonkeyPatch
+    momentum: str, says: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(command, "_session", _no_spark)
-    with pytest.raises(TrainError, match=r"momentum must be in \[0, 1\), not"):
+    with pytest.raises(AdcloudError, match=says):
         _call(["train", "run", "--set", "optimizer=sgd", "--set", f"momentum={momentum}"])
 
 

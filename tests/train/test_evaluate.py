@@ -315,14 +315,16 @@ def test_cli_prints_scores_writes_files_and_refuses_a_bad_model_before_spark(
 
     monkeypatch.setattr(command, "_session", no_spark)
     with pytest.raises(ExportError, match=r"metadata\.json: not found"):
-        _call(["train", "eval", "--model", str(tmp_path / "none"), "--bags", "x.bag"])
+        _call(
+            ["train", "eval", "--model", str(tmp_path / "none"), "--bags", str(heldout_drive.bag)]
+        )
     odd = tmp_path / "odd"
     shutil.copytree(path, odd)
     meta = json.loads((odd / "metadata.json").read_text())
     meta["task"] = "lidar_sg"
     (odd / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(TrainError, match="unknown task 'lidar_sg'"):
-        _call(["train", "eval", "--model", str(odd), "--bags", "x.bag"])
+        _call(["train", "eval", "--model", str(odd), "--bags", str(heldout_drive.bag)])
 
 
 def _odom_drive(
