@@ -277,6 +277,19 @@ class CameraSegTask:
         if batch_size < 1:
             raise TrainError(f"batch_size must be >= 1, not {batch_size}")
         frames = self._images(samples)
+        # one size for the whole shard, checked before the first batch: mixed sizes failed
+        # at whichever step first drew two of them into one batch (never, with one image per
+        # batch, and then the export of a model for one size failed after the last step)
+        sizes: dict[tuple[int, ...], int] = {}
+        for frame in frames:
+            sizes[frame.image.shape[:2]] = sizes.get(frame.image.shape[:2], 0) + 1
+        if len(sizes) > 1:
+            shown = ", ".join(f"{w}x{h} ({n} images)" for (h, w), n in sizes.items())
+            raise TrainError(
+                f"camera_seg: the training images are of {len(sizes)} sizes: {shown}; the "
+                "model is trained and exported for one size: train on bags whose camera "
+                "images are all of one size (or set task_options image_topic to one camera)"
+            )
         order = torch.randperm(len(frames), generator=generator).tolist()
         for start in range(0, len(order), batch_size):
             images, labels = [], []

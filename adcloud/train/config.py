@@ -95,6 +95,29 @@ _RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 #: Stores each Python process has for itself (fsspec's ``memory://``): trainers in other
 #: processes (Spark executors, torchrun ranks) cannot see each other's files there.
 _PROCESS_STORES = ("memory://",)
+#: adcloud store URIs, which are no fsspec filesystems: fsspec's own ``local://`` silently
+#: means a plain path from the root (``local:///runs`` would write ``/runs``), and
+#: ``alluxio://`` is not known to it.  Places written through fsspec (``out``, ``etl_dir``,
+#: ``adcloud train eval --out``) refuse them.
+_STORE_URIS = ("local://", "alluxio://")
+
+
+def fsspec_place_problem(name: str, value: str) -> str | None:
+    """What is wrong with ``value`` as ``name``, a place written through fsspec (a path or
+    a ``file://``, ``hdfs://``, ``s3://`` URL), when it is an adcloud store URI; else None."""
+    if not value.strip().lower().startswith(_STORE_URIS):
+        return None
+    scheme = value.strip().split("://", 1)[0]
+    reading = (
+        f"reads {scheme}:// as a plain path from the file system root"
+        if scheme.lower() == "local"
+        else f"does not know {scheme}://"
+    )
+    return (
+        f"{name} {value!r} is an adcloud store URI, but {name} is written as files through "
+        f"fsspec, which {reading}: give a path or a file://, hdfs:// or s3:// URL "
+        "(train.store is the setting that takes store URIs)"
+    )
 
 
 def _of_type(value: Any, hint: Any) -> bool:
@@ -331,6 +354,15 @@ class TrainConfig:
             not self.run or bool(_RUN_NAME.fullmatch(self.run)),
             f"run must be a plain name (letters, digits, '.', '_', '-'; not starting with "
             f"'.'), not {self.run!r}: it names the run's directory in the store",
+        )
+        for name in ("out", "etl_dir"):
+            if (problem := fsspec_place_problem(name, getattr(self, name))) is not None:
+                problems.append(problem)
+        need(
+            not self.etl_dir.strip().startswith(_PROCESS_STORES),
+            f"etl_dir {self.etl_dir} is private to each Python process, but the ETL's Spark "
+            "tasks write the samples there and other tasks read them back: give a path or a "
+            "file://, hdfs:// or s3:// URL every executor reaches",
         )
         for entry in self.store_options:
             need("=" in entry, f"store_options entry {entry!r} is not key=value")

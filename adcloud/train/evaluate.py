@@ -43,6 +43,7 @@ from rich.table import Table
 
 from adcloud._scratch import scratch_dir
 from adcloud.config import names
+from adcloud.train.config import fsspec_place_problem
 from adcloud.train.errors import ExportError, TrainError
 from adcloud.train.task import CountingTask, Task, get_task
 
@@ -512,7 +513,12 @@ def check_eval_target(out: str | os.PathLike[str]) -> None:
     """Raise :class:`TrainError` when ``out`` (where :meth:`Evaluation.write` would write) is
     a file: before any scoring, not once it is done."""
     text = os.fspath(out)
-    fs, root = fsspec.core.url_to_fs(text)
+    if (problem := fsspec_place_problem("--out (out=)", text)) is not None:
+        raise TrainError(problem)
+    try:
+        fs, root = fsspec.core.url_to_fs(text)
+    except (ImportError, ValueError) as err:  # an unknown protocol, a missing fsspec backend
+        raise TrainError(f"--out (out=) {text}: cannot open it through fsspec: {err}") from err
     if fs.isfile(root):
         raise TrainError(
             f"{text} is a file, not a directory for {EVAL_FILE} and {PLOT_FILE}: remove it "

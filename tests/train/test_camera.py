@@ -153,6 +153,18 @@ def test_batches_are_deterministic_and_flip_image_with_labels() -> None:
     assert 0 < flipped < 5
 
 
+@pytest.mark.parametrize("per_batch", [1, 2])
+def test_batches_refuse_images_of_two_sizes_before_the_first_batch(per_batch: int) -> None:
+    """Bags of two camera sizes failed at whichever step first drew both sizes into one batch
+    (here the third), with one image per batch never: the export then failed."""
+    rng = np.random.default_rng(4)
+    samples: list[Sample] = [ImageSample(i, *pair(rng)) for i in range(4)]
+    samples.append(ImageSample(4, *pair(rng, h=6, w=10)))
+    batches = CameraSegTask().batches(samples, per_batch, torch.Generator().manual_seed(0))
+    with pytest.raises(TrainError, match=r"of 2 sizes: 12x8 \(4 images\), 10x6 \(1 images\)"):
+        next(batches)
+
+
 def test_net_shapes_and_batch_independence() -> None:
     torch.manual_seed(0)
     model = CameraSegTask().build_model().eval()

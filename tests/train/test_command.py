@@ -265,3 +265,33 @@ def test_run_on_too_few_task_slots_says_so_in_one_line_at_once(tmp_path: Path) -
         "slots at once, but the application on local[1] has 1"
     )
     assert "lower train.workers to 1" in said
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "says"),
+    [
+        ("out", "local:///runs/seg", "reads local:// as a plain path from the file system root"),
+        ("etl_dir", "local:///etl", "reads local:// as a plain path from the file system root"),
+        ("out", "alluxio://host:39999/runs", "does not know alluxio://"),
+        ("etl_dir", "memory://etl", "is private to each Python process"),
+    ],
+)
+def test_run_refuses_a_store_uri_where_files_are_written(
+    setting: str, value: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """out=local:///runs/seg wrote the model to /runs/seg (fsspec's own local://), not to the
+    store, and etl_dir=local:///etl the samples to /etl; out=alluxio://... trained, then
+    failed with fsspec's "Protocol not known" traceback; etl_dir=memory://etl trained only
+    while the Spark task reading a part ran in the Python worker that had written it."""
+    monkeypatch.setattr(command, "_session", _no_spark)
+    with pytest.raises(TrainError, match=f"{setting} '?{value}'? is ") as err:
+        _call(["train", "run", "--set", "etl=files", "--set", f"{setting}={value}"])
+    assert says in str(err.value) and "file://" in str(err.value)
+
+
+@pytest.mark.parametrize("out", ["local:///eval-nov", "alluxio://host:39999/e", "nosuch://e"])
+def test_eval_refuses_an_output_that_fsspec_cannot_write(out: str, tmp_path: Path) -> None:
+    """--out local:///eval-nov wrote eval.json to /eval-nov; alluxio:// and unknown schemes
+    ended in fsspec's ValueError traceback."""
+    with pytest.raises(TrainError, match=r"--out \(out=\)"):
+        _call(["train", "eval", "--model", str(tmp_path), "--bags", "b.bag", "--out", out])
