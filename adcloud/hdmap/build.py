@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from pyspark.sql import SparkSession
 
 from adcloud._scratch import scratch_dir
@@ -546,6 +547,40 @@ AUTOWARE_FILES = (
 )
 
 
+def _check_autoware_files(version: MapVersion) -> None:
+    """Raise :class:`MapFormatError` unless ``version`` holds every file Autoware's map
+    loader reads (:data:`AUTOWARE_FILES`, and every tile its point-cloud metadata lists): an
+    export without one would not load on the car."""
+    files = set(version.files())
+    missing = [
+        name
+        for name in AUTOWARE_FILES
+        if not (any(rel.startswith(name) for rel in files) if name.endswith("/") else name in files)
+    ]
+    if not missing:
+        try:
+            meta = yaml.safe_load(version.read_bytes("pointcloud_map_metadata.yaml"))
+        except yaml.YAMLError as err:
+            raise MapFormatError(
+                f"{version.uri}/pointcloud_map_metadata.yaml: not valid YAML ({err}); the map "
+                "version is damaged (build the map again from its bags)"
+            ) from err
+        tiles = meta if isinstance(meta, dict) else {}
+        missing = sorted(
+            f"pointcloud_map/{name}"
+            for name in tiles
+            if name not in ("x_resolution", "y_resolution")
+            and f"pointcloud_map/{name}" not in files
+        )
+    if missing:
+        raise MapFormatError(
+            f"{version.uri}: {', '.join(missing[:5])}"
+            f"{f' (and {len(missing) - 5} more)' if len(missing) > 5 else ''} missing; "
+            "Autoware's map loader needs it: the map version is damaged (export another "
+            "version with --version, or build the map again from its bags)"
+        )
+
+
 def export_map(
     map_uri: str, dest: str | Path, *, version: str | None = None, autoware: bool = False
 ) -> tuple[MapVersion, list[str]]:
@@ -565,6 +600,9 @@ def export_map(
                     f"{dest} lies inside the map directory {map_uri}: export to a directory "
                     "outside it (a build manages everything below it)"
                 )
+
+        if autoware:
+            _check_autoware_files(chosen)
 
         def wanted(rel: str) -> bool:
             if autoware:

@@ -270,10 +270,30 @@ def _dry_run(
     return 1 if bad and not args.skip_bad_bags else 0
 
 
+def _check_eval_outputs(report: str | None, out: str | None) -> None:
+    """Refuse a ``--report`` or ``--out`` that cannot be written before the evaluation
+    runs, not after it (the report and the metrics are written last)."""
+    from adcloud.hdmap.errors import HdmapError  # noqa: PLC0415
+
+    if report and Path(report).exists() and not Path(report).is_dir():
+        raise HdmapError(
+            f"{report}: is a file; --report names a directory to write summary.html into"
+        )
+    if out:
+        if Path(out).is_dir():
+            raise HdmapError(
+                f"{out}: is a directory; --out names the file to write the metrics (JSON) to"
+            )
+        folder = Path(out).absolute().parent
+        if not folder.is_dir():
+            raise HdmapError(f"{out}: no directory {folder} to write the metrics in; make it first")
+
+
 def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from adcloud.hdmap.evaluate import evaluate_map  # noqa: PLC0415
     from adcloud.hdmap.report import write_map_report  # noqa: PLC0415
 
+    _check_eval_outputs(args.report, args.out)
     result = evaluate_map(args.map, args.truth, drive=args.drive)
     if args.json:
         console.print_json(result.to_json())

@@ -447,6 +447,11 @@ def load_truth(truth_dir: str | os.PathLike[str]) -> Truth:
         raster = read_raster(path) if (path / "raster.npz").is_file() else None
     except (OSError, ValueError, KeyError, AdcloudError) as err:
         raise HdmapError(f"{path}: cannot read the truth: {err}") from err
+    if len(t) < 2:
+        raise HdmapError(
+            f"{path / 'poses.txt'}: {len(t)} pose(s); the truth needs the drive's poses (the "
+            "file was cut off or emptied: write the truth again with adcloud synth)"
+        )
     _, signs, types = features_from_geojson(geo, str(path / "map.geojson"))
     name = path.name.removesuffix(".truth")
     return Truth(

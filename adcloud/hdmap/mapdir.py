@@ -77,6 +77,7 @@ import posixpath
 import re
 import shutil
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -327,6 +328,18 @@ def link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copy2(source, target)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` can only be read by
+    setting it, which races with other threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def lies_below(rel: str, folders: Sequence[str]) -> bool:
@@ -1091,6 +1104,10 @@ class MapVersion:
         all (written beside it, then renamed; the next export to ``dest`` removes what a
         killed one left there); an existing non-empty ``dest`` is refused."""
         target = local_path(dest, "an export").absolute()
+        if target.is_symlink() and target.is_dir():
+            # a link to the directory (``/data/map -> /mnt/ssd/map``): the export replaces
+            # the directory it names, and the link keeps naming it
+            target = target.resolve()
         if target.exists() and not target.is_dir():
             raise HdmapError(
                 f"{target}: is a file, not a directory; give a new (or empty) directory to "
@@ -1110,6 +1127,11 @@ class MapVersion:
                 self._files.get_files(
                     [(posixpath.join(self._root, rel), partial / rel) for rel in names]
                 )
+            # mkdtemp made it 0700: open it as a directory made here would be (the car's
+            # driving stack runs as another user), or as the empty one it replaces was
+            partial.chmod(
+                stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o777 & ~_umask()
+            )
             if target.exists():
                 target.rmdir()  # empty: checked above
             partial.rename(target)

@@ -51,6 +51,7 @@ History: version 1, first version.
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import hashlib
 import json
@@ -509,8 +510,9 @@ def _parse_feature(
         raise where.error("properties must be an object")
     kind = props.get("kind")
     if not isinstance(kind, str) or not kind:
+        said = "missing" if kind is None else f"{kind!r}, not a kind's name"
         raise where.error(
-            "properties.kind is missing; set lane_marking, lane_centerline, reference_line, "
+            f"properties.kind is {said}; set lane_marking, lane_centerline, reference_line, "
             "traffic_sign (or another kind, kept as an extra)"
         )
     where.kind = kind
@@ -704,10 +706,21 @@ def read_geojson(path: str | os.PathLike[str], *, default_source: str | None = N
 
 def _read_json(target: str) -> Any:
     try:
-        with fsspec.open(target, "r", encoding="utf-8") as f:
-            text = f.read()
+        with fsspec.open(target, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         raise MapFormatError(f"{target}: no such label file") from None
+    except IsADirectoryError:
+        raise MapFormatError(f"{target}: is a directory; give a GeoJSON label file") from None
+    # a byte order mark, as some editors write, is skipped (RFC 8259 lets readers ignore it)
+    bom = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+    try:
+        text = raw[bom:].decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise MapFormatError(
+            f"{target}: not a UTF-8 text file (byte {bom + err.start}: {err.reason}); a label "
+            "file is GeoJSON, UTF-8 encoded"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

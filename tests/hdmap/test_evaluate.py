@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -562,6 +563,42 @@ def test_evaluate_map_bad_inputs(truth_dir: Path, tmp_path: Path, products: MapP
         evaluate_map(MapProducts(trajectories={"t": shifted}), truth_dir)
     with pytest.raises(MapFormatError, match="no version yet"):
         load_map_products(f"file://{tmp_path / 'nothing'}")
+
+
+def test_a_truth_whose_poses_file_was_emptied_is_named(
+    truth_dir: Path, tmp_path: Path, products: MapProducts
+) -> None:
+    """An emptied poses.txt raised a raw IndexError out of the trajectory alignment."""
+    cut = tmp_path / "d1.bag.truth"
+    shutil.copytree(truth_dir, cut)
+    lines = (cut / "poses.txt").read_text().splitlines(keepends=True)
+    (cut / "poses.txt").write_text("".join(lines[:1]))  # the header alone
+    with pytest.raises(HdmapError, match=r"poses\.txt: 0 pose\(s\); the truth needs"):
+        evaluate_map(products, cut)
+
+
+def test_eval_command_refuses_outputs_it_cannot_write_before_evaluating(
+    truth_dir: Path, tmp_path: Path, products: MapProducts, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--report`` naming a file or ``--out`` naming a directory (or a missing folder)
+    failed only after the whole evaluation, with a bare "File exists"/"Is a directory"."""
+    from adcloud.cli import main  # noqa: PLC0415
+
+    md = MapDir(tmp_path / "map")
+    write_version(md, products)
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    base = ["hdmap", "eval", "--map", str(tmp_path / "map"), "--truth", str(truth_dir)]
+    for extra, said in [
+        (["--report", str(afile)], "notes.txt: is a file; --report names a directory"),
+        (["--out", str(tmp_path)], "is a directory; --out names the file to write the metrics"),
+        (["--out", str(tmp_path / "no" / "m.json")], "no directory"),
+    ]:
+        assert main([*base, *extra]) == 2
+        captured = capsys.readouterr()
+        assert said in " ".join(captured.err.split())
+        assert "metric" not in captured.out  # refused before the evaluation ran
+    assert afile.read_text() == "mine"
 
 
 def grid_tile(key: tuple[int, int], elevation: np.ndarray, reflectance: np.ndarray) -> GridTile:

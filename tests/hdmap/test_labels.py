@@ -844,6 +844,42 @@ def test_bad_label_files_are_named(tmp_path: Path, content: str, message: str) -
         import_labels(path)
 
 
+def test_a_label_file_that_is_not_utf8_text_is_named(tmp_path: Path) -> None:
+    # a binary or Latin-1 file raised a raw UnicodeDecodeError (a traceback from the CLI)
+    path = tmp_path / "labels.geojson"
+    path.write_bytes(b'{"type": "FeatureCollection", "name": "Stra\xdfe"}')
+    with pytest.raises(MapFormatError, match=r"labels\.geojson: not a UTF-8 text file \(byte 43"):
+        import_labels(path)
+    with pytest.raises(MapFormatError, match="is a directory; give a GeoJSON label file"):
+        import_labels(tmp_path)
+
+
+@pytest.mark.parametrize(("kind", "said"), [(None, "missing"), (5, "5, not a kind's name")])
+def test_a_label_feature_whose_kind_is_not_a_name_says_what_it_is(
+    tmp_path: Path, kind: object, said: str
+) -> None:
+    # "kind": 5 was reported as "properties.kind is missing"
+    props = {"type": "stop", "facing_yaw_rad": 0.5} | ({} if kind is None else {"kind": kind})
+    feature = {
+        "type": "Feature",
+        "geometry": {"type": "Point", "coordinates": [1.0, 2.0, 2.0]},
+        "properties": props,
+    }
+    path = tmp_path / "labels.geojson"
+    path.write_text(
+        json.dumps({"type": "FeatureCollection", "adcloud:frame": "map", "features": [feature]})
+    )
+    with pytest.raises(MapFormatError, match=f"feature 0: properties.kind is {said};"):
+        import_labels(path, default_source="human")
+
+
+def test_a_label_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "labels.geojson"
+    text = json.dumps({"type": "FeatureCollection", "adcloud:frame": "map", "features": []})
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert len(import_labels(path)) == 0
+
+
 @pytest.mark.parametrize(
     ("feature", "message"),
     [

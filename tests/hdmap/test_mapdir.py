@@ -14,6 +14,7 @@ import pickle
 import random
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -1255,6 +1256,69 @@ def test_export_refuses_a_target_inside_the_map(tmp_path: Path) -> None:
     assert not inside.exists() and md.versions() == ["000001"]
     version, names = export_map(str(tmp_path / "map"), tmp_path / "out")
     assert version.id == "000001" and names and (tmp_path / "out" / names[0]).is_file()
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_export_for_autoware_refuses_a_version_that_lacks_a_file_autoware_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """A version whose lanelet2_map.osm (or a listed point-cloud tile) was lost was exported
+    for Autoware without it, and the CLI said "Autoware loads it"."""
+    from adcloud.hdmap.build import export_map  # noqa: PLC0415
+
+    uri = (
+        str(tmp_path / "map")
+        if backend == "local"
+        else off_the_local_disk(backend, tmp_path, monkeypatch, request)
+    )
+    whole = {
+        "lanelet2_map.osm": b"<osm/>",
+        "map_projector_info.yaml": b"projector_type: LocalCartesian\n",
+        "pointcloud_map_metadata.yaml": b"x_resolution: 20.0\ny_resolution: 20.0\n"
+        b"0_0.pcd: [0.0, 0.0]\n20_0.pcd: [20.0, 0.0]\n",
+        "pointcloud_map/0_0.pcd": b"pcd",
+        "pointcloud_map/20_0.pcd": b"pcd",
+    }
+    no_osm = {rel: data for rel, data in whole.items() if rel != "lanelet2_map.osm"}
+    no_tile = {rel: data for rel, data in whole.items() if rel != "pointcloud_map/20_0.pcd"}
+    with MapDir(uri) as md:
+        md.update([make_bag(tmp_path / "a.bag", 1)], tile_build(whole))
+        md.update([make_bag(tmp_path / "b.bag", 2)], tile_build(no_osm))
+        md.update([make_bag(tmp_path / "c.bag", 3)], tile_build(no_tile))
+    with pytest.raises(MapFormatError, match=r"000002: lanelet2_map\.osm missing; Autoware"):
+        export_map(uri, tmp_path / "osm", version="2", autoware=True)
+    with pytest.raises(MapFormatError, match=r"000003: pointcloud_map/20_0\.pcd missing"):
+        export_map(uri, tmp_path / "tile", autoware=True)
+    assert not (tmp_path / "osm").exists() and not (tmp_path / "tile").exists()
+    _, names = export_map(uri, tmp_path / "car", version="1", autoware=True)
+    assert sorted(names) == sorted(whole)
+    _, names = export_map(uri, tmp_path / "all")  # not for Autoware: what the version has
+    assert "lanelet2_map.osm" in names
+
+
+def test_export_opens_its_directory_as_the_umask_says_and_follows_a_link(
+    tmp_path: Path,
+) -> None:
+    """The export's directory was left 0700 (a temporary directory renamed into place), so
+    a driving stack running as another user could not read it; and an empty directory named
+    through a symlink (``/data/map -> /mnt/ssd/map``) failed with "Not a directory"."""
+    from adcloud.hdmap.build import export_map  # noqa: PLC0415
+
+    MapDir(tmp_path / "map").update([make_bag(tmp_path / "a.bag", 1)], record_build([]))
+    old = os.umask(0o022)
+    try:
+        _, names = export_map(str(tmp_path / "map"), tmp_path / "new")
+        assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o755
+        real = tmp_path / "ssd"
+        real.mkdir()
+        real.chmod(0o750)
+        (tmp_path / "link").symlink_to(real)
+        export_map(str(tmp_path / "map"), tmp_path / "link")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "link").is_symlink() and all((real / rel).is_file() for rel in names)
+    assert stat.S_IMODE(real.stat().st_mode) == 0o750  # the directory it replaced
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
 def test_export_onto_a_file_says_it_is_a_file(
