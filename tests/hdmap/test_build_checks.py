@@ -5,6 +5,7 @@ build on Spark: ``test_build.py``)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -162,4 +163,17 @@ def test_a_parent_drive_ties_record_it_cannot_read_fails_before_spark(
     # no Spark session: a build that got as far as the pipeline would say it needs one
     with pytest.raises(MapFormatError, match=r"drive_ties\.json: not a record of drive ties"):
         build_map(None, [str(old), str(new_bag.bag)], uri)
+    assert MapDir(uri).versions() == ["000001"]
+
+
+def test_a_build_of_a_map_another_build_holds_fails_before_spark(
+    tmp_path: Path, new_bag: DriveResult, no_spark: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second build of one map started Spark (seconds) before its lock refused it."""
+    uri, old = _map(tmp_path)
+    with MapDir(uri).lock():
+        code = main(["hdmap", "build", "--bags", str(old), str(new_bag.bag), "--map", uri])
+    assert code == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"another build of this map is running (pid {os.getpid()}" in said
     assert MapDir(uri).versions() == ["000001"]
