@@ -366,6 +366,25 @@ def local_cores(master: str) -> int | None:
     return (os.cpu_count() or 1) if given == "*" else int(given)
 
 
+def _check_hadoop_conf() -> None:
+    """Raise :class:`ConfigError` unless ``HADOOP_CONF_DIR`` (or ``YARN_CONF_DIR``) names a
+    directory with the ``yarn-site.xml`` spark-submit finds the ResourceManager by."""
+    name = "HADOOP_CONF_DIR" if os.environ.get("HADOOP_CONF_DIR") else "YARN_CONF_DIR"
+    where = os.environ.get(name)
+    hint = "(see deploy/yarn/README.md)"
+    if not where:
+        raise ConfigError(
+            "--master yarn needs the cluster's Hadoop configuration: set HADOOP_CONF_DIR (or "
+            f"YARN_CONF_DIR) to the directory holding its core-site.xml and yarn-site.xml {hint}"
+        )
+    if not (Path(where) / "yarn-site.xml").is_file():
+        what = "has no yarn-site.xml" if Path(where).is_dir() else "is no directory"
+        raise ConfigError(
+            f"--master yarn: {name}={where} {what}; set it to the directory holding the "
+            f"cluster's core-site.xml and yarn-site.xml {hint}"
+        )
+
+
 def check_master(master: str, timeout: float = 3.0, *, reach: bool = True) -> None:
     """Raise :class:`ConfigError` for a master URL Spark does not take (or ``yarn`` without
     the Hadoop configuration spark-submit needs), and -- with ``reach`` -- a
@@ -379,14 +398,8 @@ def check_master(master: str, timeout: float = 3.0, *, reach: bool = True) -> No
             f"Spark master {master!r} is not one Spark takes: local[*], local[N], "
             f"local[N,MAX_FAILURES], spark://HOST:PORT, yarn or k8s://URL {where}"
         )
-    if master == "yarn" and not (
-        os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")
-    ):
-        raise ConfigError(
-            "--master yarn needs the cluster's Hadoop configuration: set HADOOP_CONF_DIR (or "
-            "YARN_CONF_DIR) to the directory holding its core-site.xml and yarn-site.xml "
-            "(see deploy/yarn/README.md)"
-        )
+    if master == "yarn":
+        _check_hadoop_conf()
     if master.startswith("k8s://") and not master.removeprefix("k8s://").strip():
         raise ConfigError(
             f"Spark master {master!r} names no Kubernetes API server: "

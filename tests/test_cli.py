@@ -426,6 +426,9 @@ def test_submit_takes_the_master_every_command_takes(
     assert "--master 'local[*,4]'" in capsys.readouterr().out
     # on YARN the driver runs in a container (cluster mode) or here (client mode)
     monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    assert main(["submit", "--dry-run", "--master", "yarn", *job]) == 2  # an empty directory
+    assert "has no yarn-site.xml" in " ".join(capsys.readouterr().err.split())
+    (tmp_path / "yarn-site.xml").write_text("<configuration/>")
     for mode, driver in (("cluster", "/opt/adcloud/venv/bin/python"), ("client", sys.executable)):
         argv = ["submit", "--dry-run", "--master", "yarn", "--deploy-mode", mode, *job]
         assert main(argv) == 0

@@ -249,6 +249,7 @@ def test_the_submit_default_queue_is_a_shipped_one(
     from adcloud.cli import main  # noqa: PLC0415
 
     monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    (tmp_path / "yarn-site.xml").write_text("<configuration/>")
     assert main(["submit", "--dry-run", "--master", "yarn", "--", "ingest", "a.bag"]) == 0
     words = capsys.readouterr().out.replace("\n", "").split()
     assert words[words.index("--queue") + 1] in QUEUES  # a queue capacity-scheduler.xml defines
