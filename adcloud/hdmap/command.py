@@ -174,8 +174,8 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
     if nothing_new and plan.parent is not None and not args.labels:
         _print_skipped(bad, console)
         console.print(
-            f"{args.map}: up to date (version {plan.parent.id}, {len(plan.known_drives)} "
-            "drive(s) known); nothing written"
+            f"{args.map}: up to date (version {plan.parent.id}, {_in_map(plan)} drive(s) in "
+            "the map); nothing written"
         )
         return 0
     # labels merged into a map with no new drive need no Spark
@@ -201,8 +201,8 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
     if not summary.changed:
         version = result.version.id if result.version else "none"
         console.print(
-            f"{args.map}: up to date (version {version}, {len(result.plan.known_drives)} "
-            "drive(s) known"
+            f"{args.map}: up to date (version {version}, {_in_map(result.plan)} drive(s) in "
+            "the map"
             + ("; the labels are in it already" if args.labels else "")
             + "); nothing written"
         )
@@ -270,6 +270,12 @@ def _dry_run(
         )
     console.print(f"dry run, nothing written: {verdict}", highlight=False)
     return 1 if bad and not args.skip_bad_bags else 0
+
+
+def _in_map(plan: Any) -> int:
+    """How many drives the map holds: those among the given bags and the others (a nightly
+    build's ``--bags incoming/`` names only the new ones)."""
+    return len(plan.known_drives) + len(plan.removed)
 
 
 def _check_no_build_runs(map_uri: str) -> None:

@@ -160,7 +160,18 @@ def test_loop_drive_meets_the_accuracy_targets(
     assert not again.changed
     map_arg = ["--map", str(tmp_path / "map")]
     assert main(["hdmap", "build", "--bags", str(loop_drive.bag), *map_arg]) == 0
-    assert "up to date (version 000001" in " ".join(capsys.readouterr().out.split())
+    assert "up to date (version 000001, 1 drive(s) in the map)" in " ".join(
+        capsys.readouterr().out.split()
+    )
+    # a nightly run over a folder of new bags only, none of them mappable: the map's drive is
+    # counted too (it said "0 drive(s) known")
+    junk = tmp_path / "incoming" / "junk.bag"
+    junk.parent.mkdir()
+    junk.write_bytes(b"not a bag at all")
+    assert main(["hdmap", "build", "--bags", str(junk.parent), *map_arg, "--skip-bad-bags"]) == 0
+    assert "up to date (version 000001, 1 drive(s) in the map)" in " ".join(
+        capsys.readouterr().out.split()
+    )
     assert _tree(tmp_path / "map") == before
     report = tmp_path / "eval"
     assert (
