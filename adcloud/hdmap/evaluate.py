@@ -979,6 +979,14 @@ def _pick_drive(products: MapProducts, truth: Truth, drive: str | None) -> str:
     if truth.name in products.trajectories:
         return truth.name
     if len(names) == 1:
+        # the truth of another drive would be compared all the same (metres of "error")
+        _LOG.warning(
+            "%s: the truth %r is not named after the map's only drive %r; comparing them "
+            "(name the drive with --drive / drive= to silence this)",
+            products.source,
+            truth.name,
+            names[0],
+        )
         return names[0]
     raise HdmapError(
         f"{products.source}: cannot tell which of the drives {names} the truth "

@@ -4,6 +4,7 @@ against a real synthetic truth directory."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -654,3 +655,19 @@ def test_grid_tiles_are_read_from_geotiffs(tmp_path: Path) -> None:
     )
     assert err.size == expected.size
     assert np.sqrt(np.mean(err**2)) == pytest.approx(np.sqrt(np.mean(expected**2)), rel=1e-6)
+
+
+def test_the_truth_of_another_name_than_the_only_drive_is_compared_with_a_warning(
+    truth_dir: Path, products: MapProducts, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A map of one drive and the truth of another (d3.bag.truth against a map of d1) was
+    compared without a word: metres of "error" that are no error of the map."""
+    other = MapProducts(trajectories={"d1": products.trajectories["t"]}, source="m")
+    with caplog.at_level(logging.WARNING, logger="adcloud.hdmap.evaluate"):
+        assert evaluate_map(other, truth_dir).drive == "d1"
+    assert "the truth 't' is not named after the map's only drive 'd1'" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="adcloud.hdmap.evaluate"):
+        evaluate_map(other, truth_dir, drive="d1")
+        evaluate_map(products, truth_dir)
+    assert "not named after" not in caplog.text
