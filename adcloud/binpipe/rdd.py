@@ -272,7 +272,7 @@ def _save_output(fs: Any, root: str, uri: str, overwrite: bool) -> JobOutput:
         raise BinpipeError(
             f"{uri}: memory:// is each Python process's own, and Spark's tasks write the parts "
             "in their worker processes, where the driver cannot see them: save to a local "
-            "path, file://, a store URI (local://...) or an object store"
+            "path, file://, hdfs:// or an object store (s3://...)"
         )
     return JobOutput(
         fs,
@@ -564,6 +564,15 @@ class BinPipeRDD:
     ) -> BinPipeRDD:
         """Distribute records held on the driver (tuples of str/int/float/bytes/None)."""
         sc = spark.sparkContext
+        if num_partitions is not None and (
+            isinstance(num_partitions, bool)
+            or not isinstance(num_partitions, int)
+            or num_partitions < 1
+        ):  # Spark's own error is a ZeroDivisionError (0) or a slice error, naming nothing
+            raise BinpipeError(
+                f"from_records: num_partitions must be a whole number >= 1 or None, "
+                f"not {num_partitions!r}"
+            )
         rows = [tuple(r) for r in records]
         rdd = sc.parallelize(rows, num_partitions).mapPartitions(
             functools.partial(encode_blocks, block_bytes=block_bytes)

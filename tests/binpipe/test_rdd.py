@@ -370,6 +370,25 @@ def test_a_save_to_a_process_s_own_memory_is_refused_before_spark(spark: Any) ->
             check_save_target(uri)
 
 
+def test_from_records_refuses_a_partition_count_below_one(spark: Any) -> None:
+    """``num_partitions=0`` failed inside Spark with a bare ZeroDivisionError."""
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(BinpipeError, match=r"num_partitions must be a whole number >= 1"):
+            BinPipeRDD.from_records(spark, [("/a", 1)], bad)  # type: ignore[arg-type]
+    assert BinPipeRDD.from_records(spark, [("/a", 1), ("/b", 2)], 2).count() == 2
+
+
+def test_the_memory_refusal_suggests_only_targets_a_save_takes(spark: Any) -> None:
+    """The ``memory://`` refusal told users to save to "a store URI (local://...)", which
+    save refuses in turn (store URIs are not fsspec filesystems)."""
+    rdd = BinPipeRDD.from_records(spark, [("/a", 1)])
+    with pytest.raises(BinpipeError) as refused:
+        rdd.save("memory:///binpipe/out3")
+    assert "local://" not in str(refused.value)
+    with pytest.raises(BinpipeError, match=r"local:// is an adcloud store, not a filesystem"):
+        check_save_target("local:///binpipe/out3")
+
+
 def test_a_failed_overwrite_keeps_the_earlier_save(
     spark: Any, shared_data: Path, tmp_path: Path
 ) -> None:
