@@ -136,9 +136,11 @@ class BagPartition:
 class TopicSummary:
     """Per-topic facts for ``adcloud bag info``.
 
-    ``frequency`` is in Hz: ``(count - 1)`` over the time spanned by the chunks (or
-    rows) holding the topic, so an approximation for chunked formats; ``None`` when
-    the topic has fewer than two messages.
+    ``frequency`` is in Hz: ``(count - 1)`` over the time spanned by the chunks holding
+    the topic (ROS 1, bare MCAP), or over the whole bag's span (rosbag2, whose
+    ``metadata.yaml`` has no per-topic times: reading them would mean reading the data), so
+    an approximation, low for a topic recorded over part of the bag only; ``None`` when the
+    topic has fewer than two messages.
     """
 
     topic: str
