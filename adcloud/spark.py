@@ -700,6 +700,11 @@ class StandaloneCluster:
         doc = _fetch_json(f"{self.webui_url}/json/")
         if doc is None:
             msg = f"the master web UI at {self.webui_url} does not answer"
+            if self.master_pid and not _alive(self.master_pid):
+                msg += (
+                    f": the master (pid {self.master_pid}) is no longer running (killed or "
+                    "crashed); stop the cluster and start it again"
+                )
             raise SparkClusterError(msg + self._log_tails())
         return doc
 

@@ -961,3 +961,17 @@ def test_a_master_in_spark_conf_is_refused_with_where_to_set_it() -> None:
     assert SparkSettings(conf=("spark.ui.enabled=false",)).conf_pairs() == {
         "spark.ui.enabled": "false"
     }
+
+
+def test_the_status_of_a_cluster_whose_master_was_killed_says_so(tmp_path: Path) -> None:
+    """``cluster status`` after ``kill -9`` of the master said only that the web UI does not
+    answer, as of a master still starting."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    cluster = StandaloneCluster(1, log_dir=tmp_path)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        cluster.webui_port = free.getsockname()[1]
+    cluster.master_pid = gone.pid
+    with pytest.raises(SparkClusterError, match=rf"the master \(pid {gone.pid}\) is no longer"):
+        cluster.status()
