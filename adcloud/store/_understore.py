@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,49 @@ from adcloud.store.errors import (
 __all__ = ["StagingWriter", "UfsStaging", "UnderStore"]
 
 _TMP_MARK = ".adcloud-tmp-"
+_GLOB_MAGIC = re.compile(r"([*?\[])")
+
+
+def has_glob(path: str) -> bool:
+    """Whether fsspec would take ``path`` for a glob pattern (``*``, ``?`` or ``[``)."""
+    return _GLOB_MAGIC.search(path) is not None
+
+
+def remove_literal(fs: Any, path: str, *, recursive: bool = False) -> None:
+    """``fs.rm(path, recursive=...)`` with ``path`` taken literally.
+
+    Most fsspec filesystems (memory, s3fs, gcsfs, ...) take a path holding ``*``, ``?`` or
+    ``[`` as a pattern, so removing ``f?.bin`` would remove ``f1.bin`` and ``f2.bin`` too;
+    such a path is removed file by file (``rm_file`` never expands), then its directories.
+    """
+    if not has_glob(path):
+        fs.rm(path, recursive=recursive)
+        return
+    if not fs.isdir(path):
+        fs.rm_file(path)
+        return
+    entries = fs.find(path, withdirs=True, detail=True) if recursive else {}
+    dirs = [path]
+    for name, info in entries.items():
+        if info.get("type") == "directory":
+            dirs.append(name)
+        else:
+            fs.rm_file(name)
+    for name in sorted(dirs, key=lambda d: d.count("/"), reverse=True):
+        with contextlib.suppress(OSError):  # object stores: no directory objects to remove
+            fs.rmdir(name)
+
+
+def move_literal(fs: Any, src: str, dst: str) -> None:
+    """Move the file or tree ``src`` to ``dst`` on ``fs``, both names taken literally
+    (fsspec never expands the names in lists of sources and targets; see
+    :func:`remove_literal`)."""
+    prefix = fs._strip_protocol(src).rstrip("/")
+    files = [f for f in fs.find(src) if _TMP_MARK not in f]
+    if files:
+        fs.copy(files, [dst.rstrip("/") + f[len(prefix) :] for f in files])
+    with contextlib.suppress(FileNotFoundError):
+        remove_literal(fs, src, recursive=True)
 
 
 def _local_root(url: str) -> Path | None:
@@ -114,7 +158,13 @@ class UfsStaging:
                 Path(self._tmp).replace(self._final)
                 _fsync_dir(str(Path(self._final).parent))
             else:
-                cast(Any, self._ufs.fs).mv(self._tmp, self._final)
+                fs = cast(Any, self._ufs.fs)
+                if has_glob(self._tmp):
+                    # lists: fsspec takes no name in them for a glob pattern
+                    fs.copy([self._tmp], [self._final])
+                    fs.rm_file(self._tmp)
+                else:
+                    fs.mv(self._tmp, self._final)
         except OSError as err:
             self.discard()
             raise self._ufs.error(err, self._key) from err
@@ -131,7 +181,7 @@ class UfsStaging:
             if self._ufs.local_root is not None:
                 Path(self._tmp).unlink()
             else:
-                cast(Any, self._ufs.fs).rm(self._tmp)
+                cast(Any, self._ufs.fs).rm_file(self._tmp)
         self._forget()
 
     def _forget(self) -> None:
@@ -257,7 +307,7 @@ class UnderStore:
                         Path(tmp).unlink(missing_ok=True)
                     else:
                         with contextlib.suppress(FileNotFoundError):
-                            cast(Any, self.fs).rm(tmp)
+                            cast(Any, self.fs).rm_file(tmp)
                     removed += 1
                 marker.unlink()
         return removed
@@ -301,7 +351,7 @@ class UnderStore:
                 fs = cast(Any, self.fs)
                 target = self.remote_path(key)
                 if fs.exists(target):
-                    fs.rm(target, recursive=recursive)
+                    remove_literal(fs, target, recursive=recursive)
         except OSError as err:
             raise self.error(err, key) from err
 
@@ -317,8 +367,11 @@ class UnderStore:
                 _fsync_dir(str(target.parent))
             else:
                 fs = cast(Any, self.fs)
-                if fs.exists(self.remote_path(src)):
-                    fs.mv(self.remote_path(src), self.remote_path(dst), recursive=True)
+                remote = self.remote_path(src)
+                if fs.exists(remote) and has_glob(remote):
+                    move_literal(fs, remote, self.remote_path(dst))
+                elif fs.exists(remote):
+                    fs.mv(remote, self.remote_path(dst), recursive=True)
         except OSError as err:
             raise self.error(err, src) from err
 

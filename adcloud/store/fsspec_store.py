@@ -29,7 +29,13 @@ from typing import Any, BinaryIO, Literal, cast
 
 import fsspec
 
-from adcloud.store._understore import StagingWriter, UnderStore
+from adcloud.store._understore import (
+    StagingWriter,
+    UnderStore,
+    has_glob,
+    move_literal,
+    remove_literal,
+)
 from adcloud.store.base import (
     BaseStore,
     FileStatus,
@@ -267,7 +273,7 @@ class FsspecStore(BaseStore):
             return  # onto itself: nothing changes (S3 refuses such a CopyObject)
         with self._errors(d):
             self._fs.makedirs(self._full(d.rsplit("/", 1)[0] or "/"), exist_ok=True)
-            self._fs.copy(self._full(s), self._full(d))
+            self._fs.cp_file(self._full(s), self._full(d))
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists."""
@@ -330,9 +336,9 @@ class FsspecStore(BaseStore):
                     )
                 if key == "/":
                     for entry in self._fs.ls(full, detail=False):
-                        self._fs.rm(entry, recursive=True)
+                        remove_literal(self._fs, entry, recursive=True)
                     return
-                self._fs.rm(full, recursive=True)
+                remove_literal(self._fs, full, recursive=True)
             else:
                 self._fs.rm_file(full)
 
@@ -352,17 +358,12 @@ class FsspecStore(BaseStore):
             if parent:
                 self._fs.makedirs(self._full(parent), exist_ok=True)
             source = self._full(s)
-            if self._local or self._fs.isfile(source):
+            if self._local or (self._fs.isfile(source) and not has_glob(source)):
                 self._fs.mv(source, self._full(d), recursive=True)
                 return
-            # fsspec's recursive mv copies the pseudo-directories of an object store as keys
-            files = [f for f in self._fs.find(source) if _TMP_MARK not in f]
-            prefix = self._fs._strip_protocol(source).rstrip("/")
-            targets = [self._full(d) + f[len(prefix) :] for f in files]
-            if files:
-                self._fs.copy(files, targets)
-            with contextlib.suppress(FileNotFoundError):  # no keys left: gone already
-                self._fs.rm(source, recursive=True)
+            # fsspec's recursive mv copies the pseudo-directories of an object store as keys,
+            # and it takes "*", "?" and "[" in a name for a pattern
+            move_literal(self._fs, source, self._full(d))
 
     def _require(self, path: str) -> None:
         if self._info(path) is None:

@@ -84,6 +84,14 @@ class StoreSettings:
             WriteType.parse(self.write_type)
         except StoreError as err:
             raise ConfigError(f"store.write_type: {err}") from err
+        for name in ("root", "mem_dir", "ssd_dir", "hdd_dir", "meta_dir"):
+            given = getattr(self, name)
+            if given is not None and not Path(given).expanduser().is_absolute():
+                # each process (a Spark executor runs in its own work directory) would open
+                # its own store below its working directory instead of the shared one
+                raise ConfigError(
+                    f"store.{name}: {str(given)!r} is a relative path; give an absolute one"
+                )
         if self.ufs:
             scheme, sep, rest = self.ufs.partition("://")
             local = rest if sep and scheme.lower() in ("file", "local") else None

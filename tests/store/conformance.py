@@ -54,6 +54,33 @@ class StoreConformance:
         assert store.get("/k") == b"two, longer"
         assert store.stat("/k").size == len(b"two, longer")
 
+    def test_glob_characters_in_names_are_literal(self, store: Store) -> None:
+        # fsspec takes "*", "?" and "[" in a name for a pattern: a memory:// or s3:// store
+        # wrote "f?.bin" as a directory, renamed and deleted its neighbours with it
+        neighbours = {"/g/f1.bin": b"1", "/g/fx.bin": b"x", "/g/f.bin": b"0"}
+        for path, data in neighbours.items():
+            store.put(path, data)
+        for name in ("f?.bin", "f*.bin", "[f]1.bin"):
+            store.put(f"/g/{name}", name.encode())
+            assert store.get(f"/g/{name}") == name.encode()
+            store.copy(f"/g/{name}", f"/g/c-{name}")
+            store.rename(f"/g/c-{name}", f"/g[1]/m-{name}")
+            assert store.get(f"/g[1]/m-{name}") == name.encode()
+            store.delete(f"/g/{name}")
+            assert not store.exists(f"/g/{name}")
+        assert {p: store.get(p) for p in neighbours} == neighbours
+        store.rename("/g[1]", "/h*")
+        assert sorted(s.path for s in store.list("/h*")) == [
+            "/h*/m-[f]1.bin",
+            "/h*/m-f*.bin",
+            "/h*/m-f?.bin",
+        ]
+        store.put("/h/kept", b"k")
+        store.delete("/h*", recursive=True)
+        assert not store.exists("/h*")
+        assert store.get("/h/kept") == b"k"
+        assert {p: store.get(p) for p in neighbours} == neighbours
+
     def test_large_roundtrip(self, store: Store) -> None:
         data = bytes(range(256)) * (5 * 4096 + 7)
         store.put("/big", data)

@@ -511,6 +511,21 @@ def test_a_relative_under_store_is_refused(
     assert not (tmp_path / "ufs-here").exists()
 
 
+@pytest.mark.parametrize("name", ["ROOT", "MEM_DIR", "SSD_DIR", "HDD_DIR", "META_DIR"])
+def test_a_relative_store_directory_is_refused(
+    name: str, store_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a Spark executor runs in its own work directory: each process would open a store of
+    # its own there instead of the one shared by the machine
+    from adcloud.errors import ConfigError  # noqa: PLC0415
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(f"ADCLOUD_STORE_{name}", "tiers-here")
+    with pytest.raises(ConfigError, match=rf"store\.{name.lower()}: .* is a relative path"):
+        LocalStore("local://", background=False)
+    assert not (tmp_path / "tiers-here").exists()
+
+
 def test_an_absolute_under_store_path_is_taken(
     make_store: MakeStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -803,3 +818,20 @@ def test_a_tier_emptied_without_a_reboot_serves_the_under_store_or_says_lost(
         assert other.get("/ct") == b"persisted"
         with pytest.raises(StoreDataLostError):
             other.get("/mc")
+
+
+def test_glob_characters_reach_an_object_under_store_literally(
+    make_store: MakeStore, tmp_path: Path
+) -> None:
+    # the under-store's rm took "f?.bin" for a pattern: deleting it also deleted the
+    # persisted copies of f1.bin and f2.bin, which the catalog still called PERSISTED
+    ufs = f"memory:///ufs-{tmp_path.name}"
+    store = make_store(ufs=ufs)
+    for name in ("f1.bin", "f2.bin", "f?.bin", "[f]1.bin"):
+        store.put(f"/g/{name}", name.encode(), write_type=WriteType.CACHE_THROUGH)
+    store.delete("/g/f?.bin")
+    store.rename("/g/[f]1.bin", "/g/h*.bin")
+    store.free("/g", recursive=True)
+    assert store.get("/g/f1.bin") == b"f1.bin"
+    assert store.get("/g/f2.bin") == b"f2.bin"
+    assert store.get("/g/h*.bin") == b"[f]1.bin"
