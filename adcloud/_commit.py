@@ -38,11 +38,12 @@ import re
 import socket
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from adcloud.errors import AdcloudError
 
-__all__ = ["TEMPORARY", "JobOutput", "interrupted_commit"]
+__all__ = ["TEMPORARY", "JobOutput", "interrupted_commit", "process_umask"]
 
 TEMPORARY = "_temporary"
 _OWNER = ".owner"
@@ -71,6 +72,18 @@ def _boot_id() -> str:
             return boot.read().strip()
     except OSError:
         return ""
+
+
+def process_umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` can only be read by
+    setting it, which races with other threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _this_owner() -> dict[str, Any]:

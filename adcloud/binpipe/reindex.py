@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adcloud._commit import process_umask
 from adcloud.binpipe._ros1 import (
     MAGIC,
     FormatError,
@@ -149,18 +150,6 @@ def _write_bag(
     report.connections = len(conns)
 
 
-def _umask() -> int:
-    """This process's umask, read without changing it (``os.umask`` can only be read by
-    setting it, which races with other threads creating files)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
-
-
 def reindex_bag(
     src_uri: str,
     dst_path: str | os.PathLike[str],
@@ -278,7 +267,7 @@ def reindex_bag(
         _write_bag(Path(tmp), chunks, conns, report)
         # mkstemp makes the file private (0600); a copy is a bag like any other, readable
         # as the umask allows (executors of another user read reindex_dir copies too)
-        Path(tmp).chmod(0o666 & ~_umask())
+        Path(tmp).chmod(0o666 & ~process_umask())
         Path(tmp).replace(dst)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)

@@ -87,7 +87,7 @@ from types import TracebackType
 from typing import IO, Any, Self
 
 from adcloud import __version__
-from adcloud._commit import _owner_gone, _this_owner
+from adcloud._commit import _owner_gone, _this_owner, process_umask
 from adcloud._scratch import make_scratch, remove_scratch
 from adcloud.errors import AdcloudError
 from adcloud.hdmap.drive import drive_name
@@ -328,18 +328,6 @@ def link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copy2(source, target)
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it (``os.umask`` can only be read by
-    setting it, which races with other threads creating files)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
 
 
 def lies_below(rel: str, folders: Sequence[str]) -> bool:
@@ -1130,7 +1118,7 @@ class MapVersion:
             # mkdtemp made it 0700: open it as a directory made here would be (the car's
             # driving stack runs as another user), or as the empty one it replaces was
             partial.chmod(
-                stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o777 & ~_umask()
+                stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o777 & ~process_umask()
             )
             if target.exists():
                 target.rmdir()  # empty: checked above
