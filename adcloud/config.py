@@ -25,6 +25,7 @@ import yaml
 from adcloud.errors import ConfigError
 
 __all__ = [
+    "STORE_SCHEMES",
     "load_settings",
     "names",
     "settings_dict",
@@ -33,6 +34,12 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: URI schemes of adcloud's own stores (:mod:`adcloud.store`), which are no fsspec
+#: filesystems: fsspec's own ``local://`` silently means a plain local path, not the tiered
+#: store, and it does not know ``alluxio://``.  Places written or read through fsspec
+#: refuse them.
+STORE_SCHEMES = ("local://", "alluxio://")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -23,6 +23,7 @@ from typing import Any
 import fsspec
 
 from adcloud.binpipe.errors import BagError
+from adcloud.config import STORE_SCHEMES
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -52,15 +53,10 @@ def options_tuple(storage_options: Mapping[str, object] | None) -> tuple[tuple[s
     return tuple(sorted(storage_options.items()))
 
 
-#: adcloud store URIs, which are not fsspec filesystems (fsspec's own ``local://`` would
-#: silently mean a plain local path, not the tiered store).
-_STORE_SCHEMES = ("local://", "alluxio://")
-
-
 def open_fs(uri: str, storage_options: tuple[tuple[str, object], ...] = ()) -> tuple[Any, str]:
     """The fsspec filesystem and in-filesystem path for ``uri``; :class:`BagError` naming
     ``uri`` when fsspec cannot open it (unknown scheme, missing driver package)."""
-    if uri.startswith(_STORE_SCHEMES):
+    if uri.startswith(STORE_SCHEMES):
         scheme = uri.split("://", 1)[0]
         raise BagError(
             f"{uri}: bags and BinPipe saves are read and written through fsspec, and {scheme}:// "

@@ -125,6 +125,7 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
         unmappable,
     )
     from adcloud.hdmap.job import StageSettings  # noqa: PLC0415
+    from adcloud.hdmap.mapdir import MapDir  # noqa: PLC0415
 
     settings = _settings(args)
     stages = StageSettings.load(settings, file=args.config)
@@ -180,7 +181,7 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
         return 0
     # labels merged into a map with no new drive need no Spark
     if not nothing_new:
-        _check_no_build_runs(args.map)
+        MapDir(args.map).refuse_if_building()  # before Spark starts, not at the lock
     spark = None if nothing_new else _session(args)
     with console.status("building the map ...") as status:
         summary = build_map(
@@ -276,23 +277,6 @@ def _in_map(plan: Any) -> int:
     """How many drives the map holds: those among the given bags and the others (a nightly
     build's ``--bags incoming/`` names only the new ones)."""
     return len(plan.known_drives) + len(plan.removed)
-
-
-def _check_no_build_runs(map_uri: str) -> None:
-    """Refuse, before Spark starts, a build of a map that a build on this host is building
-    now (its lock refuses it anyway, but only once the session is up); a lock of another
-    host or of a dead build is left to the build's own lock, which knows what to do."""
-    import socket  # noqa: PLC0415
-
-    from adcloud.hdmap.errors import BuildError  # noqa: PLC0415
-    from adcloud.hdmap.mapdir import MapDir  # noqa: PLC0415
-
-    holder = MapDir(map_uri).lock_holder()
-    if holder is not None and holder.host == socket.gethostname() and not holder.gone():
-        raise BuildError(
-            f"{map_uri}: another build of this map is running ({holder.describe()}); wait "
-            "for it to finish (builds of one map run one at a time)"
-        )
 
 
 def _check_eval_outputs(report: str | None, out: str | None) -> None:

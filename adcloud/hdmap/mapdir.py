@@ -1287,6 +1287,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _build_running(where: str, holder: LockInfo | None) -> BuildError:
+    """The error for a build refused because another build of the map runs."""
+    who = holder.describe() if holder else "another process"
+    return BuildError(
+        f"{where}: another build of this map is running ({who}); wait for it to finish "
+        "(builds of one map run one at a time)"
+    )
+
+
 class BuildLock:
     """The exclusive right to change one map directory (``<map>/build.lock``).
 
@@ -1346,11 +1355,7 @@ class BuildLock:
             except BlockingIOError:
                 holder = LockInfo.parse(os.pread(fd, 4096, 0))
                 os.close(fd)
-                who = holder.describe() if holder else "another process"
-                raise BuildError(
-                    f"{path}: another build of this map is running ({who}); wait for it to "
-                    "finish (builds of one map run one at a time)"
-                ) from None
+                raise _build_running(str(path), holder) from None
             # the previous holder may have unlinked the file between our open and flock: a
             # lock on a deleted inode protects nothing, so retry on the new file
             try:
@@ -1829,6 +1834,14 @@ class MapDir:
             return LockInfo.parse(self._files.read_bytes(self._path(LOCK_NAME)))
         except FileNotFoundError:
             return None
+
+    def refuse_if_building(self) -> None:
+        """Raise :class:`~adcloud.hdmap.errors.BuildError` when a build on this host holds
+        the lock now: a check before work that would end at the lock (a build's Spark
+        session).  A lock of another host or of a dead build is left to the lock itself."""
+        holder = self.lock_holder()
+        if holder is not None and holder.host == socket.gethostname() and not holder.gone():
+            raise _build_running(self.uri, holder)
 
     # -- planning ----------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adcloud.config import load_settings, names, settings_dict
+from adcloud.config import STORE_SCHEMES, load_settings, names, settings_dict
 from adcloud.train.errors import TrainError
 
 __all__ = ["DEVICES", "ETL_MODES", "OPTIMIZERS", "SCHEDULES", "SYNC_MODES", "TrainConfig"]
@@ -95,17 +95,12 @@ _RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 #: Stores each Python process has for itself (fsspec's ``memory://``): trainers in other
 #: processes (Spark executors, torchrun ranks) cannot see each other's files there.
 _PROCESS_STORES = ("memory://",)
-#: adcloud store URIs, which are no fsspec filesystems: fsspec's own ``local://`` silently
-#: means a plain path from the root (``local:///runs`` would write ``/runs``), and
-#: ``alluxio://`` is not known to it.  Places written through fsspec (``out``, ``etl_dir``,
-#: ``adcloud train eval --out``) refuse them.
-_STORE_URIS = ("local://", "alluxio://")
 
 
 def fsspec_place_problem(name: str, value: str) -> str | None:
     """What is wrong with ``value`` as ``name``, a place written through fsspec (a path or
     a ``file://``, ``hdfs://``, ``s3://`` URL), when it is an adcloud store URI; else None."""
-    if not value.strip().lower().startswith(_STORE_URIS):
+    if not value.strip().lower().startswith(STORE_SCHEMES):
         return None
     scheme = value.strip().split("://", 1)[0]
     reading = (
