@@ -701,7 +701,11 @@ Every output is listed at the end, under --out.""",
     )
     demo.set_defaults(func=_cmd_demo)
 
-    bag = sub.add_parser("bag", help="inspect bags", description="Inspect bags (any fsspec URL).")
+    bag = sub.add_parser(
+        "bag",
+        help="inspect bags",
+        description="Inspect bags (any fsspec URL, local:// or alluxio://).",
+    )
     bag_sub = bag.add_subparsers(dest="bag_command", metavar="COMMAND", required=True)
     info = bag_sub.add_parser(
         "info",
@@ -736,8 +740,14 @@ Every output is listed at the end, under --out.""",
         epilog=_EPILOG_INGEST,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ingest.add_argument("bags", nargs="+", help="bag files, directories or globs (any fsspec URL)")
-    ingest.add_argument("--out", required=True, help="output directory or URL")
+    ingest.add_argument(
+        "bags",
+        nargs="+",
+        help="bag files, directories or globs (any fsspec URL, local:// or alluxio://)",
+    )
+    ingest.add_argument(
+        "--out", required=True, help="output directory or URL (local:// and alluxio:// too)"
+    )
     ingest.add_argument(
         "--topics", type=_topics, help="comma-separated topics to keep (default: all)"
     )

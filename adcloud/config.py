@@ -37,8 +37,9 @@ T = TypeVar("T")
 
 #: URI schemes of adcloud's own stores (:mod:`adcloud.store`), which are no fsspec
 #: filesystems: fsspec's own ``local://`` silently means a plain local path, not the tiered
-#: store, and it does not know ``alluxio://``.  Places written or read through fsspec
-#: refuse them.
+#: store, and it does not know ``alluxio://``.  BinPipe reads and writes them through
+#: :class:`adcloud.store.filesystem.StoreFileSystem`; other places written or read
+#: through fsspec refuse them.
 STORE_SCHEMES = ("local://", "alluxio://")
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -37,6 +37,7 @@ __all__ = [
     "local_copy",
     "open_fs",
     "options_tuple",
+    "path_url",
     "read_range",
 ]
 
@@ -55,19 +56,35 @@ def options_tuple(storage_options: Mapping[str, object] | None) -> tuple[tuple[s
 
 def open_fs(uri: str, storage_options: tuple[tuple[str, object], ...] = ()) -> tuple[Any, str]:
     """The fsspec filesystem and in-filesystem path for ``uri``; :class:`BagError` naming
-    ``uri`` when fsspec cannot open it (unknown scheme, missing driver package)."""
+    ``uri`` when fsspec cannot open it (unknown scheme, missing driver package).
+
+    ``local://`` and ``alluxio://`` URLs name adcloud stores, which fsspec does not know:
+    they get :class:`adcloud.store.filesystem.StoreFileSystem`, whose paths are store paths
+    (:func:`path_url` turns one back into a URL).
+    """
     if uri.startswith(STORE_SCHEMES):
-        scheme = uri.split("://", 1)[0]
-        raise BagError(
-            f"{uri}: bags and BinPipe saves are read and written through fsspec, and {scheme}:// "
-            "is an adcloud store, not a filesystem: give a path or a file://, hdfs:// or "
-            "s3:// URL (copy a stored bag out with: adcloud store cat URI > FILE)"
-        )
+        # imported here: plain file and object-store reads never load the store package
+        from adcloud.store.errors import StoreError  # noqa: PLC0415
+        from adcloud.store.filesystem import store_filesystem  # noqa: PLC0415
+
+        try:
+            return store_filesystem(uri, **dict(storage_options))
+        except StoreError as err:
+            raise BagError(f"{uri}: cannot open the store: {err}") from err
     try:
         fs, path = fsspec.core.url_to_fs(uri, **dict(storage_options))
     except (ValueError, ImportError, OSError) as err:
         raise BagError(f"{uri}: cannot open through fsspec: {err}") from err
     return fs, path
+
+
+def path_url(fs: Any, given: str, path: str) -> str:
+    """The URL of ``path``, a path of ``fs`` found under (or named by) the URL ``given``:
+    the scheme ``given`` was written with and ``path``; a plain path when ``given`` was."""
+    unstrip = getattr(fs, "unstrip_protocol", None)
+    if given.startswith(STORE_SCHEMES) and unstrip is not None:
+        return str(unstrip(path))
+    return given.split("://", 1)[0] + "://" + path if "://" in given else path
 
 
 def is_local(fs: Any) -> bool:

@@ -25,8 +25,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import fsspec
-
 from adcloud._commit import JobOutput, interrupted_commit
 from adcloud.binpipe.bags import (
     BagPartition,
@@ -34,7 +32,7 @@ from adcloud.binpipe.bags import (
     plan_partitions,
     read_partition,
 )
-from adcloud.binpipe.bags_io import open_fs
+from adcloud.binpipe.bags_io import open_fs, path_url
 from adcloud.binpipe.codec import (
     DEFAULT_BLOCK_BYTES,
     Block,
@@ -78,6 +76,8 @@ def _bag_key(fs: Any, path: str) -> str:
     where = fs._strip_protocol(path)
     if protocol in ("file", "local"):
         where = os.path.realpath(where)
+    elif protocol == "adcloud-store":
+        return str(fs.unstrip_protocol(where))  # alluxio://HOST:PORT included
     return f"{protocol}://{where}"
 
 
@@ -104,10 +104,9 @@ def expand_uris(
     seen: dict[str, str] = {}
     for item in items:
         fs, path = open_fs(item, tuple((storage_options or {}).items()))
-        protocol = item.split("://", 1)[0] + "://" if "://" in item else ""
 
-        def url(p: str, fs: Any = fs, protocol: str = protocol) -> str:
-            return protocol + p if protocol else p
+        def url(p: str, fs: Any = fs, item: str = item) -> str:
+            return path_url(fs, item, p)
 
         def add(name: str, where: str, fs: Any = fs) -> None:
             key = _bag_key(fs, where)
@@ -117,37 +116,40 @@ def expand_uris(
             seen[key] = name
             out.append(name)
 
-        # a name that exists is taken as it is ("drive [2].bag"); else it may be a glob
-        if any(ch in path for ch in "*?[") and not fs.exists(path):
-            found = sorted(fs.glob(path))
-            if not found:
-                raise BinpipeError(f"no bag matches {item!r}")
-            for p in found:
-                add(url(p), p)
-        elif fs.isdir(path):
-            if fs.exists(posixpath.join(path, "metadata.yaml")):
+        try:
+            # a name that exists is taken as it is ("drive [2].bag"); else it may be a glob
+            if any(ch in path for ch in "*?[") and not fs.exists(path):
+                found = sorted(fs.glob(path))
+                if not found:
+                    raise BinpipeError(f"no bag matches {item!r}")
+                for p in found:
+                    add(url(p), p)
+            elif fs.isdir(path):
+                if fs.exists(posixpath.join(path, "metadata.yaml")):
+                    add(item, path)
+                    continue
+                found = sorted(
+                    e["name"]
+                    for e in fs.ls(path, detail=True)
+                    if (e["type"] != "directory" and e["name"].endswith((".bag", ".mcap")))
+                    or (
+                        e["type"] == "directory"
+                        and fs.exists(posixpath.join(e["name"], "metadata.yaml"))
+                    )
+                )
+                if not found:
+                    raise BinpipeError(
+                        f"directory {item!r} holds no .bag or .mcap file and no ROS 2 bag "
+                        "directory (one with a metadata.yaml)"
+                    )
+                for p in found:
+                    add(url(p), p)
+            elif fs.exists(path):
                 add(item, path)
-                continue
-            found = sorted(
-                e["name"]
-                for e in fs.ls(path, detail=True)
-                if (e["type"] != "directory" and e["name"].endswith((".bag", ".mcap")))
-                or (
-                    e["type"] == "directory"
-                    and fs.exists(posixpath.join(e["name"], "metadata.yaml"))
-                )
-            )
-            if not found:
-                raise BinpipeError(
-                    f"directory {item!r} holds no .bag or .mcap file and no ROS 2 bag "
-                    "directory (one with a metadata.yaml)"
-                )
-            for p in found:
-                add(url(p), p)
-        elif fs.exists(path):
-            add(item, path)
-        else:
-            raise BinpipeError(f"bag {item!r} does not exist")
+            else:
+                raise BinpipeError(f"bag {item!r} does not exist")
+        except OSError as err:  # a store or object store that cannot be reached
+            raise BinpipeError(f"{item}: cannot look for bags there: {err}") from err
     return out
 
 
@@ -296,7 +298,8 @@ def check_save_target(
 
 
 def _load_file(url: str, storage_options: Mapping[str, Any]) -> Iterator[bytearray]:
-    with fsspec.open(url, "rb", **storage_options) as src:
+    fs, path = open_fs(url, tuple(storage_options.items()))
+    with fs.open(path, "rb") as src:
         for block in StreamReader(src, name=url):
             raw = block.raw.obj
             assert isinstance(raw, bytearray)
@@ -613,9 +616,7 @@ class BinPipeRDD:
                 f"{uri} is not a complete BinPipe save (no _SUCCESS marker); "
                 "was the job that wrote it interrupted?"
             )
-        protocol = uri.split("://", 1)[0] + "://" if "://" in uri else ""
-        files = _saved_parts(fs, root, uri)
-        urls = [protocol + p if protocol else p for p in files]
+        urls = [path_url(fs, uri, p) for p in _saved_parts(fs, root, uri)]
         lineage = {"origin": "save", "uri": uri, "saved": _saved_source(fs, root), "steps": []}
         sc = spark.sparkContext
         if not urls:

@@ -921,8 +921,8 @@ def test_reindex_dir_may_be_a_url(
 @pytest.mark.parametrize(
     ("uri", "says"),
     [
-        ("alluxio://127.0.0.1:39999/drives/a.bag", r"alluxio:// is an adcloud store"),
-        ("local:///drives/a.bag", r"local:// is an adcloud store"),
+        ("alluxio://user:pw@127.0.0.1:39999/a.bag", r"do not put credentials in alluxio://"),
+        ("local://host/drives/a.bag", r"local://host/drives/a\.bag: cannot open the store"),
         ("nope://drives/a.bag", r"nope://drives/a\.bag: cannot open through fsspec"),
     ],
 )

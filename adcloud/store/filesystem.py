@@ -1,0 +1,300 @@
+"""An fsspec filesystem over an adcloud store, so fsspec code reads and writes ``local://``
+and ``alluxio://`` URLs.
+
+fsspec knows neither scheme (its own ``local://`` means a plain local path), so
+:class:`StoreFileSystem` is never registered with fsspec: :func:`store_filesystem` builds
+it for a store URL, and callers that take "any fsspec URL" (BinPipe's bag reads and saves)
+ask for it where the URL is a store's.  Paths of the filesystem are store paths
+(``/drives/d1.bag``); :meth:`StoreFileSystem.unstrip_protocol` turns one back into the
+full URL, ``alluxio://HOST:PORT`` included.
+
+Whole-file reads (``cat_file`` without a range, ``open(..., "rb")``, ``get_file``) are
+checked against the store's CRC-32 as every store read is.  Ranged reads serve readers
+that take a byte range of a large file (a Spark task reading its chunks of a bag): a store
+with positioned reads (``read_range``) answers them directly; otherwise the file is
+streamed from its start, and a reader moving forward through one file keeps its stream
+open between calls so that the file is read once, not once per range.  A range is not
+checked against the file's CRC, which covers the whole file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import shutil
+import threading
+from collections.abc import Callable
+from typing import IO, Any, BinaryIO, ParamSpec, TypeVar
+
+from fsspec.spec import AbstractFileSystem
+
+from adcloud.config import STORE_SCHEMES
+from adcloud.store.base import FileStatus, Store, locate
+from adcloud.store.errors import (
+    StoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+    StorePreconditionError,
+)
+
+__all__ = ["StoreFileSystem", "store_filesystem"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_COPY_BYTES = 8 << 20
+#: Forward read streams one filesystem keeps open (a task reads one bag at a time; a few
+#: more serve readers of several files without holding a connection per file ever read).
+_KEPT_STREAMS = 4
+
+
+def _as_os_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Store errors as the ``OSError`` kinds fsspec callers handle: a missing path is a
+    ``FileNotFoundError``, an existing one a ``FileExistsError``, the rest an ``OSError``
+    carrying the store's message (the original is chained)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except StoreNotFoundError as err:
+            raise FileNotFoundError(str(err)) from err
+        except StoreExistsError as err:
+            raise FileExistsError(str(err)) from err
+        except StoreError as err:
+            raise OSError(str(err)) from err
+
+    return wrapper
+
+
+def _entry(status: FileStatus) -> dict[str, Any]:
+    return {
+        "name": status.path,
+        "size": 0 if status.is_dir else status.size,
+        "type": "directory" if status.is_dir else "file",
+        "mtime": status.mtime,
+        "checksum": status.checksum,
+        "tier": status.tier,
+    }
+
+
+class _Forward:
+    """One open read stream of a file and the offset it stands at."""
+
+    def __init__(self, stream: BinaryIO, size: int, mtime: float) -> None:
+        self.stream, self.offset, self.size, self.mtime = stream, 0, size, mtime
+
+    def skip_to(self, offset: int) -> None:
+        while self.offset < offset:
+            got = self.stream.read(min(_COPY_BYTES, offset - self.offset))
+            if not got:
+                return
+            self.offset += len(got)
+
+    def read(self, length: int) -> bytes:
+        data = self.stream.read(length)
+        self.offset += len(data)
+        return data
+
+
+class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is untyped
+    """fsspec's file-system interface over the store at ``store_uri`` (``local://``,
+    ``local:///NAMESPACE/``, ``alluxio://HOST:PORT/``); ``options`` go to
+    :func:`adcloud.store.open_store`."""
+
+    # not "local": fsspec callers take that for the machine's own files
+    protocol = ("adcloud-store",)
+    root_marker = "/"
+    # one instance per root and options, as fsspec caches filesystems; the store itself
+    # (connections, catalog handles) is opened on first use in each process
+    cachable = True
+
+    def __init__(self, store_uri: str, /, **options: Any) -> None:
+        super().__init__(store_uri, **options)
+        self.store_uri = store_uri
+        self.options = options
+        self._store: Store | None = None
+        self._lock = threading.Lock()
+        self._forward: dict[str, _Forward] = {}
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = locate(self.store_uri, **self.options)[0]
+        return self._store
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        text = str(path)
+        if text.startswith(STORE_SCHEMES):
+            text = "/" + text.split("://", 1)[1].partition("/")[2]
+        return "/" + text.strip("/") if text.strip("/") else "/"
+
+    def unstrip_protocol(self, name: str) -> str:
+        """The full URL of the store path ``name``."""
+        base = self.store_uri if self.store_uri.endswith("://") else self.store_uri.rstrip("/")
+        return base + "/" + str(name).lstrip("/")
+
+    # -- reading the namespace ------------------------------------------------------------
+
+    @_as_os_errors
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        entries = [_entry(s) for s in self.store.list(self._strip_protocol(path))]
+        return entries if detail else [e["name"] for e in entries]
+
+    @_as_os_errors
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        """Whether ``path`` exists; an unreachable store is an error, not a "no" (fsspec's
+        own ``exists`` takes any failure for one)."""
+        return self.store.exists(self._strip_protocol(path))
+
+    @_as_os_errors
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        return _entry(self.store.stat(self._strip_protocol(path)))
+
+    # -- bytes --------------------------------------------------------------------------
+
+    @_as_os_errors
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
+        path = self._strip_protocol(path)
+        if start is None and end is None:
+            return self.store.get(path)
+        status = self.store.stat(path)
+        size = status.size
+        lo = 0 if start is None else (max(0, size + start) if start < 0 else min(start, size))
+        hi = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
+        if hi <= lo:
+            return b""
+        read_range = getattr(self.store, "read_range", None)
+        if read_range is not None:
+            return bytes(read_range(path, lo, hi - lo))
+        return self._forward_read(path, lo, hi, status)
+
+    def _forward_read(self, path: str, lo: int, hi: int, status: FileStatus) -> bytes:
+        """Bytes ``[lo, hi)`` from a stream kept open while the reader moves forward."""
+        with self._lock:
+            cur = self._forward.pop(path, None)
+            if cur is not None and (
+                cur.offset > lo or (cur.size, cur.mtime) != (status.size, status.mtime)
+            ):
+                cur.stream.close()
+                cur = None
+            if cur is None:
+                cur = _Forward(self.store.open(path), status.size, status.mtime)
+            try:
+                cur.skip_to(lo)
+                data = cur.read(hi - lo)
+            except BaseException:
+                cur.stream.close()
+                raise
+            if cur.offset < cur.size:
+                self._forward[path] = cur  # the newest last: the oldest goes first
+                while len(self._forward) > _KEPT_STREAMS:
+                    oldest = self._forward.pop(next(iter(self._forward)))
+                    with contextlib.suppress(OSError, StoreError):
+                        oldest.stream.close()
+            else:
+                cur.stream.close()
+            return data
+
+    @_as_os_errors
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        path = self._strip_protocol(path)
+        if mode == "create" and self.store.exists(path):
+            raise FileExistsError(f"{self.unstrip_protocol(path)} exists")
+        self.store.put(path, value)
+
+    @_as_os_errors
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: int | None = None,
+        autocommit: bool = True,
+        cache_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> IO[bytes]:
+        """A verified sequential read stream, or a write stream published on close (left
+        by an exception, it is discarded: the path keeps its earlier version)."""
+        path = self._strip_protocol(path)
+        if mode not in ("rb", "wb"):
+            raise ValueError(f"{self.unstrip_protocol(path)}: mode must be 'rb' or 'wb'")
+        return self.store.open(path, "wb" if mode == "wb" else "rb")
+
+    @_as_os_errors
+    def get_file(self, rpath: str, lpath: str, callback: Any = None, **kwargs: Any) -> None:
+        with self.store.open(self._strip_protocol(rpath)) as src, open(lpath, "wb") as dst:  # noqa: PTH123
+            shutil.copyfileobj(src, dst, _COPY_BYTES)
+
+    @_as_os_errors
+    def put_file(self, lpath: str, rpath: str, callback: Any = None, **kwargs: Any) -> None:
+        with open(lpath, "rb") as src, self.store.open(self._strip_protocol(rpath), "wb") as dst:  # noqa: PTH123
+            shutil.copyfileobj(src, dst, _COPY_BYTES)
+
+    # -- changing the namespace ---------------------------------------------------------
+
+    @_as_os_errors
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        self.store.mkdir(self._strip_protocol(path))
+
+    @_as_os_errors
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        path = self._strip_protocol(path)
+        if not exist_ok and self.store.exists(path):
+            raise FileExistsError(f"{self.unstrip_protocol(path)} exists")
+        self.store.mkdir(path)
+
+    @_as_os_errors
+    def mv(self, path1: Any, path2: Any, recursive: bool = False, **kwargs: Any) -> None:
+        """Store renames (each atomic, refused when its target exists); lists of sources
+        and targets move pairwise, as fsspec's batch form."""
+        if isinstance(path1, list) != isinstance(path2, list) or (
+            isinstance(path1, list) and len(path1) != len(path2)
+        ):
+            raise ValueError("mv: give one source and one target, or two lists of one length")
+        pairs = zip(path1, path2, strict=True) if isinstance(path1, list) else [(path1, path2)]
+        for src, dst in pairs:
+            self.store.rename(self._strip_protocol(src), self._strip_protocol(dst))
+
+    @_as_os_errors
+    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        for one in path if isinstance(path, list) else [path]:
+            self.store.delete(self._strip_protocol(one), recursive=recursive)
+
+    @_as_os_errors
+    def rm_file(self, path: str) -> None:
+        self.store.delete(self._strip_protocol(path))
+
+    @_as_os_errors
+    def rmdir(self, path: str) -> None:
+        self.store.delete(self._strip_protocol(path))
+
+    def close(self) -> None:
+        """Close the streams kept for forward reads and the store's connections."""
+        with self._lock:
+            streams = list(self._forward.values())
+            self._forward.clear()
+        for cur in streams:
+            with contextlib.suppress(OSError, StoreError):
+                cur.stream.close()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def store_filesystem(url: str, **options: Any) -> tuple[StoreFileSystem, str]:
+    """The filesystem of the store that ``url`` (``local://...``, ``alluxio://...``) names
+    and the store path in it; :class:`adcloud.store.StoreError` for a malformed URL."""
+    if not url.startswith(STORE_SCHEMES):
+        raise StorePreconditionError(f"{url} is not a store URL ({', '.join(STORE_SCHEMES)})")
+    store, path = locate(url, **options)
+    fs = StoreFileSystem(store.uri, **options)
+    if fs._store is None:  # a new instance (fsspec hands out cached ones): keep the store
+        fs._store = store
+    else:
+        store.close()
+    return fs, path
