@@ -901,9 +901,18 @@ def _warn_unregistered(settings: HeteroSettings, chosen: DeviceKind) -> None:
 
 
 def as_device(device: ComputeDevice | str | None) -> ComputeDevice:
-    """``device`` itself, the device at an address string, or :func:`select_device`."""
+    """``device`` itself, the device at an address string (or a bare device number), or
+    :func:`select_device`; raises :class:`DeviceNotFoundError` for anything else."""
     if device is None:
         return select_device()
+    if isinstance(device, int | np.integer) and not isinstance(device, bool):
+        # a device number, as "0" is: it ran the NumPy reference, as any non-device did
+        return open_device(str(int(device)))
     if isinstance(device, str):
         return open_device(device)
+    if not isinstance(device, ComputeDevice):
+        raise DeviceNotFoundError(
+            f"device must be a ComputeDevice, an address ('P:D', 'P:D:S/N', a device number "
+            f"or 'numpy') or None, got {device!r}"
+        )
     return device

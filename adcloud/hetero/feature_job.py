@@ -241,11 +241,14 @@ def extract_features(
     ``bags``: bag files, directories or globs (any fsspec URL).  ``out``: a directory or
     URL that every executor can write (the same machine, or a shared store).  ``batch``:
     images per kernel launch.  ``partitions_per_bag`` / ``partition_mb``: how finely Spark
-    splits each bag (default: partitions of about 16 MB, at least one per core).  Raises
-    :class:`HeteroError` when ``out`` exists and is not empty (unless ``overwrite``; ``hint``
-    says how to overwrite in the message), and for bad ``cell``/``bins``/``batch`` or a
-    pinned device that is not there, before any task runs.  Images smaller than 2x2 cells
-    are only seen by the tasks: the job fails with a :class:`HeteroError` naming their size.
+    splits each bag (default: partitions of about 16 MB, at least one per core; 0 MB: one
+    per chunk).  Raises :class:`HeteroError` when ``out`` exists and is not empty (unless
+    ``overwrite``; ``hint`` says how to overwrite in the message), and for bad
+    ``cell``/``bins``/``batch``/``partition_mb``, a pinned device that is not there, a
+    ``topic`` no bag has or one a bag records as anything but ``sensor_msgs/Image`` (naming
+    the bag, the type and its image topics), before any task runs.  Images smaller than 2x2
+    cells are only seen by the tasks: the job fails with a :class:`HeteroError` naming their
+    size.
     """
     from adcloud.binpipe import BinPipeRDD  # noqa: PLC0415 - pyspark is heavy
 
@@ -257,6 +260,10 @@ def extract_features(
         raise HeteroError(f"bins must be <= {_MAX_BINS}, got {bins}")
     if partitions_per_bag is not None and partitions_per_bag < 1:
         raise HeteroError(f"partitions_per_bag must be >= 1, got {partitions_per_bag}")
+    if not partition_mb >= 0:  # NaN too: it failed converting to bytes, -1 was taken as 0
+        raise HeteroError(
+            f"partition_mb must be >= 0 (0: one partition per chunk), got {partition_mb}"
+        )
     settings = HeteroSettings.load() if settings is None else settings
     if settings.device:
         select_device(settings)  # a pinned device that is not there fails now
@@ -283,8 +290,8 @@ def extract_features(
         partition_bytes=int(partition_mb * 2**20) or None,
         storage_options=options or None,
     )
-    if not any(bag.get("messages") for bag in rdd.lineage.get("bags", [])):
-        _check_topic(rdd.lineage, topic)  # before an overwrite replaces an earlier output
+    # from the indexes, before an overwrite replaces an earlier output and before any task
+    _check_topic(rdd.lineage, topic, options)
     output.start()  # after the bags were found: a missing bag leaves no directory behind
     job = functools.partial(
         _partition_features,
@@ -350,16 +357,34 @@ def extract_features(
     )
 
 
-def _check_topic(lineage: dict[str, Any], topic: str) -> None:
-    """Refuse a ``topic`` that no bag has: a typo would commit an empty result (and with
-    ``overwrite`` replace a good one).  A topic with no message in the bags stays empty."""
+def _check_topic(lineage: dict[str, Any], topic: str, storage_options: dict[str, Any]) -> None:
+    """Refuse a ``topic`` that no bag has (a typo would commit an empty result, and with
+    ``overwrite`` replace a good one) or that a bag records as anything but a
+    ``sensor_msgs/Image`` (every task would fail, each attempt retried), from the bags'
+    indexes.  A topic with no message in the bags stays empty."""
     from adcloud.binpipe import summarize  # noqa: PLC0415 - pyspark is heavy
 
-    uris = [bag.get("reindexed_from") or bag["uri"] for bag in lineage.get("bags", [])]
-    have = sorted({t.topic for uri in uris for t in summarize(uri).topics})
+    have: set[str] = set()
+    for bag in lineage.get("bags", []):
+        summary = summarize(bag["uri"], storage_options=storage_options)
+        types = {t.topic: t.msgtype for t in summary.topics}
+        have.update(types)
+        msgtype = types.get(topic)
+        if msgtype is not None and msgtype not in _IMAGE_TYPES:
+            images = sorted(t for t, typ in types.items() if typ in _IMAGE_TYPES)
+            listed = (
+                f"its image topics are {', '.join(images)}"
+                if images
+                else "it has no sensor_msgs/Image topic"
+            )
+            raise HeteroError(
+                f"{bag.get('reindexed_from') or bag['uri']}: {topic} carries {msgtype}, "
+                f"not sensor_msgs/Image; {listed} (adcloud bag info lists them). "
+                "Nothing was written"
+            )
     if topic not in have:
         raise HeteroError(
-            f"no bag has the topic {topic}; they have {', '.join(have) or 'no topic'} "
+            f"no bag has the topic {topic}; they have {', '.join(sorted(have)) or 'no topic'} "
             "(adcloud bag info lists them). Nothing was written"
         )
 

@@ -563,7 +563,8 @@ def align(
     the target's normals estimated within ``normal_radius`` (default ``2.5 * voxel_size``,
     at least 0.3 m), and Gauss-Newton runs from ``init`` (default identity) for at most
     ``iterations`` steps, matching within ``max_distance`` metres, until a step moves less
-    than ``tolerance`` (radians and metres).  Residuals above ``huber`` metres are
+    than ``tolerance`` (radians and metres); ``iterations=0`` evaluates ``init`` (its
+    ``rmse``, ``inliers`` and ``fitness``) without moving it.  Residuals above ``huber`` metres are
     down-weighted (Huber; 0 for plain least squares).  Correspondences and the 6x6 reduction run on
     the device with the clouds kept in device buffers between iterations.
     """
@@ -571,6 +572,9 @@ def align(
     number = isinstance(voxel_size, int | float | np.number) and not isinstance(voxel_size, bool)
     if not (number and np.isfinite(voxel_size) and voxel_size >= 0):
         raise HeteroError(f"voxel_size must be 0 (keep the clouds) or more, got {voxel_size!r}")
+    whole = isinstance(iterations, int | np.integer) and not isinstance(iterations, bool)
+    if not (whole and iterations >= 0):
+        raise HeteroError(f"iterations must be a whole number >= 0, got {iterations!r}")
     dev = as_device(device)
     matrix = np.eye(4) if init is None else as_rigid(init)
     src = as_points(source, what="source")[:, :3]
@@ -594,6 +598,13 @@ def align(
     src = src[np.isfinite(src).all(axis=1)]
     if len(src) < 6 or len(grid.points) < 6:
         raise HeteroError(f"too few points to align ({len(src)} source, {len(grid.points)} target)")
+    if not np.isfinite(sorted_normals).any():
+        # every match would add nothing: the error said no correspondences were within
+        # max_distance and asked for a closer initial guess
+        raise HeteroError(
+            f"no target point has a normal: none has {_NORMAL_NEIGHBORS} neighbours within "
+            f"normal_radius {radius} m (the target is too sparse); raise normal_radius"
+        )
     source_origin = lattice_origin(src, voxel_size or 1.0)
     rows = local_float32(src, source_origin)
     matcher: _Matcher
@@ -607,7 +618,8 @@ def align(
     converged = False
     done = 0
     system = NormalEquations(np.zeros((6, 6)), np.zeros(6), 0.0, 0)
-    for done in range(1, iterations + 1):
+    # iterations=0 reported rmse 0 over 0 inliers (a perfect fit): evaluate init instead
+    for done in range(1 if iterations else 0, iterations + 1):
         matcher.set_transform(_rt(local))
         matcher.nearest(max_distance)
         system = _unpack_system(matcher.system(huber))
@@ -616,6 +628,8 @@ def align(
                 f"ICP iteration {done}: only {system.count} correspondences within "
                 f"{max_distance} m; is the initial guess close enough?"
             )
+        if not iterations:
+            break
         damping = 1e-9 * np.trace(system.jtj) * np.eye(6)
         xi = np.linalg.solve(system.jtj + damping, -system.jtr)
         local = apply_increment(local, xi, np.zeros(3))
@@ -623,7 +637,7 @@ def align(
         if np.linalg.norm(xi[:3]) < tolerance and np.linalg.norm(xi[3:]) < tolerance:
             converged = True
             break
-    result = _translation(grid.origin) @ local @ _translation(-source_origin)
+    result = _translation(grid.origin) @ local @ _translation(-source_origin) if done else matrix
     rmse = float(np.sqrt(system.cost / max(system.count, 1)))
     log.debug("ICP: %d iterations, rmse %.4f m, %d inliers", done, rmse, system.count)
     return Alignment(

@@ -56,30 +56,56 @@ class GridSpec:
     height: int
 
     def __post_init__(self) -> None:
-        if not (np.isfinite(self.cell_size) and self.cell_size > 0):
+        if not (_is_real(self.cell_size) and np.isfinite(self.cell_size) and self.cell_size > 0):
             raise HeteroError(
                 f"cell_size must be a positive number of metres, got {self.cell_size!r}"
             )
-        if not (np.isfinite(self.origin_x) and np.isfinite(self.origin_y)):
-            raise HeteroError("the grid origin must be finite")
+        if not all(_is_real(v) and np.isfinite(v) for v in (self.origin_x, self.origin_y)):
+            raise HeteroError(
+                f"the grid origin must be finite numbers, got {self.origin_x!r}, {self.origin_y!r}"
+            )
         for name in ("width", "height"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise HeteroError(f"grid {name} must be a whole number of cells, got {value!r}")
-        if self.width < 1 or self.height < 1 or self.width * self.height > _MAX_CELLS:
+        # Python ints: a product of NumPy int32 sizes wraps around and passed the check
+        cells = int(self.width) * int(self.height)
+        if self.width < 1 or self.height < 1 or cells > _MAX_CELLS:
             raise HeteroError(f"grid size {self.height} x {self.width} is empty or too large")
 
     @classmethod
     def covering(cls, points: NDArray[Any], cell_size: float, margin: float = 0.0) -> GridSpec:
-        """The smallest grid on multiples of ``cell_size`` holding the finite points' x, y."""
-        xy = np.asarray(points)[:, :2]
+        """The smallest grid on multiples of ``cell_size`` holding the finite points' x, y.
+
+        Every finite point lands in a cell of it as :func:`rasterize` computes cells (in
+        float32), also the points on the edges of its first and last cells.
+        """
+        array = np.asarray(points)
+        if array.ndim != 2 or array.shape[1] < 2:
+            raise HeteroError(f"points to cover must be (N, C>=2), got shape {array.shape}")
+        xy = array[:, :2] if array.dtype == np.float32 else array[:, :2].astype(np.float64)
         xy = xy[np.isfinite(xy).all(axis=1)]
         if not len(xy):
             raise HeteroError("no finite point to cover")
-        low = np.floor((xy.min(axis=0) - margin) / cell_size) * cell_size
-        high = xy.max(axis=0) + margin
-        width, height = (np.floor((high - low) / cell_size).astype(np.int64) + 1).tolist()
-        return cls(float(low[0]), float(low[1]), float(cell_size), int(width), int(height))
+        if not (_is_real(cell_size) and np.isfinite(cell_size) and cell_size > 0):
+            raise HeteroError(f"cell_size must be a positive number of metres, got {cell_size!r}")
+        size = float(cell_size)
+        lowest, highest = xy.min(axis=0), xy.max(axis=0)
+        low = np.floor((lowest.astype(np.float64) - margin) / size) * size
+        high = highest.astype(np.float64) + margin
+        # The float64 extent alone lost points: float32 cells round up at the far edge, and
+        # down below the origin at the near one (the mins and maxes give the extreme cells:
+        # rounding keeps the order).
+        inv = np.float32(1.0) / np.float32(size)
+        first = np.floor(_offsets(lowest, low) * inv)
+        while (first < 0).any():
+            low = low + np.where(first < 0, first, 0.0) * size
+            first = np.floor(_offsets(lowest, low) * inv)
+        last = np.floor(_offsets(highest, low) * inv).astype(np.float64)
+        width, height = (
+            np.maximum(np.floor((high - low) / size), last).astype(np.int64) + 1
+        ).tolist()
+        return cls(float(low[0]), float(low[1]), size, int(width), int(height))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -160,6 +186,28 @@ def _local_rows(array: NDArray[Any], grid: GridSpec) -> NDArray[np.float32]:
     return rows
 
 
+def _is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number (not a bool, string or None; a NumPy scalar or
+    0-d array is one)."""
+    if isinstance(value, bool | str | bytes):
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _offsets(values: NDArray[Any], origin: Any) -> NDArray[np.float32]:
+    """float32 offsets of coordinates from a grid origin, as :func:`rasterize` computes
+    them: float32 input in float32, anything else in float64 and then rounded."""
+    if values.dtype == np.float32:
+        offsets: NDArray[np.float32] = values - np.asarray(origin).astype(np.float32)
+        return offsets
+    rounded: NDArray[np.float32] = (values - origin).astype(np.float32)
+    return rounded
+
+
 def _raster_numpy(
     array: NDArray[Any],
     values: NDArray[np.float32] | None,
@@ -167,12 +215,8 @@ def _raster_numpy(
     grid: GridSpec,
 ) -> dict[str, NDArray[Any]]:
     """The NumPy reference: ``np.bincount`` sums and ``np.minimum.at``/``maximum.at``."""
-    if array.dtype == np.float32:
-        x = array[:, 0] - np.float32(grid.origin_x)
-        y = array[:, 1] - np.float32(grid.origin_y)
-    else:
-        x = (array[:, 0] - grid.origin_x).astype(np.float32)
-        y = (array[:, 1] - grid.origin_y).astype(np.float32)
+    x = _offsets(array[:, 0], grid.origin_x)
+    y = _offsets(array[:, 1], grid.origin_y)
     z = array[:, 2].astype(np.float32)
     if values is None and column is not None:
         values = array[:, column].astype(np.float32)

@@ -169,6 +169,15 @@ def test_discovery_script_prints_spark_json(pocl_env: dict[str, str]) -> None:
     bad = _run_script(DISCOVER, env, "tpu")
     assert bad.returncode == 1
     assert "'gpu' and 'fpga'" in bad.stderr
+    # more parts than compute units: listed whole, and stderr (the worker's log) says why;
+    # Spark only saw one address where it was configured for 4096
+    too_many = _run_script(
+        DISCOVER, {**env, "ADCLOUD_HETERO_GPU_KINDS": "cpu", "ADCLOUD_HETERO_SPLIT": "4096"}
+    )
+    assert too_many.returncode == 0, too_many.stderr
+    whole = [d.address for d in list_devices() if d.kind == DeviceKind.CPU]
+    assert json.loads(too_many.stdout)["addresses"] == whole
+    assert f"{', '.join(whole)} cannot be split into 4096 equal sub-devices" in too_many.stderr
 
 
 # -- selection ----------------------------------------------------------------------------------
@@ -220,6 +229,19 @@ def test_unknown_device_addresses_say_what_exists() -> None:
         open_device("0:99")
     with pytest.raises(DeviceNotFoundError, match="device number 99"):
         open_device("99")
+
+
+def test_a_device_number_given_as_an_int_opens_that_device_or_says_none_is_there() -> None:
+    # an int (or any other non-device) ran the NumPy reference without a word, and
+    # align() then failed on its missing .info
+    points = np.random.default_rng(0).normal(size=(10, 3))
+    assert devices_module.as_device(0) is open_device("0")
+    assert devices_module.as_device(np.int64(0)) is open_device("0")
+    with pytest.raises(DeviceNotFoundError, match="device number 99"):
+        transform_points(points, np.eye(4), device=99)  # type: ignore[arg-type]
+    for bad in (1.5, True, object()):
+        with pytest.raises(DeviceNotFoundError, match="device must be a ComputeDevice"):
+            transform_points(points, np.eye(4), device=bad)  # type: ignore[arg-type]
 
 
 def test_devices_are_cached_per_process() -> None:

@@ -90,10 +90,10 @@ def test_existing_output_and_wrong_topic(
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert not (out / "_temporary").exists()
     # a job that fails, overwriting or not, leaves the output as it was
-    with pytest.raises(Exception, match="not sensor_msgs/Image"):
+    with pytest.raises(HeteroError, match="not sensor_msgs/Image"):
         extract_features(spark, str(image_bags["rgb"]), str(out), topic="/status", overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    with pytest.raises(Exception, match="not sensor_msgs/Image"):
+    with pytest.raises(HeteroError, match="not sensor_msgs/Image"):
         extract_features(spark, str(image_bags["rgb"]), str(tmp_path / "status"), topic="/status")
     assert not (tmp_path / "status").exists()
     # a topic no bag has (a typo) fails before anything is written: an overwrite committed
@@ -118,6 +118,8 @@ def test_existing_output_and_wrong_topic(
         ({"bins": 33}, "bins must be <= 32, got 33"),  # the kernels' limit
         ({"batch": 0}, "batch must be >= 1, got 0"),
         ({"partitions_per_bag": 0}, "partitions_per_bag must be >= 1, got 0"),
+        ({"partition_mb": -1.0}, "partition_mb must be >= 0"),  # was taken as 0
+        ({"partition_mb": float("nan")}, "partition_mb must be >= 0"),  # was a ValueError
         ({"settings": HeteroSettings(device="7:7")}, "device 7:7"),
     ],
 )
@@ -129,6 +131,30 @@ def test_bad_parameters_fail_before_any_task(
         extract_features(spark, str(image_bags["bgr"]), str(tmp_path / "out"), **change)
     assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs  # no Spark job
     assert not (tmp_path / "out").exists()
+
+
+def test_a_topic_that_is_no_image_is_refused_before_any_task(
+    spark: SparkSession, image_bags: dict, shared_data: Path, tmp_path: Path
+) -> None:
+    # from the bags' indexes, on the driver: in the tasks it failed every attempt of every
+    # task with a traceback that named neither the bag nor the image topics it has
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
+    bags = [str(image_bags["bgr"]), str(image_bags["rgb"])]
+    with pytest.raises(HeteroError) as info:
+        extract_features(spark, bags, str(tmp_path / "status"), topic="/status")
+    assert str(info.value).startswith(
+        f"{image_bags['bgr']}: /status carries std_msgs/msg/String, not sensor_msgs/Image; "
+        "its image topics are /camera/image_raw"
+    )
+    lidar = shared_data / "01_embag_luminar_ros1" / "embag_test.bag"
+    with pytest.raises(HeteroError) as info:
+        extract_features(spark, str(lidar), str(tmp_path / "lidar"), topic="/luminar_pointcloud")
+    assert str(info.value).startswith(
+        f"{lidar}: /luminar_pointcloud carries sensor_msgs/msg/PointCloud2, not "
+        "sensor_msgs/Image; it has no sensor_msgs/Image topic"
+    )
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs  # no Spark job
+    assert not (tmp_path / "status").exists() and not (tmp_path / "lidar").exists()
 
 
 def test_a_missing_bag_leaves_no_output_directory(

@@ -241,3 +241,42 @@ def test_align_refuses_a_bad_voxel_size(voxel_size: float) -> None:
     cloud = np.random.default_rng(11).uniform(0, 5, (500, 3))
     with pytest.raises(HeteroError, match="voxel_size must be 0"):
         align(cloud, cloud, voxel_size=voxel_size, device="numpy")
+
+
+def _scene(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    floor = np.column_stack([rng.uniform(-10, 10, (3000, 2)), np.zeros(3000)])
+    wall = np.column_stack(
+        [np.full(1000, 5.0), rng.uniform(-10, 10, 1000), rng.uniform(0, 3, 1000)]
+    )
+    return np.concatenate([floor, wall])
+
+
+def test_align_with_no_iterations_evaluates_the_initial_guess(device: ComputeDevice) -> None:
+    # it reported rmse 0 over 0 inliers, a perfect fit, whatever the guess
+    target = _scene(12)
+    source = target - [0.3, 0.0, 0.05]  # off by 5 cm along the floor's normal
+    guess = rigid(0.0, (0.3, 0.0, 0.0))
+    result = align(source, target, guess, iterations=0, huber=0.0, device=device)
+    np.testing.assert_array_equal(result.transform, guess)
+    assert (result.iterations, result.converged) == (0, False)
+    assert result.inliers > 0.9 * len(voxel_downsample(source, 0.25, device="numpy").points)
+    assert result.fitness > 0.9
+    assert 0.03 < result.rmse < 0.06
+    reference = align(source, target, guess, iterations=0, huber=0.0, device="numpy")
+    assert result.inliers == reference.inliers
+    assert result.rmse == pytest.approx(reference.rmse, rel=1e-4)
+
+
+@pytest.mark.parametrize("iterations", [-1, 2.5, True])
+def test_align_refuses_bad_iterations(iterations: object) -> None:
+    cloud = _scene(13)
+    with pytest.raises(HeteroError, match="iterations must be a whole number >= 0"):
+        align(cloud, cloud, iterations=iterations, device="numpy")  # type: ignore[arg-type]
+
+
+def test_align_with_a_target_too_sparse_for_normals_says_so(device: ComputeDevice) -> None:
+    # every match was dropped for its NaN normal, and the error blamed the initial guess
+    target = _scene(14)[::100]  # 40 points metres apart: none has 5 neighbours in 0.3 m
+    with pytest.raises(HeteroError, match=r"no target point has a normal.*normal_radius 0\.3 m"):
+        align(_scene(14), target, voxel_size=0, device=device)

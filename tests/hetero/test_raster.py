@@ -161,3 +161,41 @@ def test_grid_sizes_must_be_whole_numbers(width: object, height: object) -> None
     with pytest.raises(HeteroError, match="whole number of cells"):
         GridSpec(0.0, 0.0, 0.05, width, height)  # type: ignore[arg-type]
     assert GridSpec(0.0, 0.0, 0.05, np.int64(400), 10).shape == (10, 400)
+
+
+@pytest.mark.parametrize(
+    ("points", "cell"),
+    [
+        # 0.3 / 0.1 is 2.99.. in float64 but cell 3 in float32: the last column was missing
+        (np.array([[0.0, 0.0, 0.0], [0.3, 0.7, 0.0]]), 0.1),
+        # an origin computed in float32 lay above the lowest point, which fell before it
+        (np.array([[29.8, -15.02, 36.59], [44.74, 20.92, 27.3]], np.float32), 0.2),
+    ],
+)
+def test_covering_grid_holds_every_point(points: np.ndarray, cell: float) -> None:
+    grid = GridSpec.covering(points, cell)
+    assert rasterize(points, grid, device="numpy").count.sum() == len(points)
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        pair = np.round(rng.uniform(-50, 50, (2, 3)), 2)
+        for cloud in (pair, pair.astype(np.float32), pair + 4e6):
+            grid = GridSpec.covering(cloud, cell)
+            assert rasterize(cloud, grid, device="numpy").count.sum() == 2, (cloud, grid)
+            # still the smallest grid, give or take the cells the rounding needs
+            extent = np.ptp(cloud[:, :2].astype(np.float64), axis=0) / cell
+            assert grid.width <= extent[0] + 3 and grid.height <= extent[1] + 3
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        # 100000 x 100000 int32 wrapped around to a small product and passed the size check
+        ((0.0, 0.0, 1.0, np.int32(100_000), np.int32(100_000)), "empty or too large"),
+        (("0", 0.0, 1.0, 10, 10), "origin must be finite numbers"),
+        ((0.0, None, 1.0, 10, 10), "origin must be finite numbers"),
+        ((0.0, 0.0, "0.5", 10, 10), "cell_size must be a positive number"),
+    ],
+)
+def test_grid_spec_refuses_overflowing_sizes_and_non_numbers(args: tuple, says: str) -> None:
+    with pytest.raises(HeteroError, match=says):
+        GridSpec(*args)
