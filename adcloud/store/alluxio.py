@@ -165,9 +165,11 @@ class AlluxioStore(BaseStore):
         *,
         conn: http.client.HTTPConnection | None = None,
         retry: bool = True,
+        what: str = "",
     ) -> http.client.HTTPResponse:
         """POST ``body`` to ``url``; retries once when a reused keep-alive connection turns
-        out to have been closed by the server."""
+        out to have been closed by the server.  ``what`` (``"write /a/b"``) names the
+        operation in the error when the proxy cannot be reached or goes away."""
         own = conn is None
         for attempt in (1, 2):
             c = self._conn() if own else conn
@@ -188,11 +190,11 @@ class AlluxioStore(BaseStore):
                 if own:
                     self._drop_conn()
                 if attempt == 2 or not (retry and reused and own):
-                    raise self._unavailable(err) from err
+                    raise self._unavailable(err, what) from err
             except (OSError, http.client.HTTPException) as err:
                 if own:
                     self._drop_conn()
-                raise self._unavailable(err) from err
+                raise self._unavailable(err, what) from err
         raise AssertionError("unreachable")
 
     @staticmethod
@@ -210,10 +212,11 @@ class AlluxioStore(BaseStore):
         except (OSError, http.client.HTTPException):
             return None
 
-    def _unavailable(self, err: BaseException) -> StoreUnavailableError:
+    def _unavailable(self, err: BaseException, what: str = "") -> StoreUnavailableError:
+        named = f"{what}: " if what else ""
         return StoreUnavailableError(
-            f"cannot reach the Alluxio REST proxy at {self._host}:{self._port} ({err}); start "
-            "one with `adcloud store serve` or check the URI and that the proxy runs"
+            f"{named}cannot reach the Alluxio REST proxy at {self._host}:{self._port} ({err}); "
+            "start one with `adcloud store serve` or check the URI and that the proxy runs"
         )
 
     def _check(self, response: http.client.HTTPResponse, what: str) -> None:
@@ -232,13 +235,13 @@ class AlluxioStore(BaseStore):
 
     def _call(self, url: str, options: dict[str, Any] | None = None, what: str = "") -> Any:
         body = json.dumps(options or {}).encode()
-        response = self._send(url, body, "application/json", retry=True)
+        response = self._send(url, body, "application/json", retry=True, what=what or url)
         try:
             self._check(response, what or url)
             raw = response.read()
         except (OSError, http.client.HTTPException) as err:
             self._drop_conn()
-            raise self._unavailable(err) from err
+            raise self._unavailable(err, what or url) from err
         if not raw:
             return None
         try:
@@ -335,7 +338,11 @@ class AlluxioStore(BaseStore):
         conn = self._new_conn()
         try:
             response = self._send(
-                self._stream_url(ident, "read"), b"", "application/json", conn=conn
+                self._stream_url(ident, "read"),
+                b"",
+                "application/json",
+                conn=conn,
+                what=f"read {path}",
             )
             self._check(response, f"read {path}")
         except BaseException:
@@ -350,16 +357,23 @@ class AlluxioStore(BaseStore):
         """All bytes of ``path`` (open-file, read, close)."""
         ident = self._stream_id(self._path_call(path, "open-file"), path)
         try:
-            response = self._send(self._stream_url(ident, "read"), b"", "application/json")
+            response = self._send(
+                self._stream_url(ident, "read"), b"", "application/json", what=f"read {path}"
+            )
             self._check(response, f"read {path}")
             try:
                 data = response.read()
             except (OSError, http.client.HTTPException) as err:
                 self._drop_conn()
                 raise StoreError(f"reading {path} from the proxy broke off: {err}") from err
-        finally:
-            with contextlib.suppress(StoreNotFoundError):
+        except BaseException:
+            # the error that ended the read is the one to report, not that the stream
+            # cannot be closed on a proxy that has gone away
+            with contextlib.suppress(StoreError):
                 self._call(self._stream_url(ident, "close"))
+            raise
+        with contextlib.suppress(StoreNotFoundError):
+            self._call(self._stream_url(ident, "close"), what=f"close {path}")
         return data
 
     def exists(self, path: str) -> bool:
@@ -502,9 +516,16 @@ class _AlluxioWriter(WriteStream):
         url = self._store._stream_url(self._ident, "write")
         # a retry only happens on a reused keep-alive connection that the proxy had closed:
         # the request never reached it (a proxy that died mid-request lost the stream anyway)
-        response = self._store._send(url, data, "application/octet-stream")
-        self._store._check(response, f"write {self.name}")
-        count = json.loads(response.read() or b"null")
+        what = f"write {self.name}"
+        response = self._store._send(url, data, "application/octet-stream", what=what)
+        try:
+            self._store._check(response, what)
+            count = json.loads(response.read() or b"null")
+        except (OSError, http.client.HTTPException) as err:  # the proxy went away
+            self._store._drop_conn()
+            raise self._store._unavailable(err, what) from err
+        except ValueError as err:
+            raise StoreProtocolError(f"{what}: answer is not JSON") from err
         if count != len(data):
             raise StoreProtocolError(
                 f"write {self.name}: sent {len(data)} bytes, proxy took {count}"

@@ -8,11 +8,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import io
 import json
 import os
 import posixpath
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -34,7 +37,8 @@ from adcloud.store.base import (
     locate,
     stream_copy,
 )
-from adcloud.store.errors import StoreError, StoreNotFoundError
+from adcloud.store.errors import StoreError, StoreFullError, StoreNotFoundError
+from adcloud.store.local import LocalStore
 
 __all__ = ["add_parser"]
 
@@ -204,12 +208,31 @@ def _cmd_put(args: argparse.Namespace, console: Console) -> int:
     store, path = locate(args.url)
     with _closing(store):
         path = _into(store, path, args.url, "" if args.source == "-" else Path(args.source).name)
-        source = sys.stdin.buffer if args.source == "-" else Path(args.source).open("rb")  # noqa: SIM115
+        source: io.BufferedReader = (
+            sys.stdin.buffer  # type: ignore[assignment]
+            if args.source == "-"
+            else Path(args.source).open("rb")  # noqa: SIM115
+        )
+        options: dict[str, Any] = {
+            "write_type": args.write_type,
+            "ttl": args.ttl,
+            "pinned": args.pin or None,
+        }
+        if isinstance(store, LocalStore):
+            # a file's size is known before a byte is read: one larger than every tier is
+            # refused at once, not after all of it was copied into the store
+            with contextlib.suppress(OSError, ValueError):  # a pipe or no descriptor: unknown
+                info = os.fstat(source.fileno())
+                options["size"] = info.st_size if stat.S_ISREG(info.st_mode) else None
         try:
-            with store.open(
-                path, "wb", write_type=args.write_type, ttl=args.ttl, pinned=args.pin or None
-            ) as stream:
-                shutil.copyfileobj(source, stream, 8 << 20)
+            with store.open(path, "wb", **options) as stream:
+                # read1: what a pipe holds now, not a wait for 8 MiB, so a stream that can
+                # never fit is refused as it passes the limit
+                while piece := source.read1(8 << 20):
+                    stream.write(piece)
+        except StoreFullError as err:
+            name = "stdin" if args.source == "-" else args.source
+            raise StoreFullError(f"{name}: {err}") from err
         finally:
             if source is not sys.stdin.buffer:
                 source.close()

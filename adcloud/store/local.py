@@ -153,7 +153,17 @@ class _LocalWriter(WriteStream):
         write_type: WriteType,
         ttl: float | None,
         pinned: bool | None,
+        size: int | None = None,
     ) -> None:
+        # the most a tier can hold: a file that outgrows it never fits (MUST_CACHE and
+        # ASYNC_THROUGH fail at once, not once the whole input was read and copied;
+        # CACHE_THROUGH goes on in the under-store, as put() does)
+        self._largest = max(t.capacity for t in store._tiers)
+        through = write_type is WriteType.THROUGH
+        if size is not None and size > self._largest and not through:
+            if write_type is not WriteType.CACHE_THROUGH:
+                raise store._full_error(size, store._rel(key))
+            through = True
         self._store = store
         self._key = key
         self._write_type = write_type
@@ -162,7 +172,7 @@ class _LocalWriter(WriteStream):
         super().__init__(key)
         self._cache: StagingFile | None = None
         self._ufs: UfsStaging | None = None
-        if write_type is WriteType.THROUGH:
+        if through:
             self._ufs = store._ufs.begin(key)
         else:
             self._cache = StagingFile(store._tiers, 0, store._describe_tiers, _FULL_HINT)
@@ -174,12 +184,37 @@ class _LocalWriter(WriteStream):
         if self._closed:
             raise ValueError("write to a closed store stream")
         view = memoryview(data).cast("B")
+        if self._cache is not None and self._cache.size + len(view) > self._largest:
+            self._outgrow(self._cache.size + len(view))
         if self._cache is not None:
             self._cache.write(view)
         else:
             assert self._ufs is not None
             self._ufs.write(view)
         return len(view)
+
+    def _outgrow(self, size: int) -> None:
+        """The file grew past every tier (``size`` bytes so far): refuse it, or with
+        CACHE_THROUGH move what was staged to the under-store and write on there."""
+        assert self._cache is not None
+        store = self._store
+        if self._write_type is not WriteType.CACHE_THROUGH:
+            self.abort()
+            raise store._full_error(size, store._rel(self._key), at_least=True)
+        log.info("%s outgrew every tier; writing it through", store._rel(self._key))
+        staged = self._cache.finish()
+        self._cache = None
+        self._ufs = store._ufs.begin(self._key)
+        try:
+            with open(staged.path, "rb", buffering=0) as src:
+                while chunk := src.read(CHUNK):
+                    self._ufs.write(chunk)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(staged.path)
 
     def abort(self) -> None:
         """Discard everything written; the path keeps its previous version."""
@@ -201,7 +236,9 @@ class _LocalWriter(WriteStream):
             self._store._commit_cached(self._key, staged, self._write_type, self._ttl, self._pinned)
         else:
             assert self._ufs is not None
-            self._store._commit_through(self._key, self._ufs, self._ttl, self._pinned)
+            self._store._commit_through(
+                self._key, self._ufs, self._ttl, self._pinned, write_type=self._write_type
+            )
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
@@ -294,7 +331,9 @@ class LocalStore(BaseStore):
             for t in self._tiers
         )
 
-    def _full_error(self, size: int, key: str) -> StoreFullError:
+    def _full_error(self, size: int, key: str, *, at_least: bool = False) -> StoreFullError:
+        """``key`` of ``size`` bytes (``at_least``: a stream of unknown length, so far) fits
+        in no tier."""
         largest = max(t.capacity for t in self._tiers)
         why = (
             f"it is larger than the largest tier ({format_size(largest)})"
@@ -309,8 +348,9 @@ class LocalStore(BaseStore):
                 f"; the version of {key} being replaced holds {format_size(old.size)} of "
                 f"{tier} until the new one is complete"
             )
+        amount = f"over {format_size(largest)} so far" if at_least else format_size(size)
         return StoreFullError(
-            f"cannot place {key} ({format_size(size)}) in any tier: "
+            f"cannot place {key} ({amount}) in any tier: "
             f"{self._describe_tiers()} -- {why}; {_FULL_HINT}"
         )
 
@@ -560,14 +600,21 @@ class LocalStore(BaseStore):
         write_type: WriteType | str | None = None,
         ttl: float | None = None,
         pinned: bool | None = None,
+        size: int | None = None,
     ) -> BinaryIO:
-        """A read stream (verified at EOF) or a write stream (published on close)."""
+        """A read stream (verified at EOF) or a write stream (published on close).
+
+        ``size``: the bytes a write stream will get, where the caller knows it (a file's
+        size): a file larger than every tier is then refused at once (``MUST_CACHE``,
+        ``ASYNC_THROUGH``) or written to the under-store only (``CACHE_THROUGH``).  A
+        stream of unknown size is refused as soon as it outgrows the largest tier.
+        """
         key = self._key(path)
         if mode == "wb":
             self._check_file_key(key)
             check_ttl(ttl, path)
             wt = self._write_type if write_type is None else WriteType.parse(write_type)
-            return cast(BinaryIO, _LocalWriter(self, key, wt, ttl, pinned))
+            return cast(BinaryIO, _LocalWriter(self, key, wt, ttl, pinned, size))
         if mode != "rb":
             raise ValueError(f"mode must be 'rb' or 'wb', not {mode!r}")
         for _ in range(_READ_RETRIES):

@@ -31,7 +31,9 @@ examples:
   adcloud synth --seconds 600 --compression lz4 --out long.bag --overwrite
   ADCLOUD_SYNTH_GPS_NOISE_M=3 adcloud synth --seconds 30 --out noisy.bag
 
-Writes the bag (a .bag file for ros1, a rosbag2 directory for ros2/mcap) and its
+Writes the bag (a .bag file for ros1; a rosbag2 directory for ros2/mcap: --out drive_mcap
+writes drive_mcap/drive_mcap.mcap and drive_mcap/metadata.yaml, so a name ending in
+.mcap, .db3 or .bag is refused for them) and its
 ground truth in <out>.truth/ (poses.txt, map.geojson, raster.npz, world.json,
 config.json; see docs/synth-truth-format.md).  The same settings give the same bytes.
 Any DriveConfig field can also be set with ADCLOUD_SYNTH_<FIELD> or a --config file's
@@ -56,7 +58,8 @@ def add_parser(subparsers: Any) -> None:
         required=True,
         metavar="PATH",
         type=local_path("the drive"),
-        help="bag file (ros1) or bag directory (ros2, mcap): a local path or file:// URL",
+        help="bag file (ros1: drive.bag) or bag directory (ros2, mcap: drive/ holding "
+        "drive/drive.db3 or drive/drive.mcap and metadata.yaml): a local path or file:// URL",
     )
     p.add_argument(
         "--seconds", type=float, metavar="S", help="simulated duration in s (default 60)"
@@ -190,7 +193,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     config = load_settings(DriveConfig, "synth", file=args.config, **overrides).validate()
     bar, update = _progress_bar(config.seconds, args.quiet)
     try:
-        result = generate_drive(config, Path(args.out), overwrite=args.overwrite, progress=update)
+        # the text as given: a trailing "/" (a directory, not a ros1 file) is refused
+        result = generate_drive(config, args.out, overwrite=args.overwrite, progress=update)
     finally:
         bar.close()
     _report(result, console)
@@ -202,7 +206,8 @@ def run_demo(
 ) -> DriveResult:
     """The synthetic part of ``adcloud demo``: a short 32-beam drive under ``out_dir/synth``.
 
-    Writes ``out_dir/synth/drive.bag`` (replacing an earlier one) and its truth, prints
+    Writes ``out_dir/synth/drive.bag`` (``drive/`` where ``ADCLOUD_SYNTH_FORMAT`` picks a
+    rosbag2 format; replacing an earlier one) and its truth, prints
     a summary and where the outputs are, and returns the result (e.g. to ingest the
     bag with BinPipe next).
     """
@@ -212,7 +217,8 @@ def run_demo(
     console.rule("adcloud synth: a synthetic drive with ground truth")
     bar, update = _progress_bar(config.seconds, quiet)
     try:
-        result = generate_drive(config, target / "drive.bag", overwrite=True, progress=update)
+        name = "drive.bag" if config.format == "ros1" else "drive"
+        result = generate_drive(config, target / name, overwrite=True, progress=update)
     finally:
         bar.close()
     _report(result, console)

@@ -521,6 +521,41 @@ def _user_error(err: OSError, stage: Path, bag: Path) -> OSError:
     return OSError(err.errno, err.strerror or str(err), str(name))
 
 
+# Suffixes that name one bag layout: a name with one of them written as another layout (a
+# rosbag2 directory "m.mcap" holding "m.mcap.mcap", a ROS 1 file "d.mcap") is never what
+# the user meant, and tools that go by the suffix then fail to open it.
+_LAYOUT_SUFFIXES = {".bag": "a ROS 1 bag file", ".mcap": "an MCAP file", ".db3": "a sqlite3 file"}
+_STORAGE_SUFFIX = {"ros2": ".db3", "mcap": ".mcap"}
+
+
+def _check_out_name(text: str, bag: Path, fmt: str) -> None:
+    """Refuse an ``out`` whose name promises another layout than ``fmt`` writes."""
+    suffix = bag.suffix.lower()
+    if fmt == "ros1":
+        if text.endswith(("/", os.sep)):
+            raise SynthError(
+                f"out {text!r} names a directory, but format 'ros1' writes one .bag file: "
+                f"give its file name (e.g. {str(bag / 'drive.bag')!r})"
+            )
+        if suffix in _LAYOUT_SUFFIXES and suffix != ".bag":
+            raise SynthError(
+                f"out {str(bag)!r} names {_LAYOUT_SUFFIXES[suffix]}, but format 'ros1' "
+                f"writes a ROS 1 bag: name it {str(bag.with_suffix('.bag'))!r} or choose "
+                f"--format {'mcap' if suffix == '.mcap' else 'ros2'}"
+            )
+        return
+    if suffix in _LAYOUT_SUFFIXES:
+        plain = bag.with_suffix("")
+        inside = plain / f"{plain.name}{_STORAGE_SUFFIX[fmt]}"
+        raise SynthError(
+            f"out {str(bag)!r} names {_LAYOUT_SUFFIXES[suffix]}, but format {fmt!r} writes a "
+            f"rosbag2 directory: out names that directory and the {_STORAGE_SUFFIX[fmt]} file "
+            f"goes inside it (out={str(plain)!r} writes {str(inside)!r} and "
+            f"{str(plain / 'metadata.yaml')!r})"
+            + (" or choose --format ros1" if suffix == ".bag" else "")
+        )
+
+
 def generate_drive(
     config: DriveConfig,
     out: str | Path,
@@ -530,7 +565,10 @@ def generate_drive(
 ) -> DriveResult:
     """Write the drive ``config`` describes to ``out`` and its truth to ``<out>.truth/``.
 
-    ``out`` is a ``.bag`` file (``ros1``) or a rosbag2 directory (``ros2``, ``mcap``).
+    ``out`` is a ``.bag`` file (``ros1``) or a rosbag2 directory (``ros2``, ``mcap``)
+    that holds ``<name>.db3`` or ``<name>.mcap`` and ``metadata.yaml``; a name whose
+    suffix promises another layout (``m.mcap`` for ``mcap``, ``d.mcap`` or ``dir/`` for
+    ``ros1``) is refused with :class:`SynthError`.
     ``progress`` is called with the simulated seconds done after each window.  Raises
     :class:`SynthError` for bad settings or an existing output (unless ``overwrite``).
 
@@ -543,6 +581,7 @@ def generate_drive(
     bag = Path(out)
     if bag.name in ("", ".", ".."):
         raise SynthError(f"out must name a bag file or bag directory, not {str(out)!r}")
+    _check_out_name(str(out), bag, config.format)
     truth = truth_dir_for(bag)
     if overwrite and bag.parent.is_dir():
         _check_replaceable(bag, truth)

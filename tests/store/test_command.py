@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import re
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from adcloud.store import LocalStore, ServerLimits, StoreError
+from adcloud.store import LocalStore, ServerLimits, StoreError, StoreFullError
 from adcloud.store.command import add_parser
 from tests.store.conftest import worker_env
 
@@ -437,3 +438,58 @@ def test_ls_and_stat_never_place_a_lost_file_in_the_under_store(
     assert re.search(r"/l/mc .* lost .* LOST", out) and "under-store" not in out
     code, out = run("store", "stat", "local:///l/mc")
     assert code == 0 and re.search(r"tier\s+\S*\s*lost", out) and "under-store" not in out
+
+
+def test_put_of_a_file_larger_than_every_tier_is_refused_naming_it(
+    tmp_path: Path, store_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``adcloud store put big.bin`` read and copied the whole file into the store before
+    saying it fits in no tier; its size is known up front, so it is refused at once, the
+    error naming the file, its size and the largest tier's capacity."""
+    monkeypatch.setenv("ADCLOUD_STORE_MEM_CAPACITY", "4KB")
+    monkeypatch.setenv("ADCLOUD_STORE_SSD_CAPACITY", "0")
+    monkeypatch.setenv("ADCLOUD_STORE_HDD_CAPACITY", "0")
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"x" * 10_000)
+    with pytest.raises(StoreFullError) as info:
+        run("store", "put", str(big), "local:///big.bin", "--write-type", "MUST_CACHE")
+    assert re.search(
+        rf"{re.escape(str(big))}: cannot place /big\.bin \(9\.8 KiB\).*largest tier \(3\.9 KiB\)",
+        str(info.value),
+    )
+
+
+def test_put_of_an_endless_stream_is_refused_once_it_outgrows_every_tier(
+    tmp_path: Path, store_root: Path
+) -> None:
+    """``producer | adcloud store put - URL``: the store refused the stream only at its
+    end, so a long-running producer ran on (and its bytes were staged) long after the
+    file could not fit; now the put fails as soon as it passes the largest tier."""
+    env = worker_env(
+        ADCLOUD_STORE_MEM_CAPACITY="64KB",
+        ADCLOUD_STORE_SSD_CAPACITY="0",
+        ADCLOUD_STORE_HDD_CAPACITY="0",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adcloud.cli", "store", "put", "-", "local:///endless"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    try:
+        with contextlib.suppress(BrokenPipeError):  # refused before all of it was read
+            proc.stdin.write(b"x" * 200_000)  # the stream stays open: its length is unknown
+            proc.stdin.flush()
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail("the put waited for the end of a stream that could never fit")
+    finally:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert code != 0 and "stdin: cannot place /endless (over 62.5 KiB so far)" in err

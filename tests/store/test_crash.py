@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -16,10 +20,13 @@ from pathlib import Path
 import pytest
 
 from adcloud.store import (
+    AlluxioStore,
     LocalStore,
     PersistenceState,
     StoreCorruptionError,
+    StoreError,
     StoreFullError,
+    StoreUnavailableError,
     WriteType,
 )
 from tests.store._worker import check_payload, payload
@@ -260,3 +267,101 @@ def test_a_damaged_catalog_is_one_error_naming_it(store_root: Path) -> None:
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr
         assert done.stderr.startswith(f"error: the store catalog {catalog} is damaged")
+
+
+def _serve(port: int) -> subprocess.Popen[str]:
+    """``adcloud store serve`` on ``port`` as its own process, once it answers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adcloud.cli", "store", "serve", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=worker_env(),
+    )
+    probe = AlluxioStore(f"alluxio://127.0.0.1:{port}/", timeout=5)
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                probe.exists("/")
+            except StoreUnavailableError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    kill(proc)
+                    pytest.fail("adcloud store serve did not start")
+                time.sleep(0.1)
+            else:
+                return proc
+    finally:
+        probe.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_proxy_killed_mid_write_is_an_error_naming_the_path(store_root: Path) -> None:
+    """``adcloud store serve`` killed while a client streams a file into it: the client's
+    error said only "cannot reach the Alluxio REST proxy at HOST:PORT", not which file's
+    write broke off.  A server restarted over the store has none of it, and serves on."""
+    port = _free_port()
+    proc = _serve(port)
+    client = AlluxioStore(f"alluxio://127.0.0.1:{port}/", timeout=5, chunk_size=64 << 10)
+    path = "/runs/day 1/ünï.bin"
+    try:
+        client.put("/kept.bin", b"kept")
+        stream = client.open(path, "wb")
+        stream.write(b"x" * (64 << 10))  # one write request went through
+        kill(proc)
+        with pytest.raises(StoreUnavailableError, match=re.escape(f"write {path}: cannot reach")):
+            stream.write(b"y" * (64 << 10))
+        with pytest.raises(StoreUnavailableError, match=re.escape("get-status /kept.bin")):
+            client.stat("/kept.bin")
+        proc = _serve(port)
+        assert client.get("/kept.bin") == b"kept" and not client.exists(path)
+        client.put(path, b"whole")
+        assert client.get(path) == b"whole"
+    finally:
+        client.close()
+        if proc.poll() is None:
+            kill(proc)
+    assert list((store_root / "mem/tmp").iterdir()) == []  # the killed server's staging
+
+
+def test_a_read_cut_off_by_a_dying_proxy_reports_the_read(store_root: Path) -> None:
+    """A proxy that dies mid-answer to ``get``: the error that ended the read ("reading
+    PATH from the proxy broke off") was replaced by the failure to close the stream on the
+    dead proxy ("cannot reach ..." naming no file).  The proxy here is a socket that
+    answers as the real one does, then drops the connection and stops listening."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def proxy() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for answer in (b"7", None):  # open-file, then the read cut short
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += conn.recv(65536)
+                if answer is not None:
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 1\r\n\r\n" + answer
+                    )
+                else:
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        b"10000\r\n" + b"z" * 1000
+                    )
+            listener.close()  # the proxy is gone: the stream's close is refused
+
+    thread = threading.Thread(target=proxy, daemon=True)
+    thread.start()
+    client = AlluxioStore(f"alluxio://127.0.0.1:{port}/", timeout=5)
+    try:
+        with pytest.raises(StoreError, match=re.escape("reading /drives/a b.bag from the proxy")):
+            client.get("/drives/a b.bag")
+    finally:
+        client.close()
+        thread.join(timeout=10)

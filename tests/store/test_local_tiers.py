@@ -835,3 +835,45 @@ def test_glob_characters_reach_an_object_under_store_literally(
     assert store.get("/g/f1.bin") == b"f1.bin"
     assert store.get("/g/f2.bin") == b"f2.bin"
     assert store.get("/g/h*.bin") == b"[f]1.bin"
+
+
+def test_a_stream_larger_than_every_tier_is_refused_as_it_passes_the_limit(
+    make_store: MakeStore, store_root: Path
+) -> None:
+    """A MUST_CACHE stream of unknown length was refused only at close, after every byte
+    had been read and staged (the last tier's staging file grew far past its capacity);
+    now the write that passes the largest tier raises, naming the path and that tier."""
+    store = make_store(**SMALL)
+    stream = store.open("/huge", "wb", write_type=WriteType.MUST_CACHE)
+    for i in range(6):  # 60 KB: still fits the 64 KB HDD tier
+        stream.write(blob(i, 10 * KB))
+    with pytest.raises(StoreFullError, match=r"/huge \(over 62\.5 KiB so far\).*largest tier"):
+        stream.write(blob(6, 10 * KB))
+    assert stream.closed and not store.exists("/huge")
+    assert [p for t in ("mem", "ssd", "hdd") for p in (store_root / t / "tmp").iterdir()] == []
+
+
+def test_a_sized_write_larger_than_every_tier_is_refused_before_any_byte(
+    make_store: MakeStore, store_root: Path
+) -> None:
+    """``open(..., size=N)`` (``adcloud store put FILE``): a file larger than every tier is
+    refused at once; with CACHE_THROUGH it goes straight to the under-store, and a
+    CACHE_THROUGH stream that outgrows the tiers moves there instead of overfilling HDD."""
+    store = make_store(**SMALL)
+    with pytest.raises(StoreFullError, match=r"/sized \(97\.7 KiB\).*largest tier \(62\.5 KiB\)"):
+        store.open("/sized", "wb", write_type=WriteType.ASYNC_THROUGH, size=100 * KB)
+    with store.open("/ct", "wb", write_type=WriteType.CACHE_THROUGH, size=100 * KB) as stream:
+        assert not list((store_root / "mem" / "tmp").iterdir())
+        stream.write(blob(3, 100 * KB))
+    with store.open("/ct2", "wb", write_type=WriteType.CACHE_THROUGH) as stream:
+        for i in range(10):
+            stream.write(blob(i, 10 * KB))
+            staged = [p.stat().st_size for p in (store_root / "hdd" / "tmp").iterdir()]
+            assert sum(staged) <= 64 * KB
+    for path, data in (
+        ("/ct", blob(3, 100 * KB)),
+        ("/ct2", b"".join(blob(i, 10 * KB) for i in range(10))),
+    ):
+        status = store.stat(path)
+        assert status.tier is None and status.persisted and status.size == 100 * KB
+        assert store.get(path) == data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,41 @@ def test_out_is_a_local_path_or_file_url(
     args = _parser().parse_args([*argv, "--out", f"file://{tmp_path}/u.bag"])
     assert args.func(args, _console()[0]) == 0
     assert (tmp_path / "u.bag").is_file() and (tmp_path / "u.bag.truth").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "out", "expected"),
+    [
+        ("mcap", "m.mcap", "out='m' writes 'm/m.mcap'"),
+        ("mcap", "m.bag", "choose --format ros1"),
+        ("ros2", "r.db3", "out='r' writes 'r/r.db3'"),
+        ("ros1", "d.mcap", "name it 'd.bag' or choose --format mcap"),
+        ("ros1", "folder/", "'folder/' names a directory"),
+    ],
+)
+def test_an_out_whose_name_promises_another_layout_is_refused(
+    fmt: str, out: str, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--format mcap --out m.mcap`` wrote a rosbag2 *directory* ``m.mcap`` holding
+    ``m.mcap.mcap``; ``--format ros1 --out d.mcap`` a ROS 1 bag named like an MCAP file and
+    ``--out folder/`` a file ``folder``.  Each is refused before any work, saying where the
+    bag would go, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["synth", "--seconds", "0.2", "--beams", "16", "--no-camera", "--format", fmt]
+    args = _parser().parse_args([*argv, "--out", out, "-q"])
+    with pytest.raises(SynthError, match=re.escape(expected)):
+        args.func(args, _console()[0])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_part_names_a_rosbag2_drive_as_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ADCLOUD_SYNTH_FORMAT=mcap adcloud demo`` writes its drive as ``drive/``, not as a
+    directory named ``drive.bag``."""
+    monkeypatch.setenv("ADCLOUD_SYNTH_FORMAT", "mcap")
+    monkeypatch.setenv("ADCLOUD_SYNTH_LIDAR_BEAMS", "16")
+    monkeypatch.setenv("ADCLOUD_SYNTH_CAMERA", "false")
+    result = run_demo(tmp_path, _console()[0], seconds=0.3, quiet=True)
+    assert result.bag == tmp_path / "synth" / "drive"
+    assert (result.bag / "drive.mcap").is_file() and (result.bag / "metadata.yaml").is_file()
