@@ -12,7 +12,7 @@ arrives or the node has been idle for ``--quiet`` seconds: while the node's proc
 (``--node-pgid``) keeps using CPU it is still answering, however slow the machine, so the
 wait goes on (see :mod:`adcloud.sim.adapters`).  Every message received on an output topic
 is written back stamped with the simulated clock, preceded by a META record with its
-definition.
+definition -- but those the bridge published itself (a topic that is input and output).
 Exit status: 0 after END and a final quiet period, non-zero (no END written) on any error.
 """
 
@@ -384,8 +384,12 @@ def main():
     described = set()
     split = [t for t in args.outputs.split(",") if t]
 
+    me = rospy.get_name()
+
     def on_output(msg, topic):
         header = getattr(msg, "_connection_header", None) or {}
+        if header.get("callerid") == me:
+            return  # an input this bridge published on an output topic (/tf both ways)
         with cond:
             now = state["now"]
         msgtype = _binpipe_type(header.get("type", ""))

@@ -56,7 +56,7 @@ import xmlrpc.client
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from adcloud._lifeline import Lifeline
 from adcloud.binpipe.codec import Block, BlockKind, Message, encode_block
@@ -117,8 +117,14 @@ class NodeSpec:
 
     @property
     def args(self) -> list[str]:
-        """The command as an argument list."""
-        return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
+        """The command as an argument list; :class:`SimError` when a string does not split
+        (an unclosed quote)."""
+        if not isinstance(self.command, str):
+            return list(self.command)
+        try:
+            return shlex.split(self.command)
+        except ValueError as err:
+            raise SimError(f"the node command {self.command!r} does not split: {err}") from err
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,10 @@ class NodeRun:
     ``outputs`` hold owned bytes; ``received`` and ``sent`` are ``time.monotonic()``
     seconds; ``sent`` pairs each input's timestamp (ns) with when it was written.
     ``failure`` is None when the node ran and ended cleanly.  ``ignored`` counts the
-    messages the node wrote on topics outside the output topics (dropped), by topic.
+    messages the node wrote on topics outside the output topics (dropped), by topic;
+    ``published`` the topics outside them that a ROS node advertised, with their types
+    (read from its private roscore's publisher list: the bridge does not subscribe to
+    them, so they have no message count).
     """
 
     outputs: list[Message] = field(default_factory=list)
@@ -185,6 +194,7 @@ class NodeRun:
     stderr_tail: str = ""
     wall_s: float = 0.0
     ignored: dict[str, int] = field(default_factory=dict)
+    published: dict[str, str] = field(default_factory=dict)
 
 
 class NodeAdapter(Protocol):
@@ -742,6 +752,33 @@ def _as_node_failure(failure: str, bridge: Sequence[str], node: Sequence[str]) -
     return f"the ROS bridge to node {shlex.join(node)!r} {reason}"
 
 
+#: Topics every ROS node publishes (its log), and rosout's own.
+_ROS_LOG_TOPICS = ("/rosout", "/rosout_agg")
+
+
+def _published_elsewhere(master_uri: str, output_topics: Sequence[str]) -> dict[str, str]:
+    """``{topic: type}`` of what the nodes on the private master at ``master_uri`` publish
+    outside ``output_topics`` -- not the bridge's ``/clock`` and inputs, nor the log: a
+    node answering on another topic than ``--outputs`` says nothing the bridge reads.
+    Empty when the master cannot tell (it is gone)."""
+    master = xmlrpc.client.ServerProxy(master_uri)
+    try:
+        state: Any = master.getSystemState("/adcloud")
+        types: Any = master.getTopicTypes("/adcloud")
+        publishers: list[tuple[str, list[str]]] = [(t, list(n)) for t, n in state[2][0]]
+        kinds = {str(topic): str(kind) for topic, kind in types[2]}
+    except (OSError, xmlrpc.client.Error, IndexError, TypeError, ValueError):
+        return {}
+    outputs = {"/" + t.lstrip("/") for t in output_topics}
+    return {
+        topic: kinds.get(topic, "?")
+        for topic, nodes in sorted(publishers)
+        if topic not in outputs
+        and topic not in _ROS_LOG_TOPICS
+        and any(not n.startswith("/adcloud_bridge") and n != "/rosout" for n in nodes)
+    }
+
+
 class Ros1Adapter:
     """``ros1``: a real ROS 1 node on a private roscore, fed through the rospy bridge.
 
@@ -883,6 +920,7 @@ class Ros1Adapter:
                 watch_group=node_proc.pid,
                 lifeline=lifeline,
             )
+            run.published = _published_elsewhere(env["ROS_MASTER_URI"], output_topics)
             code = node_proc.poll()
             if code is not None and code != 0:
                 # The node died on its own: that is the scenario's failure, in its own last

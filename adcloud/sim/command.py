@@ -109,12 +109,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--window",
         type=_positive_seconds,
-        default=10.0,
-        help="window length, s (--cut window); a last window shorter than half of it is "
-        "merged into the one before",
+        default=None,  # 10; None tells a --window given without --cut window
+        help="window length, s (--cut window; default 10); a last window shorter than half "
+        "of it is merged into the one before",
     )
     p.add_argument(
-        "--warmup", type=_seconds, default=0.0, help="warm-up before each window, s (>= 0)"
+        "--warmup",
+        type=_seconds,
+        default=None,  # 0
+        help="warm-up before each window, s (>= 0; --cut window; default 0)",
     )
     p.add_argument("--scenarios", metavar="FILE", help="scenario file (implies --cut file)")
     p.add_argument(
@@ -270,13 +273,26 @@ def job_from_args(args: argparse.Namespace) -> ReplayJob:
             "does not go with it"
         )
     mode = CutMode.FILE if args.scenarios else CutMode(args.cut or CutMode.BAG.value)
+    given = [
+        option
+        for option, value in (("--window", args.window), ("--warmup", args.warmup))
+        if value is not None
+    ]
+    if given and mode is not CutMode.WINDOW:
+        # windows are all they shape: a bag or a scenario file would replay unchanged
+        raise SimError(
+            f"{' and '.join(given)} cut bags into windows: give --cut window with "
+            f"{'them' if len(given) > 1 else 'it'} (the cut is {mode.value})"
+        )
+    window = 10.0 if args.window is None else args.window
+    warmup = 0.0 if args.warmup is None else args.warmup
     return ReplayJob(
         bags=tuple(args.bags),
         node=NodeSpec(args.node, adapter=args.adapter),
         input_topics=args.inputs,
         output_topics=args.outputs,
         evaluators=tuple(parse_evaluator(e) for e in args.eval),
-        cut=ScenarioCut(mode, args.window, args.warmup, args.scenarios),
+        cut=ScenarioCut(mode, window, warmup, args.scenarios),
         timing=ReplayTiming(
             rate=args.rate,
             sync=not args.no_sync,

@@ -390,7 +390,9 @@ class FrameEvaluator:
     A frame (a message on one of ``inputs``, topics joined by ``+``) counts as answered
     when an output on ``output`` carries its timestamp.  Metrics: ``frames``,
     ``answered``, ``loss_rate`` (unanswered / frames), ``throughput_fps`` (answered frames
-    per second of replay wall time) and ``latency_p50_ms``/``latency_p95_ms``.
+    per second of replay wall time) and ``latency_p50_ms``/``latency_p95_ms``.  An input
+    topic without a frame in the scenario (not in the bag) fails it: that camera was not
+    replayed.
     """
 
     def __init__(
@@ -410,9 +412,11 @@ class FrameEvaluator:
     def evaluate(self, data: ScenarioData) -> Evaluation:
         """Pass when the loss rate is at most ``max_loss`` and throughput reaches ``min_fps``."""
         frames: dict[int, int] = {}
+        streams: set[str] = set()
         for m in data.in_range(data.messages):
             if m.topic in self.inputs:
                 frames[m.timestamp] = frames.get(m.timestamp, 0) + 1
+                streams.add(m.topic)
         answers: dict[int, int] = {}
         latencies = []
         for m, lat in zip(data.outputs, data.latencies_ms, strict=True):
@@ -435,6 +439,11 @@ class FrameEvaluator:
             "latency_p95_ms": _percentile(latencies, 95),
         }
         problems = []
+        # a camera without frames (a misspelt topic) was never replayed: the detector did
+        # not sustain the load it is credited with
+        missing = [t for t in self.inputs if t not in streams]
+        if missing:
+            problems.append(f"no frames on {', '.join(missing)}")
         if loss > self.max_loss:
             problems.append(f"frame loss {loss:.1%} > {self.max_loss:.1%}")
         if fps < self.min_fps:

@@ -314,14 +314,37 @@ def _evaluate(evaluator: Evaluator, data: ScenarioData) -> Evaluation:
     return replace(verdict, passed=bool(verdict.passed), metrics=metrics)
 
 
+def _published(run: NodeRun, job: ReplayJob) -> dict[str, str]:
+    """The topics outside the output topics that a ROS node published, when an output
+    topic got nothing (a mismatch; a ROS node's debug topics beside answers are no news)."""
+    silent = set(job.output_topics) - {m.topic for m in run.outputs}
+    return run.published if silent else {}
+
+
+def _elsewhere(run: NodeRun, job: ReplayJob) -> bool:
+    """Whether the node said something outside the output topics worth telling."""
+    return bool(run.ignored or _published(run, job))
+
+
 def _dropped(run: NodeRun, job: ReplayJob, *, also: bool = False) -> str:
     """What the node wrote outside the output topics (a misspelt ``--outputs`` reads as a
     node that said nothing)."""
-    elsewhere = ", ".join(f"{topic} ({n})" for topic, n in sorted(run.ignored.items()))
-    return (
-        f"the node {'also ' if also else ''}wrote on {elsewhere}, which are not output "
-        f"topics ({', '.join(job.output_topics)}): dropped"
-    )
+    said = []
+    outputs = ", ".join(job.output_topics)
+    if run.ignored:
+        elsewhere = ", ".join(f"{topic} ({n})" for topic, n in sorted(run.ignored.items()))
+        said.append(
+            f"the node {'also ' if also else ''}wrote on {elsewhere}, which are not output "
+            f"topics ({outputs}): dropped"
+        )
+    published = _published(run, job)
+    if published:
+        elsewhere = ", ".join(f"{topic} ({kind})" for topic, kind in sorted(published.items()))
+        said.append(
+            f"the node {'also ' if also else ''}published on {elsewhere}, which are not "
+            f"output topics ({outputs}): not read"
+        )
+    return "; ".join(said)
 
 
 def _failure_with_progress(run: NodeRun, inputs: int, job: ReplayJob) -> str:
@@ -336,7 +359,7 @@ def _failure_with_progress(run: NodeRun, inputs: int, job: ReplayJob) -> str:
         f"{run.failure} ({len(run.sent):,} of {inputs:,} inputs sent, "
         f"{len(run.outputs):,} outputs received)"
     )
-    if run.ignored:
+    if _elsewhere(run, job):
         said += f"; {_dropped(run, job)}"
     if "timed out" in run.failure and not run.outputs and job.timing.sync:
         said += (
@@ -414,7 +437,7 @@ def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
     data = ScenarioData(scenario, messages, run.outputs, _latencies(run)[0], decoder, span)
     evals = [_evaluate(evaluator, data) for evaluator in evaluators]
     failed = [f"{e.name}: {e.reason}" for e in evals if not e.passed]
-    if failed and run.ignored:  # a misspelt output topic reads as a node that said nothing
+    if failed and _elsewhere(run, job):  # a misspelt output topic reads as a silent node
         failed.append(_dropped(run, job, also=True))
     return result(run, not failed, "; ".join(failed), evals)
 

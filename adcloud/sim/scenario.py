@@ -157,7 +157,7 @@ def _bag_range(uri: str, storage_options: Mapping[str, Any] | None) -> tuple[int
         raise SimError(f"cannot read the index of {uri}: {err}") from err
     if not summary.message_count:
         return None
-    return summary.start, summary.end + 1
+    return summary.start, summary.end  # the summary's end is the last record time + 1 ns
 
 
 def plan_scenarios(

@@ -95,6 +95,13 @@ def test_adapter_by_import_path() -> None:
         command.job_from_args(args)
 
 
+def test_a_node_command_with_an_unclosed_quote_is_refused() -> None:
+    """``--node "python -m det --name 'x"`` raised shlex's bare ValueError: a traceback."""
+    args = _parse(["sim", "run", "a.bag", "--node", "python -m det --name 'x", "--inputs", "/a"])
+    with pytest.raises(SimError, match=r"the node command .* does not split: No closing quotation"):
+        command.job_from_args(args)
+
+
 def test_bad_topic_is_refused() -> None:
     args = _parse(["sim", "run", "a.bag", "--node", "x", "--inputs", "not a topic"])
     with pytest.raises(SimError, match="bad topic name"):
@@ -281,3 +288,26 @@ def test_bags_or_a_cut_beside_a_scenario_file_are_refused(extra: list[str], says
         command.job_from_args(args)
     args = _parse(["sim", "run", "--node", "cat", "--inputs", "/a", "--scenarios", "s.json"])
     assert command.job_from_args(args).cut.mode is CutMode.FILE
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--window", "5"], "--window cut bags into windows: give --cut window with it"),
+        (["--warmup", "1"], "--warmup cut bags into windows: give --cut window with it"),
+        (
+            ["--cut", "bag", "--window", "5", "--warmup", "1"],
+            "--window and --warmup cut bags into windows: give --cut window with them",
+        ),
+        (["--scenarios", "s.json", "--window", "5"], "(the cut is file)"),
+    ],
+)
+def test_window_options_without_a_window_cut_are_refused(extra: list[str], says: str) -> None:
+    """``--window 5`` without ``--cut window`` replayed each bag whole, without a word."""
+    bags = [] if "--scenarios" in extra else ["a.bag"]
+    args = _parse(["sim", "run", *bags, "--node", "cat", "--inputs", "/a", *extra])
+    with pytest.raises(SimError, match=re.escape(says)):
+        command.job_from_args(args)
+    args = _parse(["sim", "run", "a.bag", "--node", "cat", "--inputs", "/a", "--cut", "window"])
+    cut = command.job_from_args(args).cut
+    assert (cut.window_s, cut.warmup_s) == (10.0, 0.0)

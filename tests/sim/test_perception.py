@@ -101,6 +101,22 @@ def test_a_crashed_detector_lost_every_frame(
     assert (written["frames"], written["loss_rate"]) == (20, 1.0)
 
 
+def test_a_camera_topic_without_frames_fails_its_load(camera_drive: DriveResult) -> None:
+    """A misspelt camera topic (not in the bag) was replayed as no stream at all, and the
+    load passed: a sweep said the detector sustained 2 cameras having fed it one."""
+    topics = ["/camera/image_raw", "/camera9/image_raw"]
+    job = camera_replay_job(
+        [str(camera_drive.bag)], NodeSpec(NODE), topics, "/detections", rate=4.0
+    )
+    (scenario,) = plan_scenarios(list(job.bags))
+    result = run_scenario(scenario, job)
+    assert not result.passed
+    assert result.reason == "frames: no frames on /camera9/image_raw"
+    assert result.metrics["frames.frames"] == 10
+    load = CameraLoad.of(ReplayResults(job, (result,), result.wall_s), topics)
+    assert not load.passed and CameraSweep((load,), 0.05, 4.0).sustained == 0
+
+
 @pytest.fixture(scope="module")
 def rig_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
     """2 s of a three-camera rig at 5 Hz (10 frames per camera), no LiDAR."""

@@ -139,6 +139,41 @@ def test_relay_node_nobody_here_wrote(drive: DriveResult) -> None:
     assert result.output_counts["/relayed"] in (28, 29)
 
 
+@pytest.mark.skipif(not Path(RELAY).exists(), reason="topic_tools is not installed")
+def test_a_node_publishing_on_another_topic_is_told_which(drive: DriveResult) -> None:
+    """A node answering on /relayed while --outputs says /obstacles was reported only as
+    "0.00 Hz": the reason names the topics it published, read from the private roscore."""
+    job = _job(
+        drive.bag,
+        f"{RELAY} /lidar/points /relayed",
+        ("/obstacles",),
+        EvaluatorSpec.of("rate", topic="/obstacles", min_hz=8),
+        quiet_s=0.05,
+    )
+    result = _run(job)
+    assert not result.passed
+    assert result.reason.startswith("rate: /obstacles at 0.00 Hz < 8 Hz; ")
+    assert "published on /relayed (sensor_msgs/PointCloud2)" in result.reason
+    assert "output topics (/obstacles)" in result.reason
+    # the bridge's own topics and the log are not the node's answers
+    for topic in ("/clock", "/lidar/points", "/rosout"):
+        assert f"{topic} (" not in result.reason
+
+
+@pytest.mark.skipif(not Path(RELAY).exists(), reason="topic_tools is not installed")
+def test_an_input_topic_that_is_also_an_output_gives_the_nodes_messages_only(
+    drive: DriveResult,
+) -> None:
+    """A topic both fed and answered on (/tf in, /tf out): the bridge subscribed to its own
+    publications and wrote every input back as an output of the node -- which also ended
+    each synchronous wait before the node had answered."""
+    job = _job(drive.bag, f"{RELAY} /lidar/points /relayed", ("/lidar/points", "/relayed"))
+    result = _run(job)
+    assert result.passed, (result.reason, result.stderr_tail)
+    assert "/lidar/points" not in result.output_counts
+    assert result.output_counts["/relayed"] in (28, 29)
+
+
 def test_node_crash_is_a_failed_scenario(drive: DriveResult) -> None:
     result = _run(
         _job(drive.bag, ROS_NODE + " _crash_after:=3", ("/obstacles",), *DETECT, quiet_s=0.05)

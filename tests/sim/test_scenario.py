@@ -146,6 +146,29 @@ def test_scenario_file_times_past_int64_are_refused(drive: DriveResult, tmp_path
         plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(listing)))
 
 
+def test_a_scenario_ends_1_ns_after_the_last_message(tmp_path: Path) -> None:
+    """The summary's end (last record time + 1 ns) got another 1 ns: a bag of one message
+    at t spanned [t, t + 2), and 1 ns windows cut it into its message and an empty window
+    that failed for having no messages."""
+    from rosbags.rosbag1 import Writer  # noqa: PLC0415
+    from rosbags.typesys import Stores, get_typestore  # noqa: PLC0415
+
+    store = get_typestore(Stores.ROS1_NOETIC)
+    string = store.types["std_msgs/msg/String"]
+    bag = tmp_path / "one.bag"
+    with Writer(bag) as writer:
+        conn = writer.add_connection("/chatter", string.__msgtype__, typestore=store)
+        writer.write(conn, 7 * _NS, store.serialize_ros1(string(data="hi"), string.__msgtype__))
+    (whole,) = plan_scenarios(str(bag))
+    assert (whole.start, whole.end) == (7 * _NS, 7 * _NS + 1)
+    windows = plan_scenarios(str(bag), ScenarioCut(CutMode.WINDOW, 1e-9))
+    assert [(s.start, s.end) for s in windows] == [(7 * _NS, 7 * _NS + 1)]
+    listing = tmp_path / "s.json"
+    listing.write_text(json.dumps([{"bag": str(bag), "start": 1e-9}]))
+    with pytest.raises(SimError, match="start 1e-09 s is past the end"):
+        plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(listing)))
+
+
 def test_empty_bag_gives_an_empty_scenario(empty_bag: Path) -> None:
     (s,) = plan_scenarios(str(empty_bag))
     assert s.start == s.end == 0
