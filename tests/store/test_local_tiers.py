@@ -877,3 +877,38 @@ def test_a_sized_write_larger_than_every_tier_is_refused_before_any_byte(
         status = store.stat(path)
         assert status.tier is None and status.persisted and status.size == 100 * KB
         assert store.get(path) == data
+
+
+def test_read_range_reads_a_range_where_the_file_is(
+    make_store: MakeStore, store_root: Path
+) -> None:
+    """Positioned reads (a Spark task's byte range of a bag in the store): from the MEM tier,
+    a lower tier after eviction, and the under-store once the cached copy is freed; a
+    file only the lost cache held is LOST, not empty."""
+    store = make_store(**SMALL, promote_on_read=False)
+    data = bytes(range(256)) * 6  # 1,536 bytes
+    store.put("/r", data, write_type=WriteType.CACHE_THROUGH)
+    assert tiers(store, "/r") == ["MEM"]
+    assert store.read_range("/r", 100, 50) == data[100:150]
+    assert store.read_range("/r", 1500, 100) == data[1500:]  # cut at the end
+    assert store.read_range("/r", 4000, 10) == b""
+    assert store.read_range("/r", 7, 0) == b""
+    for i in range(3):  # push it down a tier
+        store.put(f"/churn/{i}", blob(i), write_type=WriteType.MUST_CACHE)
+    assert tiers(store, "/r") == ["SSD"]
+    assert store.read_range("/r", 1000, 300) == data[1000:1300]
+    assert tiers(store, "/r") == ["SSD"]  # a range does not promote the file
+    store.free("/r")
+    assert store.stat("/r").tier is None
+    assert store.read_range("/r", 3, 5) == data[3:8]
+    with pytest.raises(ValueError, match="offset and length must be >= 0"):
+        store.read_range("/r", -1, 5)
+    with pytest.raises(StoreNotFoundError):
+        store.read_range("/nope", 0, 1)
+    store.put("/m", data, write_type=WriteType.MUST_CACHE)
+    for level in ("mem", "ssd", "hdd"):  # the tiers emptied behind the store's back
+        for obj in (store_root / level / "objects").rglob("*"):
+            if obj.is_file():
+                obj.unlink()
+    with pytest.raises(StoreDataLostError, match="/m is lost"):
+        store.read_range("/m", 0, 10)
