@@ -21,8 +21,9 @@ A version directory holds::
                                                   (a build given labels and no new drive
                                                   writes a version with just them merged)
     report/summary.html                           a page to look at; its notes name the
-                                                  drives loop closures did not tie and
-                                                  each tied drive's GPS offset
+                                                  drives loop closures did not tie (those
+                                                  that came close to no other drive too)
+                                                  and each tied drive's GPS offset
     report/drive_ties.json                        the same, machine-readable
     settings.json, manifest.json                  effective settings; drives by content hash
     state/                                        tile statistics the next build merges into,
@@ -39,7 +40,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,7 @@ from adcloud.hdmap.mapdir import (
 )
 from adcloud.hdmap.report import TIES_JSON_NAME, write_report
 from adcloud.hdmap.semantic import (
+    LabelArea,
     SemanticMap,
     automatic_features,
     combine_labels,
@@ -286,11 +288,40 @@ def _map_origin(parent: MapVersion) -> tuple[float, float, float] | None:
     return lat, lon, alt
 
 
-def _read_labels(labels: str, stages: StageSettings) -> SemanticMap:
+def _read_labels(labels: str, stages: StageSettings, area: LabelArea | None = None) -> SemanticMap:
     """The label file ``labels`` as a build imports it (its sign types are those of the
-    sign catalogue of ``stages``)."""
+    sign catalogue of ``stages``; with ``area``, its positions within reach of it)."""
     types = [shape.type for shape in stages.signs.catalog]
-    return import_labels(labels, default_source="external", sign_types=types)
+    return import_labels(labels, default_source="external", sign_types=types, area=area)
+
+
+def _check_label_area(
+    labels: str, stages: StageSettings, bounds: Mapping[str, Sequence[float]], what: str
+) -> None:
+    """Refuse the label file ``labels`` when one of its positions lies beyond the reach of
+    the area of the map's drives: ``bounds``, each drive's keyframe box ``(x0, y0, x1, y1)``
+    (map frame, m; :class:`KeyframeArchive`), ``what`` naming them. The file is read again:
+    the area is known only once the map's version (or, for new drives, their poses) is."""
+    if not bounds:  # a version written before keyframes were kept: no area to check with
+        return
+    corners = [xy for box in bounds.values() for xy in (box[:2], box[2:4])]
+    _read_labels(labels, stages, LabelArea.around(corners, what))
+
+
+def _version_bounds(parent: MapVersion) -> dict[str, tuple[float, float, float, float]]:
+    """The keyframe box of each drive of the version ``parent`` (empty: none kept)."""
+    where = f"{parent.uri}/{STATE_KEYFRAMES}/{KeyframeArchive.INDEX}"
+    try:
+        text = parent.read_bytes(f"{STATE_KEYFRAMES}/{KeyframeArchive.INDEX}")
+    except MapFormatError:  # a version written before keyframes were kept
+        return {}
+    return KeyframeArchive.parse_index(text, where)
+
+
+def _label_source(labels: str) -> str:
+    """How a version's manifest names the label file it imported: a URL as given, a local
+    path made absolute (a relative one says nothing once the build's directory is gone)."""
+    return labels if "://" in labels else str(Path(labels).absolute())
 
 
 def _check_label_origin(
@@ -326,6 +357,10 @@ def labels_would_change(
     stages = stages or StageSettings.from_settings(settings)
     fresh = _read_labels(labels, stages)
     _check_label_origin(labels, fresh, plan.parent, settings)
+    if plan.parent is not None and plan.up_to_date:
+        # with new drives, the area is the parent's and theirs: checked once they are posed
+        what = f"the drives of version {plan.parent.id}"
+        _check_label_area(labels, stages, _version_bounds(plan.parent), what)
     return plan.parent is None or _labels_change_map(plan.parent, fresh)
 
 
@@ -748,6 +783,11 @@ def build_map(
                 )
             lat, lon, alt = (float(v) for v in info["origin"])
             assert files is not None  # a parent exists
+            assert labels is not None  # fresh was read from it
+            if (parent_root / STATE_KEYFRAMES).is_dir():
+                bounds = KeyframeArchive(parent_root / STATE_KEYFRAMES).bounds
+                what = f"the drives of version {plan.parent.id if plan.parent else '?'}"
+                _check_label_area(labels, stages, bounds, what)
             counts.update(
                 _relabel(plan, staging, files, parent_root, (lat, lon, alt), fresh, stages)
             )
@@ -804,7 +844,11 @@ def build_map(
             progress=say,
         )
         shutil.rmtree(out / ".exchange", ignore_errors=True)
-        KeyframeArchive.write(out / STATE_KEYFRAMES, result.keyframes, carry=archive)
+        archived = KeyframeArchive.write(out / STATE_KEYFRAMES, result.keyframes, carry=archive)
+        if labels and fresh is not None:  # the map's area, the new drives' included, is known
+            _check_label_area(
+                labels, stages, archived.bounds, "the map's drives (new ones included)"
+            )
         trajectories = {**previous_traj, **result.trajectories}
         if parent_root is not None and (parent_root / _STATE_SIGNS).is_file():
             old_pts, old_int = load_items(parent_root / _STATE_SIGNS)
@@ -851,6 +895,7 @@ def build_map(
         force=relabel,
         readmit=readmit,
         trust_mtime=trust_mtime,
+        labels=_label_source(labels) if labels else None,
     )
     timings["total"] = time.perf_counter() - started
     if skipped:

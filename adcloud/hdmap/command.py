@@ -342,6 +342,7 @@ def _cmd_info(args: argparse.Namespace, console: Console) -> int:
     if current is None:  # an error, on stderr: with --json, stdout holds JSON or nothing
         raise HdmapError(mapdir.no_version_text())
     history = [_history_row(mapdir, vid) for vid in mapdir.versions()]
+    notes = _tie_concerns(current)
     if args.json:
         console.print_json(
             json.dumps(
@@ -350,6 +351,7 @@ def _cmd_info(args: argparse.Namespace, console: Console) -> int:
                     "versions": mapdir.versions(),
                     "history": history,
                     "manifest": json.loads(current.manifest.to_json()),
+                    "notes": notes,
                 }
             )
         )
@@ -377,19 +379,42 @@ def _cmd_info(args: argparse.Namespace, console: Console) -> int:
     if current.manifest.held_out:
         title = "held out by a rollback (--readmit NAME takes one back)"
         console.print(_drive_table(title, current.manifest.held_out))
+    for note in notes:
+        console.print(f"note: {note}", highlight=False)
     return 0
 
 
+def _tie_concerns(version: Any) -> list[str]:
+    """The notes on how the drives of ``version`` hold together that ask for a look
+    (drives not tied to the others, large GPS offsets), from its build report's record."""
+    from adcloud.hdmap.errors import MapFormatError  # noqa: PLC0415
+    from adcloud.hdmap.loops import DriveTies  # noqa: PLC0415
+    from adcloud.hdmap.report import TIES_JSON_NAME  # noqa: PLC0415
+
+    rel = f"report/{TIES_JSON_NAME}"
+    try:
+        text = version.read_bytes(rel)
+    except MapFormatError:  # a version without a build report's record of ties
+        return []
+    concerns: list[str] = DriveTies.parse(text, f"{version.uri}/{rel}").concerns()
+    return concerns
+
+
 def _history_row(mapdir: Any, vid: str) -> dict[str, Any]:
-    """One version of ``hdmap info``'s table: when, on what, how many drives, what changed."""
+    """One version of ``hdmap info``'s table: when, on what, how many drives, what changed
+    (drives added, a label import and its file, a rollback)."""
     man = mapdir.version(vid).manifest
     added = [d.name for d in man.drives if d.added_in == vid]
+    parts = []
     if man.restores:
-        change = f"rollback to {man.restores}"
-    elif added:
-        change = "+ " + ", ".join(added)
-    else:
-        change = "labels"
+        parts.append(f"rollback to {man.restores}")
+    if added:
+        parts.append("+ " + ", ".join(added))
+    if man.labels:
+        parts.append(f"labels imported from {man.labels}")
+    elif not parts and man.parent is not None:
+        # built on a version with no new drive: a label import whose file was not recorded
+        parts.append("labels imported (file not recorded)")
     return {
         "version": vid,
         "created_at": man.created_at,
@@ -397,7 +422,8 @@ def _history_row(mapdir: Any, vid: str) -> dict[str, Any]:
         "drives": len(man.drives),
         "added": added,
         "restores": man.restores,
-        "change": change,
+        "labels": man.labels,
+        "change": "; ".join(parts),
     }
 
 

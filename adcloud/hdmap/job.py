@@ -422,13 +422,17 @@ def _poses(
     keyframes = solution_keyframes(solutions, trajectories)
     if stages.poses.loop_closure:
         fixed: list[Keyframe] = []
+        mapped: set[str] = set()  # the map's drives, those too far to be loaded included
         if archive is not None:
+            mapped = set(archive.bounds) - set(drives)
             # the map's keyframes near the new drives, within reach of a loop candidate
             xy = np.array([k.pose[:2, 3] for k in keyframes]).reshape(-1, 2)
             fixed = archive.near(xy, stages.loops.search_radius_m, exclude=set(drives))
             if fixed:
                 progress(f"poses: {len(fixed)} keyframes of the map near the new drive(s)")
-        found = find_loop_closures(keyframes, stages.loops, device=device or None, fixed=fixed)
+        found = find_loop_closures(
+            keyframes, stages.loops, device=device or None, fixed=fixed, map_drives=mapped
+        )
         closures = found.closures
         offsets: dict[str, NDArray[np.float64]] = {}
         if closures:
@@ -439,6 +443,7 @@ def _poses(
         ties = DriveTies(
             tuple(found.untied),
             {drive: (float(x), float(y), float(z)) for drive, (x, y, z) in offsets.items()},
+            tuple(found.alone),
         )
     return trajectories, len(closures), keyframes, ties
 

@@ -48,6 +48,7 @@ __all__ = [
     "DriveTies",
     "Keyframe",
     "KeyframeArchive",
+    "LoneDrive",
     "LoopClosure",
     "LoopSearch",
     "LoopSettings",
@@ -198,41 +199,72 @@ class UntiedDrives:
         )
 
 
+@dataclass(frozen=True)
+class LoneDrive:
+    """A drive of a map of several drives that, when it was built, came within
+    ``search_radius_m`` (m, ``map``; :attr:`LoopSettings.search_radius_m`) of no keyframe of
+    any other drive: no loop closure could even be proposed, so nothing joins it to the
+    other drives and its poses rest on its own GPS alone. Right for a drive of another
+    area; for one of the same roads, its GPS (or the others') is off by more than the
+    radius."""
+
+    drive: str
+    search_radius_m: float
+
+    def note(self) -> str:
+        """The line a person reads in the build's report."""
+        return (
+            f"drive {self.drive} is not joined to the map's other drives: when it was built "
+            f"it came within {self.search_radius_m:g} m (hdmap_loops.search_radius_m) of none "
+            "of them, so no loop closure was looked for and its poses rest on its own GPS "
+            "alone; if it drove the same roads as they did, its GPS is off by more than that: "
+            "raise hdmap_loops.search_radius_m (ADCLOUD_HDMAP_LOOPS_SEARCH_RADIUS_M) above "
+            "the GPS error and build it again (rollback, then --readmit)"
+        )
+
+
 class LoopSearch(NamedTuple):
-    """What :func:`find_loop_closures` found: the verified ``closures`` and the pairs of
-    drives that came close but were not ``untied`` by any of them."""
+    """What :func:`find_loop_closures` found: the verified ``closures``, the pairs of
+    drives that came close but were not ``untied`` by any of them, and the drives that came
+    close to no other drive at all (``alone``)."""
 
     closures: list[LoopClosure]
     untied: list[UntiedDrives]
+    alone: Sequence[LoneDrive] = ()
 
 
 @dataclass(frozen=True)
 class DriveTies:
     """How a map's drives hold together, as pose recovery found it: the pairs of drives
     that came close but that no loop closure tied (:class:`UntiedDrives`;
-    each is placed by its own GPS alone) and, per drive tied by closures, how far its GPS
+    each is placed by its own GPS alone), per drive tied by closures, how far its GPS
     fixes read from where the closures put it (x, y, z in m, ``map`` ENU; fix minus pose,
-    see :class:`~adcloud.hdmap.poses.JoinedPoses`). An offset beyond ``LARGE_GPS_OFFSET_M``
-    is singled out in the notes.
+    see :class:`~adcloud.hdmap.poses.JoinedPoses`), and the drives that came close to no
+    other drive (:class:`LoneDrive`). An offset beyond ``LARGE_GPS_OFFSET_M`` is singled out
+    in the notes.
 
     Stored as ``drive_ties.json`` beside a build's ``report/summary.html``
-    (:func:`~adcloud.hdmap.report.write_report`). Format history: 1, the first.
+    (:func:`~adcloud.hdmap.report.write_report`). Format history: 1, the first; 2 adds
+    ``alone`` (``[{"drive", "search_radius_m"}]``; read as none from format 1).
     """
 
     untied: tuple[UntiedDrives, ...] = ()
     gps_offsets: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    alone: tuple[LoneDrive, ...] = ()
 
-    FORMAT = 1
+    FORMAT = 2
     #: More than a day's receiver bias (a few decimetres): another day's far off the map's,
     #: or a wrong antenna lever arm.
     LARGE_GPS_OFFSET_M = 1.0
 
     def __bool__(self) -> bool:
-        return bool(self.untied or self.gps_offsets)
+        return bool(self.untied or self.gps_offsets or self.alone)
 
     def notes(self) -> list[str]:
-        """One line per untied pair and per tied drive, for the report's notes."""
+        """One line per untied pair, per drive joined to no other and per tied drive, for
+        the report's notes."""
         out = [pair.note() for pair in self.untied]
+        out += [lone.note() for lone in self.alone]
         for drive, (x, y, z) in sorted(self.gps_offsets.items()):
             size = math.sqrt(x * x + y * y + z * z)
             text = (
@@ -248,22 +280,42 @@ class DriveTies:
             out.append(text)
         return out
 
+    def concerns(self) -> list[str]:
+        """The notes that ask for a look (``adcloud hdmap info`` shows them): drives not
+        tied to the others, and large GPS offsets; not the offsets that are as expected."""
+        large = DriveTies(
+            gps_offsets={
+                d: v
+                for d, v in self.gps_offsets.items()
+                if math.hypot(*v) > self.LARGE_GPS_OFFSET_M
+            }
+        )
+        return DriveTies(self.untied, alone=self.alone).notes() + large.notes()
+
     def without(self, drives: set[str]) -> DriveTies:
         """These ties less every entry that names one of ``drives`` (built again)."""
         return DriveTies(
             tuple(p for p in self.untied if not drives & set(p.drives)),
             {d: v for d, v in self.gps_offsets.items() if d not in drives},
+            tuple(a for a in self.alone if a.drive not in drives),
         )
 
     def __or__(self, newer: DriveTies) -> DriveTies:
         """Both, ``newer``'s entries replacing those of the same drives: every entry of a
-        drive ``newer`` has a GPS offset of, and an untied pair ``newer`` names again. A
-        new drive that came close to a drive of the map without a tie says nothing new of
-        that drive: the drive's own entries are kept."""
+        drive ``newer`` has a GPS offset of or finds alone, and an untied pair ``newer``
+        names again. A new drive that came close to a drive of the map without a tie says
+        nothing new of that drive's ties: its own entries are kept -- but for its being
+        alone, which ``newer``'s note of the pair replaces."""
         pairs = {p.drives for p in newer.untied}
-        kept = self.without(set(newer.gps_offsets))
+        named = {d for p in newer.untied for d in p.drives}
+        kept = self.without({*newer.gps_offsets, *(a.drive for a in newer.alone)})
         untied = tuple(p for p in kept.untied if p.drives not in pairs)
-        return DriveTies((*untied, *newer.untied), {**kept.gps_offsets, **newer.gps_offsets})
+        alone = tuple(a for a in kept.alone if a.drive not in named)
+        return DriveTies(
+            (*untied, *newer.untied),
+            {**kept.gps_offsets, **newer.gps_offsets},
+            (*alone, *newer.alone),
+        )
 
     def to_json(self) -> str:
         return json.dumps(
@@ -279,6 +331,9 @@ class DriveTies:
                     for d, v in self.gps_offsets.items()
                     if math.hypot(*v) > self.LARGE_GPS_OFFSET_M
                 ),
+                "alone": [
+                    {"drive": a.drive, "search_radius_m": a.search_radius_m} for a in self.alone
+                ],
             },
             indent=1,
         )
@@ -290,10 +345,15 @@ class DriveTies:
         where = Path(path)
         if not where.is_file():
             return cls()
+        return cls.parse(where.read_bytes(), str(where))
+
+    @classmethod
+    def parse(cls, text: str | bytes, where: str) -> DriveTies:
+        """The ties of a ``drive_ties.json``'s text; ``where`` names it in errors."""
         try:
-            raw = json.loads(where.read_text(encoding="utf-8"))
-            if raw["format"] != cls.FORMAT:
-                raise ValueError(f"format {raw['format']!r}, this version reads {cls.FORMAT}")
+            raw = json.loads(text)
+            if raw["format"] not in range(1, cls.FORMAT + 1):
+                raise ValueError(f"format {raw['format']!r}, this version reads 1 to {cls.FORMAT}")
             untied = tuple(
                 UntiedDrives(
                     (str(p["drives"][0]), str(p["drives"][1])),
@@ -306,9 +366,13 @@ class DriveTies:
                 str(d): (float(x), float(y), float(z))
                 for d, (x, y, z) in raw["gps_offsets_m"].items()
             }
+            alone = tuple(
+                LoneDrive(str(a["drive"]), float(a["search_radius_m"]))
+                for a in raw.get("alone", [])
+            )
         except (ValueError, KeyError, TypeError, IndexError) as err:
             raise MapFormatError(f"{where}: not a record of drive ties ({err})") from err
-        return cls(untied, offsets)
+        return cls(untied, offsets, alone)
 
 
 def loop_candidates(
@@ -447,12 +511,16 @@ def find_loop_closures(
     *,
     device: ComputeDevice | str | None = None,
     fixed: Sequence[Keyframe] = (),
+    map_drives: Collection[str] = (),
 ) -> LoopSearch:
     """Verified loop closures among ``keyframes`` (one drive or several of the same area),
     and between them and the ``fixed`` keyframes of drives mapped before (those of a drive
     also in ``keyframes`` are ignored); with them, the drives that came close (candidate
-    pairs between them) but that no closure ties (:class:`UntiedDrives`), for the build's
-    report.
+    pairs between them) but that no closure ties (:class:`UntiedDrives`), and the drives
+    of ``keyframes`` that came within the search radius of no other drive
+    (:class:`LoneDrive`), for the build's report. ``map_drives``: the drives of the map
+    built before, those whose keyframes were too far to be passed as ``fixed`` included (a
+    new drive is alone only in a map of several drives).
 
     Candidates come from :func:`loop_candidates`; each is checked by :func:`verify_loop`
     on the merged sweeps around both keyframes (:func:`local_keyframe`). The keyframes'
@@ -481,6 +549,11 @@ def find_loop_closures(
     untied = _untied(everything, pairs, closures)
     for pair in untied:
         log.warning("loop closures: %s", pair.note())
+    alone = []
+    if len(moving | {k.drive for k in anchors} | set(map_drives)) > 1:  # a map of several
+        alone = [LoneDrive(d, cfg.search_radius_m) for d in _alone(everything, moving, cfg)]
+    for lone in alone:
+        log.warning("loop closures: %s", lone.note())
     log.info(
         "loop closures: %d of %d candidates accepted among %d keyframes (%d fixed)",
         len(closures),
@@ -488,7 +561,25 @@ def find_loop_closures(
         len(everything),
         len(anchors),
     )
-    return LoopSearch(closures, untied)
+    return LoopSearch(closures, untied, alone)
+
+
+def _alone(keyframes: Sequence[Keyframe], drives: Collection[str], cfg: LoopSettings) -> list[str]:
+    """The ``drives`` none of whose keyframes lies within ``search_radius_m`` of a keyframe
+    of another drive (the distance :func:`loop_candidates` proposes pairs within, before
+    it keeps the nearest ones), in name order."""
+    xyz = np.array([k.pose[:3, 3] for k in keyframes]).reshape(-1, 3)
+    names = np.array([k.drive for k in keyframes])
+    out = []
+    for drive in sorted(drives):
+        mine = names == drive
+        if mine.all():
+            out.append(drive)
+            continue
+        dist, _ = cKDTree(xyz[~mine]).query(xyz[mine], distance_upper_bound=cfg.search_radius_m)
+        if not np.isfinite(dist).any():
+            out.append(drive)
+    return out
 
 
 def _drive_pair(a: str, b: str) -> tuple[str, str]:
@@ -535,12 +626,20 @@ class KeyframeArchive:
         index = self.folder / self.INDEX
         self.bounds: dict[str, tuple[float, float, float, float]] = {}
         if index.is_file():
-            try:
-                raw = json.loads(index.read_text())
-                for drive, (x0, y0, x1, y1) in raw["drives"].items():
-                    self.bounds[str(drive)] = (float(x0), float(y0), float(x1), float(y1))
-            except (ValueError, KeyError, TypeError) as err:
-                raise MapFormatError(f"{index}: not a keyframe index ({err})") from err
+            self.bounds = self.parse_index(index.read_bytes(), str(index))
+
+    @staticmethod
+    def parse_index(text: str | bytes, where: str) -> dict[str, tuple[float, float, float, float]]:
+        """Each drive's keyframe bounds ``(x0, y0, x1, y1)`` (``map``, m) from the text of
+        an ``index.json``; ``where`` names it in errors."""
+        try:
+            raw = json.loads(text)
+            return {
+                str(drive): (float(x0), float(y0), float(x1), float(y1))
+                for drive, (x0, y0, x1, y1) in raw["drives"].items()
+            }
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise MapFormatError(f"{where}: not a keyframe index ({err})") from err
 
     def near(self, xy: F64, radius_m: float, exclude: Collection[str] = ()) -> list[Keyframe]:
         """The archived keyframes of every drive (not in ``exclude``) whose bounds come

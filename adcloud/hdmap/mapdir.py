@@ -43,21 +43,24 @@ Bag hashing
     hashlib releases the GIL while it hashes, so bags on a local disk hash on as many cores
     and bags in object storage over as many streams).
 
-Manifest format (``manifest.json``), version 2
-    ``{"format": "adcloud.hdmap.manifest", "format_version": 2, "version": "000007",
+Manifest format (``manifest.json``), version 3
+    ``{"format": "adcloud.hdmap.manifest", "format_version": 3, "version": "000007",
     "parent": "000006" | null, "created_at": ISO-8601 UTC, "adcloud_version": "0.1.0",
     "settings": {...effective build settings...}, "drives": [{"name", "uri", "sha256",
     "size", "mtime", "processed_at", "added_in"}, ...], "held_out": [drive, ...],
-    "restores": "000005" | null}``.  ``drives`` lists every drive the version contains;
-    ``added_in`` is the version that first processed it.  ``held_out``: drives a rollback
-    took out of the map, which builds skip until readmitted (same fields); ``restores``: the
-    version whose map a rollback version republishes.  A manifest with neither is written as
-    version 1 (without the two fields), so maps that never rolled back stay readable by
-    readers of version 1.
+    "restores": "000005" | null, "labels": "/abs/fixes.geojson" | null}``.  ``drives``
+    lists every drive the version contains; ``added_in`` is the version that first
+    processed it.  ``held_out``: drives a rollback took out of the map, which builds skip
+    until readmitted (same fields); ``restores``: the version whose map a rollback version
+    republishes; ``labels``: the label file the build of this version imported (a URL, or
+    an absolute local path), with or without new drives.  A manifest is written in the
+    lowest version that holds what it has -- 1 without the three fields, 2 with a rollback's
+    two, 3 with ``labels`` -- so maps that never used a field stay readable by older readers.
 
 History
     - Version 1: first version.
     - Version 2: ``held_out`` and ``restores`` (rollbacks).
+    - Version 3: ``labels`` (label imports).
 """
 
 from __future__ import annotations
@@ -129,7 +132,7 @@ LOCK_NAME = "build.lock"
 VERSIONS_DIR = "versions"
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "adcloud.hdmap.manifest"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 _STAGING_PREFIX = ".staging-"
 #: Prefixes of the local directories that versions of maps off the local filesystem are
 #: staged in and downloaded to: the same for every build, so that the next one removes what
@@ -964,6 +967,7 @@ class Manifest:
     adcloud_version: str = __version__
     held_out: tuple[DriveRecord, ...] = ()
     restores: str | None = None
+    labels: str | None = None
 
     def by_hash(self) -> dict[str, DriveRecord]:
         """The drives keyed by content hash."""
@@ -979,9 +983,10 @@ class Manifest:
     def to_json(self) -> str:
         """The ``manifest.json`` text."""
         rolled = bool(self.held_out) or self.restores is not None
+        version = 3 if self.labels is not None else 2 if rolled else 1
         data: dict[str, Any] = {
             "format": MANIFEST_FORMAT,
-            "format_version": MANIFEST_VERSION if rolled else 1,
+            "format_version": version,
             "version": self.version,
             "parent": self.parent,
             "created_at": self.created_at,
@@ -989,9 +994,11 @@ class Manifest:
             "settings": dict(self.settings),
             "drives": [d.to_dict() for d in self.drives],
         }
-        if rolled:
+        if version >= 2:
             data["held_out"] = [d.to_dict() for d in self.held_out]
             data["restores"] = self.restores
+        if version >= 3:
+            data["labels"] = self.labels
         return json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
 
     @classmethod
@@ -1020,6 +1027,9 @@ class Manifest:
         settings = data.get("settings") or {}
         if not isinstance(settings, dict):
             raise MapFormatError(f"{where}: field 'settings' must be an object")
+        labels = data.get("labels")
+        if labels is not None and not isinstance(labels, str):
+            raise MapFormatError(f"{where}: field 'labels' ({labels!r}) is not a file name")
         return cls(
             drives=tuple(
                 DriveRecord.from_dict(d, f"{where}: drives[{i}]") for i, d in enumerate(drives)
@@ -1033,6 +1043,7 @@ class Manifest:
                 DriveRecord.from_dict(d, f"{where}: held_out[{i}]") for i, d in enumerate(held)
             ),
             restores=None if restores is None else str(restores),
+            labels=labels,
         )
 
 
@@ -1194,10 +1205,17 @@ class BuildPlan:
         """True when there is nothing new to process (an idempotent re-run)."""
         return not self.new_drives
 
-    def manifest(self, settings: object = None, *, processed_at: str | None = None) -> Manifest:
+    def manifest(
+        self,
+        settings: object = None,
+        *,
+        processed_at: str | None = None,
+        labels: str | None = None,
+    ) -> Manifest:
         """The manifest of the version this plan builds: every drive of the parent plus the
         new ones stamped ``processed_at`` (now by default); ``settings`` is the effective
-        build configuration (a settings dataclass or a mapping)."""
+        build configuration (a settings dataclass or a mapping); ``labels`` the label file
+        the build imports (None: none)."""
         stamp = processed_at or _now_text()
         old = self.parent.manifest.drives if self.parent is not None else ()
         new = tuple(dataclasses.replace(d, processed_at=stamp) for d in self.new_drives)
@@ -1206,6 +1224,7 @@ class BuildPlan:
             settings=_settings_json(settings),
             parent=self.parent.id if self.parent is not None else None,
             held_out=self.held_out,
+            labels=labels,
         )
 
 
@@ -2040,6 +2059,7 @@ class MapDir:
         plan: BuildPlan | None = None,
         force: bool = False,
         readmit: Collection[str] = (),
+        labels: str | None = None,
     ) -> BuildResult:
         """One incremental, idempotent, atomic build step.
 
@@ -2052,7 +2072,8 @@ class MapDir:
         files under ``staging.path``, merging the new drives into the parent's products --
         and commits with the plan's manifest (``settings`` recorded in it).  If ``build``
         raises, the staging is discarded and the error propagates; the current version is
-        untouched.  ``readmit``: held-out drives to take back (see :meth:`plan`).
+        untouched.  ``readmit``: held-out drives to take back (see :meth:`plan`);
+        ``labels``: the label file ``build`` imports, recorded in the manifest.
         """
         if plan is None:
             plan = self.plan(bag_uris, trust_mtime=trust_mtime, readmit=readmit)
@@ -2074,7 +2095,7 @@ class MapDir:
                     plan.parent.id if plan.parent is not None else "an empty map",
                 )
                 build(plan, staging)
-                version = staging.commit(plan.manifest(settings))
+                version = staging.commit(plan.manifest(settings, labels=labels))
         return BuildResult(plan, version, changed=True)
 
     def roll_back(self, to: str | None = None) -> MapVersion:
@@ -2126,6 +2147,7 @@ class MapDir:
                         adcloud_version=__version__,
                         held_out=tuple(held.values()),
                         restores=target.id,
+                        labels=None,  # imports no labels: it republishes target's
                     ),
                     keep=self._rollback_keep(current),
                 )

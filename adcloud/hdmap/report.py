@@ -9,8 +9,8 @@
   time after the alignment) and, when the grid was evaluated, ``elevation_error.png`` (the
   histogram of per-cell elevation errors), plus ``eval.json``;
 - with a build's :class:`~adcloud.hdmap.loops.DriveTies`: ``drive_ties.json``, the drives
-  that came close but were not tied by loop closures and each tied drive's GPS offset,
-  also listed as notes;
+  that came close but were not tied by loop closures, those that came close to no other
+  drive, and each tied drive's GPS offset, also listed as notes;
 - ``summary.html`` -- the inputs, the accuracy table against the targets and the pictures,
   referenced by relative names: copy the directory anywhere and it still shows.
 

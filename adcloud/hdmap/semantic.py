@@ -34,7 +34,12 @@ Labels kept across rebuilds (:func:`import_labels`, :func:`merge_labels`)
        matched by its position alone and needs no ``facing_yaw_rad``.
 
     Every number in a file must be finite: Python's JSON reader takes ``NaN`` and
-    ``Infinity`` (and reads ``1e400`` as infinity), which no map output can hold.
+    ``Infinity`` (and reads ``1e400`` as infinity), which no map output can hold.  Every
+    position of a label file must also be one a map frame can hold -- within
+    :data:`MAX_LABEL_OFFSET_M` of its origin horizontally and :data:`MAX_LABEL_HEIGHT_M`
+    vertically -- and, imported into a map, lie within :data:`LABEL_REACH_M` of the area of
+    the map's drives (:class:`LabelArea`): a position beyond is a file in another frame
+    (UTM, another map's origin, millimetres), which the merge would keep far off the map.
 
     A label file imported into a map that keeps labels already joins them by
     :func:`combine_labels` (the new file's features win, its deletes are kept), so that
@@ -82,7 +87,11 @@ from adcloud.hdmap.signs import DEFAULT_SIGN_CATALOG, TrafficSign
 __all__ = [
     "FORMAT_VERSION",
     "IMPORTED_SOURCES",
+    "LABEL_REACH_M",
+    "MAX_LABEL_HEIGHT_M",
+    "MAX_LABEL_OFFSET_M",
     "SOURCES",
+    "LabelArea",
     "MergeSettings",
     "Origin",
     "SemanticMap",
@@ -111,6 +120,17 @@ ACTIONS = ("delete",)
 #: The sign types a label file may name by default: those of the default sign catalogue.
 _DEFAULT_SIGN_TYPES = ("unknown", *(shape.type for shape in DEFAULT_SIGN_CATALOG))
 _FLOAT_MAX = sys.float_info.max
+#: How far from the map frame's origin a label may lie (m, east or north): the frame is a
+#: tangent plane, which 1000 km out runs 78 km above the ground; what lies farther is in
+#: another frame (a UTM northing, millimetres), whatever map it is imported into.
+MAX_LABEL_OFFSET_M = 1_000_000.0
+#: How far above or below the map frame's origin a label may lie (m): more than any road's
+#: height differs from another's within a map.
+MAX_LABEL_HEIGHT_M = 10_000.0
+#: How far (m, horizontally) outside the area of a map's drives its labels may lie: labels
+#: of roads next to the driven ones are fine; a kilometre out, no drive of the map reaches
+#: them, and the file is likely in another map's frame.
+LABEL_REACH_M = 1_000.0
 
 # Properties each kind maps onto dataclass fields; everything else goes to `attributes`.
 _MARKING_KEYS = {"kind", "type", "color", "width_m", "coverage", "confidence", "source", "id"}
@@ -301,6 +321,41 @@ def write_geojson(path: str | os.PathLike[str], semantic_map: SemanticMap) -> st
     return target
 
 
+@dataclass(frozen=True)
+class LabelArea:
+    """Where the labels of a map may lie: within ``reach_m`` (horizontally) of the box
+    ``x0..x1``, ``y0..y1`` (map-frame metres) that holds its drives; ``what`` names the
+    box in errors ("the drives of version 000003")."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+    what: str
+    reach_m: float = LABEL_REACH_M
+
+    @classmethod
+    def around(cls, xy: Any, what: str, reach_m: float = LABEL_REACH_M) -> LabelArea:
+        """The box around the map-frame positions ``xy`` (n, 2), n >= 1."""
+        pts = np.asarray(xy, dtype=np.float64).reshape(-1, 2)
+        if not len(pts) or not np.isfinite(pts).all():
+            raise HdmapError(f"LabelArea: {what} has no finite positions to make an area of")
+        (x0, y0), (x1, y1) = pts.min(axis=0), pts.max(axis=0)
+        return cls(float(x0), float(y0), float(x1), float(y1), what, reach_m)
+
+    def distance(self, xy: F64) -> F64:
+        """Horizontal distance (m) of the positions ``xy`` (n, >= 2) from the box; 0 inside."""
+        dx = np.maximum(np.maximum(self.x0 - xy[:, 0], xy[:, 0] - self.x1), 0.0)
+        dy = np.maximum(np.maximum(self.y0 - xy[:, 1], xy[:, 1] - self.y1), 0.0)
+        out: F64 = np.hypot(dx, dy)
+        return out
+
+    def describe(self) -> str:
+        """``what`` and the box, for errors (whole metres)."""
+        x0, y0, x1, y1 = (round(v) for v in (self.x0, self.y0, self.x1, self.y1))
+        return f"{self.what} (x {x0}..{x1} m, y {y0}..{y1} m)"
+
+
 # -- reading --------------------------------------------------------------------------------
 
 
@@ -462,6 +517,53 @@ class _LabelRules:
     with an id would silently replace the first when the labels are combined)."""
 
     sign_types: tuple[str, ...] | None
+    area: LabelArea | None = None
+
+
+def _geometry_positions(value: Any) -> list[list[float]]:
+    """Every position in the ``coordinates`` of a GeoJSON geometry of any type (a list of
+    numbers, at any depth of nesting), in file order; GeometryCollections included."""
+    if isinstance(value, dict):
+        if isinstance(value.get("geometries"), list):
+            return [p for g in value["geometries"] for p in _geometry_positions(g)]
+        return _geometry_positions(value.get("coordinates"))
+    if not isinstance(value, list) or not value:
+        return []
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return [value]
+    return [p for item in value for p in _geometry_positions(item)]
+
+
+def _check_reach(where: _Where, area: LabelArea | None, fields: Mapping[str, F64]) -> None:
+    """Refuse a position of ``fields`` (name in the file: (n, 3) map-frame metres, z NaN
+    where not given) that no map frame holds, or that lies beyond ``area``'s reach."""
+    for name, pts in fields.items():
+        if not len(pts):
+            continue
+        with np.errstate(invalid="ignore"):  # z is NaN where the file gives none
+            off = (np.abs(pts[:, :2]) > MAX_LABEL_OFFSET_M).any(axis=1) | (
+                np.abs(pts[:, 2]) > MAX_LABEL_HEIGHT_M
+            )
+        if off.any():
+            k = int(np.argmax(off))
+            shown = ", ".join(f"{v:g}" for v in pts[k] if math.isfinite(v))
+            raise where.error(
+                f"{name}[{k}] is [{shown}], beyond any map frame: label positions are map-frame "
+                f"metres (east, north, up of the map's origin), within "
+                f"{MAX_LABEL_OFFSET_M / 1000:g} km of it horizontally and "
+                f"{MAX_LABEL_HEIGHT_M / 1000:g} km vertically; is the file in another frame "
+                "(UTM, longitude/latitude) or unit (mm)?"
+            )
+        if area is None:
+            continue
+        gap = area.distance(pts)
+        if (gap > area.reach_m).any():
+            k = int(np.argmax(gap > area.reach_m))
+            raise where.error(
+                f"{name}[{k}] ({pts[k, 0]:.1f}, {pts[k, 1]:.1f}) lies {gap[k] / 1000:,.1f} km "
+                f"outside {area.describe()}; labels must lie within {area.reach_m:g} m of the "
+                "map's drives: is the file in another map's frame (another origin)?"
+            )
 
 
 def _check_label(
@@ -542,9 +644,10 @@ def _parse_feature(
                 f"properties.type is {mtype!r}{_near(mtype, MARKING_TYPES)}; expected one of "
                 f"{', '.join(MARKING_TYPES)}"
             )
+        fields = {"coordinates": _linestring(geometry, where)}
         layers.markings.append(
             LaneMarking(
-                points=_linestring(geometry, where),
+                points=fields["coordinates"],
                 type=mtype,
                 color=_text(props, "color", where, "white"),
                 width_m=_float(props, "width_m", where, math.nan),
@@ -565,9 +668,11 @@ def _parse_feature(
         section = props.get("section", -1)
         if isinstance(section, bool) or not isinstance(section, int):
             raise where.error(f"properties.section must be an integer, got {section!r}")
+        fields = {"coordinates": _linestring(geometry, where)}
+        fields.update((f"properties.{key}", pts) for key, pts in bounds.items())
         layers.centerlines.append(
             LaneCenterline(
-                points=_linestring(geometry, where),
+                points=fields["coordinates"],
                 left_boundary=bounds["left_boundary"],
                 right_boundary=bounds["right_boundary"],
                 left_marking=_text(props, "left_marking", where, ""),
@@ -581,9 +686,10 @@ def _parse_feature(
             )
         )
     elif kind == "reference_line":
+        fields = {"coordinates": _linestring(geometry, where)}
         layers.references.append(
             ReferenceLine(
-                points=_linestring(geometry, where),
+                points=fields["coordinates"],
                 source=source,
                 id=fid,
                 attributes=_rest(props, _REFERENCE_KEYS),
@@ -591,6 +697,7 @@ def _parse_feature(
         )
     elif kind == "traffic_sign":
         position = _point(geometry, where)
+        fields = {"coordinates": position[None, :]}
         if not math.isfinite(position[2]):
             raise where.error("a traffic sign needs [x, y, z]: z is the plate centre's height")
         candidates = props.get("candidates", [])
@@ -625,6 +732,13 @@ def _parse_feature(
         extra = dict(feature)
         extra["properties"] = {**props, "source": source}
         layers.extras.append(extra)
+        found = _geometry_positions(geometry)
+        xyz = np.full((len(found), 3), np.nan)
+        for k, pos in enumerate(found):
+            xyz[k, : min(len(pos), 3)] = pos[:3]
+        fields = {"geometry.coordinates": xyz}
+    if rules is not None:
+        _check_reach(where, rules.area, fields)
 
 
 def _parse_origin(data: Mapping[str, Any], where: _Where) -> Origin | None:
@@ -757,6 +871,7 @@ def import_labels(
     default_source: str | None = None,
     sign_types: Collection[str] | None = None,
     check: bool = True,
+    area: LabelArea | None = None,
 ) -> SemanticMap:
     """The ``human`` and ``external`` features of a label file, to be merged into each
     rebuild by :func:`merge_labels`; ``auto`` features in it are skipped (the build makes
@@ -767,12 +882,15 @@ def import_labels(
     take silently -- an ``action`` other than ``delete``, a sign ``type`` neither
     ``unknown`` nor among ``sign_types`` (the sign catalogue's types; default: those of
     :data:`~adcloud.hdmap.signs.DEFAULT_SIGN_CATALOG`), a feature id given twice (False:
-    the labels a map keeps, checked when they were imported)."""
+    the labels a map keeps, checked when they were imported), and a position no map frame
+    holds (beyond :data:`MAX_LABEL_OFFSET_M` or :data:`MAX_LABEL_HEIGHT_M` of the origin)
+    or, with ``area`` (the map's, made by the build), farther than its ``reach_m`` from the
+    map's drives."""
     target = os.fspath(path)
     types = _DEFAULT_SIGN_TYPES
     if sign_types is not None:
         types = ("unknown", *(t for t in sign_types if t != "unknown"))
-    rules = _LabelRules(types) if check else None
+    rules = _LabelRules(types, area) if check else None
     smap = _parse(_read_json(target), target, default_source, rules)
     imported = _select(smap, IMPORTED_SOURCES)
     skipped = len(smap) - len(imported)

@@ -32,6 +32,7 @@ from adcloud.hdmap.geotiff import read_grid_tile, tile_file_name
 from adcloud.hdmap.job import PipelineResult, StageSettings, run_pipeline
 from adcloud.hdmap.labels import GridLayers, extract_lane_markings, markings_from_paint
 from adcloud.hdmap.lanelet import load_lanelet2, routing_graph
+from adcloud.hdmap.loops import DriveTies, LoneDrive, LoopSettings
 from adcloud.hdmap.mapdir import BuildPlan, Staging
 from adcloud.hdmap.semantic import read_geojson
 from adcloud.hdmap.tilelayers import TileLayers
@@ -783,3 +784,48 @@ def test_the_build_report_describes_the_whole_grid(spark: SparkSession, tmp_path
 
     whole = _text(write_map_report(version, tmp_path / "eval-report"))
     assert f"grid {len(keys)} tile(s)," in whole and extent in whole
+
+
+def test_a_drive_far_from_the_maps_is_named_and_labels_beside_it_are_taken(
+    spark: SparkSession,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new drive 2 km from the map's drive (another area, or a GPS far off) came within
+    the loop-closure search radius of none of its keyframes -- the map's keyframes were
+    not even loaded -- and was built on its own GPS alone, silently. The build names it in
+    its notes, its report and drive_ties.json, and ``hdmap info`` shows the note. Labels
+    beside the new drive, 2 km from the map's earlier drive, are taken (the map's area is
+    that of its drives, the new ones included), and the version names the label file."""
+    monkeypatch.setenv("COLUMNS", "400")  # long paths on one line each
+    config = DriveConfig(seconds=6, seed=5, lidar_beams=16, lidar_columns=256, camera=False)
+    lat, lon, alt = config.gps_origin
+    elsewhere = DriveConfig(**{**config.__dict__, "gps_origin": (lat + 2000 / 111_000, lon, alt)})
+    near = generate_drive(config, tmp_path / "near.bag")
+    far = generate_drive(elsewhere, tmp_path / "far.bag")
+    map_uri = str(tmp_path / "map")
+    assert build_map(spark, str(near.bag), map_uri).notes == []  # one drive: nothing to join
+    sign = {
+        "type": "Feature",
+        "geometry": {"type": "Point", "coordinates": [5.0, 1994.0, 2.0]},
+        "properties": {"kind": "traffic_sign", "type": "stop", "facing_yaw_rad": 0.0},
+    }
+    labels = tmp_path / "signs.geojson"
+    labels.write_text(
+        json.dumps({"type": "FeatureCollection", "adcloud:frame": "map", "features": [sign]})
+    )
+    summary = build_map(spark, [str(near.bag), str(far.bag)], map_uri, labels=str(labels))
+    note = LoneDrive("far", LoopSettings().search_radius_m).note()
+    assert summary.notes == [note]
+    version = summary.result.version
+    assert version is not None and version.path is not None
+    assert version.manifest.labels == str(labels)
+    assert summary.counts["labels_imported"] == 1
+    ties = DriveTies.read(version.path / "report" / "drive_ties.json")
+    assert ties.alone == (LoneDrive("far", 8.0),) and ties.untied == ()
+    assert "drive far is not joined to the map" in _text(version.path / "report" / "summary.html")
+    assert main(["hdmap", "info", "--map", map_uri]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"+ far; labels imported from {labels}" in said
+    assert f"note: {note}" in said

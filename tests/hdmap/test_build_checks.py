@@ -10,15 +10,17 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import adcloud.hdmap.command as command
 from adcloud.cli import main
 from adcloud.hdmap import HdmapSettings, MapDir, build_map
-from adcloud.hdmap.build import labels_would_change, plan_build
+from adcloud.hdmap.build import STATE_KEYFRAMES, labels_would_change, plan_build
 from adcloud.hdmap.errors import BuildError, HdmapError, MapFormatError
 from adcloud.hdmap.job import StageSettings
 from adcloud.hdmap.kept import TILE_SETTINGS, tile_settings
+from adcloud.hdmap.loops import Keyframe, KeyframeArchive
 from adcloud.hdmap.mapdir import BuildPlan, Staging
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 
@@ -35,7 +37,8 @@ def new_bag(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
 
 def _map(tmp_path: Path) -> tuple[str, Path]:
     """A map with one version, as a build with the default settings leaves what these
-    checks read (its origin and its tiles' settings), built from a stand-in bag."""
+    checks read (its origin, its tiles' settings and its drive's keyframes, from x 0 to
+    80 m and y -5 to 40 m), built from a stand-in bag."""
     old = tmp_path / "old.bag"
     old.write_bytes(random.Random(1).randbytes(4096))
     stages = StageSettings.from_settings(HdmapSettings())
@@ -46,14 +49,23 @@ def _map(tmp_path: Path) -> tuple[str, Path]:
         (staging.path / TILE_SETTINGS).write_text(
             json.dumps(tile_settings(stages.grid, stages.cloud))
         )
+        keyframes = []
+        for k, (x, y) in enumerate([(0.0, -5.0), (40.0, 0.0), (80.0, 40.0)]):
+            pose = np.eye(4)
+            pose[:2, 3] = x, y
+            keyframes.append(Keyframe("old", k, pose, 10.0 * k, np.zeros((0, 3), np.float32)))
+        KeyframeArchive.write(staging.path / STATE_KEYFRAMES, keyframes)
 
     uri = str(tmp_path / "map")
     MapDir(uri).update([old], first_version)
     return uri, old
 
 
-def _labels(tmp_path: Path, origin: tuple[float, float, float]) -> Path:
-    path = tmp_path / f"labels-{origin[0]}.geojson"
+def _labels(
+    tmp_path: Path, origin: tuple[float, float, float], *more: dict[str, Any], name: str = ""
+) -> Path:
+    """A label file of a stop sign at (5, -6, 2) and the features ``more``."""
+    path = tmp_path / (name or f"labels-{origin[0]}.geojson")
     lat, lon, alt = origin
     sign: dict[str, Any] = {
         "type": "Feature",
@@ -65,10 +77,65 @@ def _labels(tmp_path: Path, origin: tuple[float, float, float]) -> Path:
         "type": "FeatureCollection",
         "adcloud:frame": "map",
         "adcloud:origin": {"latitude_deg": lat, "longitude_deg": lon, "height_m": alt},
-        "features": [sign],
+        "features": [sign, *more],
     }
     path.write_text(json.dumps(data))
     return path
+
+
+def _line(*xy: tuple[float, float]) -> dict[str, Any]:
+    return {
+        "type": "Feature",
+        "geometry": {"type": "LineString", "coordinates": [[x, y, 0.0] for x, y in xy]},
+        "properties": {"kind": "lane_marking", "type": "solid"},
+    }
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("far", "said"),
+    [
+        (
+            _line((10.0, 0.0), (5_080.0, 10.0)),  # another map's frame: 5 km east
+            "feature 1 (lane_marking): coordinates[1] (5080.0, 10.0) lies 5.0 km outside the "
+            "drives of version 000001 (x 0..80 m, y -5..40 m); labels must lie within 1000 m",
+        ),
+        (
+            _line((10.0, 0.0), (1e12, 0.0)),
+            "feature 1 (lane_marking): coordinates[1] is [1e+12, 0, 0], beyond any map frame",
+        ),
+    ],
+)
+def test_labels_far_off_the_map_are_refused_and_nothing_is_written(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    no_spark: None,
+    far: dict[str, Any],
+    said: str,
+) -> None:
+    """A label file with a line 5 km off the map's drives (or 1e12 m out) was merged into a
+    new version, published as a road; the dry run, the build and build_map refuse it,
+    naming the file, the feature and the position, and the map stays as it was."""
+    uri, old = _map(tmp_path)
+    before = _files(Path(uri))
+    labels = _labels(tmp_path, ORIGIN, far, name="far.geojson")
+    with pytest.raises(HdmapError) as info:
+        labels_would_change(plan_build(str(old), uri), str(labels))
+    assert str(info.value).startswith(f"{labels}: {said}")
+    args = ["hdmap", "build", "--bags", str(old), "--map", uri, "--labels", str(labels)]
+    for extra in (["--dry-run"], []):
+        assert main([*args, *extra]) == 2
+        assert f"error: {labels}: {said}" in " ".join(capsys.readouterr().err.split())
+    with pytest.raises(HdmapError) as info:
+        build_map(None, str(old), uri, labels=str(labels))
+    assert str(info.value).startswith(f"{labels}: {said}")
+    assert _files(Path(uri)) == before
+    # a road next to the driven ones, 900 m out, is a label the map takes
+    beside = _labels(tmp_path, ORIGIN, _line((10.0, 0.0), (-900.0, 0.0)), name="beside.geojson")
+    assert labels_would_change(plan_build(str(old), uri), str(beside))
 
 
 @pytest.fixture
@@ -156,7 +223,7 @@ def test_a_parent_drive_ties_record_it_cannot_read_fails_before_spark(
         (staging.path / TILE_SETTINGS).write_text(
             json.dumps(tile_settings(stages.grid, stages.cloud))
         )
-        (staging.path / "report" / "drive_ties.json").write_text('{"format": 2}')
+        (staging.path / "report" / "drive_ties.json").write_text('{"format": 3}')
 
     uri = str(tmp_path / "map")
     MapDir(uri).update([old], first_version)

@@ -5,6 +5,7 @@ The map here holds only a trajectory (the truth's own poses), so no Spark is nee
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from adcloud.cli import main
-from adcloud.hdmap.mapdir import Manifest, MapDir
+from adcloud.hdmap.loops import DriveTies, LoneDrive
+from adcloud.hdmap.mapdir import DriveRecord, Manifest, MapDir
 from adcloud.synth import DriveConfig, generate_drive
 
 
@@ -64,3 +66,46 @@ def test_info_json_of_a_map(
 ) -> None:
     assert main(["hdmap", "info", "--map", str(traj_map[0]), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["current"] == "000001"
+
+
+def test_info_marks_label_imports_and_drives_joined_to_no_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``info`` showed every version without a new drive as "labels" -- not which file --
+    and a build of drives and labels as its drives alone; and it said nothing of a drive
+    that no loop closure could tie to the others. It names the label file of each import
+    and lists the current version's drive-tie concerns (with --json too)."""
+    monkeypatch.setenv("COLUMNS", "300")  # one line per row
+    drive = DriveRecord(name="far", uri="/bags/far.bag", sha256="ab" * 32, size=1)
+    known = dataclasses.replace(drive, added_in="000001")
+    mapdir = MapDir(tmp_path / "map")
+    manifests = [
+        Manifest(drives=(drive,), labels="/labels/first.geojson"),
+        Manifest(drives=(known,), labels="/labels/fixes.geojson"),
+        Manifest(drives=(known,)),  # by a build that did not record its file
+    ]
+    for manifest in manifests:
+        with mapdir.begin(mapdir.current()) as staged:
+            (staged.path / "report").mkdir()
+            ties = DriveTies(alone=(LoneDrive("far", 8.0),), gps_offsets={"b": (0.1, 0, 0)})
+            (staged.path / "report" / "drive_ties.json").write_text(ties.to_json())
+            staged.commit(manifest)
+    assert main(["hdmap", "info", "--map", str(tmp_path / "map")]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "│" in line]
+    by_version = {row.split("│")[1].strip(" *"): row.split("│")[5].strip() for row in rows}
+    assert by_version["000001"] == "+ far; labels imported from /labels/first.geojson"
+    assert by_version["000002"] == "labels imported from /labels/fixes.geojson"
+    assert by_version["000003"] == "labels imported (file not recorded)"
+    assert main(["hdmap", "info", "--map", str(tmp_path / "map"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [row["labels"] for row in info["history"]] == [
+        "/labels/first.geojson",
+        "/labels/fixes.geojson",
+        None,
+    ]
+    # the concerns only: not the GPS offset of a tied drive that reads as expected
+    assert info["notes"] == [LoneDrive("far", 8.0).note()]
+    main(["hdmap", "info", "--map", str(tmp_path / "map")])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "note: drive far is not joined to the map's other drives" in said
+    assert "drive b is tied" not in said

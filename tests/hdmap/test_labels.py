@@ -33,6 +33,7 @@ from adcloud.hdmap.labels import (
     resample_polyline,
 )
 from adcloud.hdmap.semantic import (
+    LabelArea,
     MergeSettings,
     SemanticMap,
     combine_labels,
@@ -986,6 +987,79 @@ def test_numbers_json_reads_as_non_finite_are_refused(
     origin = {"latitude_deg": 37.0, "longitude_deg": float("nan"), "height_m": 0.0}
     with pytest.raises(MapFormatError, match=r'"adcloud:origin" holds nan; .* finite'):
         import_labels(_write(tmp_path, [], **{"adcloud:origin": origin}))
+
+
+def _centerline_feature(left: list[list[float]]) -> dict[str, Any]:
+    return {
+        "type": "Feature",
+        "geometry": {"type": "LineString", "coordinates": [[0.0, 0.0], [10.0, 0.0]]},
+        "properties": {"kind": "lane_centerline", "source": "human", "left_boundary": left},
+    }
+
+
+@pytest.mark.parametrize(
+    ("feature", "place"),
+    [
+        (
+            _marking_feature([[0.0, 0.0], [1e12, 0.0, 0.0]]),
+            r"feature 1 \(lane_marking\): coordinates\[1\] is \[1e\+12, 0, 0\], beyond any map",
+        ),
+        (  # a UTM northing: a file in another frame
+            _centerline_feature([[0.0, 1.0], [10.0, 5_400_000.0]]),
+            r"feature 1 \(lane_centerline\): properties\.left_boundary\[1\] is \[10, 5\.4e\+06\]",
+        ),
+        (  # millimetres
+            _sign_feature([1200.0, -300.0, 2_500_000.0]),
+            r"feature 1 \(traffic_sign\): coordinates\[0\] is \[1200, -300, 2\.5e\+06\]",
+        ),
+        (
+            {
+                "type": "Feature",
+                "geometry": {
+                    "type": "Polygon",
+                    "coordinates": [[[0.0, 0.0], [3.0, 0.0], [3.0, -2e9], [0.0, 0.0]]],
+                },
+                "properties": {"kind": "crosswalk", "source": "human"},
+            },
+            r"feature 1 \(crosswalk\): geometry\.coordinates\[2\] is \[3, -2e\+09\]",
+        ),
+    ],
+)
+def test_label_positions_no_map_frame_holds_are_refused(
+    tmp_path: Path, feature: dict[str, Any], place: str
+) -> None:
+    """A label 1e12 m out (or in UTM, or in millimetres) was imported, and published in the
+    map's semantic.geojson and lanelet2_map.osm as if it were a road. It is refused when
+    the file is read, naming the file, the feature and the position."""
+    path = _write(tmp_path, [_marking_feature([[0.0, 0.0], [1.0, 0.0]]), feature])
+    with pytest.raises(MapFormatError, match=place) as info:
+        import_labels(path)
+    said = str(info.value)
+    assert said.startswith(f"{path}: feature 1 (")
+    assert "within 1000 km of it horizontally and 10 km vertically" in said
+    # the map's own files, written by builds, are read as they are
+    assert len(read_geojson(path)) == 2
+
+
+def test_labels_beyond_the_reach_of_the_maps_drives_are_refused(tmp_path: Path) -> None:
+    """Labels in another map's frame (here: 5 km east of the map's drives) were imported
+    into the map, far from anything it holds; with the map's area they are refused, and a
+    label beside the driven roads is not."""
+    drives = LabelArea.around([[0.0, -5.0], [80.0, 40.0]], "the drives of version 000004")
+    near = _sign_feature([-900.0, 20.0, 2.0])  # a road next to the driven ones
+    far = _marking_feature([[70.0, 10.0, 0.0], [5_080.0, 10.0, 0.0]], id="line-7")
+    path = _write(tmp_path, [near, far])
+    assert len(import_labels(path)) == 2  # without the map's area: any map frame's position
+    with pytest.raises(MapFormatError) as info:
+        import_labels(path, area=drives)
+    assert str(info.value) == (
+        f"{path}: feature 1 (lane_marking): coordinates[1] (5080.0, 10.0) lies 5.0 km outside "
+        "the drives of version 000004 (x 0..80 m, y -5..40 m); labels must lie within "
+        "1000 m of the map's drives: is the file in another map's frame (another origin)?"
+    )
+    assert len(import_labels(_write(tmp_path, [near]), area=drives)) == 1
+    with pytest.raises(HdmapError, match="no finite positions"):
+        LabelArea.around(np.zeros((0, 2)), "no drives")
 
 
 def test_a_feature_id_given_twice_in_a_label_file_is_refused(tmp_path: Path) -> None:

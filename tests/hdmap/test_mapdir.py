@@ -529,16 +529,23 @@ def test_a_rollback_keeps_the_versions_the_builds_keep(
     assert MapDir(small).versions() == ["000003", "000004", "000005"]
 
 
-def test_manifest_versions_1_and_2_are_read(tmp_path: Path) -> None:
+def test_manifest_versions_1_to_3_are_read(tmp_path: Path) -> None:
     rec = {"name": "a", "uri": "/a.bag", "sha256": "ab" * 32, "size": 1}
     doc = {"format": "adcloud.hdmap.manifest", "format_version": 1, "drives": [rec]}
     assert Manifest.from_json(json.dumps(doc), "m").held_out == ()
+    assert Manifest.from_json(json.dumps(doc), "m").labels is None
     doc |= {"format_version": 2, "held_out": [rec | {"name": "b"}], "restores": "000003"}
     man = Manifest.from_json(json.dumps(doc), "m")
     assert [d.name for d in man.held_out] == ["b"] and man.restores == "000003"
     assert Manifest.from_json(man.to_json(), "m") == man
+    # a label import is recorded in version 3; a manifest without one stays version 1
+    imported = Manifest(labels="/labels/fixes.geojson")
+    assert json.loads(imported.to_json())["format_version"] == 3
+    assert Manifest.from_json(imported.to_json(), "m") == imported
+    assert json.loads(Manifest().to_json())["format_version"] == 1
     for bad, match in (
-        ({"format_version": 3}, "format_version 3 is not 1 to 2"),
+        ({"format_version": 4}, "format_version 4 is not 1 to 3"),
+        ({"labels": 7}, "'labels' \\(7\\) is not a file name"),
         ({"held_out": {}}, "'held_out' must be a list"),
         ({"held_out": [{"name": "b"}]}, r"m: held_out\[0\]: missing field 'uri'"),
         ({"restores": "yesterday"}, "'restores'"),

@@ -30,6 +30,7 @@ from adcloud.hdmap.job import StageSettings
 from adcloud.hdmap.loops import (
     Keyframe,
     KeyframeArchive,
+    LoneDrive,
     LoopClosure,
     LoopSettings,
     UntiedDrives,
@@ -822,6 +823,36 @@ def test_drives_that_come_close_but_are_not_tied_are_named(
     assert record.getMessage() == f"loop closures: {note}"
     assert "drives a and b come within 3.0 m" in note and "1 candidate keyframe pair" in note
     assert "not tied" in note and "own GPS alone" in note
+
+
+def test_a_drive_that_comes_close_to_no_other_is_named_as_not_joined(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Drive c runs 400 m from drives a and b: no candidate pair, no closure, and nothing
+    said -- its poses rested on its own GPS alone, silently. It is named with the search
+    radius; so is a new drive far from every drive of the map (whose keyframes were too far
+    to be loaded as fixed ones); a drive alone in a map of one is not."""
+    keyframes = [_keyframe("a", 0.0, 0.0, 0.0), _keyframe("b", 100.0, 3.0, 0.0)]
+    keyframes.append(_keyframe("c", 0.0, 400.0, 0.0))
+    with caplog.at_level(logging.WARNING, logger="adcloud.hdmap.loops"):
+        found = find_loop_closures(keyframes, LoopSettings(search_radius_m=9.5), device="numpy")
+    assert found.alone == [LoneDrive("c", 9.5)]
+    assert found.untied == [UntiedDrives(("a", "b"), 1, 3.0)]  # close: named as untied
+    note = found.alone[0].note()
+    assert f"loop closures: {note}" in [r.getMessage() for r in caplog.records]
+    assert note.startswith("drive c is not joined to the map's other drives")
+    assert "within 9.5 m (hdmap_loops.search_radius_m) of none of them" in note
+    assert "own GPS alone" in note and "raise hdmap_loops.search_radius_m" in note
+    # an incremental build: the map's drives all too far to be loaded
+    alone = find_loop_closures([_keyframe("new", 0.0, 0.0, 0.0)], map_drives={"old"}).alone
+    assert alone == [LoneDrive("new", LoopSettings().search_radius_m)]
+    near = [_keyframe("old", 0.0, 2.0, 0.0)]
+    found = find_loop_closures(
+        [_keyframe("new", 0.0, 0.0, 0.0)], device="numpy", fixed=near, map_drives={"old"}
+    )
+    assert found.alone == [] and [u.drives for u in found.untied] == [("new", "old")]
+    # one drive: there is nothing to join it to
+    assert find_loop_closures([_keyframe("only", 0.0, 0.0, 0.0)]).alone == []
 
 
 def test_drives_tied_through_a_third_are_not_named_as_untied() -> None:

@@ -21,7 +21,7 @@ from adcloud.hdmap.evaluate import (
     polyline_metrics,
     sign_metrics,
 )
-from adcloud.hdmap.loops import DriveTies, UntiedDrives
+from adcloud.hdmap.loops import DriveTies, LoneDrive, UntiedDrives
 from adcloud.hdmap.mapdir import Manifest, MapDir
 from adcloud.hdmap.report import write_map_report, write_report
 from adcloud.hdmap.trajectory import Trajectory, absolute_trajectory_error
@@ -227,6 +227,35 @@ def test_a_new_drive_left_untied_keeps_what_the_map_knew_of_the_old_drive() -> N
         UntiedDrives(("friday", "monday"), 2, 3.0),
         UntiedDrives(("monday", "tuesday"), 1, 4.0),
     )
+
+
+def test_report_names_the_drives_joined_to_no_other(tmp_path: Path) -> None:
+    """A drive that came within the search radius of no other drive is a note of the
+    build's report and a record of drive_ties.json (format 2; format 1 reads as none),
+    until a later build finds it close to a drive or builds it again."""
+    ties = DriveTies(alone=(LoneDrive("far", 8.0),))
+    page = write_report(tmp_path, trajectories=circle_trajectory(), ties=ties)
+    notes = " ".join(page.read_text().split())
+    notes = notes[notes.index("<h2>Notes</h2>") :]
+    assert "drive far is not joined to the map&#x27;s other drives" in notes
+    assert "within 8 m (hdmap_loops.search_radius_m) of none of them" in notes
+    stored = json.loads((tmp_path / "drive_ties.json").read_text())
+    assert stored["format"] == 2 and stored["alone"] == [{"drive": "far", "search_radius_m": 8.0}]
+    assert DriveTies.read(tmp_path / "drive_ties.json") == ties
+    assert ties.concerns() == [LoneDrive("far", 8.0).note()]
+    older = '{"format": 1, "untied": [], "gps_offsets_m": {"a": [0.1, 0, 0]}}'
+    (tmp_path / "drive_ties.json").write_text(older)
+    assert DriveTies.read(tmp_path / "drive_ties.json") == DriveTies((), {"a": (0.1, 0.0, 0.0)})
+    # a later build that adds a drive elsewhere keeps the record
+    assert (ties | DriveTies(alone=(LoneDrive("other", 8.0),))).alone == (
+        LoneDrive("far", 8.0),
+        LoneDrive("other", 8.0),
+    )
+    # one whose new drive comes close to it names the pair instead
+    close = DriveTies((UntiedDrives(("far", "friday"), 2, 3.0),))
+    assert (ties | close).alone == () and (ties | close).untied == close.untied
+    # far built again, tied to the others this time
+    assert (ties | DriveTies((), {"far": (0.0, 0.2, 0.0)})).alone == ()
 
 
 def test_report_draws_lanes_and_connectors(tmp_path: Path) -> None:
