@@ -612,6 +612,9 @@ class LocalStore(BaseStore):
         key = self._key(path)
         if mode == "wb":
             self._check_file_key(key)
+            if self._cat.dir_ctime(key) is not None:
+                # the commit refuses it too, but only after the whole stream was written
+                raise StorePreconditionError(f"{self._rel(key)} is a directory, not a file")
             check_ttl(ttl, path)
             wt = self._write_type if write_type is None else WriteType.parse(write_type)
             return cast(BinaryIO, _LocalWriter(self, key, wt, ttl, pinned, size))

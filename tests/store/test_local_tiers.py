@@ -912,3 +912,13 @@ def test_read_range_reads_a_range_where_the_file_is(
                 obj.unlink()
     with pytest.raises(StoreDataLostError, match="/m is lost"):
         store.read_range("/m", 0, 10)
+
+
+def test_a_write_stream_onto_a_directory_is_refused_at_open(make_store: MakeStore) -> None:
+    """Refused only when the stream closed, after every byte was staged in a tier (through
+    ``adcloud store serve``, after the whole body was sent)."""
+    store = make_store(**SMALL)
+    store.mkdir("/d")
+    with pytest.raises(StorePreconditionError, match=r"/d is a directory, not a file"):
+        store.open("/d", "wb")
+    assert store.stat("/d").is_dir
