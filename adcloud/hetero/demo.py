@@ -91,7 +91,8 @@ def run_demo(
     """Run the hetero demo into ``out/hetero`` (see the module docstring).
 
     ``bag`` is a drive with camera images to extract features from; without it a
-    ``drive_seconds`` synthetic drive is generated under ``out/hetero``.
+    ``drive_seconds`` synthetic drive is generated as ``out/hetero/drive-<seconds>s.bag``
+    (and reused by a re-run with the same ``drive_seconds``).
 
     ``data_dir`` is the shared recordings directory (default: ``../shared/data`` beside the
     checkout); the ICP and raster steps are skipped, and say so, when the scan pair is not
@@ -118,7 +119,8 @@ def run_demo(
     say(f"kernels run on {device.info.describe()}")
 
     if bag is None:
-        bag = root / "drive.bag"
+        # named by its length: a re-run with another drive_seconds must not reuse this one
+        bag = root / f"drive-{drive_seconds:g}s.bag"
         if not bag.exists():
             config = DriveConfig(seconds=drive_seconds, seed=7, lidar=False, camera_hz=10.0)
             generate_drive(config, bag)

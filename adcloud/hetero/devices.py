@@ -334,8 +334,10 @@ class OpenCLDevice:
     """An open OpenCL device: its context, one in-order queue, compiled programs and kernels.
 
     Create through :func:`open_device`/:func:`select_device` (cached per process), not
-    directly.  Not thread-safe for concurrent launches: a Spark Python worker runs one task
-    at a time.
+    directly.  Threads may share it: programs are built once per process (under a lock),
+    while kernel objects -- whose arguments are set before each launch -- and scratch
+    buffers are each thread's own, so concurrent calls neither overwrite each other's
+    arguments nor free a buffer another thread's kernel is using.
     """
 
     def __init__(self, info: DeviceInfo, device: cl.Device, build: _BuildConfig) -> None:
@@ -347,8 +349,8 @@ class OpenCLDevice:
         self.context = cl.Context([device])
         self.queue = cl.CommandQueue(self.context, device)
         self._programs: dict[str, cl.Program] = {}
-        self._kernels: dict[tuple[str, str], cl.Kernel] = {}
-        self._scratch: dict[str, cl.Buffer] = {}
+        self._build_lock = threading.Lock()
+        self._local = threading.local()  # .kernels and .scratch of the calling thread
         self.pid = os.getpid()
 
     @property
@@ -362,19 +364,30 @@ class OpenCLDevice:
         if program is None:
             from adcloud.hetero._kernels import build_program  # noqa: PLC0415 - cycle
 
-            program = build_program(self, name)
-            self._programs[name] = program
+            with self._build_lock:  # threads that ask at once wait for one build
+                program = self._programs.get(name)
+                if program is None:
+                    program = build_program(self, name)
+                    self._programs[name] = program
         return program
 
+    def _thread_cache(self, what: str) -> dict[Any, Any]:
+        cache: dict[Any, Any] | None = getattr(self._local, what, None)
+        if cache is None:
+            cache = {}
+            setattr(self._local, what, cache)
+        return cache
+
     def kernel(self, program: str, name: str) -> cl.Kernel:
-        """Kernel ``name`` of program ``program`` (one cached object per kernel)."""
+        """Kernel ``name`` of program ``program`` (one cached object per kernel and thread)."""
+        kernels = self._thread_cache("kernels")
         key = (program, name)
-        kernel = self._kernels.get(key)
+        kernel = kernels.get(key)
         if kernel is None:
             import pyopencl as cl  # noqa: PLC0415
 
             kernel = cl.Kernel(self.program(program), name)
-            self._kernels[key] = kernel
+            kernels[key] = kernel
         return kernel
 
     def scratch(self, name: str, nbytes: int) -> cl.Buffer:
@@ -382,14 +395,15 @@ class OpenCLDevice:
 
         Kernels' intermediate buffers live here so that repeated calls neither allocate nor
         fault in fresh memory.  Contents are undefined; a buffer is only valid until the
-        next request for the same name (kernel calls are synchronous, one at a time).
+        calling thread's next request for the same name (kernel calls are synchronous).
         """
         import pyopencl as cl  # noqa: PLC0415
 
-        buffer = self._scratch.get(name)
+        buffers = self._thread_cache("scratch")
+        buffer = buffers.get(name)
         if buffer is None or buffer.size < nbytes:
             buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(int(nbytes), 1))
-            self._scratch[name] = buffer
+            buffers[name] = buffer
         return buffer
 
     def __repr__(self) -> str:

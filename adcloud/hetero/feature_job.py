@@ -184,7 +184,10 @@ def _partition_features(
             if message.msgtype not in _IMAGE_TYPES:
                 raise HeteroError(f"{topic} carries {message.msgtype}, not sensor_msgs/Image")
             msg = decoder.decode(message)
-            image = decode_image(msg.height, msg.width, msg.encoding, msg.step, msg.data)
+            try:
+                image = decode_image(msg.height, msg.width, msg.encoding, msg.step, msg.data)
+            except HeteroError as err:
+                raise HeteroError(f"{topic} message at {message.timestamp} ns: {err}") from err
             if image.ndim == 3:
                 image = image[:, :, :3]
             shape = (int(msg.height), int(msg.width))

@@ -44,16 +44,29 @@ def decode_image(
 ) -> NDArray[np.uint8]:
     """The pixels of a ``sensor_msgs/Image`` as (H, W) or (H, W, 3) uint8, channels R G B.
 
-    Handles row padding (``step``), BGR order and drops alpha.  Other encodings raise
-    :class:`HeteroError` naming the encoding.  Returns a view of ``data`` when no
-    reordering is needed.
+    Handles row padding (``step``, bytes per row), BGR order and drops alpha.  Other
+    encodings raise :class:`HeteroError` naming the encoding; so do a ``height``, ``width`` or
+    ``step`` below 1 and a ``step`` shorter than a row of pixels, naming the field.  Returns
+    a view of ``data`` when no reordering is needed.
     """
     channels = IMAGE_ENCODINGS.get(encoding)
     if channels is None:
         known = ", ".join(sorted(IMAGE_ENCODINGS))
         raise HeteroError(f"image encoding {encoding!r} is not supported (supported: {known})")
-    raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
-    if step < width * channels or raw.size < height * step:
+    for name, value in (("height", height), ("width", width), ("step", step)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            unit = "bytes" if name == "step" else "pixels"
+            raise HeteroError(f"image {name} must be a positive number of {unit}, got {value!r}")
+    if isinstance(data, np.ndarray):  # any shape: the message's bytes, row after row
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    else:
+        raw = np.frombuffer(data, np.uint8)
+    if step < width * channels:
+        raise HeteroError(
+            f"image step {step} is shorter than a row of {width} x {channels} {encoding} "
+            f"pixels ({width * channels} bytes)"
+        )
+    if raw.size < height * step:
         raise HeteroError(
             f"image data of {raw.size} bytes does not hold {height} rows of step {step} "
             f"for {width} x {channels} {encoding} pixels"

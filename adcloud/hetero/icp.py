@@ -288,14 +288,29 @@ def estimate_normals(
     NaN.
     """
     array = as_points(points)
+    view = _viewpoint(viewpoint)
     out = np.full((len(array), 3), np.nan, np.float32)
     if len(array) == 0:
         return out
     grid = build_grid(array, radius)
     if len(grid.points) == 0:
         return out
-    out[grid.order] = _grid_normals(grid, radius, min_neighbors, viewpoint, as_device(device))
+    out[grid.order] = _grid_normals(grid, radius, min_neighbors, view, as_device(device))
     return out
+
+
+def _viewpoint(viewpoint: NDArray[Any] | None) -> NDArray[np.float64] | None:
+    """``viewpoint`` as a finite (3,) float64 position, or None; :class:`HeteroError` else."""
+    if viewpoint is None:
+        return None
+    try:
+        view = np.asarray(viewpoint, np.float64)
+    except (TypeError, ValueError) as err:
+        raise HeteroError(f"viewpoint must be an (x, y, z) position in metres: {err}") from err
+    if view.shape != (3,) or not np.isfinite(view).all():
+        msg = f"viewpoint must be a finite (x, y, z) position in metres, got {viewpoint!r}"
+        raise HeteroError(msg)
+    return view
 
 
 def _grid_normals(
@@ -343,10 +358,20 @@ def normal_equations(
     """
     array = as_points(source, what="source")
     matrix = as_rigid(transform)
-    match = np.asarray(index, np.int64)
-    target_normals = np.asarray(normals, np.float32)
+    try:
+        match = np.asarray(index, np.int64)
+        target_normals = np.asarray(normals, np.float32)
+    except (TypeError, ValueError) as err:
+        raise HeteroError(f"index and normals must be arrays of numbers: {err}") from err
     if match.shape != (len(array),) or target_normals.shape != (grid.size, 3):
         raise HeteroError("index must have one entry per source row and normals one per target row")
+    bad = np.flatnonzero((match < -1) | (match >= grid.size))
+    if len(bad):
+        msg = (
+            f"index[{bad[0]}] = {match[bad[0]]} is not a target row (0..{grid.size - 1}) "
+            f"or -1 ({len(bad)} such entries)"
+        )
+        raise HeteroError(msg)
     if len(array) == 0 or len(grid.points) == 0:
         return NormalEquations(np.zeros((6, 6)), np.zeros(6), 0.0, 0)
     rank = grid.rank()

@@ -8,10 +8,15 @@ closure: it carries the kernel (a picklable function, e.g. a :func:`functools.pa
 :class:`~adcloud.hetero.devices.HeteroSettings`; contexts and programs are made in the
 executor's Python worker and cached there.
 
-Partition elements may be NumPy arrays (one element is used without a copy, several are
-concatenated along axis 0), Arrow record batches or tables (a single fixed-size-list column
-such as ``xyz: fixed_size_list<float, 3>`` becomes an (N, 3) view without a copy; otherwise
-the selected columns are stacked), or rows of numbers.
+Partition elements may be NumPy arrays of two or more dimensions (blocks of rows: one
+element is used without a copy, several are concatenated along axis 0), Arrow record batches
+or tables (a single fixed-size-list column such as ``xyz: fixed_size_list<float, 3>``
+becomes an (N, 3) view without a copy; otherwise the selected columns are stacked), or
+single rows: a 1-D NumPy array, a tuple or a list of numbers is one row, so
+``sc.parallelize(cloud)`` of an (N, 3) ``cloud`` (whose elements are its 1-D rows) gives
+(n, 3) partitions, as ``sc.parallelize(cloud.tolist())`` does.  Blocks and rows may be mixed
+in one partition; their dtypes are promoted as :func:`numpy.concatenate` does.  Scalars
+(one number per element) give a 1-D array.
 """
 
 from __future__ import annotations
@@ -64,21 +69,25 @@ def partition_array(items: Iterable[Any], columns: Sequence[str] | None = None) 
         return np.empty((0,))
     if len(parts) == 1:
         return parts[0]
-    if all(isinstance(p, np.ndarray) and p.ndim >= 1 for p in parts):
-        try:
+    try:
+        if all(p.ndim >= 1 for p in parts):
             return np.concatenate(parts, axis=0)
-        except ValueError as err:
-            raise HeteroError(f"partition elements do not stack: {err}") from err
-    return np.asarray(parts)
+        return np.asarray(parts)
+    except ValueError as err:  # rows of different widths, scalars mixed with rows
+        raise HeteroError(f"partition elements do not stack: {err}") from err
 
 
 def _as_array(item: Any, columns: Sequence[str] | None) -> NDArray[Any]:
+    """One element as an array: a block of rows, one row (1, C) or a scalar (0-d)."""
     if isinstance(item, np.ndarray):
-        return item
+        return item[None] if item.ndim == 1 else item
     module = type(item).__module__
     if module.startswith("pyarrow"):
         return _arrow_array(item, columns)
-    array: NDArray[Any] = np.asarray(item)
+    try:
+        array: NDArray[Any] = np.asarray(item)
+    except ValueError as err:  # a ragged row
+        raise HeteroError(f"a partition element is not a row of numbers: {err}") from err
     return array[None] if isinstance(item, list | tuple) and array.ndim == 1 else array
 
 

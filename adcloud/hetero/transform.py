@@ -32,7 +32,10 @@ def as_rigid(transform: NDArray[Any] | Any) -> NDArray[np.float64]:
     Accepts a 4x4 or 3x4 array whose 3x3 block is a rotation (orthonormal to 1e-4,
     determinant +1).
     """
-    matrix = np.asarray(transform, dtype=np.float64)
+    try:
+        matrix = np.asarray(transform, dtype=np.float64)
+    except (TypeError, ValueError) as err:  # strings, ragged rows, None inside
+        raise HeteroError(f"a rigid transform must be a 4x4 array of numbers: {err}") from err
     if matrix.shape == (3, 4):
         matrix = np.vstack([matrix, [0.0, 0.0, 0.0, 1.0]])
     if matrix.shape != (4, 4):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping
-from fractions import Fraction
 
 from adcloud.errors import ConfigError
 
@@ -42,12 +41,20 @@ YARN_RESOURCE_TYPES = {"gpu": "yarn.io/gpu", "fpga": "yarn.io/fpga"}
 """The YARN resource type Spark requests for each Spark resource name."""
 
 _MEMORY = re.compile(r"^\d+[kmgt]?$", re.IGNORECASE)
+_AMOUNT_DECIMALS = 15
 
 
 def _task_amount(tasks_per_device: int) -> str:
-    """Spark's per-task amount for ``tasks_per_device`` tasks sharing one device."""
-    amount = Fraction(1, tasks_per_device)
-    return "1" if amount == 1 else f"{float(amount):g}"
+    """Spark's per-task amount for ``tasks_per_device`` tasks sharing one device.
+
+    1/n rounded *down* to 15 decimals: Spark fits ``floor(1 / amount)`` tasks on a device
+    (and counts amounts in units of 1e-16), so an amount rounded up (``0.166667`` for 6)
+    fits one task fewer than asked and leaves a core idle.
+    """
+    if tasks_per_device == 1:
+        return "1"
+    digits = 10**_AMOUNT_DECIMALS // tasks_per_device
+    return f"0.{digits:0{_AMOUNT_DECIMALS}d}".rstrip("0")
 
 
 def yarn_submit_args(
@@ -73,7 +80,9 @@ def yarn_submit_args(
     ``queue``: the YARN queue (``simulation``, ``training``, ``mapping`` in
     ``deploy/yarn/capacity-scheduler.xml``).  ``gpus_per_executor``/``fpgas_per_executor``:
     devices per executor container; ``tasks_per_device`` tasks share each device, and
-    ``executor_cores`` defaults to devices x ``tasks_per_device`` (at least 1).
+    ``executor_cores`` defaults to devices x ``tasks_per_device`` (at least 1), the devices
+    being the fewer of GPUs and FPGAs when both are asked for (each task then holds a share
+    of a GPU *and* of an FPGA).
     ``discovery_scripts`` overrides :data:`CONTAINER_DISCOVERY_SCRIPTS`.  ``fpga_ip_id``
     (required with FPGAs) names the FPGA image; ``fpga_binaries`` is an archive (any URL
     YARN can localize) holding ``<ip_id>/<program>.aocx`` files, unpacked as ``./fpga`` in
@@ -94,7 +103,9 @@ def yarn_submit_args(
     for name, value in (("executor_memory", executor_memory), ("driver_memory", driver_memory)):
         if not _MEMORY.match(value):
             raise ConfigError(f"{name} {value!r} is not a JVM memory size like 4g or 512m")
-    devices = gpus_per_executor + fpgas_per_executor
+    # every task holds a share of each requested resource, so the scarcest one sets how
+    # many tasks an executor runs at once
+    devices = min((n for n in (gpus_per_executor, fpgas_per_executor) if n), default=0)
     cores = executor_cores if executor_cores is not None else max(1, devices * tasks_per_device)
     if cores < 1:
         raise ConfigError("executor_cores must be >= 1")

@@ -38,3 +38,14 @@ def test_demo_without_the_scan_pair_says_so(spark: SparkSession, tmp_path: Path)
     demo = run_demo(spark, tmp_path, data_dir=tmp_path / "nothing-here", drive_seconds=1.0)
     assert any("ICP and raster skipped" in line for line in demo.lines)
     assert set(demo.outputs) == {"features"}
+
+
+def test_a_rerun_with_another_drive_length_uses_a_drive_of_that_length(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # the second run reused the first run's drive.bag: 1 s of images for a 2 s drive
+    for seconds, images in ((1.0, 10), (2.0, 20), (1.0, 10)):
+        demo = run_demo(spark, tmp_path, data_dir=tmp_path / "nothing", drive_seconds=seconds)
+        features = read_features(str(demo.outputs["features"]))
+        assert sum(len(stamps) for stamps, _ in features.values()) == images
+        assert any(f"features (HOG) of {images} camera images" in line for line in demo.lines)

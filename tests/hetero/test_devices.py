@@ -255,6 +255,55 @@ def test_devices_are_cached_per_process() -> None:
     )
 
 
+THREADS = textwrap.dedent(
+    """
+    from concurrent.futures import ThreadPoolExecutor
+    import numpy as np
+    from adcloud.hetero import GridSpec, hog_features, open_device, rasterize, voxel_downsample
+    device = open_device("0:0")
+    rng = np.random.default_rng(0)
+    clouds = [rng.uniform(0, 50, (20_000 + 5_000 * i, 4)).astype(np.float32) for i in range(8)]
+    images = [rng.integers(0, 255, (2, 32 + 8 * i, 48), dtype=np.uint8) for i in range(8)]
+
+    def voxel(i):
+        got = voxel_downsample(clouds[i], 1.0 + 0.1 * i, device=device)
+        want = voxel_downsample(clouds[i], 1.0 + 0.1 * i, device="numpy")
+        return np.array_equal(got.counts, want.counts)
+
+    def raster(i):
+        grid = GridSpec(0, 0, 0.5 + 0.1 * i, 100, 100)
+        got = rasterize(clouds[i], grid, device=device)
+        return np.array_equal(got.count, rasterize(clouds[i], grid, device="numpy").count)
+
+    def features(i):
+        want = hog_features(images[i], device="numpy")
+        return np.allclose(hog_features(images[i], device=device), want, atol=1e-4)
+
+    for kernel in (voxel, raster, features):
+        for _ in range(3):
+            with ThreadPoolExecutor(8) as pool:
+                print(kernel.__name__, all(pool.map(kernel, range(8))), flush=True)
+    """
+)
+
+
+def test_threads_can_share_a_device(pocl_env: dict[str, str]) -> None:
+    # threads shared the device's kernel objects (arguments set, then launched) and its
+    # named scratch buffers, which one thread reallocated while another's kernel used
+    # them: wrong results and heap corruption that aborted the process
+    proc = subprocess.run(
+        [sys.executable, "-c", THREADS],
+        env=pocl_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.split()
+    assert lines.count("True") == 9 and "False" not in lines, proc.stdout
+
+
 NO_PLATFORM = textwrap.dedent(
     """
     import logging, numpy as np

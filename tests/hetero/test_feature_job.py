@@ -17,7 +17,7 @@ from adcloud.hetero import HeteroError, extract_features, hog_features, read_fea
 from adcloud.hetero.command import add_parser
 from adcloud.hetero.devices import HeteroSettings
 
-from .conftest import smooth_images, write_image_bag
+from .conftest import T0, smooth_images, write_image_bag
 
 pytestmark = pytest.mark.opencl
 
@@ -262,3 +262,15 @@ def test_every_command_has_help(argv: list[str], capsys: pytest.CaptureFixture[s
         run([*argv, "--help"])
     assert info.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def test_an_image_message_that_does_not_decode_names_its_topic_and_time(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # mono pixels recorded as rgb8: the step holds a third of a row.  The error named the
+    # step but not which message of which topic had it
+    bag = write_image_bag(
+        tmp_path / "bad.bag", smooth_images(3, 32, 32, color=False), encoding="rgb8"
+    )
+    with pytest.raises(Exception, match=rf"/camera/image_raw message at {T0} ns: image step 32"):
+        extract_features(spark, str(bag), str(tmp_path / "out"))

@@ -76,3 +76,31 @@ def test_decode_image_encodings() -> None:
         decode_image(5, 4, "32FC1", 16, bytes(80))
     with pytest.raises(HeteroError, match="does not hold"):
         decode_image(5, 4, "rgb8", 12, bytes(10))
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "step", "field"),
+    [
+        (-2, 4, 12, "height"),
+        (0, 4, 12, "height"),
+        (2, -4, 12, "width"),
+        (2, 0, 0, "width"),
+        (2, 4, 0, "step"),
+        (2, 4, -12, "step"),
+        (2, 4, 11, "step 11 is shorter than a row"),
+        (2.0, 4, 12, "height"),
+    ],
+)
+def test_decode_image_names_a_bad_size_field(
+    height: int, width: int, step: int, field: str
+) -> None:
+    # negative and zero sizes gave empty or garbage arrays, or a raw ValueError from reshape
+    with pytest.raises(HeteroError, match=f"image {field}"):
+        decode_image(height, width, "rgb8", step, bytes(100))
+
+
+def test_decode_image_reads_the_bytes_of_an_array_of_any_shape() -> None:
+    rgb = smooth_images(1, 2, 4, seed=6)[0]
+    padded = np.zeros((3, 12), np.uint8)  # one row more than the image has
+    padded[:2] = rgb.reshape(2, 12)
+    assert np.array_equal(decode_image(2, 4, "rgb8", 12, padded), rgb)

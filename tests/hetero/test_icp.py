@@ -176,6 +176,35 @@ def test_normal_equations_without_matches(device: ComputeDevice) -> None:
     assert system.count == 0 and not system.jtj.any()
 
 
+@pytest.mark.parametrize("bad", [3, 7, -2])
+def test_normal_equations_refuse_an_index_that_is_not_a_target_row(
+    device: ComputeDevice, bad: int
+) -> None:
+    # 3 and 7 raised a raw IndexError; -2 was silently taken as "unmatched"
+    grid = build_grid(np.zeros((3, 3), np.float32), 1.0)
+    with pytest.raises(HeteroError, match=rf"index\[2\] = {bad} is not a target row \(0\.\.2\)"):
+        normal_equations(
+            np.ones((4, 3), np.float32),
+            grid,
+            np.zeros((3, 3), np.float32),
+            np.array([0, -1, bad, 1]),
+            np.eye(4),
+            device=device,
+        )
+
+
+@pytest.mark.parametrize("viewpoint", [[0.0, 0.0], [0.0, 0.0, float("nan")], "abc", [[1, 2, 3]]])
+def test_estimate_normals_refuses_a_viewpoint_that_is_not_a_position(
+    device: ComputeDevice, viewpoint: object
+) -> None:
+    plane = np.random.default_rng(4).uniform(-1, 1, (200, 3)).astype(np.float32)
+    plane[:, 2] = 0
+    with pytest.raises(HeteroError, match="viewpoint must be"):
+        estimate_normals(plane, 0.5, viewpoint=viewpoint, device=device)  # type: ignore[arg-type]
+    up = estimate_normals(plane, 0.5, viewpoint=(0.0, 0.0, 5.0), device=device)
+    assert np.nanmin(up[:, 2]) > 0.99
+
+
 def test_align_recovers_the_reference_of_the_real_scan_pair(
     device: ComputeDevice, scan_pair: tuple
 ) -> None:

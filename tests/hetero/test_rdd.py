@@ -103,3 +103,27 @@ def test_null_rows_of_an_arrow_column_are_an_error_naming_it() -> None:
     batch = pa.RecordBatch.from_arrays([column], names=["xyz"])
     with pytest.raises(HeteroError, match="'xyz' has 1 null rows"):
         partition_array([batch])
+
+
+def test_rows_of_every_kind_become_rows() -> None:
+    # 1-D NumPy rows were joined into one flat (3N,) array while tuples became (N, 3) rows
+    rows = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for items in (list(rows), [tuple(r) for r in rows], [list(r) for r in rows]):
+        np.testing.assert_array_equal(partition_array(items), rows)
+    np.testing.assert_array_equal(partition_array([rows[0]]), rows[:1])
+    mixed = partition_array([rows[0], (3, 4, 5), np.ones((2, 3), np.float64)])
+    assert mixed.shape == (4, 3) and mixed.dtype == np.float64
+    np.testing.assert_array_equal(partition_array([1.0, 2.0]), [1.0, 2.0])  # scalars
+    with pytest.raises(HeteroError, match="do not stack"):
+        partition_array([1.0, (1.0, 2.0, 3.0)])
+    with pytest.raises(HeteroError, match="not a row of numbers"):
+        partition_array([(1.0, (2.0, 3.0))])
+
+
+def test_a_parallelized_cloud_gives_partitions_of_its_rows(spark: SparkSession) -> None:
+    cloud = np.random.default_rng(8).normal(0, 5, (10, 3)).astype(np.float32)
+    rdd = spark.sparkContext.parallelize(cloud, 4)  # elements: the cloud's 1-D rows
+    info = map_partitions(rdd, moved_with_device, with_info=True).collect()
+    assert sum(r.rows for r in info) == 10
+    moved = np.concatenate([r.value[1] for r in sorted(info, key=lambda r: r.partition)])
+    np.testing.assert_allclose(moved, cloud + np.array([1.0, 2.0, 3.0]), atol=1e-5)

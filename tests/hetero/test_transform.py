@@ -69,3 +69,9 @@ def test_three_by_four_is_accepted_and_non_rigid_refused() -> None:
 def test_points_that_are_not_numbers_are_an_error_naming_them(points: object) -> None:
     with pytest.raises(HeteroError, match="points must be an array of numbers"):
         transform_points(points, np.eye(4), device="numpy")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("transform", ["abc", [[1.0, 0.0], [0.0]], [["1", "0", "0", "x"]] * 4])
+def test_a_transform_that_is_not_numbers_is_an_error_naming_it(transform: object) -> None:
+    with pytest.raises(HeteroError, match="a rigid transform must be a 4x4 array of numbers"):
+        transform_points(np.ones((2, 3)), transform, device="numpy")  # type: ignore[arg-type]

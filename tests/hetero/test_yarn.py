@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from adcloud.errors import ConfigError
 from adcloud.hetero import yarn_submit_args
@@ -253,3 +254,41 @@ def test_the_submit_default_queue_is_a_shipped_one(
     assert main(["submit", "--dry-run", "--master", "yarn", "--", "ingest", "a.bag"]) == 0
     words = capsys.readouterr().out.replace("\n", "").split()
     assert words[words.index("--queue") + 1] in QUEUES  # a queue capacity-scheduler.xml defines
+
+
+def _spark_task_slots(spark: SparkSession, args: list[str]) -> int:
+    """How many tasks at once Spark's own ResourceProfile lets one executor of ``args`` run."""
+    got = pairs(args)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    resource = jvm.org.apache.spark.resource
+    executor = resource.ExecutorResourceRequests().cores(int(got["--executor-cores"]))
+    task = resource.TaskResourceRequests().cpus(1)
+    for name in ("gpu", "fpga"):
+        if f"spark.executor.resource.{name}.amount" in got:
+            amount = int(got[f"spark.executor.resource.{name}.amount"])
+            executor = executor.resource(name, amount, "/discover.sh", "")
+            task = task.resource(name, float(got[f"spark.task.resource.{name}.amount"]))
+    profile = resource.ResourceProfileBuilder().require(executor).require(task).build()
+    return int(profile.maxTasksPerExecutor(spark.sparkContext._jsc.sc().conf()))
+
+
+@pytest.mark.parametrize(
+    ("gpus", "fpgas", "tasks_per_device"),
+    [(1, 0, 6), (1, 0, 11), (2, 0, 13), (1, 0, 3), (0, 1, 7), (1, 1, 1), (2, 1, 2)],
+)
+def test_every_executor_core_gets_a_device_share_in_spark(
+    spark: SparkSession, gpus: int, fpgas: int, tasks_per_device: int
+) -> None:
+    # 1/6 was written as 0.166667, of which Spark fits only 5 on a device; and a task of a
+    # GPU + FPGA executor holds both, so 1 GPU + 1 FPGA run 1 task at a time, not 2
+    args = yarn_submit_args(
+        "mapping",
+        gpus,
+        fpgas,
+        tasks_per_device=tasks_per_device,
+        fpga_ip_id="adcloud-icp-v1" if fpgas else None,
+    )
+    cores = int(pairs(args)["--executor-cores"])
+    assert cores == min(n for n in (gpus, fpgas) if n) * tasks_per_device
+    assert _spark_task_slots(spark, args) == cores
