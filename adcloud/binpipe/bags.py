@@ -45,8 +45,10 @@ from adcloud.binpipe._ros1 import Ros1Backend
 from adcloud.binpipe._ros2 import SQLITE_MAGIC, Ros2Backend
 from adcloud.binpipe.bags_io import (
     file_size,
+    file_version,
     fingerprint,
     is_local,
+    join_member,
     open_fs,
     options_tuple,
     read_range,
@@ -239,6 +241,7 @@ def plan_partitions(
             source = parts[0].reindexed_from
             grouped = _BACKENDS[fmt].plan(uri, replace(request, partitions_per_bag=wanted))
             parts = [replace(p, reindexed_from=source) for p in grouped]
+    parts = _versioned(parts)
     _log.info(
         "%s: %d partitions (%s), %d messages by the index",
         uri,
@@ -247,6 +250,34 @@ def plan_partitions(
         sum(p.message_count for p in parts),
     )
     return parts
+
+
+def _versioned(parts: list[BagPartition]) -> list[BagPartition]:
+    """``parts`` with the version of the file each reads (see :class:`BagPartition`)."""
+    versions: dict[str, str] = {}
+    out = []
+    for part in parts:
+        url = join_member(part.uri, part.member)
+        if url not in versions:
+            fs, path = open_fs(url, part.storage_options)
+            versions[url] = file_version(fs, path, url)
+        out.append(replace(part, version=versions[url]))
+    return out
+
+
+def _check_version(part: BagPartition) -> None:
+    """:class:`BagError` when the file ``part`` reads is no longer the one planned."""
+    if not part.version:
+        return
+    url = join_member(part.uri, part.member)
+    fs, path = open_fs(url, part.storage_options)
+    now = file_version(fs, path, url)
+    if now != part.version:
+        raise BagError(
+            f"{url}: partition {part.index}: the bag was replaced after its partitions were "
+            f"planned (planned on {part.version}; now {now}); plan it again (a new from_bags, "
+            "ingest or read) to read the new version"
+        )
 
 
 def _time_bound(name: str, value: object) -> int | None:
@@ -330,11 +361,17 @@ def read_partition_timed(part: BagPartition) -> Iterator[tuple[Message, int]]:
     is what merging partitions of one bag in rosbags' order needs.
     """
     if part.time_source != TimeSource.HEADER and part.format == BagFormat.ROS1:
-        return ((msg, msg.timestamp) for msg in _ROS1.read_messages(part))
+        return ((msg, msg.timestamp) for msg in _ros1_messages(part))
     return _read_timed(part)
 
 
+def _ros1_messages(part: BagPartition) -> Iterator[Message]:
+    _check_version(part)
+    yield from _ROS1.read_messages(part)
+
+
 def _read_timed(part: BagPartition) -> Iterator[tuple[Message, int]]:
+    _check_version(part)
     backend = _BACKENDS[part.format]
     use_header = part.time_source == TimeSource.HEADER
     for raw in backend.read(part):
@@ -363,10 +400,11 @@ def read_partition(part: BagPartition) -> Iterator[Message]:
     :attr:`TimeSource.HEADER`: then, for types whose first field is a
     ``std_msgs/Header`` (decided from the message definition), it is the header stamp
     (see :func:`header_stamp`), and record time for other types.  Corrupt input
-    raises :class:`BagError` naming the file, the partition and the byte offset.
-    Nothing is read before the first message is asked for.
+    raises :class:`BagError` naming the file, the partition and the byte offset, and so
+    does a bag replaced since it was planned (see ``BagPartition.version``).  Nothing is
+    read before the first message is asked for.
     """
     if part.time_source != TimeSource.HEADER and part.format == BagFormat.ROS1:
         # ROS 1 builds the Message records itself, skipping RawMessage.
-        return _ROS1.read_messages(part)
+        return _ros1_messages(part)
     return (msg for msg, _record_time in _read_timed(part))

@@ -24,6 +24,7 @@ import fsspec
 
 from adcloud.binpipe.errors import BagError
 from adcloud.config import STORE_SCHEMES
+from adcloud.errors import AdcloudError
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -31,6 +32,7 @@ __all__ = [
     "WindowReader",
     "cache_dir",
     "file_size",
+    "file_version",
     "fingerprint",
     "is_local",
     "join_member",
@@ -64,12 +66,13 @@ def open_fs(uri: str, storage_options: tuple[tuple[str, object], ...] = ()) -> t
     """
     if uri.startswith(STORE_SCHEMES):
         # imported here: plain file and object-store reads never load the store package
-        from adcloud.store.errors import StoreError  # noqa: PLC0415
         from adcloud.store.filesystem import store_filesystem  # noqa: PLC0415
 
         try:
             return store_filesystem(uri, **dict(storage_options))
-        except StoreError as err:
+        except (AdcloudError, TypeError, ValueError) as err:
+            # a malformed URL (a port that is no number), an option the store does not
+            # take (TypeError: "root" for an alluxio:// URL), a bad ADCLOUD_STORE_* setting
             raise BagError(f"{uri}: cannot open the store: {err}") from err
     try:
         fs, path = fsspec.core.url_to_fs(uri, **dict(storage_options))
@@ -330,6 +333,23 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "adcloud" / "binpipe"
+
+
+def file_version(fs: Any, path: str, uri: str) -> str:
+    """What tells one version of a file from the next, as its filesystem reports it: the
+    size and the modification stamps (mtime, ETag, ...), as text for messages;
+    :class:`BagError` naming ``uri`` when the file is missing."""
+    try:
+        info = fs.info(path)
+    except FileNotFoundError as err:
+        raise BagError(f"{uri}: no such file") from err
+    except OSError as err:
+        raise BagError(f"{uri}: cannot stat: {err}") from err
+    # not "created": for local files that is st_ctime, which a chmod or a rename changes
+    stamps = [
+        f"{key} {info[key]}" for key in _TIME_KEYS if key != "created" and info.get(key) is not None
+    ]
+    return ", ".join([f"size {info.get('size')}", *stamps])
 
 
 def fingerprint(fs: Any, path: str, uri: str) -> str:

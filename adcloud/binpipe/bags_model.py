@@ -112,7 +112,11 @@ class BagPartition:
     one of the partition, when the chunks are not in record-time order (a bag stamped
     with header times, or merged by a script); it is empty when they are, and then each
     chunk's own start time is that bound.  The reader yields a message only once no
-    chunk still to come can hold an earlier one.
+    chunk still to come can hold an earlier one.  ``version`` is the size and modification
+    stamps of the file the partition reads, as planned (:func:`adcloud.binpipe.bags_io.
+    file_version`): a bag replaced since (a new upload to the same URL) is an error when
+    the partition is read, not another recording's bytes read at this plan's offsets or
+    rows; ``""`` reads without that check.
     """
 
     uri: str
@@ -130,6 +134,7 @@ class BagPartition:
     member: str = ""
     reindexed_from: str = ""
     time_floors: tuple[tuple[int, int], ...] = ()
+    version: str = ""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ checked against the store's CRC-32 as every store read is.  Ranged reads serve r
 that take a byte range of a large file (a Spark task reading its chunks of a bag): a store
 with positioned reads (``read_range``) answers them directly; otherwise the file is
 streamed from its start, and a reader moving forward through one file keeps its stream
-open between calls so that the file is read once, not once per range.  A range is not
+open between calls so that the file is read once, not once per range (a kept stream the
+store dropped meanwhile is replaced by a new one).  A range is not
 checked against the file's CRC, which covers the whole file.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import shutil
 import threading
 from collections.abc import Callable
@@ -38,6 +40,8 @@ from adcloud.store.errors import (
 )
 
 __all__ = ["StoreFileSystem", "store_filesystem"]
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -95,6 +99,24 @@ class _Forward:
         data = self.stream.read(length)
         self.offset += len(data)
         return data
+
+
+def _close_quietly(cur: _Forward) -> None:
+    """Close a read stream whose bytes are no longer wanted (a proxy's stream may be gone
+    already: that is no error of the read that drops it)."""
+    with contextlib.suppress(OSError, StoreError):
+        cur.stream.close()
+
+
+def _read_at(cur: _Forward, lo: int, hi: int) -> bytes:
+    """Bytes ``[lo, hi)`` from ``cur`` (at or before ``lo``); closes the stream when the
+    read fails."""
+    try:
+        cur.skip_to(lo)
+        return cur.read(hi - lo)
+    except BaseException:
+        _close_quietly(cur)
+        raise
 
 
 class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is untyped
@@ -181,24 +203,28 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
             if cur is not None and (
                 cur.offset > lo or (cur.size, cur.mtime) != (status.size, status.mtime)
             ):
-                cur.stream.close()
+                _close_quietly(cur)
                 cur = None
+            data = None
+            if cur is not None:
+                try:
+                    data = _read_at(cur, lo, hi)
+                except (OSError, StoreError):
+                    # a kept stream is a cache: the store may have dropped it meanwhile (a
+                    # proxy cuts a stream left idle past its socket timeout, e.g. while a
+                    # Spark task worked through its previous block); read from a new one
+                    log.debug("kept read stream of %s failed; opening a new one", path)
+                    cur = None
             if cur is None:
                 cur = _Forward(self.store.open(path), status.size, status.mtime)
-            try:
-                cur.skip_to(lo)
-                data = cur.read(hi - lo)
-            except BaseException:
-                cur.stream.close()
-                raise
+                data = _read_at(cur, lo, hi)
             if cur.offset < cur.size:
                 self._forward[path] = cur  # the newest last: the oldest goes first
                 while len(self._forward) > _KEPT_STREAMS:
-                    oldest = self._forward.pop(next(iter(self._forward)))
-                    with contextlib.suppress(OSError, StoreError):
-                        oldest.stream.close()
+                    _close_quietly(self._forward.pop(next(iter(self._forward))))
             else:
-                cur.stream.close()
+                _close_quietly(cur)
+            assert data is not None
             return data
 
     @_as_os_errors
@@ -279,8 +305,7 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
             streams = list(self._forward.values())
             self._forward.clear()
         for cur in streams:
-            with contextlib.suppress(OSError, StoreError):
-                cur.stream.close()
+            _close_quietly(cur)
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -588,6 +588,9 @@ def test_garbage_in_a_chunk(tmp_path: Path, bags: dict[str, Path], name: str, pa
     for i in range(lo, hi, 3):
         data[i] ^= 0x5A
     bad.write_bytes(bytes(data))
+    # planned again: a partition planned before the bag changed refuses to read it
+    parts = plan_partitions(str(bad))
+    victim = parts[victim.index]
     for part in parts:
         if part.index != victim.index:
             assert len(list(read_partition(part))) == part.message_count
@@ -599,6 +602,37 @@ def test_garbage_in_a_chunk(tmp_path: Path, bags: dict[str, Path], name: str, pa
     assert pattern in text
 
 
+@pytest.mark.parametrize("name", ["ros1-lz4", "ros2-sqlite3", "mcap-zstd"])
+def test_a_bag_replaced_after_planning_is_an_error(
+    tmp_path: Path, bags: dict[str, Path], name: str
+) -> None:
+    """A new upload to the bag's URL between the plan and the read is refused: read at
+    the old plan's offsets (or, for sqlite3, rows) it gave another recording's messages
+    under the old plan's connections, without a word."""
+    src = bags[name]
+    dst = tmp_path / src.name
+    if src.is_dir():
+        shutil.copytree(src, dst)
+    else:
+        shutil.copy(src, dst)
+    parts = plan_partitions(str(dst), partitions_per_bag=2)
+    other = tmp_path / "other"
+    if name.startswith("ros2"):
+        (storage,) = dst.glob("*.db3")
+        (new,) = bf.write_ros2(other, n=500).glob("*.db3")
+    else:
+        storage = dst
+        new = bf.write_ros1(other.with_suffix(".bag"), compression="lz4", n=500)
+        if name.startswith("mcap"):
+            new = bf.write_mcap(other.with_suffix(".mcap"), n=500)
+    new.replace(storage)
+    for part in parts:
+        with pytest.raises(BagError, match=r"replaced after its partitions were planned"):
+            list(read_partition(part))
+    # planned again, the new bag reads whole
+    assert sum(1 for p in plan_partitions(str(dst)) for _ in read_partition(p)) == 500
+
+
 def test_record_length_past_range(tmp_path: Path, bags: dict[str, Path]) -> None:
     bad = _copy(bags["ros1-none"], tmp_path / "long.bag")
     parts = plan_partitions(str(bad))
@@ -608,6 +642,7 @@ def test_record_length_past_range(tmp_path: Path, bags: dict[str, Path]) -> None
     at = part.start_offset + 4 + hlen  # the chunk record's data length
     data[at : at + 4] = struct.pack("<I", 0x7FFF_FFFF)
     bad.write_bytes(bytes(data))
+    part = plan_partitions(str(bad))[1]  # the damage is past the index: the plan stands
     with pytest.raises(BagError, match=r"long\.bag: partition 1: byte offset \d+: .*runs past"):
         list(read_partition(part))
 
@@ -621,6 +656,7 @@ def test_message_length_inside_chunk(tmp_path: Path, bags: dict[str, Path]) -> N
     # Inside the chunk: the first record header's length becomes huge.
     data[content : content + 4] = struct.pack("<I", 0x0FFF_FFFF)
     bad.write_bytes(bytes(data))
+    part = plan_partitions(str(bad))[2]  # the damage is past the index: the plan stands
     with pytest.raises(
         BagError,
         match=r"inner\.bag: partition 2: chunk at byte offset \d+, "
@@ -654,6 +690,7 @@ def test_a_message_record_its_index_contradicts_is_a_bag_error(
         sec, nsec = struct.unpack_from("<II", data, at)
         data[at : at + 8] = struct.pack("<II", sec + 1000, nsec)
     bad.write_bytes(bytes(data))
+    part = plan_partitions(str(bad))[1]  # the damage is past the index: the plan stands
     with pytest.raises(
         BagError,
         match=r"contradicted\.bag: partition 1: chunk at byte offset \d+, byte offset \d+: " + says,

@@ -7,14 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from adcloud.binpipe import BinPipeRDD
+from adcloud.binpipe.bags import plan_partitions, read_partition, summarize
 from adcloud.binpipe.errors import BinpipeError
-from adcloud.store import LocalStore, StoreServer, open_store
+from adcloud.binpipe.rdd import check_save_target, expand_uris
+from adcloud.store import LocalStore, ServerLimits, StoreServer, open_store
 from adcloud.store.filesystem import StoreFileSystem, store_filesystem
 
 HUSKY = "02_husky_gps_imu_odom_ros1/robot_localization_test1.bag"
@@ -76,6 +79,26 @@ def test_a_write_left_by_an_exception_keeps_the_earlier_version(store_root: Path
     assert fs.cat_file("/x.bin") == b"old"
 
 
+def test_a_range_after_the_proxy_dropped_the_kept_stream_is_read_anew(store_root: Path) -> None:
+    """A proxy cuts a read stream left idle past its socket timeout (a Spark task working
+    through its previous block): the next range comes from a new stream, not an error."""
+    backing = LocalStore("local://")
+    server = StoreServer(
+        backing, port=0, token="t0k3n-0123456789", limits=ServerLimits(socket_timeout=1.0)
+    ).start()
+    try:
+        big = DATA * 24  # more than the socket buffers hold
+        backing.put("/r/big.bin", big)
+        fs, path = store_filesystem(server.uri + "r/big.bin", token="t0k3n-0123456789")
+        assert fs.cat_file(path, start=0, end=10) == big[:10]
+        time.sleep(3)
+        assert fs.cat_file(path, start=20_000_000, end=20_000_010) == big[20_000_000:20_000_010]
+        fs.close()
+    finally:
+        server.shutdown()
+        backing.close()
+
+
 def test_ranges_over_alluxio_read_forward_and_back(store_root: Path) -> None:
     """The proxy has no positioned reads: ranges come from one stream while they move
     forward, and a range behind it, or a replaced file, opens a new one."""
@@ -105,6 +128,29 @@ def test_an_unreachable_proxy_is_an_error_not_a_missing_file() -> None:
         fs.exists(path)
     with pytest.raises(BinpipeError, match=r"alluxio://127\.0\.0\.1:9/drives/a\.bag: cannot look"):
         BinPipeRDD.from_bags(None, "alluxio://127.0.0.1:9/drives/a.bag")  # type: ignore[arg-type]
+
+
+def test_a_store_url_that_cannot_be_opened_is_an_error_naming_it(store_root: Path) -> None:
+    """A malformed URL, an option the store does not take, a bad store setting: an error
+    that names the URL, not a ValueError or TypeError traceback."""
+    with pytest.raises(BinpipeError, match=r"alluxio://127\.0\.0\.1:abc/d/a\.bag: cannot open"):
+        summarize("alluxio://127.0.0.1:abc/d/a.bag")
+    with pytest.raises(BinpipeError, match=r"alluxio://127\.0\.0\.1:9/d/: cannot open .*root"):
+        expand_uris("alluxio://127.0.0.1:9/d/", {"root": str(store_root)})
+    with pytest.raises(BinpipeError, match=r"local:///out: cannot open the store: .*tokn"):
+        check_save_target("local:///out", storage_options={"tokn": "t0k3n-0123456789"})
+
+
+def test_a_bag_replaced_in_the_store_after_planning_is_an_error(
+    shared_data: Path, store_root: Path
+) -> None:
+    store = LocalStore("local://")
+    store.put("/drives/a.bag", (shared_data / HUSKY).read_bytes())
+    parts = plan_partitions("local:///drives/a.bag", partitions_per_bag=2)
+    store.put("/drives/a.bag", (shared_data / HUSKY).read_bytes()[:-1000])  # a new upload
+    with pytest.raises(BinpipeError, match=r"local:///drives/a\.bag: partition 0: the bag was"):
+        list(read_partition(parts[0]))
+    store.close()
 
 
 def _same_messages(a: list[Any], b: list[Any]) -> bool:
