@@ -38,7 +38,8 @@ from xml.etree import ElementTree as ET
 from adcloud._commit import JobOutput
 from adcloud.sim.errors import SimError
 from adcloud.sim.replay import ReplayResults, ScenarioResult, _finite_json
-from adcloud.store import Store, StoreError, StoreNotFoundError, locate
+from adcloud.store import Store, StoreError, locate
+from adcloud.store.filesystem import StoreFileSystem
 
 __all__ = ["REPORT_VERSION", "check_report_target", "junit_xml", "read_results", "write_report"]
 
@@ -183,56 +184,6 @@ wall time {results.wall_s:.1f} s</p>
     return page.encode("utf-8")
 
 
-class _StoreTree:
-    """A :class:`Store` as the few fsspec filesystem calls :class:`JobOutput` makes (the
-    ``local://`` and ``alluxio://`` stores are not fsspec filesystems); paths are store
-    paths, and a missing one raises ``FileNotFoundError`` as in fsspec."""
-
-    protocol = ("adcloud-store",)
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def exists(self, path: str) -> bool:
-        return self.store.exists(path)
-
-    def isfile(self, path: str) -> bool:
-        try:
-            return not self.store.stat(path).is_dir
-        except StoreNotFoundError:
-            return False
-
-    def ls(self, path: str, detail: bool = False) -> list[str]:
-        try:
-            return [status.path for status in self.store.list(path)]
-        except StoreNotFoundError as err:
-            raise FileNotFoundError(path) from err
-
-    def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        self.store.mkdir(path)
-
-    def rm(self, path: str, recursive: bool = False) -> None:
-        try:
-            self.store.delete(path, recursive=recursive)
-        except StoreNotFoundError as err:
-            raise FileNotFoundError(path) from err
-
-    def mv(self, source: str | list[str], target: str | list[str]) -> None:
-        sources = [source] if isinstance(source, str) else source
-        targets = [target] if isinstance(target, str) else target
-        for src, dst in zip(sources, targets, strict=True):
-            self.store.rename(src, dst)
-
-    def pipe_file(self, path: str, value: bytes) -> None:
-        self.store.put(path, value)
-
-    def cat_file(self, path: str) -> bytes:
-        try:
-            return self.store.get(path)
-        except StoreNotFoundError as err:
-            raise FileNotFoundError(path) from err
-
-
 def _results_jsonl(results: Sequence[ScenarioResult]) -> bytes:
     lines = (json.dumps(r.to_dict(), sort_keys=True, allow_nan=False) + "\n" for r in results)
     return "".join(lines).encode("utf-8")
@@ -249,7 +200,7 @@ def _store_output(url: str, ours: Callable[[str], bool], what: str) -> tuple[Sto
     replacing the entries ``ours`` recognises."""
     store, root = locate(url)
     output = JobOutput(
-        _StoreTree(store), root, url, overwrite=True, ours=ours, error=SimError, what=what
+        StoreFileSystem.over(store), root, url, overwrite=True, ours=ours, error=SimError, what=what
     )
     return store, output
 

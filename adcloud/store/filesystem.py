@@ -139,6 +139,15 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         self._lock = threading.Lock()
         self._forward: dict[str, _Forward] = {}
 
+    @classmethod
+    def over(cls, store: Store) -> StoreFileSystem:
+        """The filesystem of an open ``store``, of any backend (``file://`` and object-store
+        ones too: their paths are store paths as well)."""
+        fs = cls(store.uri, **getattr(store, "options", {}))
+        if fs._store is None:  # a new instance (fsspec hands out cached ones): use this one
+            fs._store = store
+        return fs
+
     @property
     def store(self) -> Store:
         if self._store is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import uuid
 from dataclasses import replace
@@ -144,17 +145,21 @@ def test_any_scenario_name_plots(tmp_path: Path) -> None:
     assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("scheme", ["file", "memory"])
+@pytest.mark.parametrize("scheme", ["file", "memory", "local"])
 def test_a_report_failing_midway_leaves_the_earlier_one_whole(
     scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The plot fails after results.jsonl and junit.xml are written: the earlier report's
     files are all still there, unchanged, and nothing staged is left behind."""
-    url = (
-        f"file://{tmp_path}/report"
-        if scheme == "file"
-        else f"memory://report-{uuid.uuid4().hex}/report"
-    )
+    for name in list(os.environ):  # local://: this test's own tiered store
+        if name.startswith("ADCLOUD_STORE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(tmp_path / "store"))
+    url = {
+        "file": f"file://{tmp_path}/report",
+        "memory": f"memory://report-{uuid.uuid4().hex}/report",
+        "local": "local:///sim/report",
+    }[scheme]
     write_report(ReplayResults(_JOB, (_result("first"),), 1.0), url)
     before = _files(url)
     assert sorted(before) == _FILES
@@ -162,6 +167,7 @@ def test_a_report_failing_midway_leaves_the_earlier_one_whole(
     def broken_plot(results: object) -> bytes:
         raise RuntimeError("the plot failed")
 
+    real_plot = report_module._plot
     monkeypatch.setattr(report_module, "_plot", broken_plot)
     second = ReplayResults(_JOB, (_result("second", passed=False, reason="r"),), 2.0)
     with pytest.raises(RuntimeError, match="the plot failed"):
@@ -174,7 +180,7 @@ def test_a_report_failing_midway_leaves_the_earlier_one_whole(
     store, root = locate(url)
     assert not store.exists(root + "/new")  # a first report that fails leaves no directory
 
-    monkeypatch.undo()
+    monkeypatch.setattr(report_module, "_plot", real_plot)
     write_report(second, url)
     after = _files(url)
     assert sorted(after) == _FILES
