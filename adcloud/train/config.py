@@ -86,6 +86,7 @@ _NOT_IN_RUN_ID = frozenset(
         "threads",
         "etl",  # memory or files: the same samples in the same order
         "etl_dir",
+        "keep_etl_files",
         "resume_changed_data",  # whether a resume may go on; not what it computes
     }
 )
@@ -223,8 +224,16 @@ class TrainConfig:
     out: str = "adcloud-runs/{run}"
     #: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
     device: str = "auto"
-    #: Seconds a trainer waits for a parameter version or for the other trainers' updates
-    #: before it gives up with :class:`~adcloud.train.errors.StaleParametersError`.
+    #: Seconds a trainer waits for the others once they have all started: for a parameter
+    #: version or the other trainers' updates (``ps``: then
+    #: :class:`~adcloud.train.errors.StaleParametersError`), in a collective (``allreduce``:
+    #: the process group's timeout) and for the held-out counts of ``eval_every``.  A trainer
+    #: that hangs or dies fails the others' wait with an error naming its rank, host and the
+    #: step it last reached, which fails the barrier stage (Spark then retries it from the
+    #: last checkpoint), instead of leaving them waiting for ``spark.barrier.sync.timeout``
+    #: (a year by default).  That Spark setting alone still bounds the start of the stage,
+    #: where the trainers wait for each other to load their shards (a retried stage may
+    #: rebuild a lost shard from the bags).
     sync_timeout_s: float = 120.0
     #: Parameter versions kept behind the newest (at least 2: one may still be being read).
     keep_versions: int = 2
@@ -235,6 +244,11 @@ class TrainConfig:
     #: driver, so on a multi-host cluster give a directory every host mounts).
     etl: str = "memory"
     etl_dir: str = ""
+    #: Keep the run's sample files (``part-JOB-*.tensors``) in ``etl_dir`` after the run.
+    #: By default they go when the run ends, finished or failed (no later run reads them:
+    #: each run writes its own), with ``etl_dir`` itself if the run made it and it is left
+    #: empty; whatever else is in ``etl_dir`` stays.  A driver killed outright leaves them.
+    keep_etl_files: bool = False
     #: How finely Spark splits each bag (None: about 128 MiB per partition, at least one
     #: per core).
     partitions_per_bag: int | None = None

@@ -57,6 +57,8 @@ __all__ = [
     "Evaluation",
     "check_eval_target",
     "evaluate_model",
+    "input_mismatch",
+    "input_shapes",
     "score_bag_samples",
     "score_parameters",
     "score_samples",
@@ -128,24 +130,71 @@ def _size(sizes: Sequence[int | None]) -> str:
     return "x".join("*" if d is None else str(d) for d in sizes) or "a scalar"
 
 
-def _input_mismatch(task: Task, weights: _Weights, sample: Any, bag: str) -> str:
-    """What is wrong with ``sample`` as an input of the exported program (``""``: nothing):
-    its inputs as the task makes them (:meth:`Task.example_inputs`) against the sizes the
-    program was exported for."""
+def input_shapes(task: Task, sample: Any) -> tuple[_InputShape, ...]:
+    """The per-sample sizes of the model inputs ``task`` makes of ``sample``
+    (:meth:`Task.example_inputs`), ``None`` where :meth:`Task.dynamic_shapes` lets a
+    dimension vary: what an export of a model trained on such samples records
+    (:func:`_input_shapes`).  Empty when an input is no tensor."""
     found = task.example_inputs([sample])
-    for (name, expected), value in zip(weights.inputs, found, strict=False):
-        shape = tuple(int(d) for d in getattr(value, "shape", ()))[1:]
-        if len(shape) == len(expected) and all(
-            e is None or e == d for e, d in zip(expected, shape, strict=True)
+    spec = task.dynamic_shapes()
+    if isinstance(spec, Mapping) and len(spec) == len(found):
+        names, specs = [str(k) for k in spec], list(spec.values())
+    elif isinstance(spec, (list, tuple)) and len(spec) == len(found):
+        names, specs = [f"input {i}" for i in range(len(found))], list(spec)
+    else:
+        names, specs = [f"input {i}" for i in range(len(found))], [None] * len(found)
+    out = []
+    for name, value, dims in zip(names, found, specs, strict=True):
+        shape = tuple(int(d) for d in getattr(value, "shape", ()))
+        if not shape:
+            return ()
+        if isinstance(dims, Mapping):
+            free = {int(k) for k in dims}
+        elif isinstance(dims, (list, tuple)):
+            free = {i for i, d in enumerate(dims) if d is not None}
+        else:
+            free = set()
+        out.append((name, tuple(None if i in free else d for i, d in enumerate(shape))[1:]))
+    return tuple(out)
+
+
+def input_mismatch(
+    task: Task, inputs: Sequence[_InputShape], sample: Any
+) -> tuple[str, str, str] | None:
+    """``(input name, its size, the expected size)`` where ``sample``'s model inputs
+    (:func:`input_shapes`) differ from ``inputs``; None where they agree."""
+    for (name, expected), (_, found) in zip(inputs, input_shapes(task, sample), strict=False):
+        if len(found) == len(expected) and all(
+            e is None or f is None or e == f for e, f in zip(expected, found, strict=True)
         ):
             continue
+        return name, _size(found), _size(expected)
+    return None
+
+
+def _input_mismatch(task: Task, weights: _Weights, sample: Any, bag: str) -> str:
+    """What is wrong with ``sample`` as an input of the model (``""``: nothing): its inputs
+    as the task makes them against the sizes the exported program was exported for, or
+    (parameters) the model was trained on."""
+    found = input_mismatch(task, weights.inputs, sample)
+    if found is None:
+        return ""
+    name, size, expected = found
+    given = (
+        f"{bag}: topic {task.topics[0]} gives the model's input {name} of size {size} per "
+        "sample, but"
+    )
+    if weights.kind == "exported":
         return (
-            f"{bag}: topic {task.topics[0]} gives the model's input {name} of size "
-            f"{_size(shape)} per sample, but {weights.name} was exported for {_size(expected)} "
-            f"(model.inputs in its metadata.json): score it on bags recorded like the ones it "
-            "was trained on, or train and export a model on these"
+            f"{given} {weights.name} was exported for {expected} (model.inputs in its "
+            "metadata.json): score it on bags recorded like the ones it was trained on, or "
+            "train and export a model on these"
         )
-    return ""
+    return (
+        f"{given} {weights.name} is trained on {expected}, and its export takes that size "
+        "only (adcloud train eval refuses such a bag): score it on bags recorded like its "
+        "training bags"
+    )
 
 
 #: The model of the last :class:`_Weights` this Python worker loaded (Spark reuses workers
@@ -196,24 +245,42 @@ def _counts_of(
 
 def _count_samples(
     samples: Iterable[Any], *, task: CountingTask, weights: _Weights
-) -> Iterator[tuple[NDArray[Any], int]]:
-    """``(counts, samples)`` of one partition of ready samples."""
-    yield _counts_of(task, weights, samples)
+) -> Iterator[tuple[NDArray[Any], int, tuple[str, ...]]]:
+    """``(counts, samples, problems)`` of one partition of ready samples (a sample the
+    model cannot take ends it, as in :func:`_count_bag_samples`)."""
+    if weights.inputs:
+        samples = _checked(task, weights, samples, "a held-out bag")
+    try:
+        counts, n = _counts_of(task, weights, samples)
+    except _UnscorableError as err:
+        yield task.eval_counts(_model(task, weights), []), 0, (str(err),)
+        return
+    yield counts, n, ()
 
 
 def score_samples(
-    spark: SparkSession, task: Task, parameters: bytes, samples: RDD[Any]
+    spark: SparkSession,
+    task: Task,
+    parameters: bytes,
+    samples: RDD[Any],
+    *,
+    inputs: Sequence[_InputShape] = (),
+    name: str = "the model",
 ) -> dict[str, float]:
     """Scores of ``task.build_model()`` with ``parameters`` on an RDD of ready samples (the
-    held-out samples a run keeps cached to score every ``eval_every`` steps)."""
+    held-out samples a run keeps cached to score every ``eval_every`` steps).  With
+    ``inputs`` (:func:`input_shapes` of a training sample), a sample of other sizes is
+    refused with a :class:`TrainError` rather than scored; ``name`` names the model."""
     counting = _counting(task)
-    weights = _broadcast(spark, "state", parameters)
+    weights = _broadcast(spark, "state", parameters, inputs=inputs, name=name)
     try:
-        counts, n = samples.mapPartitions(
+        counts, n, problems = samples.mapPartitions(
             functools.partial(_count_samples, task=counting, weights=weights)
-        ).reduce(_add)
+        ).reduce(_add_bag)
     finally:
         weights.payload.unpersist()
+    if problems:
+        raise TrainError(problems[0])
     if n == 0:
         raise TrainError(f"no held-out samples to score task {task.name} on")
     return counting.scores(counts)
@@ -263,13 +330,14 @@ def score_bag_samples(
     bags: Sequence[str],
     *,
     name: str = "parameters",
+    inputs: Sequence[_InputShape] = (),
 ) -> Evaluation:
     """What :func:`score_parameters` gives for ``bags``, from ready ``(bag URI, sample)``
     pairs instead of the bags: the held-out samples a run already keeps on its executors
     (``train.eval_every``), scored there without decoding the bags again."""
     started = time.perf_counter()
     counting = _counting(task)
-    weights = _broadcast(spark, "state", parameters)
+    weights = _broadcast(spark, "state", parameters, inputs=inputs, name=name)
     try:
         counts, numbers = _score_pairs(counting, weights, samples, bags)
     finally:
@@ -333,9 +401,17 @@ def _add_bag(a: _BagCounts, b: _BagCounts) -> _BagCounts:
     return a[0] + b[0], a[1] + b[1], (a[2] + b[2])[:1]
 
 
-def _broadcast(spark: SparkSession, kind: str, data: bytes) -> _Weights:
+def _broadcast(
+    spark: SparkSession,
+    kind: str,
+    data: bytes,
+    *,
+    inputs: Sequence[_InputShape] = (),
+    name: str = "",
+) -> _Weights:
     digest = hashlib.sha256(data).hexdigest()
-    return _Weights(kind, f"{kind}:{digest}", spark.sparkContext.broadcast(data))
+    payload = spark.sparkContext.broadcast(data)
+    return _Weights(kind, f"{kind}:{digest}", payload, tuple(inputs), name)
 
 
 def _class_names(task: Task, size: int) -> list[str]:
@@ -601,13 +677,16 @@ def score_parameters(
     *,
     partitions_per_bag: int | None = None,
     name: str = "parameters",
+    inputs: Sequence[_InputShape] = (),
 ) -> Evaluation:
     """Score ``task.build_model()`` with ``parameters`` (a :mod:`adcloud.train.tensors`
     state dict, as :class:`~adcloud.train.loop.TrainResult` carries) on ``bags``, on the
-    executors; ``name`` labels the model in the result."""
+    executors; ``name`` labels the model in the result.  With ``inputs`` (the
+    :func:`input_shapes` of a training sample), a bag whose samples are of other sizes is
+    refused with a :class:`TrainError` naming it and both sizes, rather than scored."""
     started = time.perf_counter()
     counting = _counting(task)
-    weights = _broadcast(spark, "state", parameters)
+    weights = _broadcast(spark, "state", parameters, inputs=inputs, name=name)
     try:
         counts, samples = _score(spark, counting, weights, bags, partitions_per_bag)
     finally:

@@ -31,7 +31,8 @@ exported ``model/``: staged beside and moved into place together (:func:`write_o
 
 ``etl="files"`` is the benchmark's baseline: the ETL stage writes its samples to files in a
 ``file://`` directory (pickle-free, :func:`~adcloud.train.tensors.encode_tree`) and the
-training stage reads them back.
+training stage reads them back.  They are intermediates: the run removes its own files when
+it ends, finished or failed, unless ``keep_etl_files`` (:func:`remove_etl_files`).
 
 The same training function runs under ``torchrun`` (:func:`run_torchrun`, or
 ``torchrun --nproc-per-node N -m adcloud.train.job --config train.yaml``): every process
@@ -54,6 +55,7 @@ import os
 import posixpath
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -76,6 +78,8 @@ from adcloud.train.evaluate import (
     EVAL_FILE,
     PLOT_FILE,
     Evaluation,
+    input_mismatch,
+    input_shapes,
     score_bag_samples,
     score_parameters,
     score_samples,
@@ -109,6 +113,7 @@ __all__ = [
     "load_task",
     "local_samples",
     "main",
+    "remove_etl_files",
     "run_torchrun",
     "run_training",
     "shard_samples",
@@ -274,7 +279,9 @@ def preflight(config: TrainConfig, task: Task | None = None) -> str:
     options; or ``resume_changed_data``).  ``adcloud train run`` calls it before it starts
     Spark and hands the name to :func:`run_training`, which calls it otherwise."""
     check_bags(config)
-    check_heldout_topics(config, load_task(config) if task is None else task)
+    task = load_task(config) if task is None else task
+    check_heldout_topics(config, task)
+    check_heldout_inputs(config, task)
     uris = bag_uris(config.bags)
     run = config.run_id(data_identity(uris))
     _check_output(config.output_dir(run))
@@ -307,6 +314,78 @@ def check_heldout_topics(config: TrainConfig, task: Task) -> None:
                 f"task {task.name} scores (its topics: {has}); leave the bag out of "
                 "heldout_bags, or set the task's topic in train.task_options"
             )
+
+
+#: Messages read from a bag for its first sample before :func:`check_heldout_inputs` gives
+#: up on it (the scoring checks every sample anyway).
+_PEEK_MESSAGES = 256
+
+
+def _first_sample(task: Task, uri: str) -> Any:
+    """The first sample ``task`` makes of the bag at ``uri``, decoded here (a fresh copy of
+    the task, as an executor has); None when the first :data:`_PEEK_MESSAGES` messages of
+    its topics give none."""
+    from adcloud.binpipe import (  # noqa: PLC0415
+        ConnectionInfo,
+        MessageDecoder,
+        plan_partitions,
+        read_partition,
+    )
+
+    fresh = copy.deepcopy(task)
+    read = 0
+    try:
+        parts = plan_partitions(uri, topics=task.topics, partitions_per_bag=1)
+    except AdcloudError:  # no index, say: left to the scoring, which says it in its terms
+        return None
+    for part in parts:
+        decoder = MessageDecoder(
+            ConnectionInfo(c.topic, c.msgtype, c.msgdef_format, c.msgdef, c.md5sum, c.serialization)
+            for c in part.connections
+        )
+        for message in read_partition(part):
+            decoded = decoder.decode(message)
+            for sample in _task_samples(fresh, uri, message.topic, message.timestamp, decoded):
+                return sample
+            read += 1
+            if read >= _PEEK_MESSAGES:
+                return None
+    return None
+
+
+def _other_inputs(task: Task, bag: str, found: tuple[str, str, str], trained: str) -> TrainError:
+    """The error of held-out ``bag`` whose samples' model input is of another size than the
+    training samples' (``found``: :func:`~adcloud.train.evaluate.input_mismatch`)."""
+    name, size, expected = found
+    return TrainError(
+        f"train.heldout_bags: {bag} gives the model's input {name} of size {size} per "
+        f"sample (topic {task.topics[0]}), but the training bags give {expected} "
+        f"({trained}): the model is trained for that size and its export takes no other "
+        "(adcloud train eval refuses such a bag), so its scores there would be meaningless; "
+        "leave the bag out of heldout_bags, or hold out bags recorded like the training bags"
+    )
+
+
+def check_heldout_inputs(config: TrainConfig, task: Task) -> None:
+    """Fail now, naming the bag and both sizes, when a held-out bag's samples make model
+    inputs of another size than the training bags' (a camera recorded at another
+    resolution): the exported model takes only the size it was trained on, so scores on
+    such a bag would describe no model a user gets.  Compares each held-out bag's first
+    sample with the first training bag's, decoded here (a few messages of each bag); the
+    scoring compares every sample (:func:`run_training`)."""
+    heldout = bag_uris(config.heldout_bags)
+    trained = bag_uris(config.bags)
+    if not heldout or not trained:
+        return
+    first = _first_sample(task, trained[0])
+    inputs = input_shapes(task, first) if first is not None else ()
+    if not inputs:
+        return
+    for uri in heldout:
+        sample = _first_sample(task, uri)
+        found = None if sample is None else input_mismatch(task, inputs, sample)
+        if found is not None:
+            raise _other_inputs(task, uri, found, trained[0])
 
 
 def _check_output(out: str) -> None:
@@ -665,14 +744,17 @@ def etl_to_files(
     spark: SparkSession,
     keyed: RDD[tuple[tuple[int, int], Any]],
     directory: str,
+    *,
+    job: str = "",
 ) -> RDD[tuple[tuple[int, int], Any]]:
     """The baseline exchange: write ``keyed`` to files under ``directory``, read them back.
 
     One ``part-JOB-PPPPP.tensors`` file per partition (``adcloud-samples`` v1: an
     :func:`~adcloud.train.tensors.encode_tree` file of the keys, the sample fields and a
-    type index); the returned RDD reads them (one partition per file).  ``JOB`` is new for
-    every call: runs sharing ``train.etl_dir`` never read each other's samples (the
-    returned RDD reads its files again whenever Spark recomputes it).
+    type index); the returned RDD reads them (one partition per file).  ``JOB`` (``job``,
+    or drawn anew) is new for every call: runs sharing ``train.etl_dir`` never read each
+    other's samples (the returned RDD reads its files again whenever Spark recomputes it).
+    :func:`remove_etl_files` removes them once the RDD is no longer read.
     """
     directory = _absolute(directory)
     if "://" not in directory:
@@ -680,7 +762,7 @@ def etl_to_files(
     fs, root = fsspec.core.url_to_fs(directory)
     fs.makedirs(root, exist_ok=True)
     reports = keyed.mapPartitionsWithIndex(
-        functools.partial(_write_part, directory=directory, job=uuid.uuid4().hex[:12])
+        functools.partial(_write_part, directory=directory, job=job or _etl_job())
     ).collect()
     parts = [(r["url"], r["kinds"]) for r in reports]
     log.info(
@@ -691,6 +773,28 @@ def etl_to_files(
         directory,
     )
     return spark.sparkContext.parallelize(parts, max(1, len(parts))).flatMap(_read_part)
+
+
+def _etl_job() -> str:
+    """A new ``JOB`` for :func:`etl_to_files`' file names (hex: no glob character)."""
+    return uuid.uuid4().hex[:12]
+
+
+def remove_etl_files(directory: str, job: str, *, made: bool = False) -> None:
+    """Remove what :func:`etl_to_files` wrote under ``directory`` for ``job``: its
+    ``part-JOB-*`` files, the half-written ``.tmp`` files of failed task attempts among
+    them; and, ``made`` (the caller created ``directory``), the directory once empty.
+    Nothing else there is touched: another run's files, the user's own."""
+    if not job or not job.isalnum():
+        raise TrainError(f"etl files: {job!r} is not the JOB of an etl_to_files call")
+    directory = _absolute(directory)
+    fs, root = fsspec.core.url_to_fs(directory)
+    files = fs.glob(posixpath.join(root, f"part-{job}-*"))
+    if files:
+        fs.rm(files)
+    if made and fs.isdir(root) and not fs.ls(root, detail=False):
+        fs.rmdir(root)
+    log.info("etl files: removed %d file(s) of job %s under %s", len(files), job, directory)
 
 
 # -- sharding and training ------------------------------------------------------------------
@@ -807,15 +911,65 @@ def _check_checkpoint_store(config: TrainConfig, hosts: Iterable[str]) -> None:
 
 
 def _validate_shard(
-    model: Any, step: int, *, task: CountingTask, held: Sequence[Any], context: Any
+    model: Any,
+    step: int,
+    *,
+    task: CountingTask,
+    held: Sequence[Any],
+    context: Any,
+    sync: Synchronizer,
+    timeout_s: float,
 ) -> dict[str, float]:
     """Executor side: the scores of all trainers' held-out shards, each trainer counting its
-    own and every one adding up all counts (``BarrierTaskContext.allGather``: the trainers
-    call it at the same steps)."""
+    own and every one adding up all counts (the trainers call it at the same steps).
+
+    The sum is an all-reduce of the process group in ``allreduce`` mode (a trainer that
+    hangs fails it after the group's timeout, named, see :class:`AllReduceSync`), else a
+    ``BarrierTaskContext.allGather`` given at most ``timeout_s`` (:func:`_gather_within`):
+    Spark's own wait is ``spark.barrier.sync.timeout``, a year by default."""
     counts = task.eval_counts(model, held)
-    gathered = context.allGather(json.dumps(np.asarray(counts).tolist()))
+    what = f"the held-out scores of step {step}"
+    if isinstance(sync, AllReduceSync):
+        return task.scores(sync.all_sum(np.asarray(counts), what))
+    message = json.dumps(np.asarray(counts).tolist())
+    gathered = _gather_within(context, message, timeout_s, what)
     total = sum((np.asarray(json.loads(m)) for m in gathered), start=np.zeros_like(counts))
     return task.scores(total)
+
+
+def _gather_within(context: Any, message: str, timeout_s: float, what: str) -> list[str]:
+    """``context.allGather(message)``, failing with :class:`TrainError` when the other tasks
+    have not all come within ``timeout_s`` seconds, naming them and their executors.
+
+    The gather runs in a thread of its own: a task whose wait is given up on fails, and
+    Spark then ends the stage's tasks, that thread's wait among them."""
+    replies: list[list[str]] = []
+    failure: list[BaseException] = []
+
+    def gather() -> None:
+        try:
+            replies.append(list(context.allGather(message)))
+        except BaseException as err:  # handed to the task's thread
+            failure.append(err)
+
+    thread = threading.Thread(target=gather, name=f"allGather: {what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if failure:
+        raise failure[0]
+    if replies:
+        return replies[0]
+    rank = context.partitionId()
+    infos = context.getTaskInfos()
+    others = ", ".join(f"rank {r} ({i.address})" for r, i in enumerate(infos) if r != rank)
+    raise TrainError(
+        f"rank {rank} of {len(infos)} ({socket.gethostname()}, pid {os.getpid()}) waited "
+        f"train.sync_timeout_s={timeout_s:g} s in {what} for the other trainers, and not all "
+        f"of them came: one of {others} stopped answering. It hangs (a stuck read, a "
+        "deadlock, a lost GPU) or is far slower than the others: look at the executor logs "
+        "of the trainers that did not fail with this error, and raise train.sync_timeout_s "
+        "if their steps really take that long"
+    )
 
 
 def _barrier_train(
@@ -835,12 +989,19 @@ def _barrier_train(
     ordered = sorted(items, key=lambda pair: pair[0])
     shard = [sample for i, sample in ordered if i >= 0]
     held = [pair[1] for i, pair in reversed(ordered) if i < 0]  # -1, -2, ...: their order
-    validate = None
-    if config.eval_every and isinstance(task, CountingTask):
-        validate = functools.partial(_validate_shard, task=task, held=held, context=context)
     run = config.run_id()
     cuda_index = _cuda_index(context, rank)
     sync = _open_sync(config, context, rank, world, run, cuda_index)
+    validate = None
+    if config.eval_every and isinstance(task, CountingTask):
+        validate = functools.partial(
+            _validate_shard,
+            task=task,
+            held=held,
+            context=context,
+            sync=sync,
+            timeout_s=config.sync_timeout_s,
+        )
     store = open_store(config.store, **config.store_kwargs())
     checkpointer = Checkpointer(
         store,
@@ -1160,13 +1321,14 @@ def _write_outputs(
 
 
 def _validate_cached(
-    spark: SparkSession, task: Task, held: RDD[Any]
+    spark: SparkSession, task: Task, held: RDD[Any], inputs: Sequence[Any]
 ) -> Callable[[Any, int], dict[str, float]]:
     """``validate`` for a run trained on the driver: the model's parameters scored on the
-    held-out samples cached on the executors."""
+    held-out samples cached on the executors (those of other ``inputs`` refused)."""
 
     def validate(model: Any, step: int) -> dict[str, float]:
-        return score_samples(spark, task, encode_tensors(dict(model.state_dict())), held)
+        parameters = encode_tensors(dict(model.state_dict()))
+        return score_samples(spark, task, parameters, held, inputs=inputs, name="the run")
 
     return validate
 
@@ -1177,6 +1339,7 @@ def _score_kept(
     task: Task,
     result: TrainResult,
     kept: RDD[tuple[str, Any]],
+    inputs: Sequence[Any],
 ) -> Evaluation:
     """The finished model scored per held-out bag on the ``(bag, sample)`` pairs the run
     kept on its executors to score every ``eval_every`` steps: the bags are not decoded
@@ -1188,7 +1351,33 @@ def _score_kept(
         kept,
         bag_uris(config.heldout_bags),
         name=f"run {result.run} (held out)",
+        inputs=inputs,
     )
+
+
+def _first_other_input(
+    pairs: Iterable[tuple[str, Any]], *, task: Task, inputs: Sequence[Any]
+) -> Iterator[tuple[str, tuple[str, str, str]]]:
+    for bag, sample in pairs:
+        found = input_mismatch(task, inputs, sample)
+        if found is not None:
+            yield bag, found
+            return
+
+
+def _refuse_other_inputs(
+    config: TrainConfig, task: Task, inputs: Sequence[Any], held: RDD[tuple[str, Any]]
+) -> None:
+    """Before the first step: refuse held-out ``(bag, sample)`` pairs (cached on the
+    executors) whose model inputs differ from the training samples' ``inputs``, naming the
+    bag and both sizes (:func:`check_heldout_inputs` compared each bag's first sample)."""
+    if not inputs:
+        return
+    check = functools.partial(_first_other_input, task=task, inputs=inputs)
+    found = held.mapPartitions(check).take(1)
+    if found:
+        bag, sizes = found[0]
+        raise _other_inputs(task, bag, sizes, ", ".join(config.bags[:1]) or "its samples")
 
 
 def _evaluate(task: Task, result: TrainResult, samples: Sequence[Any]) -> dict[str, float]:
@@ -1199,6 +1388,26 @@ def _evaluate(task: Task, result: TrainResult, samples: Sequence[Any]) -> dict[s
     model.eval()
     with torch.no_grad():
         return dict(task.evaluate(model, samples))
+
+
+def _is_dir(url: str) -> bool:
+    fs, root = fsspec.core.url_to_fs(_absolute(url))
+    return bool(fs.isdir(root))
+
+
+def _remove_etl_files_of(config: TrainConfig, job: str, *, made: bool) -> None:
+    """:func:`remove_etl_files` of a finished or failed run: a file that cannot be removed
+    is said, and the run's outcome stays what it was."""
+    try:
+        remove_etl_files(config.etl_dir, job, made=made)
+    except (OSError, TrainError) as err:
+        log.warning(
+            "etl files: the run's sample files part-%s-* in %s could not all be removed "
+            "(%s): remove them by hand",
+            job,
+            config.etl_dir,
+            err,
+        )
 
 
 def _no_samples(config: TrainConfig, task: Task) -> TrainError:
@@ -1258,10 +1467,13 @@ def run_training(
     made_dir = make_scratch(_ETL_SCRATCH) if scratch else None
     if made_dir is None:  # a killed files-mode run's samples go with any later run
         sweep_scratch(_ETL_SCRATCH)
+    # in train.etl_dir the run's own sample files go when it ends (train.keep_etl_files)
+    etl_job = _etl_job()
+    etl_dir_made = config.etl == "files" and bool(config.etl_dir) and not _is_dir(config.etl_dir)
     evaluation: Evaluation | None = None  # scored on the held-out samples kept for eval_every
     try:
         if config.etl == "files":
-            keyed = etl_to_files(spark, keyed, config.etl_dir or str(made_dir))
+            keyed = etl_to_files(spark, keyed, config.etl_dir or str(made_dir), job=etl_job)
         if config.sync == "single":
             samples = [s for _, s in sorted(keyed.collect(), key=lambda pair: pair[0])]
             if not samples:
@@ -1282,9 +1494,12 @@ def run_training(
                 data=data,
             )
             held = None
+            inputs = input_shapes(task, samples[0])
             if validating:  # decoded once, kept on the executors, scored there
                 held = heldout_samples(spark, config, task).cache()
             try:
+                if held is not None:  # before the first step, not at the first score
+                    _refuse_other_inputs(config, task, inputs, held)
                 result = train(
                     task,
                     samples,
@@ -1293,10 +1508,12 @@ def run_training(
                     checkpointer,
                     0,
                     1,
-                    validate=None if held is None else _validate_cached(spark, task, held.values()),
+                    validate=None
+                    if held is None
+                    else _validate_cached(spark, task, held.values(), inputs),
                 )
                 if held is not None:  # the finished model, on the same cached samples
-                    evaluation = _score_kept(spark, config, task, result, held)
+                    evaluation = _score_kept(spark, config, task, result, held, inputs)
             finally:
                 if held is not None:
                     held.unpersist()
@@ -1315,18 +1532,23 @@ def run_training(
             try:
                 if config.epochs:  # before the trainers start (they would fail each attempt)
                     _check_resumable(resolved, run, warn=False)
-                result = train_on_shards(shards, resolved, task, data=data)
                 # samples to trace the exported model with, from the cached shards
                 examples = [s for _, s in shards.filter(lambda pair: pair[0] >= 0).take(2)]
+                inputs = input_shapes(task, examples[0])
+                kept = shards.filter(lambda pair: pair[0] < 0).values()
                 if heldout is not None:  # the held-out pairs dealt into the cached shards
-                    kept = shards.filter(lambda pair: pair[0] < 0).values()
-                    evaluation = _score_kept(spark, config, task, result, kept)
+                    _refuse_other_inputs(config, task, inputs, kept)
+                result = train_on_shards(shards, resolved, task, data=data)
+                if heldout is not None:
+                    evaluation = _score_kept(spark, config, task, result, kept, inputs)
             finally:
                 shards.unpersist()
                 keyed.unpersist()
     finally:
         if made_dir is not None:
             remove_scratch(made_dir)
+        elif config.etl == "files" and not config.keep_etl_files:
+            _remove_etl_files_of(config, etl_job, made=etl_dir_made)
     if evaluation is not None:
         metrics = evaluation.scores
         result = dataclasses.replace(result, metrics=metrics)
@@ -1341,6 +1563,7 @@ def run_training(
                 config.heldout_bags,
                 partitions_per_bag=config.partitions_per_bag,
                 name=f"run {result.run} (held out)",
+                inputs=inputs,
             )
             metrics = evaluation.scores
         else:  # a task whose scores are not sums: its held-out samples go to the driver

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import logging
 import os
@@ -51,7 +52,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 from torch import nn
 
 from adcloud._crc import crc32
@@ -591,6 +594,21 @@ def barrier_session(context: BarrierTaskContext, *, with_master: bool) -> Barrie
     return BarrierInfo(str(replies[0]["session"]), str(replies[0]["master"]), peers)
 
 
+#: Keys of the board in the process group's store: ``<key><rank>`` holds the JSON of
+#: ``[collectives entered, the last one, "host, pid"]``.
+_BOARD_KEY = "adcloud/entered/"
+#: Seconds a rank whose collective failed waits to read the others' notes.
+_BOARD_READ_S = 5.0
+
+
+def _default_store(dist: Any) -> Any:
+    """The default process group's key-value store (None where torch does not offer it)."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
 def _backend(backend: str, device: torch.device) -> str:
     if backend != "auto":
         return backend
@@ -611,12 +629,19 @@ class AllReduceSync:
 
     Build it with :meth:`from_barrier` (Spark), :meth:`from_env` (torchrun) or directly on an
     initialised default process group.  :meth:`close` destroys the group it created.
+
+    A collective that gets no answer within ``timeout_s`` (the process group's timeout,
+    ``train.sync_timeout_s``: a peer that hangs, or one far slower than the rest) raises
+    :class:`~adcloud.train.errors.TrainError` naming the rank, host and pid that stopped
+    answering and the collective it last entered, where gloo says only "Timed out
+    waiting"; inside a Spark barrier stage that fails the stage, which Spark retries from
+    the last checkpoint.  (NCCL's watchdog ends the process at the same timeout instead.)
     """
 
     mode = "allreduce"
     owns_optimizer = True
 
-    def __init__(self, *, owns_group: bool = False) -> None:
+    def __init__(self, *, owns_group: bool = False, timeout_s: float | None = None) -> None:
         import torch.distributed as dist  # noqa: PLC0415 - only this mode needs it
 
         if not dist.is_available() or not dist.is_initialized():
@@ -630,6 +655,14 @@ class AllReduceSync:
         self._owns_group = owns_group
         self._seconds = 0.0
         self._bytes = 0
+        self._timeout_s = timeout_s
+        # the process group's own key-value store (served by rank 0's process from a thread
+        # of its own, so it answers while rank 0's Python code hangs): every rank notes there
+        # which collective it last entered, so that a rank whose collective times out can
+        # name the rank that never came (gloo says only "Timed out waiting ... for recv")
+        self._board: Any = _default_store(dist)
+        self._entered = 0
+        self._where = f"{socket.gethostname()}, pid {os.getpid()}"
 
     @property
     def rank(self) -> int:
@@ -678,7 +711,7 @@ class AllReduceSync:
         log.info(
             "rank %d of %d: joined the %s process group at %s", rank, world, chosen, init_method
         )
-        return cls(owns_group=True)
+        return cls(owns_group=True, timeout_s=timeout_s)
 
     @classmethod
     def from_barrier(
@@ -726,10 +759,91 @@ class AllReduceSync:
             timeout_s=timeout_s,
         )
 
-    def _broadcast_state(self, tensors: Sequence[torch.Tensor]) -> None:
+    def _collective(self, what: str, run: Callable[[], Any]) -> Any:
+        """``run()``, a collective called ``what`` in messages, noted on the board first; a
+        collective that fails (no answer within the timeout, a peer's connection closed)
+        raises :class:`TrainError` saying which rank stopped answering (:meth:`_stalled`)."""
+        self._enter(what)
+        try:
+            return run()
+        except RuntimeError as err:  # gloo's timeouts and closed connections (DistBackendError)
+            raise self._stalled(what, err) from err
+
+    def _enter(self, what: str) -> None:
+        """Note on the board that this rank enters its next collective, ``what``."""
+        self._entered += 1
+        if self._board is None:
+            return
+        mark = json.dumps([self._entered, what, self._where])
+        try:
+            self._board.set(f"{_BOARD_KEY}{self._rank}", mark)
+        except RuntimeError as err:  # the store is rank 0's: rank 0 does not answer either
+            raise self._stalled(what, err) from err
+
+    def _marks(self) -> dict[int, list[Any] | None]:
+        """Every other rank's last note on the board (None: none, or the board is silent)."""
+        out: dict[int, list[Any] | None] = {}
+        with contextlib.suppress(RuntimeError):
+            self._board.set_timeout(datetime.timedelta(seconds=_BOARD_READ_S))
+        for rank in range(self._world):
+            if rank == self._rank:
+                continue
+            try:
+                found = json.loads(self._board.get(f"{_BOARD_KEY}{rank}"))
+            except (RuntimeError, ValueError):
+                found = None
+            out[rank] = found if isinstance(found, list) and len(found) == 3 else None
+        return out
+
+    def _stalled(self, what: str, err: BaseException) -> TrainError:
+        """The error of collective ``what``, failed with ``err``: which ranks never reached
+        it (their last note on the board), and what to check."""
+        text = str(err).strip()
+        said = text.splitlines()[0] if text else type(err).__name__
+        waited = "its timeout" if self._timeout_s is None else f"{self._timeout_s:g} s"
+        head = (
+            f"rank {self._rank} of {self._world} ({self._where}) got no answer in {what} "
+            f"within train.sync_timeout_s={waited} ({said})"
+        )
+        check = (
+            "It hangs (a stuck read, a deadlock, a lost GPU), died, or is far slower than the "
+            "others: look at its executor's log and stack (py-spy dump --pid PID on its "
+            "host); raise train.sync_timeout_s if its steps really take that long"
+        )
+        marks = self._marks() if self._board is not None else {}
+        if not marks:
+            return TrainError(f"{head}: another trainer stopped answering. {check}")
+        behind = {r: m for r, m in marks.items() if m is None or int(m[0]) < self._entered}
+        if not behind:
+            return TrainError(
+                f"{head}, though every rank reached it: the connection between the trainers "
+                "broke; check the network between their hosts (firewall, GLOO_SOCKET_IFNAME "
+                "/ NCCL_SOCKET_IFNAME)"
+            )
+        told = []
+        for rank, mark in sorted(behind.items()):
+            if mark is not None:
+                told.append(f"rank {rank} ({mark[2]}), whose last collective was {mark[1]}")
+            elif rank == 0:  # its process serves the board
+                told.append("rank 0, whose process (it serves the trainers' store) is silent")
+            else:
+                told.append(f"rank {rank}, which never entered a collective")
+        return TrainError(f"{head}: stopped answering: {'; '.join(told)}. {check}")
+
+    def all_sum(self, values: NDArray[Any], what: str) -> NDArray[Any]:
+        """The sum over all ranks of ``values`` (the same shape and dtype on every rank: the
+        held-out counts of each trainer's share, say); ``what`` names it in messages."""
+        array = np.ascontiguousarray(values)
+        tensor = torch.from_numpy(array.copy())
+        if self._dist.get_backend() == "nccl":  # NCCL reduces CUDA tensors only
+            tensor = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        self._collective(what, lambda: self._dist.all_reduce(tensor))
+        return np.asarray(tensor.cpu().numpy(), dtype=array.dtype)
+
+    def _broadcast_state(self, tensors: Sequence[torch.Tensor], what: str) -> None:
         for group in _groups(tensors):
             flat = torch.cat([tensors[i].detach().reshape(-1) for i in group])
-            self._dist.broadcast(flat, src=0)
+            self._collective(what, functools.partial(self._dist.broadcast, flat, src=0))
             self._bytes += flat.numel() * flat.element_size()
             offset = 0
             with torch.no_grad():
@@ -741,7 +855,10 @@ class AllReduceSync:
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
         """Broadcast rank 0's parameters and buffers."""
         tick = time.perf_counter()
-        self._broadcast_state(list(model.state_dict().values()))
+        self._broadcast_state(
+            list(model.state_dict().values()),
+            f"the broadcast of rank 0's parameters (before step {step + 1})",
+        )
         self._seconds += time.perf_counter() - tick
 
     def step(
@@ -765,7 +882,7 @@ class AllReduceSync:
         flags = [float(p.grad is not None) for p in params]
         extra = torch.tensor([*flags, loss], dtype=dtype, device=device)
         flat = torch.cat([*(t.to(dtype) for t in parts), extra])
-        self._dist.all_reduce(flat)
+        self._collective(f"the all-reduce of step {step + 1}", lambda: self._dist.all_reduce(flat))
         self._bytes += flat.numel() * flat.element_size()
         offset = 0
         for param in params:
@@ -781,7 +898,7 @@ class AllReduceSync:
         optimizer.step()
         buffers = list(model.buffers())
         if buffers:
-            self._broadcast_state(buffers)
+            self._broadcast_state(buffers, f"the broadcast of rank 0's buffers (step {step + 1})")
         self._seconds += time.perf_counter() - tick
         return mean_loss
 

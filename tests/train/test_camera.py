@@ -204,3 +204,92 @@ def test_learns_to_segment_a_heldout_drive(
     assert scores["miou"] >= 0.6
     assert untrained["miou"] < 0.3
     assert scores["iou_sky"] > 0.9 and scores["iou_road"] > 0.9
+
+
+# --------------------------------------------------------------------------- held-out sizes
+
+
+def _small_camera_drive(where: Any, width: int, height: int, seed: int) -> str:
+    from adcloud.synth import DriveConfig, generate_drive  # noqa: PLC0415
+
+    cfg = DriveConfig(
+        seconds=1,
+        seed=seed,
+        lidar=False,
+        camera=True,
+        truth_raster=False,
+        camera_width=width,
+        camera_height=height,
+    )
+    return str(generate_drive(cfg, where / f"cam{width}x{height}.bag").bag)
+
+
+def _camera_config(tmp_path: Any, **kw: Any) -> Any:
+    from adcloud.train.config import TrainConfig  # noqa: PLC0415
+
+    base: dict[str, Any] = {
+        "task": "camera_seg",
+        "task_options": {"channels": [4, 8], "lovasz": False},
+        "sync": "single",
+        "steps": 2,
+        "batch_size": 2,
+        "checkpoint_every": 0,
+        "store": "local:///camera-heldout-tests",
+        "store_options": (f"root={tmp_path / 'store'}",),
+        "threads": 1,
+        "progress": False,
+        "out": str(tmp_path / "out" / "{run}"),
+    }
+    base.update(kw)
+    return TrainConfig(**base).validate()
+
+
+@pytest.fixture(scope="module")
+def camera_bags(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """Two 1 s drives: the training one with a 32x24 camera, the held-out one 48x32."""
+    where = tmp_path_factory.mktemp("camera_sizes")
+    return _small_camera_drive(where, 32, 24, 6), _small_camera_drive(where, 48, 32, 5)
+
+
+def test_a_heldout_bag_of_another_image_size_is_refused_before_training(
+    spark: Any, camera_bags: tuple[str, str], tmp_path: Any
+) -> None:
+    """Held-out images of another size than the training images were scored during and
+    after training (the U-Net runs on any size), while ``adcloud train eval`` refuses them
+    for the exported model: now the run refuses them before its first step."""
+    from adcloud.train.job import run_training  # noqa: PLC0415
+
+    train_bag, held_bag = camera_bags
+    for eval_every in (0, 1):
+        cfg = _camera_config(
+            tmp_path, bags=(train_bag,), heldout_bags=(held_bag,), eval_every=eval_every
+        )
+        with pytest.raises(TrainError) as refused:
+            run_training(spark, cfg, task=CameraSegTask.from_options(cfg.task_options))
+        said = str(refused.value)
+        assert said.startswith(
+            f"train.heldout_bags: {held_bag} gives the model's input images of size 3x32x48 "
+            f"per sample (topic {IMAGE}), but the training bags give 3x24x32 ({train_bag})"
+        ), said
+        assert "adcloud train eval refuses such a bag" in said
+        assert not (tmp_path / "out").exists()  # nothing trained, nothing written
+
+
+@pytest.mark.parametrize("eval_every", [0, 1])
+def test_heldout_samples_of_another_image_size_are_never_scored(
+    spark: Any, camera_bags: tuple[str, str], tmp_path: Any, eval_every: int
+) -> None:
+    """A run given its training samples (no bags to compare with before Spark) still
+    never scores held-out images of another size: with eval_every it refuses them before
+    the first step; without, the final scoring fails naming the bag and both sizes."""
+    from adcloud.train.job import local_samples, run_training  # noqa: PLC0415
+
+    train_bag, held_bag = camera_bags
+    cfg = _camera_config(tmp_path, heldout_bags=(held_bag,), eval_every=eval_every)
+    task = CameraSegTask.from_options(cfg.task_options)
+    samples = local_samples(task, [train_bag])
+    keyed = spark.sparkContext.parallelize([((0, i), s) for i, s in enumerate(samples)], 1)
+    with pytest.raises(TrainError, match=r"size 3x32x48 per sample.* 3x24x32") as refused:
+        run_training(spark, cfg, task=task, keyed=keyed)
+    assert held_bag in str(refused.value)
+    assert not (tmp_path / "out").exists()

@@ -563,15 +563,51 @@ def test_files_baseline_trains_the_same(spark: SparkSession, drive: str, tmp_pat
     files_dir = tmp_path / "etl"
     files = run_training(
         spark,
-        config(tmp_path, run="files", etl="files", etl_dir=str(files_dir), **kw),
+        config(
+            tmp_path, run="files", etl="files", etl_dir=str(files_dir), keep_etl_files=True, **kw
+        ),
         task=LinearTask(),
     )
     assert files.losses == memory.losses
-    parts = sorted(files_dir.glob("part-*.tensors"))
+    parts = sorted(files_dir.glob("part-*.tensors"))  # kept, as asked
     assert parts
     tree, meta = decode_tree(parts[0].read_bytes())  # pickle-free, versioned
     assert meta == {"format": "adcloud-samples", "version": 1}
     assert set(tree["samples"][0]) == {"x", "y"}
+
+
+class FailingTask(LinearTask):
+    """Fails at its first step."""
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise TrainError("the task failed on purpose")
+
+
+def test_a_files_run_removes_its_own_samples_from_the_etl_dir_and_nothing_else(
+    spark: SparkSession, drive: str, tmp_path: Path
+) -> None:
+    """The files baseline's samples are intermediates no later run reads: a run left its
+    part files in train.etl_dir for good.  Now they go when it ends, finished or failed;
+    the user's files and another run's stay, and a directory the run made goes too."""
+    kw = {"sync": "single", "bags": (drive,), "steps": 2, "batch_size": 40, "etl": "files"}
+    shared = tmp_path / "etl"
+    shared.mkdir()
+    (shared / "README").write_text("team scratch space\n")
+    another = shared / "part-0123456789ab-00000.tensors"  # a concurrent run's
+    another.write_bytes(b"samples")
+    run_training(spark, config(tmp_path, run="tidy", etl_dir=str(shared), **kw), task=LinearTask())
+    assert sorted(p.name for p in shared.iterdir()) == ["README", another.name]
+    with pytest.raises(Exception, match="the task failed on purpose"):
+        run_training(
+            spark, config(tmp_path, run="failed", etl_dir=str(shared), **kw), task=FailingTask()
+        )
+    assert sorted(p.name for p in shared.iterdir()) == ["README", another.name]
+    made = tmp_path / "new" / "etl"
+    run_training(spark, config(tmp_path, run="made", etl_dir=str(made), **kw), task=LinearTask())
+    assert not made.exists() and (tmp_path / "new").is_dir()
+    kept = config(tmp_path, run="kept", etl_dir=str(made), keep_etl_files=True, **kw)
+    run_training(spark, kept, task=LinearTask())
+    assert sorted(made.glob("part-*.tensors"))  # kept, as asked
 
 
 def test_runs_sharing_an_etl_dir_read_their_own_samples(
@@ -1154,3 +1190,78 @@ def test_a_run_does_not_replace_what_it_did_not_write_in_its_output(
     job_module.write_outputs(result, cfg, str(out), task=LinearTask(), examples=points[:1])
     job_module.write_outputs(result, cfg, str(out), task=LinearTask(), examples=points[:1])
     assert inspect_model(out / "model")["training"]["steps"] == 2
+
+
+class HangingScorer(LinearTask):
+    """A counting task (squared error and count) whose rank 1, scoring the held-out samples
+    of the first attempt in the barrier stage, hangs (sleeps) for ten minutes."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def eval_counts(self, model: torch.nn.Module, samples: Sequence[Point]) -> np.ndarray:
+        context = TaskContext.get()
+        if (
+            isinstance(context, BarrierTaskContext)
+            and context.partitionId() == 1
+            and not os.path.exists(self.marker)
+        ):
+            Path(self.marker).write_text(str(os.getpid()))
+            time.sleep(600)
+        if not samples:
+            return np.zeros(2)
+        x = torch.from_numpy(np.stack([s.x for s in samples]))
+        y = torch.tensor([[s.y] for s in samples])
+        with torch.no_grad():
+            return np.array([float(((model(x) - y) ** 2).sum()), float(len(samples))])
+
+    def scores(self, counts: np.ndarray) -> dict[str, float]:
+        return {"mse": float(counts[0] / max(counts[1], 1.0))}
+
+
+@pytest.mark.parametrize("mode", ["allreduce", "ps"])
+def test_a_trainer_hung_in_the_held_out_scores_fails_the_stage_in_bounded_time(
+    spark: SparkSession, drive: str, tmp_path: Path, mode: str
+) -> None:
+    """Rank 1 hangs while the trainers add up their held-out counts (eval_every): rank 0
+    waited in BarrierTaskContext.allGather until spark.barrier.sync.timeout, a year.  Now
+    its wait ends after train.sync_timeout_s, the stage fails and Spark's retry resumes
+    from the checkpoint and finishes the run."""
+    sc = spark.sparkContext
+    marker = tmp_path / "hung.pid"
+    cfg = config(
+        tmp_path,
+        sync=mode,
+        run=f"hung-{mode}",
+        bags=(drive,),
+        heldout_bags=(drive,),
+        steps=4,
+        eval_every=2,
+        checkpoint_every=2,
+        sync_timeout_s=5.0,
+    )
+    outcome: list[Any] = []
+
+    def run() -> None:
+        sc.setJobGroup(f"hung-{mode}", "a run whose trainer hangs", interruptOnCancel=True)
+        try:
+            outcome.append(run_training(spark, cfg, task=HangingScorer(str(marker))))
+        except Exception as err:
+            outcome.append(err)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=240)  # a bound on a wait that had none, not a speed check
+    if thread.is_alive():
+        sc.cancelJobGroup(f"hung-{mode}")
+        thread.join(timeout=60)
+        pytest.fail("the trainers still wait for their hung peer")
+    assert marker.exists()  # the first attempt's rank 1 really hung
+    (result,) = outcome
+    assert isinstance(result, TrainResult), result
+    # a retry trained the result (on a loaded machine a 5 s wait may fail one more)
+    assert result.sync["attempt"] >= 1
+    assert result.steps == 4
+    assert [step for step, _ in result.validation] == [2, 4]

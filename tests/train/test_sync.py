@@ -295,3 +295,62 @@ def test_allreduce_from_env_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(TrainError, match="torchrun"):
         AllReduceSync.from_env()
+
+
+_HANGING_RANK = """
+import sys, time, torch
+from adcloud.train.sync import AllReduceSync
+print("ready", flush=True)  # torch imported: rank 0 may start the group's store
+sync = AllReduceSync.init(
+    init_method=sys.argv[1], rank=1, world=2, backend="gloo", timeout_s=float(sys.argv[2])
+)
+torch.manual_seed(3)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+sync.start(model, opt, 0)
+model(torch.ones(2, 4)).sum().backward()
+sync.step(model, opt, 0, 1.0)
+print(sync.all_sum(__import__("numpy").array([1, 2], "int64"), "the counts"), flush=True)
+time.sleep(600)  # hangs before the all-reduce of step 1: the peer must not wait for ever
+"""
+
+
+def test_a_hung_peer_fails_the_collective_naming_its_rank_host_and_pid() -> None:
+    """Rank 1, a real process, hangs between two steps: rank 0's all-reduce fails after the
+    group's timeout with an error that says which rank, on which host and pid, stopped
+    answering and the last collective it entered (gloo says only "Timed out waiting")."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HANGING_RANK, address, "5"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        sync = AllReduceSync.init(
+            init_method=address, rank=0, world=2, backend="gloo", timeout_s=5.0
+        )
+        try:
+            torch.manual_seed(3)
+            model = torch.nn.Linear(4, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            sync.start(model, opt, 0)
+            model(torch.ones(2, 4)).sum().backward()
+            sync.step(model, opt, 0, 3.0)
+            summed = sync.all_sum(torch.tensor([10, 20]).numpy(), "the counts")
+            assert summed.tolist() == [11, 22] and summed.dtype.name == "int64"
+            model(torch.ones(2, 4)).sum().backward()
+            with pytest.raises(TrainError) as failed:
+                sync.step(model, opt, 1, 3.0)
+        finally:
+            sync.close()
+    finally:
+        child.kill()
+        child.wait()
+    said = str(failed.value)
+    assert said.startswith(f"rank 0 of 2 ({socket.gethostname()}, pid "), said
+    assert "got no answer in the all-reduce of step 2 within train.sync_timeout_s=5 s" in said
+    assert (
+        f"stopped answering: rank 1 ({socket.gethostname()}, pid {child.pid}), whose last "
+        "collective was the counts" in said
+    )
+    assert "raise train.sync_timeout_s" in said
