@@ -102,7 +102,13 @@ class AlluxioStore(BaseStore):
                 "do not put credentials in alluxio:// URIs; pass token= or set ADCLOUD_STORE_TOKEN"
             )
         self._host = parts.hostname
-        self._port = parts.port or DEFAULT_PORT
+        try:
+            self._port = parts.port or DEFAULT_PORT
+        except ValueError as err:  # ":abc", ":99999"
+            raise InvalidPathError(
+                f"not an Alluxio URI: {uri!r}: the port {parts.netloc.rpartition(':')[2]!r} is "
+                "no port number (write alluxio://HOST:PORT/, PORT 1-65535)"
+            ) from err
         self._prefix = normalize_path(parts.path or "/")
         host = f"[{self._host}]" if ":" in self._host else self._host
         suffix = "/" if self._prefix == "/" else self._prefix

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import posixpath
+import shlex
 import shutil
 import stat
 import sys
@@ -205,6 +206,14 @@ def _into(store: Any, path: str, text: str, name: str) -> str:
 
 
 def _cmd_put(args: argparse.Namespace, console: Console) -> int:
+    if args.source != "-" and Path(args.source).is_dir():
+        # a ROS 2 bag is a directory: say how to store one instead of "Is a directory"
+        # store URLs take paths as written (no percent-encoding), shell-quoted to paste
+        where = shlex.quote(f"file://{Path(args.source).resolve()}")
+        raise StoreError(
+            f"{args.source} is a directory; put stores one file. Copy a directory (a ROS 2 "
+            f"bag) with: adcloud store cp -r {where} {shlex.quote(args.url)}"
+        )
     store, path = locate(args.url)
     with _closing(store):
         path = _into(store, path, args.url, "" if args.source == "-" else Path(args.source).name)

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -493,3 +494,18 @@ def test_put_of_an_endless_stream_is_refused_once_it_outgrows_every_tier(
     err = proc.stderr.read().decode()
     proc.stderr.close()
     assert code != 0 and "stdin: cannot place /endless (over 62.5 KiB so far)" in err
+
+
+def test_put_of_a_directory_says_how_to_copy_one(tmp_path: Path, store_root: Path) -> None:
+    """A ROS 2 bag is a directory: put failed with a bare "Is a directory"."""
+    bag = tmp_path / "r2 bag"
+    bag.mkdir()
+    (bag / "metadata.yaml").write_text("rosbag2_bagfile_information: {}\n")
+    with pytest.raises(StoreError, match=r"is a directory; put stores one file") as refused:
+        run("store", "put", str(bag), "local:///drives/r2")
+    hint = shlex.split(str(refused.value).split("with: ", 1)[1])
+    assert hint == ["adcloud", "store", "cp", "-r", f"file://{bag}", "local:///drives/r2"]
+    code, _ = run(*hint[1:])
+    assert code == 0
+    with LocalStore("local://") as store:
+        assert store.get("/drives/r2/metadata.yaml").startswith(b"rosbag2")

@@ -62,6 +62,9 @@ def test_bad_uris() -> None:
     for uri in ("alluxio://host:39999/ns#x", "alluxio://host:39999/ns?x=1"):
         with pytest.raises(InvalidPathError, match="not an Alluxio URI"):
             open_store(uri)  # was the namespace /ns, the rest dropped
+    for port in ("abc", "99999"):  # a bare ValueError from urllib
+        with pytest.raises(InvalidPathError, match=rf"the port '{port}' is no port number"):
+            open_store(f"alluxio://host:{port}/")
 
 
 def test_missing_optional_package_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
