@@ -16,7 +16,10 @@ would read an empty table), ``start``/``end`` (ns, record time),
 ``partitionsPerBag`` is not set; 0 for one partition per chunk), ``minPartitions``,
 ``timeSource`` (``record`` or ``header``), ``batchSize`` (rows per Arrow batch),
 ``reindexDir`` (where an indexed copy of a ROS 1 bag without a usable index is written and
-read instead; a path or URL the executors can read).  Any other option is an error.
+read instead; a path or URL the executors can read), ``storageOptions`` (a JSON object of
+fsspec or store options, the ``storage_options`` of :meth:`BinPipeRDD.from_bags`: S3
+credentials, an ``alluxio://`` ``token``, a ``local://`` store's ``root``; the tasks read
+with them too).  Any other option is an error.
 Paths: ``load(path)`` or ``load([path, ...])``; globs and directories are expanded.
 
 Columns: ``bag`` (its URL as loaded; for an unindexed bag read through ``reindexDir``, that
@@ -139,6 +142,7 @@ _OPTIONS = (
     "timeSource",
     "batchSize",
     "reindexDir",
+    "storageOptions",
     "path",
     "paths",
 )
@@ -155,6 +159,26 @@ def _paths(options: dict[str, str]) -> list[str]:
     if "path" in options:
         return [options["path"]]
     raise BinpipeError('spark.read.format("rosbag") needs a path: .load("drive.bag")')
+
+
+def _json_object(options: dict[str, str], name: str) -> dict[str, Any] | None:
+    """Option ``name`` (looked up lower-cased) as a JSON object; None when not given."""
+    raw = options.get(name.lower())
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise BinpipeError(
+            f'spark.read.format("rosbag"): option {name} is not JSON ({err}); give an '
+            'object, e.g. .option("storageOptions", json.dumps({"anon": True}))'
+        ) from err
+    if not isinstance(value, dict):
+        raise BinpipeError(
+            f'spark.read.format("rosbag"): option {name} must be a JSON object of option '
+            f"names and values, not {type(value).__name__}"
+        )
+    return value
 
 
 @overload
@@ -230,10 +254,11 @@ class RosbagReader(DataSourceReader):
         self.min_partitions = _int_option(options, "minPartitions", os.cpu_count() or 2, minimum=1)
         self.batch_size = _int_option(options, "batchSize", 1024, minimum=1)
         self.reindex_dir = options.get("reindexdir") or None
+        self.storage_options = _json_object(options, "storageOptions")
 
     def partitions(self) -> Sequence[InputPartition]:
         parts: list[_Partition] = []
-        uris = expand_uris(_paths(self.options))
+        uris = expand_uris(_paths(self.options), self.storage_options)
         for uri in uris:
             for part in plan_partitions(
                 uri,
@@ -245,6 +270,7 @@ class RosbagReader(DataSourceReader):
                 partition_bytes=self.partition_bytes or None,
                 min_partitions=self.min_partitions,
                 reindex_dir=self.reindex_dir,
+                storage_options=self.storage_options,
             ):
                 parts.append(_Partition(part))
         if self.topics is not None:
@@ -264,7 +290,8 @@ class RosbagReader(DataSourceReader):
         have = set(found)
         for uri in uris:
             try:
-                have.update(t.topic for t in summarize(uri).topics)
+                summary = summarize(uri, storage_options=self.storage_options)
+                have.update(t.topic for t in summary.topics)
             except BagError:  # unreadable without reindexDir's copy; its plan said all
                 continue
         missing = sorted(self.topics - have)

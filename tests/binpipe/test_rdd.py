@@ -481,6 +481,8 @@ def test_to_dataframe(spark: Any, shared_data: Path) -> None:
         ("topic", "/fix", "unknown option(s) topic; the options are topics, start, end"),
         ("topics", "", "option topics='' names no topic"),
         ("topics", " , ", "option topics=' , ' names no topic"),
+        ("storageOptions", "anon=true", "option storageOptions is not JSON"),
+        ("storageOptions", "[1]", "option storageOptions must be a JSON object"),
     ],
 )
 def test_rosbag_datasource_option_errors_name_the_option(

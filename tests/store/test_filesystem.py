@@ -261,3 +261,27 @@ def test_ingest_and_bag_info_take_store_urls(shared_data: Path, store_root: Path
     store = LocalStore("local://")
     manifest = json.loads(store.get("/ingested/husky/manifest.json"))
     assert manifest["records"] == 16806
+
+
+@pytest.mark.spark
+def test_the_rosbag_data_source_reads_from_the_store_with_its_options(
+    spark: Any, shared_data: Path, store_root: Path
+) -> None:
+    """``storageOptions`` reach the plan and the tasks: here the store's root, which the
+    Python workers (started before this test's ADCLOUD_STORE_ROOT) know no other way."""
+    from adcloud.binpipe.datasource import register_rosbag_source  # noqa: PLC0415
+
+    options = {"root": str(store_root)}
+    store = open_store("local://", **options)
+    store.put("/drives/husky.bag", (shared_data / HUSKY).read_bytes())
+    register_rosbag_source(spark)
+    df = (
+        spark.read.format("rosbag")
+        .option("storageOptions", json.dumps(options))
+        .option("topics", "/imu/data")
+        .load("local:///drives/")
+    )
+    rows = df.select("bag", "topic").collect()
+    reference = BinPipeRDD.from_bags(spark, str(shared_data / HUSKY), topics=["/imu/data"])
+    assert len(rows) == reference.count() > 0
+    assert {(r.bag, r.topic) for r in rows} == {("local:///drives/husky.bag", "/imu/data")}
