@@ -304,6 +304,12 @@ def read_scenario_file(
         warmup_s = _seconds(item, "warmup", 0.0, where)
         if start_s < 0 or warmup_s < 0 or (end_s is not None and end_s < start_s):
             raise SimError(f"{where}: need 0 <= start <= end and warmup >= 0")
+        if end_s is not None and end_s == start_s:
+            # nothing to evaluate: it failed as "no messages on the input topics"
+            raise SimError(
+                f"{where}: start and end are both {start_s:g} s, a scenario of no time; "
+                "give an end after its start"
+            )
         if span is None:
             out.append(Scenario(name, bag, 0, 0, 0, options))
             continue

@@ -96,6 +96,7 @@ def test_scenario_file_errors(drive: DriveResult, tmp_path: Path) -> None:
         ({"start": float("nan")}, r"start must be a finite number of seconds, not nan"),
         ({"end": float("inf")}, r"end must be a finite number of seconds, not inf"),
         ({"start": 1000.0}, r"start 1000 s is past the end of .*drive\.bag, whose messages span"),
+        ({"start": 0.5, "end": 0.5}, r"start and end are both 0\.5 s, a scenario of no time"),
     ],
 )
 def test_scenario_file_entries_are_checked_field_by_field(
