@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import decimal
+import fcntl
 import functools
 import json
 import logging
@@ -26,6 +27,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -483,6 +485,9 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     bad = [c for c in confs if "=" not in c or c.startswith("=")]
     if bad:
         raise ConfigError(f"--conf takes KEY=VALUE, got {bad[0]!r}")
+    master = next((c for c in confs if c.split("=", 1)[0].strip() == "spark.master"), None)
+    if master is not None:  # spark-submit's --master wins over it, without a word
+        raise ConfigError(f"--conf {master}: give the master with --master, not as a setting")
     if args.master is None:  # as every other command: ADCLOUD_SPARK_MASTER, else local[*,4]
         args.master = SparkSettings.load().master
     # the form, and yarn's Hadoop configuration, are checked for a dry run too
@@ -522,7 +527,9 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
         cmd = [str(submit), "--master", args.master]
         for conf in [*confs, *_driver_defaults(confs)]:
             cmd += ["--conf", conf]
-    cmd += [str(Path(__file__).resolve()), *job]
+    # adcloud -v submit: the job's traceback is what -v is for (-v before the command)
+    verbose = ["-" + "v" * min(args.verbose, 2)] if args.verbose and job[0][:1] != "-" else []
+    cmd += [str(Path(__file__).resolve()), *verbose, *job]
     env = dict(os.environ)
     if args.master.startswith(("local", "spark://127.0.0.1:", "spark://localhost:")):
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # as local sessions: no host-name warning
@@ -564,6 +571,22 @@ def _check_job(job: Sequence[str]) -> None:
         )
     if name is not None and name not in commands:
         raise ConfigError(f"the job after --: {name!r} is not an adcloud command ({jobs})")
+    master = next((word for word in job if _is_master_option(word)), None)
+    if master is not None:
+        # under spark-submit the submit line's master is the job's: the job's own would be
+        # ignored, and the job run on another master without a word
+        raise ConfigError(
+            f"the job after -- gives {master!r}, which spark-submit's driver does not use: "
+            "give the master to adcloud submit, before --: adcloud submit --master URL -- "
+            f"{name or 'COMMAND'} ..."
+        )
+
+
+def _is_master_option(word: str) -> bool:
+    """Whether ``word`` is a command's ``--master`` option (``--master=URL`` and the
+    abbreviations argparse takes, ``--mast``, included)."""
+    option = word.split("=", 1)[0]
+    return len(option) >= len("--mas") and "--master".startswith(option)
 
 
 #: What ``adcloud submit`` passes on to the spark-submit it runs: Ctrl-C, a scheduler's or
@@ -608,11 +631,19 @@ def _run_submit(cmd: list[str], env: dict[str, str]) -> int:
     handling = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.getsignal(sig) for sig in _FORWARDED}
     lifeline = Lifeline()
+    # The driver writes its stderr to spark-submit's, opened again (_unmerge_stderr): where
+    # ours cannot be (a file not opened for appending, a socket), spark-submit gets a pipe
+    # whose bytes go on to ours.
+    relay = None if _reopenable(os.getpid(), 2) else _StderrRelay()
     try:
         if handling:
             for sig in _FORWARDED:
                 signal.signal(sig, forward)
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=env, start_new_session=True, stderr=None if relay is None else relay.fd
+        )
+        if relay is not None:
+            relay.start()
         lifeline.guard_group(proc.pid)
         for signum in caught:
             forward(signum, None)
@@ -626,11 +657,42 @@ def _run_submit(cmd: list[str], env: dict[str, str]) -> int:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         lifeline.release()
+        if relay is not None:
+            relay.close()
         if handling:
             for sig, handler in previous.items():
                 signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     code = proc.returncode
     return code if code >= 0 else 128 - code
+
+
+class _StderrRelay:
+    """A pipe for spark-submit's stderr and a thread that copies it to this process's."""
+
+    def __init__(self) -> None:
+        self._read, self.fd = os.pipe()
+        self._thread = threading.Thread(target=self._copy, daemon=True)
+
+    def start(self) -> None:
+        """Copy from now on; this process's end of the pipe for writing is closed."""
+        os.close(self.fd)
+        self._thread.start()
+
+    def _copy(self) -> None:
+        with contextlib.suppress(OSError):
+            while data := os.read(self._read, 1 << 16):
+                while data:
+                    data = data[os.write(2, data) :]
+
+    def close(self) -> None:
+        """Copy what is left; a process the job left running with the pipe (a helper in a
+        session of its own) is not waited for."""
+        if self._thread.ident is None:  # never started: spark-submit did not start either
+            os.close(self.fd)
+        else:
+            self._thread.join(timeout=2.0)
+        if not self._thread.is_alive():
+            os.close(self._read)
 
 
 _REMOTE_ERROR = re.compile(
@@ -886,8 +948,56 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise _Terminated
 
 
+def _reopenable(pid: int, fd: int) -> bool:
+    """Whether process ``pid``'s file descriptor ``fd`` can be opened again through
+    ``/proc`` and written beside it without the two overwriting each other's lines: a
+    terminal, a pipe, a device, a file opened for appending -- not another file (each
+    would write at an offset of its own), never a socket (it cannot be opened)."""
+    try:
+        mode = Path(f"/proc/{pid}/fd/{fd}").stat().st_mode
+        if stat.S_ISSOCK(mode):
+            return False
+        if not stat.S_ISREG(mode):
+            return True
+        flags = Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0]
+        return bool(int(flags, 8) & os.O_APPEND)
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def _unmerge_stderr() -> None:
+    """Under spark-submit, write this driver's stderr where spark-submit's goes.
+
+    spark-submit starts a Python driver with its stderr merged into its stdout (Spark's
+    PythonRunner), so the ``error:`` line, warnings and progress bars of a submitted job
+    went to its stdout: into ``x.json`` of ``adcloud submit -- bag info --json x.bag >
+    x.json``, and not where ``2>`` sends errors.  The JVM that started this process holds
+    spark-submit's own stderr; it is opened again and made this process's where
+    :func:`_reopenable` (``adcloud submit`` sees to it: see :func:`_run_submit`).
+    Otherwise the two stay merged, as Spark left them.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # set by spark-submit for a Python driver
+        return
+    jvm = os.getppid()
+    try:
+        ours = os.fstat(2)
+        if not os.path.samestat(ours, os.fstat(1)):  # not merged: as someone chose
+            return
+        if os.path.samestat(Path(f"/proc/{jvm}/fd/2").stat(), ours) or not _reopenable(jvm, 2):
+            return
+        # O_NONBLOCK: a pipe nobody reads any more is refused (ENXIO), not waited on
+        fd = os.open(f"/proc/{jvm}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    sys.stderr.flush()
+    os.dup2(fd, 2)  # inheritable: what the driver starts writes its errors there too
+    os.close(fd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``adcloud`` console script."""
+    _unmerge_stderr()
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
@@ -905,6 +1015,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     errors = Console(stderr=True, markup=False)  # stdout stays the command's output
     had_spark = _active_spark() is not None
     try:
+        if args.command != "submit" and getattr(args, "master", None) is not None:
+            _check_not_submitted(args.master)
         return int(args.func(args, console))
     except AdcloudError as err:
         if args.verbose:  # as the epilog says: -v shows the traceback, then the one line
@@ -961,6 +1073,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = _active_spark()
         if started is not None and not had_spark:
             _stop_spark(started)
+
+
+def _check_not_submitted(master: str) -> None:
+    """Refuse a command's ``--master`` when spark-submit started this driver: the master is
+    the submit line's, so the one given here would be ignored without a word."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # set by spark-submit for a Python driver
+        raise ConfigError(
+            f"--master {master}: this job runs under spark-submit, on the master of its "
+            "submit line; give the master there (adcloud submit --master URL -- COMMAND ..., "
+            "or spark-submit --master URL), not to the job"
+        )
 
 
 def _stop_spark(context: Any) -> None:

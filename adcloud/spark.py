@@ -22,6 +22,7 @@ import argparse
 import atexit
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import ipaddress
 import json
@@ -92,6 +93,7 @@ _G1_REGION = "-XX:G1HeapRegionSize=4m"
 _G1_REGION_BELOW = 8 << 30
 _MEMORY_UNITS = {"": 1 << 20, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _STATE_FILE = "cluster.json"
+_LOCK_FILE = "cluster.lock"
 # What Spark reads as a memory size (JavaUtils.byteStringAs; no unit: MiB) and the levels
 # SparkContext.setLogLevel takes.
 _JVM_MEMORY = re.compile(r"\s*(\d+)(?:[kmgtp]b?)?\s*", re.IGNORECASE)
@@ -347,9 +349,14 @@ def _heap_options(memory: str) -> list[str]:
     return [_G1_REGION] if size < _G1_REGION_BELOW else []
 
 
-#: Master URL schemes Spark takes (``spark://`` standalone, possibly several hosts).
-_MASTER_SCHEMES = ("local", "spark://", "yarn", "k8s://", "mesos://")
-_LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?|local-cluster\[[0-9, ]+\]")
+#: Master URL schemes Spark takes (``spark://`` standalone, possibly several hosts).  Spark 4
+#: dropped Mesos: its spark-submit refuses ``mesos://`` with a stack trace.
+_MASTER_SCHEMES = ("local", "spark://", "yarn", "k8s://")
+#: The local masters, as Spark's SparkMasterRegex reads them (spaces around the commas too).
+_LOCAL_MASTER = re.compile(
+    r"local(\[(\*|[1-9][0-9]*)(\s*,\s*[1-9][0-9]*)?\])?"
+    r"|local-cluster\[\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*\]"
+)
 
 
 def local_cores(master: str) -> int | None:
@@ -411,9 +418,16 @@ def check_master(master: str, timeout: float = 3.0, *, reach: bool = True) -> No
     for hostport in hostports:
         host, colon, port = hostport.rpartition(":")
         if not colon or not host or not port.isdigit():
+            # Spark takes no path after the port (spark://HOST:7077/ is an invalid URL)
+            plain = hostport.split("/", 1)[0]
+            hint = (
+                f"nothing may follow the port: spark://{plain}"
+                if re.fullmatch(r".+:[0-9]+", plain)
+                else f"a standalone master listens on 7077 by default: "
+                f"spark://{plain or 'HOST'}:7077"
+            )
             raise ConfigError(
-                f"Spark master {master!r}: {hostport!r} is not HOST:PORT (a standalone "
-                f"master listens on 7077 by default: spark://{hostport or 'HOST'}:7077) {where}"
+                f"Spark master {master!r}: {hostport!r} is not HOST:PORT ({hint}) {where}"
             )
     if not reach:
         return
@@ -1155,29 +1169,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         if args.action == "start":
-            if (state_dir / _STATE_FILE).exists():
-                existing = StandaloneCluster.from_state(state_dir)
-                if any(_is_spark_daemon(pid) for pid in existing.pids):
-                    msg = f"a cluster recorded in {state_dir} is still running; stop it first"
-                    raise SparkClusterError(msg)
-            started = StandaloneCluster(
-                args.workers,
-                cores=args.cores,
-                memory=args.memory,
-                resources=dict(args.resource),
-                log_dir=state_dir / "logs",
-                start_timeout=args.timeout,
-                detach=True,
-            ).start()
-            started.write_state(state_dir)
+            with _state_lock(state_dir, create=True):
+                if (state_dir / _STATE_FILE).exists():
+                    existing = StandaloneCluster.from_state(state_dir)
+                    if any(_is_spark_daemon(pid) for pid in existing.pids):
+                        msg = f"a cluster recorded in {state_dir} is still running; stop it first"
+                        raise SparkClusterError(msg)
+                started = StandaloneCluster(
+                    args.workers,
+                    cores=args.cores,
+                    memory=args.memory,
+                    resources=dict(args.resource),
+                    log_dir=state_dir / "logs",
+                    start_timeout=args.timeout,
+                    detach=True,
+                ).start()
+                started.write_state(state_dir)
             sys.stdout.write(started.master_url + "\n")
         elif args.action == "stop":
-            if not (state_dir / _STATE_FILE).exists():
-                logger.info("no cluster recorded in %s; nothing to stop", state_dir)
-                return 0
-            StandaloneCluster.from_state(state_dir).stop()
-            for name in (_STATE_FILE, "master-url", "pids"):
-                (state_dir / name).unlink(missing_ok=True)
+            with _state_lock(state_dir, create=False):
+                if not (state_dir / _STATE_FILE).exists():
+                    logger.info("no cluster recorded in %s; nothing to stop", state_dir)
+                    return 0
+                StandaloneCluster.from_state(state_dir).stop()
+                for name in (_STATE_FILE, "master-url", "pids"):
+                    (state_dir / name).unlink(missing_ok=True)
         else:
             if not (state_dir / _STATE_FILE).exists():
                 raise SparkClusterError(
@@ -1193,6 +1209,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("interrupted: what had started is stopped\n")
         return 130
     return 0
+
+
+@contextlib.contextmanager
+def _state_lock(state_dir: Path, *, create: bool) -> Iterator[None]:
+    """Hold ``state_dir``'s lock: one start or stop of the cluster recorded there at a time.
+
+    Two starts at once both found no cluster running there; the second's state replaced
+    the first's, whose master and workers then ran on with nothing left to stop them.  The
+    lock is an ``flock``, which the kernel releases when its holder dies.  Without
+    ``create`` a missing ``state_dir`` is left missing (nothing to lock).
+    """
+    if create:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    elif not state_dir.is_dir():
+        yield
+        return
+    with (state_dir / _LOCK_FILE).open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+        yield
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -358,6 +358,25 @@ def test_submit_passes_the_jobs_own_separators(capsys: pytest.CaptureFixture[str
     assert line.rstrip().endswith("cli.py sim run d.bag --node x -- --flag")
 
 
+def test_verbose_submit_makes_the_job_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    """``adcloud -v submit -- ingest ...`` ran the job without -v: no traceback of it."""
+    argv = ["submit", "--dry-run", "--master", "local[2]", "--", "ingest", "d.bag"]
+    assert main(["-vv", *argv, "--out", "o"]) == 0
+    assert (
+        capsys.readouterr()
+        .out.replace("\n", "")
+        .rstrip()
+        .endswith("cli.py -vv ingest d.bag --out o")
+    )
+    assert main(["-v", *argv[:-2], "-v", "ingest", "d.bag", "--out", "o"]) == 0
+    assert (
+        capsys.readouterr()
+        .out.replace("\n", "")
+        .rstrip()
+        .endswith("cli.py -v ingest d.bag --out o")
+    )
+
+
 def test_submit_keeps_the_users_own_driver_settings(capsys: pytest.CaptureFixture[str]) -> None:
     _, confs = _dry_run(capsys, "spark.driver.memory=9g", "spark.driver.extraJavaOptions=-Xss4m")
     assert [c for c in confs if c.startswith("spark.driver.")] == [
@@ -374,6 +393,8 @@ def test_submit_keeps_the_users_own_driver_settings(capsys: pytest.CaptureFixtur
         # the YARN default given by name is as ignored as any other value
         (["--queue", "simulation"], "--queue: for --master yarn only"),
         (["--conf", "notkv"], "--conf takes KEY=VALUE, got 'notkv'"),
+        # spark-submit's --master (always given) wins over it
+        (["--conf", "spark.master=local[2]"], "--conf spark.master=local[2]: give the master"),
     ],
 )
 def test_submit_refuses_what_would_be_ignored(
@@ -393,6 +414,11 @@ def test_submit_refuses_what_would_be_ignored(
         ("spark://h1:7077,h2", "'h2' is not HOST:PORT"),
         ("k8s://", "'k8s://' names no Kubernetes API server"),
         ("yarn", "--master yarn needs the cluster's Hadoop configuration: set HADOOP_CONF_DIR"),
+        # Spark 4 has no Mesos support and refuses these with a stack trace
+        ("mesos://127.0.0.1:5050", "'mesos://127.0.0.1:5050' is not one Spark takes"),
+        ("local-cluster[2]", "'local-cluster[2]' is not one Spark takes"),
+        # Spark reads no path after the port; the hint said spark://127.0.0.1:7077/:7077
+        ("spark://127.0.0.1:7077/", "(nothing may follow the port: spark://127.0.0.1:7077)"),
     ],
 )
 def test_submit_checks_the_master_before_printing_or_running(

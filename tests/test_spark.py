@@ -952,6 +952,17 @@ def test_a_master_at_an_ipv6_address_is_reached() -> None:
         check_master(f"spark://[::1]:{port}", timeout=1)
 
 
+def test_the_masters_spark_takes_are_taken_and_no_others() -> None:
+    """Spark reads ``local[*, 4]`` (spaces around the comma) and refuses Mesos (gone in
+    Spark 4) and a ``local-cluster`` without its three numbers, with a stack trace after a
+    JVM started: the check had it the other way round."""
+    for master in ("local", "local[*]", "local[2]", "local[*, 4]", "local-cluster[2, 1, 1024]"):
+        check_master(master, reach=False)
+    for master in ("mesos://127.0.0.1:5050", "local-cluster[2]", "local-cluster[,]", "local[2,]"):
+        with pytest.raises(ConfigError, match="is not one Spark takes"):
+            check_master(master, reach=False)
+
+
 def test_a_master_in_spark_conf_is_refused_with_where_to_set_it() -> None:
     """``ADCLOUD_SPARK_CONF=spark.master=local[1]`` replaced the master after the other one
     was checked, and a later session then said it ran on a "different master"."""

@@ -138,3 +138,76 @@ def test_a_job_that_is_no_adcloud_command_is_refused_before_spark_starts(
         assert out == "" and said in err, err
     assert main([*submit, "-v", "ingest", "a.bag", "--out", "o"]) == 0
     assert capsys.readouterr().out.split()[-5:] == ["-v", "ingest", "a.bag", "--out", "o"]
+
+
+@pytest.mark.parametrize(
+    "given", [["--master", "spark://127.0.0.1:1"], ["--master=local[2]"], ["--mast", "local[2]"]]
+)
+def test_a_master_given_to_the_job_is_refused_before_spark_starts(
+    given: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``adcloud submit -- ingest ... --master URL``: the driver spark-submit starts runs on
+    the submit line's master, so the job's own was ignored and the job ran elsewhere
+    (local[*,4], with ``--master spark://...`` given) without a word."""
+    from adcloud.cli import main  # noqa: PLC0415
+
+    submit = ["submit", "--dry-run", "--master", "local[1]", "--"]
+    assert main([*submit, "ingest", "a.bag", "--out", "o", *given]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "give the master to adcloud submit, before --" in " ".join(err.split())
+    # the options that only begin like it are the job's own
+    assert main([*submit, "hdmap", "build", "--bags", "a.bag", "--map", "m"]) == 0
+    assert main([*submit, "sim", "run", "a.bag", "--node", "n", "--max-output-mb", "5"]) == 0
+
+
+def test_under_plain_spark_submit_a_master_given_to_the_job_is_refused(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """``spark-submit --master local[1] adcloud/cli.py ingest ... --master spark://...``: the
+    job ran on local[1] and said nothing of the master it was given."""
+    from adcloud.spark import spark_home  # noqa: PLC0415
+
+    bag = shared_data / "02_husky_gps_imu_odom_ros1" / "robot_localization_test1.bag"
+    cli = Path(__file__).resolve().parents[1] / "adcloud" / "cli.py"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    nobody = "spark://127.0.0.1:1"  # no master listens there
+    job = ["ingest", str(bag), "--out", str(tmp_path / "out"), "-q", "--master", nobody]
+    proc = subprocess.run(
+        [str(spark_home() / "bin" / "spark-submit"), "--master", "local[1]", str(cli), *job],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
+    # spark-submit sends the Python driver's stderr to its stdout
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert f"error: --master {nobody}: this job runs under spark-submit" in said
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("into", ["pipes", "files"])
+def test_a_submitted_jobs_errors_go_to_stderr_and_its_output_to_stdout(
+    into: str, tmp_path: Path
+) -> None:
+    """spark-submit merges the stderr of the Python driver it starts into its stdout: the
+    job's ``error:`` line (and warnings, progress bars) went to the stdout of ``adcloud
+    submit``, mixed into its output (``-- bag info --json x.bag > x.json``), and ``2>``
+    caught none of it.  ``> out 2> err`` are files the driver cannot open beside the JVM."""
+    adcloud = str(Path(sys.executable).with_name("adcloud"))
+    missing = tmp_path / "missing.bag"
+    argv = [adcloud, "submit", "--master", "local[1]", "--", "ingest", str(missing)]
+    argv += ["--out", str(tmp_path / "o")]
+    if into == "pipes":
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    else:
+        with (tmp_path / "out").open("w") as stdout, (tmp_path / "err").open("w") as stderr:
+            run = subprocess.run(argv, stdout=stdout, stderr=stderr, timeout=180, check=False)
+        code = run.returncode
+        out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert code == 2, out + err
+    assert f"error: bag '{missing}' does not exist" in " ".join(err.split()), err
+    assert out == ""

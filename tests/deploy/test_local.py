@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from tests.processes import alive
 
 if TYPE_CHECKING:
     from adcloud.spark import StandaloneCluster
@@ -53,3 +58,57 @@ def test_readme_spark_submit_line_runs_python_on_the_executors(
         check=False,
     )
     assert proc.returncode == 0 and "RESULT 90" in proc.stdout, proc.stderr[-3000:]
+
+
+def _daemons_in(where: Path) -> list[int]:
+    """The Spark masters and workers running in ``where`` (their working directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if b"org.apache.spark.deploy." not in (entry / "cmdline").read_bytes():
+                continue
+            if Path(os.readlink(entry / "cwd")).is_relative_to(where) and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def test_two_starts_at_once_start_one_cluster_that_stop_stops(tmp_path: Path) -> None:
+    """Two ``start-cluster.sh`` with one state directory (two terminals, a CI step run twice)
+    both found no cluster running there and both started one; the second's state replaced
+    the first's, and ``stop-cluster.sh`` left the first master and worker running."""
+    state = tmp_path / "state"
+    env = {**os.environ, "ADCLOUD_CLUSTER_STATE": str(state), "ADCLOUD_PYTHON": sys.executable}
+    scripts = REPO_ROOT / "deploy" / "local"
+    starts = [
+        subprocess.Popen(
+            [str(scripts / "start-cluster.sh"), "1"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        results = [(proc, *proc.communicate(timeout=180)) for proc in starts]
+        codes = sorted(proc.returncode for proc, _, _ in results)
+        said = " ".join(err for _, _, err in results)
+        running = _daemons_in(state)
+    finally:
+        subprocess.run(
+            [str(scripts / "stop-cluster.sh")],
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        left = _daemons_in(state)
+        for pid in left:  # what the scripts could not stop, so that the test leaves nothing
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert codes == [0, 2], said
+    assert f"a cluster recorded in {state} is still running; stop it first" in said
+    assert len(running) == 2, running  # one master, one worker
+    assert left == []
