@@ -487,6 +487,7 @@ _NOT_DECISIVE = {
     "threads": 3,
     "etl": "files",
     "etl_dir": "/tmp/etl",
+    "keep_etl_files": True,
     "log_every": 3,
     "eval_every": 4,
     "progress": False,
