@@ -82,6 +82,7 @@ from adcloud.hdmap.mapdir import (
     MapDirSettings,
     MapVersion,
     Staging,
+    bag_changed,
     bag_uri,
     find_bags,
     lies_below,
@@ -653,10 +654,16 @@ def unmappable(
     drives: Sequence[DriveRecord], settings: HdmapSettings, *, origin_known: bool
 ) -> dict[str, str]:
     """The drives among ``drives`` whose bags lack what mapping needs, by URI, each with the
-    reason (see :func:`~adcloud.hdmap.drive.check_topics`; reads only the bags' indexes).
+    reason (see :func:`~adcloud.hdmap.drive.check_topics`: reads the bags' indexes, and
+    their GPS up to a fix when the map has no origin yet), or
+    changed since the plan hashed them (:func:`~adcloud.hdmap.mapdir.bag_changed`).
     ``origin_known``: the map has an origin already, so GPS is optional."""
     bad = {}
     for drive in drives:
+        changed = bag_changed(drive)
+        if changed is not None:
+            bad[drive.uri] = changed
+            continue
         try:
             check_topics(
                 drive.uri,
@@ -844,6 +851,10 @@ def build_map(
             progress=say,
         )
         shutil.rmtree(out / ".exchange", ignore_errors=True)
+        # a bag written to while Spark read it: its recorded hash is not of what was built
+        moved = [why for d in plan.new_drives if (why := bag_changed(d)) is not None]
+        if moved:
+            raise DriveDataError("; ".join(moved) + "; nothing written: build again")
         archived = KeyframeArchive.write(out / STATE_KEYFRAMES, result.keyframes, carry=archive)
         if labels and fresh is not None:  # the map's area, the new drives' included, is known
             _check_label_area(

@@ -199,6 +199,14 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
         )
     _print_skipped(summary.skipped, console)
     result = summary.result
+    if not summary.changed and result.version is None and args.labels:
+        # labels go into a version of the map's drives: with none mapped, there is none
+        console.print(
+            f"{args.map}: nothing written: the map has no version yet and no new drive was "
+            f"built; the labels of {args.labels} go into its first version, with its drives",
+            highlight=False,
+        )
+        return 0
     if not summary.changed:
         version = result.version.id if result.version else "none"
         console.print(
@@ -262,6 +270,11 @@ def _dry_run(
     elif good:
         verdict = f"{good} new drive(s) to build" + (
             f", with the labels of {args.labels}" if relabel else ""
+        )
+    elif relabel and parent is None:  # labels go into a version of the map's drives
+        verdict = (
+            f"the map has no version yet and no new drive would be built; the labels of "
+            f"{args.labels} go into its first version, with its drives"
         )
     elif relabel:
         verdict = f"a new version with the labels of {args.labels} (no new drive: no Spark)"
@@ -344,13 +357,20 @@ def _cmd_info(args: argparse.Namespace, console: Console) -> int:
     history = [_history_row(mapdir, vid) for vid in mapdir.versions()]
     notes = _tie_concerns(current)
     if args.json:
+        manifest = json.loads(current.manifest.to_json())
+        # manifest.json leaves out the fields its format version predates (a version without
+        # a rollback or a label import is written as version 1, for older readers); a script
+        # reading info --json finds every field on every map
+        manifest.setdefault("held_out", [])
+        manifest.setdefault("restores", None)
+        manifest.setdefault("labels", None)
         console.print_json(
             json.dumps(
                 {
                     "current": current.id,
                     "versions": mapdir.versions(),
                     "history": history,
-                    "manifest": json.loads(current.manifest.to_json()),
+                    "manifest": manifest,
                     "notes": notes,
                 }
             )
@@ -489,7 +509,12 @@ def _cmd_diff(args: argparse.Namespace, console: Console) -> int:
         what = {
             "added": f"added ({sign.type_after})",
             "removed": f"removed ({sign.type_before})",
-            "moved": f"moved {sign.moved_m:.2f} m",
+            "moved": f"moved {sign.moved_m:.2f} m"
+            + (
+                f", retyped {sign.type_before} -> {sign.type_after}"
+                if sign.type_before != sign.type_after
+                else ""
+            ),
             "retyped": f"retyped {sign.type_before} -> {sign.type_after}",
         }[sign.status]
         console.print(f"sign at ({where[0]:.1f}, {where[1]:.1f}): {what}", highlight=False)
@@ -678,7 +703,8 @@ def add_parser(subparsers: Any) -> None:
         "--from",
         dest="from_version",
         metavar="VERSION",
-        help="the older version (default: the one --to was built on)",
+        help="the older version (default: the one --to was built on; for the map's first "
+        "version, an empty map)",
     )
     diff.add_argument(
         "--to", dest="to_version", metavar="VERSION", help="the newer version (default: current)"

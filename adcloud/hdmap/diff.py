@@ -3,7 +3,8 @@
 A nightly build publishes a new version that vehicles will load; before they do, someone
 wants to know what the night changed, and a rollback (``adcloud hdmap rollback``) needs a
 reason. :func:`diff_versions` (``adcloud hdmap diff``) compares two committed versions of one
-map -- by default the current one and the version it was built on:
+map -- by default the current one and the version it was built on (the map's first version
+with an empty map: everything in it is added):
 
 - **drives** added and taken out (a rollback holds drives out);
 - **grid tiles** added, removed, changed or the same. A tile whose file is the same (a carried
@@ -58,6 +59,7 @@ F64 = NDArray[np.float64]
 
 _GRID_DIR = "grid"
 _STEP_M = 0.05  # markings are compared at this spacing (the grid's resolution)
+_NO_SIGNS = np.zeros((0, 3))
 
 #: The picture formats :meth:`MapDiff.plot` writes, by the file name's extension.
 PLOT_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "tif", "tiff", "eps")
@@ -132,10 +134,11 @@ class SignChange:
 @dataclass(frozen=True)
 class MapDiff:
     """What changed from version ``before`` to version ``after`` of map ``map`` (see the
-    module docstring)."""
+    module docstring); ``before`` is None when ``after`` is the map's first version, which
+    is compared with an empty map (everything in it is added)."""
 
     map: str
-    before: str
+    before: str | None
     after: str
     drives_added: tuple[str, ...]
     drives_removed: tuple[str, ...]
@@ -154,6 +157,10 @@ class MapDiff:
     _added_points: F64 = field(default_factory=lambda: np.zeros((0, 2)), repr=False)
     _removed_points: F64 = field(default_factory=lambda: np.zeros((0, 2)), repr=False)
     _trajectories: Mapping[str, F64] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def _before_text(self) -> str:
+        return self.before if self.before is not None else "none (an empty map)"
 
     def tile_counts(self) -> dict[str, int]:
         """Tiles per status (``added``, ``removed``, ``changed``, ``same``)."""
@@ -234,7 +241,7 @@ class MapDiff:
 
     def table(self) -> Table:
         """The summary: one row per kind of content."""
-        table = Table(title=f"{self.map}: version {self.before} -> {self.after}")
+        table = Table(title=f"{self.map}: version {self._before_text} -> {self.after}")
         table.add_column("what")
         table.add_column("before", justify="right")
         table.add_column("after", justify="right")
@@ -348,7 +355,7 @@ class MapDiff:
         ax.set_ylabel("y (m)")
         tiles = self.tile_counts()
         ax.set_title(
-            f"version {self.before} -> {self.after}: {tiles['added']} tiles added, "
+            f"version {self._before_text} -> {self.after}: {tiles['added']} tiles added, "
             f"{tiles['changed']} changed; markings +{self.markings_added_m:.0f} / "
             f"-{self.markings_removed_m:.0f} m",
             fontsize=10,
@@ -449,11 +456,26 @@ def _semantic(version: MapVersion) -> tuple[list[F64], F64, list[str]]:
     return features_from_geojson(data, where)
 
 
-def _dense(lines: Sequence[F64]) -> F64:
-    parts = [
-        densify(np.asarray(line, np.float64)[:, :2], _STEP_M) for line in lines if len(line) > 1
-    ]
-    return np.vstack(parts) if parts else np.zeros((0, 2))
+def _dense(lines: Sequence[F64]) -> tuple[F64, F64]:
+    """The markings' points, at most ``_STEP_M`` apart, and the length (m) each stands for:
+    half of the segment on either side of it, so that a line's points add up to its length
+    (counting ``_STEP_M`` a point counted the shorter segments densify leaves at every
+    vertex in full: a first version's markings came out longer than they are)."""
+    parts: list[F64] = []
+    shares: list[F64] = []
+    for line in lines:
+        if len(line) < 2:
+            continue
+        pts = densify(np.asarray(line, np.float64)[:, :2], _STEP_M)
+        seg = np.linalg.norm(np.diff(pts, axis=0), axis=1)
+        share = np.zeros(len(pts))
+        share[:-1] += seg / 2
+        share[1:] += seg / 2
+        parts.append(pts)
+        shares.append(share)
+    if not parts:
+        return np.zeros((0, 2)), np.zeros(0)
+    return np.vstack(parts), np.concatenate(shares)
 
 
 def _length(lines: Sequence[F64]) -> float:
@@ -537,7 +559,9 @@ def _trajectory_xy(version: MapVersion, name: str) -> F64 | None:
 
 def _resolve(
     mapdir: MapDir, before: str | None, after: str | None
-) -> tuple[MapVersion, MapVersion]:
+) -> tuple[MapVersion | None, MapVersion]:
+    """The versions to compare: ``before`` None where ``after`` is the map's first version
+    (built on an empty map, which it is compared with)."""
     versions = mapdir.versions()
     if not versions:
         raise HdmapError(f"{mapdir.uri}: the map has no version yet; build it first")
@@ -557,7 +581,9 @@ def _resolve(
     if before is not None:
         return pick(before), new
     parent = new.manifest.parent
-    if parent is None or parent not in versions:
+    if parent is None:  # the first version: what its build added to an empty map
+        return None, new
+    if parent not in versions:
         raise HdmapError(
             f"{mapdir.uri}: version {new.id} has no kept parent to compare with; name the "
             "one to compare with (adcloud hdmap diff --from VERSION, or before=VERSION; the "
@@ -574,28 +600,31 @@ def diff_versions(
 ) -> MapDiff:
     """Compare versions ``before`` and ``after`` of the map at ``map_uri`` (ids such as
     ``"3"`` or ``"000003"``; ``after`` defaults to the current version, ``before`` to the
-    version ``after`` was built on). Reads both versions' tiles and semantic layers, nothing
-    else; a local map's carried tiles are not even read. Raises :class:`HdmapError` naming
-    the versions kept when one is missing."""
+    version ``after`` was built on: for the map's first version, an empty map). Reads both
+    versions' tiles and semantic layers, nothing else; a local map's carried tiles are not
+    even read. Raises :class:`HdmapError` naming the versions kept when one is missing."""
     s = settings or DiffSettings()
     mapdir = MapDir(map_uri)
     old, new = _resolve(mapdir, before, after)
-    old_drives = {d.name for d in old.manifest.drives}
+    old_drives = {d.name for d in old.manifest.drives} if old is not None else set()
     new_drives = {d.name for d in new.manifest.drives}
-    old_tiles, new_tiles = _tile_names(old), _tile_names(new)
+    old_tiles = _tile_names(old) if old is not None else {}
+    new_tiles = _tile_names(new)
     tiles: list[TileChange] = []
     for key in sorted(set(old_tiles) | set(new_tiles)):
-        if key in old_tiles and key in new_tiles:
+        if old is not None and key in old_tiles and key in new_tiles:
             tiles.append(_compare_tile(key, new_tiles[key], old, new))
         elif key in new_tiles:
             tiles.append(_one_sided(key, new_tiles[key], new, "added"))
         else:
+            assert old is not None  # old_tiles is empty without it
             tiles.append(_one_sided(key, old_tiles[key], old, "removed"))
-    old_lines, old_signs, old_types = _semantic(old)
+    old_lines, old_signs, old_types = _semantic(old) if old is not None else ([], _NO_SIGNS, [])
     new_lines, new_signs, new_types = _semantic(new)
-    old_pts, new_pts = _dense(old_lines), _dense(new_lines)
-    added = new_pts[_unmatched(new_pts, old_pts, s.tolerance_m)]
-    removed = old_pts[_unmatched(old_pts, new_pts, s.tolerance_m)]
+    (old_pts, old_share), (new_pts, new_share) = _dense(old_lines), _dense(new_lines)
+    is_added = _unmatched(new_pts, old_pts, s.tolerance_m)
+    is_removed = _unmatched(old_pts, new_pts, s.tolerance_m)
+    added, removed = new_pts[is_added], old_pts[is_removed]
     trajectories = {
         name: xy
         for name in sorted(new_drives - old_drives)
@@ -604,7 +633,7 @@ def diff_versions(
     tile_m = float(new.manifest.settings.get("tile_m", 20.0))
     return MapDiff(
         map=map_uri,
-        before=old.id,
+        before=old.id if old is not None else None,
         after=new.id,
         drives_added=tuple(sorted(new_drives - old_drives)),
         drives_removed=tuple(sorted(old_drives - new_drives)),
@@ -612,8 +641,8 @@ def diff_versions(
         tile_m=tile_m,
         markings_before_m=_length(old_lines),
         markings_after_m=_length(new_lines),
-        markings_added_m=len(added) * _STEP_M,
-        markings_removed_m=len(removed) * _STEP_M,
+        markings_added_m=float(new_share[is_added].sum()),
+        markings_removed_m=float(old_share[is_removed].sum()),
         signs_before=len(old_signs),
         signs_after=len(new_signs),
         signs=tuple(_sign_changes(old_signs, old_types, new_signs, new_types, s)),

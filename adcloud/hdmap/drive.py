@@ -97,13 +97,15 @@ def check_topics(
     mounts_known: bool,
     storage_options: Mapping[str, object] | None = None,
 ) -> None:
-    """Check from the bag's index alone (no message is read) that ``uri`` has what mapping
-    needs: LiDAR sweeps, IMU and wheel odometry on their topics, GPS fixes unless the map's
-    origin is known (``origin_known``), ``/tf_static`` unless mounts are configured
-    (``mounts_known``), each of the expected type.  A DriveDataError lists every problem at
-    once, with the bag's topics of the right type for a topic that is missing.  A ROS 1 bag
-    without an index (a recording cut off, or a copy still being written) is an error too:
-    the map job reads bags by their index."""
+    """Check from the bag's index that ``uri`` has what mapping needs: LiDAR sweeps, IMU and
+    wheel odometry on their topics, GPS fixes unless the map's origin is known
+    (``origin_known``), ``/tf_static`` unless mounts are configured (``mounts_known``), each
+    of the expected type.  Where the origin is not known, the GPS messages are read up to
+    the first valid fix, which the map's origin is taken from (a receiver that had none
+    throughout fails the check).  A DriveDataError lists every problem at once, with the
+    bag's topics of the right type for a topic that is missing.  A ROS 1 bag without an
+    index (a recording cut off, or a copy still being written) is an error too: the map job
+    reads bags by their index."""
     try:
         summary = summarize(uri, storage_options=storage_options)
     except BinpipeError as err:
@@ -126,6 +128,18 @@ def check_topics(
         setting = f"hdmap.{role}_topic or ADCLOUD_HDMAP_{role.upper()}_TOPIC"
         if count and msgtype not in expected:
             problems.append(f"{topic} carries {msgtype}, not {expected[0]} ({setting})")
+        elif (
+            role == "gps"
+            and count
+            and not origin_known
+            and not _has_fix(uri, topic, storage_options)
+        ):
+            # the map's origin is a drive's first fix: a receiver that never got one
+            # (NO_FIX throughout) leaves none, which the index cannot tell
+            problems.append(
+                f"{count} NavSatFix messages on {topic}, none of them a fix (status NO_FIX or no "
+                "position throughout)"
+            )
         elif count < _NEEDED[role] and not optional.get(role, False):
             others = sorted(t for t, (m, n) in counts.items() if m in expected and n)
             have = (
@@ -136,7 +150,7 @@ def check_topics(
             problems.append(f"{count} {_STREAM[role]} on {topic} ({setting}; {have})")
     if problems:
         hints = []
-        if any("gps_topic" in p for p in problems):
+        if any("gps_topic" in p or "NavSatFix messages on" in p for p in problems):
             hints.append("without GPS, give the map origin (hdmap.origin_lat/lon/alt)")
         if any("tf_static_topic" in p for p in problems):
             hints.append("without /tf_static, give the sensor mounts (hdmap.mounts)")
@@ -145,6 +159,24 @@ def check_topics(
             "build's --config (section hdmap) or the environment"
             + "".join(f"; {hint}" for hint in hints)
         )
+
+
+def _valid_fix(msg: Any) -> bool:
+    """Whether a decoded ``sensor_msgs/NavSatFix`` is a fix (status not NO_FIX, a finite
+    position)."""
+    return int(msg.status.status) >= 0 and bool(np.isfinite([msg.latitude, msg.longitude]).all())
+
+
+def _has_fix(uri: str, topic: str, storage_options: Mapping[str, object] | None) -> bool:
+    """Whether ``topic`` of the bag holds a valid fix; reads its messages up to the first
+    (normally in the bag's first chunk)."""
+    try:
+        for _, msg in read_messages(uri, topics=[topic], storage_options=storage_options):
+            if _valid_fix(msg):
+                return True
+    except BinpipeError as err:
+        raise DriveDataError(f"drive {uri}: {err}") from err
+    return False
 
 
 @dataclass(frozen=True)
@@ -306,7 +338,7 @@ class DriveAccumulator:
             twist = msg.twist.twist
             self._odom.append((stamp_ns(msg.header), twist.linear.x, twist.angular.z))
         elif role == "gps":
-            if int(msg.status.status) < 0 or not np.isfinite([msg.latitude, msg.longitude]).all():
+            if not _valid_fix(msg):
                 return None  # no fix
             cov = np.asarray(msg.position_covariance, dtype=np.float64)
             var = cov[[0, 4, 8]] if cov.size == 9 else np.full(3, 25.0)

@@ -114,6 +114,7 @@ __all__ = [
     "MapVersion",
     "Staging",
     "StoredParent",
+    "bag_changed",
     "bag_uri",
     "content_hash",
     "drive_name",
@@ -838,6 +839,29 @@ def content_hash(uri: str | os.PathLike[str], *, chunk_bytes: int = 8 << 20) -> 
         raise HdmapError(f"{os.fspath(uri)}: no such bag file or directory") from err
     except OSError as err:
         raise HdmapError(f"{os.fspath(uri)}: cannot read the bag to hash it: {err}") from err
+
+
+def bag_changed(drive: DriveRecord) -> str | None:
+    """Why the bag of ``drive`` (a new drive of a plan) is no longer the bag the plan
+    hashed -- its size or modification time moved since, as a copy or a recording still
+    being written does -- or None when it is the same.  A build reads the bag after planning
+    (and Spark long after): the map would record the hash of bytes it did not build, and
+    the next build would take the finished bag for a new drive and build it again."""
+    files, path = _locate(drive.uri)
+    try:
+        with files:
+            size, mtime = files.size_mtime(path)
+    except FileNotFoundError:
+        return f"drive {drive.uri}: gone since it was hashed (moved or deleted)"
+    except OSError as err:
+        return f"drive {drive.uri}: cannot read it again after hashing it: {err}"
+    if (size, mtime) == (drive.size, drive.mtime):
+        return None
+    return (
+        f"drive {drive.uri}: changed since it was hashed ({drive.size:,} -> {size:,} bytes"
+        + ("" if mtime == drive.mtime else ", modified again")
+        + "): a copy or recording still being written? It is built once it stops changing"
+    )
 
 
 def find_bags(uri: str | os.PathLike[str]) -> list[str]:
@@ -1888,7 +1912,9 @@ class MapDir:
         held_hash = {d.sha256 for d in held} - {d.sha256 for d in readmitted}
         known_hash = {d.sha256: d for d in drives}
         known_uri = {d.uri: d for d in (*held, *drives)}
-        used_names = {d.name for d in drives}
+        # a held-out drive keeps its name: a new drive of other bytes named like it would be
+        # taken for it (in info, by diff, which compares drives by name)
+        used_names = {d.name for d in drives} | {d.name for d in held if d not in readmitted}
         seen: set[str] = set()
         new: list[DriveRecord] = []
         known: list[DriveRecord] = []
@@ -1915,7 +1941,9 @@ class MapDir:
             _hash_bags(unread, settings.hash_chunk_bytes, settings.hash_threads, progress)
         )
         for _, uri, stat_size, mtime, known_digest in stated:
-            digest, size = (known_digest, stat_size) if known_digest else next(hashed)
+            # the size stated before hashing: a bag that grew while it was hashed (a copy
+            # still being written) is then told by bag_changed() from the bytes hashed
+            digest, size = known_digest or next(hashed)[0], stat_size
             if digest in seen:
                 _LOG.info("%s: same bytes as another input; skipped", uri)
                 duplicates.append(uri)

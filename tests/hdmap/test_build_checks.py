@@ -244,3 +244,58 @@ def test_a_build_of_a_map_another_build_holds_fails_before_spark(
     said = " ".join(capsys.readouterr().err.split())
     assert f"another build of this map is running (pid {os.getpid()}" in said
     assert MapDir(uri).versions() == ["000001"]
+
+
+def test_a_bag_that_changed_since_it_was_hashed_is_not_built(
+    tmp_path: Path, new_bag: DriveResult
+) -> None:
+    """A nightly build hashed a bag whose copy was still being written, and the copy was
+    done by the time the build read it: the map recorded the hash of the partial bytes, and
+    the next build took the finished bag for a new drive and built the drive a second time
+    (``d3`` and ``d3-ac6a33f4``). A bag that changed since it was hashed is left out now, as
+    a bag still being copied is, and the next build takes it whole."""
+    uri, old = _map(tmp_path)
+    whole = new_bag.bag.read_bytes()
+    bag = tmp_path / "incoming" / "new.bag"
+    bag.parent.mkdir()
+    bag.write_bytes(whole[: len(whole) // 2])
+    bags = [str(old), str(bag)]
+    plan = plan_build(bags, uri)
+    assert [d.size for d in plan.new_drives] == [len(whole) // 2]
+    bag.write_bytes(whole)  # the copy finishes
+    summary = build_map(None, bags, uri, plan=plan, skip_bad_bags=True)
+    assert not summary.changed
+    said = summary.skipped[str(bag)]
+    assert said.startswith(f"drive {bag}: changed since it was hashed (")
+    assert MapDir(uri).versions() == ["000001"]
+    # planned again, the bag is the whole one
+    assert [d.size for d in plan_build(bags, uri).new_drives] == [len(whole)]
+
+
+def test_labels_with_no_drive_to_map_on_an_empty_map_say_nothing_was_written(
+    tmp_path: Path, new_bag: DriveResult, no_spark: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a map without a version, a label file with only bags the build leaves out: the
+    dry run promised "a new version with the labels (no new drive: no Spark)", and the
+    build wrote nothing and said "the labels are in it already" -- in a map that does not
+    exist. Labels go into a version of the map's drives; both now say there is none."""
+    cut = tmp_path / "cut.bag"
+    cut.write_bytes(new_bag.bag.read_bytes()[:100_000])  # a copy still being written
+    labels = tmp_path / "labels.geojson"
+    sign = {
+        "type": "Feature",
+        "geometry": {"type": "Point", "coordinates": [5.0, -6.0, 2.0]},
+        "properties": {"kind": "traffic_sign", "type": "stop", "facing_yaw_rad": 3.14},
+    }
+    labels.write_text(
+        json.dumps({"type": "FeatureCollection", "adcloud:frame": "map", "features": [sign]})
+    )
+    uri = str(tmp_path / "map")
+    args = ["hdmap", "build", "--bags", str(cut), "--map", uri, "--labels", str(labels)]
+    for extra in (["--dry-run"], []):
+        assert main([*args, "--skip-bad-bags", *extra]) == 0
+        said = " ".join(capsys.readouterr().out.split())
+        assert "the map has no version yet and no new drive" in said
+        assert f"the labels of {labels} go into its first version, with its drives" in said
+        assert "in it already" not in said and "a new version with the labels" not in said
+    assert not Path(uri).exists()

@@ -68,6 +68,35 @@ def test_info_json_of_a_map(
     assert json.loads(capsys.readouterr().out)["current"] == "000001"
 
 
+def test_info_json_has_the_same_fields_on_every_map(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``info --json`` gave the manifest as its file has it: ``held_out``, ``restores`` and
+    ``labels`` were there only once a rollback or a label import had happened, so a nightly
+    script reading ``info["manifest"]["held_out"]`` failed with a KeyError on every map
+    built by builds alone."""
+    drive = DriveRecord(name="d1", uri="/bags/d1.bag", sha256="ab" * 32, size=1)
+    other = DriveRecord(name="d2", uri="/bags/d2.bag", sha256="cd" * 32, size=1)
+    mapdir = MapDir(tmp_path / "map")
+    keys = []
+    for manifest in (
+        Manifest(drives=(drive,)),
+        Manifest(drives=(drive, other)),
+        None,  # a rollback: d2 held out
+        Manifest(drives=(drive,), labels="/labels/fixes.geojson"),
+    ):
+        if manifest is None:
+            mapdir.roll_back()
+        else:
+            with mapdir.begin(mapdir.current()) as staged:
+                staged.commit(manifest)
+        assert main(["hdmap", "info", "--map", str(tmp_path / "map"), "--json"]) == 0
+        keys.append(json.loads(capsys.readouterr().out)["manifest"])
+    assert [sorted(k) for k in keys] == [sorted(keys[-1])] * 4
+    assert keys[0]["held_out"] == [] and keys[0]["restores"] is None and keys[0]["labels"] is None
+    assert [d["name"] for d in keys[2]["held_out"]] == ["d2"] and keys[2]["restores"] == "000001"
+
+
 def test_info_marks_label_imports_and_drives_joined_to_no_other(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

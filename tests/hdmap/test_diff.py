@@ -207,8 +207,19 @@ def test_cli_prints_the_change_and_names_missing_versions(
 
     assert main(["hdmap", "diff", "--map", uri, "--from", "9"]) == 2
     assert "no version 9; the versions kept are 000001, 000002" in capsys.readouterr().err
-    with pytest.raises(HdmapError, match="version 000001 has no kept parent"):
-        diff_versions(uri, after="1")
+    # the map's first version was built on an empty map: everything in it is added
+    first = diff_versions(uri, after="1")
+    assert first.before is None and first.drives_added == ("d0",)
+    assert first.tile_counts() == {"added": 2, "removed": 0, "changed": 0, "same": 0}
+    # every point of a marking counts the length it stands for: 20 m, not 20.1 (402 points
+    # of 5 cm) -- on a real map 226.4 m of markings "added" to a map holding 224.3 m
+    assert first.markings_added_m == pytest.approx(first.markings_after_m, abs=1e-9)
+    assert first.markings_after_m == pytest.approx(20.0)
+    assert first.sign_counts()["added"] == 3 and json.loads(first.to_json())["before"] is None
+    # a version whose parent is no longer kept names the versions that are
+    MapDir(uri).gc(keep=1)
+    with pytest.raises(HdmapError, match="version 000002 has no kept parent"):
+        diff_versions(uri)
     with pytest.raises(HdmapError, match="tolerance_m"):
         DiffSettings(tolerance_m=0.0)
 
@@ -249,6 +260,58 @@ def test_cli_options_are_checked_before_the_versions_are_read(
     assert info.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert said in err and "match_m" not in err and "Traceback" not in err
+
+
+def test_diff_of_a_map_of_one_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``adcloud hdmap diff`` after a map's first nightly build failed (exit 2): "version
+    000001 has no kept parent to compare with; name the one to compare with (... the
+    versions kept: 000001)" -- there was none to name, and a nightly script diffing every
+    build failed on its first night. The first version is compared with an empty map."""
+    monkeypatch.setenv("COLUMNS", "160")
+    bag = tmp_path / "d0.bag"
+    bag.write_bytes(random.Random(0).randbytes(2048))
+    uri = str(tmp_path / "map")
+    MapDir(uri).update([bag], version_one, settings={"tile_m": 20.0})
+    picture = tmp_path / "first.png"
+    assert main(["hdmap", "diff", "--map", uri, "--plot", str(picture)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "version none (an empty map) -> 000001" in text and "+ d0" in text
+    assert "2 added, 0 changed, 0 removed, 0 the same" in text
+    assert "sign at (30.0, 15.0): added (yield)" in text
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["hdmap", "diff", "--map", uri, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["before"], data["after"]) == (None, "000001")
+    assert data["tiles"] == {"added": 2, "removed": 0, "changed": 0, "same": 0}
+
+
+def test_cli_says_a_moved_sign_was_retyped_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sign that moved and changed type was printed as "moved 0.50 m" alone: the new
+    type, which the vehicle reads, was left out (the JSON had it)."""
+    bags = [make_bag_file(tmp_path / f"d{i}.bag", i) for i in range(2)]
+
+    def with_sign(x: float, kind: str) -> Any:
+        def build(plan: BuildPlan, staging: Staging) -> None:
+            (staging.path / "semantic.geojson").write_text(semantic([], [(x, 3, kind)]))
+
+        return build
+
+    uri = str(tmp_path / "map")
+    with MapDir(uri) as md:
+        md.update(bags[:1], with_sign(5.0, "unknown"))
+        md.update(bags, with_sign(5.5, "stop"))
+    assert main(["hdmap", "diff", "--map", uri]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "sign at (5.5, 3.0): moved 0.50 m, retyped unknown -> stop" in said
+
+
+def make_bag_file(path: Path, seed: int) -> Path:
+    path.write_bytes(random.Random(seed).randbytes(2048))
+    return path
 
 
 def test_the_picture_formats(tmp_path: Path) -> None:

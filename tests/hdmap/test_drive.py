@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -167,3 +168,61 @@ def test_configured_mount_overrides_the_recorded_one() -> None:
     np.testing.assert_allclose(drive.extrinsics.get("lidar"), mounts["lidar"])
     np.testing.assert_allclose(drive.extrinsics.get("gps")[:3, 3], [0, 0, 1.75])  # recorded
     np.testing.assert_allclose(drive.extrinsics.get("lidar_top")[:3, 3], [0.5, 0.1, 3.0])
+
+
+def _without_fix(bag: Path, out: Path) -> Path:
+    """A copy of ``bag`` whose GPS receiver never had a fix: every ``/gps/fix`` message with
+    status NO_FIX (-1), as a receiver under a roof or without an antenna records."""
+    from rosbags.rosbag1 import Reader, Writer  # noqa: PLC0415
+    from rosbags.typesys import Stores, get_typestore  # noqa: PLC0415
+
+    store = get_typestore(Stores.ROS1_NOETIC)
+    with Reader(bag) as reader, Writer(out) as writer:
+        conns = {
+            c.id: writer.add_connection(
+                c.topic,
+                c.msgtype,
+                msgdef=c.msgdef.data,
+                md5sum=c.digest,
+                callerid=c.ext.callerid,  # type: ignore[union-attr]
+                latching=c.ext.latching,  # type: ignore[union-attr]
+            )
+            for c in reader.connections
+        }
+        for c, t, data in reader.messages():
+            if c.topic == "/gps/fix":
+                msg: Any = store.deserialize_ros1(data, c.msgtype)
+                msg.status.status = -1
+                writer.write(conns[c.id], t, store.serialize_ros1(msg, c.msgtype))
+            else:
+                writer.write(conns[c.id], t, data)
+    return out
+
+
+def test_a_drive_without_a_gps_fix_cannot_start_a_map(
+    bag: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bag whose GPS messages are all NO_FIX passed the check (the index counts messages,
+    not fixes): the dry run said "new: built", and the build failed after Spark had read
+    the drives -- with --skip-bad-bags too, so one such bag stopped a first nightly build of
+    every other drive. The check now reads the GPS up to a fix where the map has no origin
+    yet; where it has one, GPS is optional and the bag passes as before."""
+    from adcloud.cli import main  # noqa: PLC0415
+
+    nofix = _without_fix(bag, tmp_path / "nofix.bag")
+    assert not read_drive(str(nofix), with_scans=False, origin=(0.0, 0.0, 0.0)).gps.t.size
+    with pytest.raises(DriveDataError) as err:
+        check_topics(str(nofix), DriveTopics(), origin_known=False, mounts_known=False)
+    text = str(err.value)
+    assert text.startswith(f"drive {nofix} cannot be mapped: 15 NavSatFix messages on /gps/fix")
+    assert "none of them a fix (status NO_FIX" in text and "give the map origin" in text
+    check_topics(str(nofix), DriveTopics(), origin_known=True, mounts_known=False)
+    args = ["hdmap", "build", "--bags", str(nofix), str(bag), "--map", str(tmp_path / "map")]
+    assert main([*args, "--dry-run"]) == 1
+    said = " ".join(capsys.readouterr().out.split())
+    assert "error: drive " in said and "none of them a fix" in said
+    assert "the build would fail on 1 bag(s)" in said
+    assert main([*args, "--dry-run", "--skip-bad-bags"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "skipped (--skip-bad-bags; tried again next build): drive " in said
+    assert "1 new drive(s) to build" in said

@@ -31,6 +31,7 @@ from fsspec.asyn import AsyncFileSystem
 
 from adcloud.hdmap import mapdir as mapdir_module
 from adcloud.hdmap.build import _parent_state
+from adcloud.hdmap.diff import diff_versions
 from adcloud.hdmap.errors import BuildError, HdmapError, MapFormatError
 from adcloud.hdmap.mapdir import (
     CURRENT_NAME,
@@ -490,6 +491,38 @@ def test_roll_back_restores_an_earlier_map_and_holds_its_drives_out(tmp_path: Pa
     with pytest.raises(HdmapError, match="no version 000001 to roll back to; the versions kept"):
         md.roll_back("000001")
     assert md.lock_holder() is None
+
+
+def test_a_new_drive_is_not_named_like_a_held_out_one(tmp_path: Path) -> None:
+    """After a rollback held drive d1 out, another bag also called d1.bag (a drive of
+    other bytes: a re-recording, a copy from another car) was built as "d1" too: the map
+    held a drive d1 and held out a drive d1, and ``hdmap diff`` between the version with
+    the first and the one with the second said no drive was added or taken out. The new
+    drive gets a name of its own; a readmitted drive takes its name back."""
+    md = MapDir(tmp_path / "map")
+    first = make_bag(tmp_path / "in" / "d0.bag", 0)
+    held = make_bag(tmp_path / "in" / "d1.bag", 1)
+
+    def build(plan: BuildPlan, staging: Staging) -> None:  # a trajectory per new drive
+        staging.copy_from_parent()
+        (staging.path / "trajectory").mkdir(exist_ok=True)
+        for d in plan.new_drives:
+            (staging.path / "trajectory" / f"{d.name}.tum").write_text("0.0 0 0 0 0 0 0 1\n")
+
+    md.update([first], build)
+    md.update([first, held], build)
+    md.roll_back()  # d1 held out
+    other = make_bag(tmp_path / "other" / "d1.bag", 2)
+    v4 = md.update([first, other], build).version
+    assert v4 is not None
+    (new,) = (d for d in v4.manifest.drives if d.added_in == v4.id)
+    assert new.name == f"d1-{new.sha256[:8]}" and [d.name for d in v4.manifest.held_out] == ["d1"]
+    change = diff_versions(str(tmp_path / "map"), "2", "4")
+    assert (change.drives_added, change.drives_removed) == ((new.name,), ("d1",))
+    # readmitted, the held-out drive is d1 again
+    v5 = md.update([first, held], build, readmit=["d1"]).version
+    assert v5 is not None and v5.manifest.held_out == ()
+    assert [d.name for d in v5.manifest.drives] == ["d0", new.name, "d1"]
 
 
 def test_a_rollback_keeps_the_versions_the_builds_keep(
