@@ -363,10 +363,19 @@ def read_index(fs: Any, path: str, uri: str) -> Ros1Index:
             f"{uri}: bag is not indexed (index_pos is 0, as a killed recorder leaves it)"
             + _REINDEX_HINT
         )
-    if index_pos < data_start or index_pos > size:
+    if index_pos > size:
+        # the header was written whole, the rest not (yet): a copy in progress, a cut-off
+        # download; reindexing such a copy would drop what the copy has still to bring
+        raise BagIndexError(
+            f"{uri}: the file ends at byte {size}, before its index at byte offset "
+            f"{index_pos}: it is still being copied, or was cut off. Wait for the copy to "
+            "finish; a bag that was cut off for good can be read up to its end through an "
+            "indexed copy" + _REINDEX_HINT
+        )
+    if index_pos < data_start:
         raise BagIndexError(
             f"{uri}: bag index is damaged: index_pos {index_pos} lies outside the file's "
-            f"data [{data_start}, {size}) (is the file truncated?)" + _REINDEX_HINT
+            f"data [{data_start}, {size})" + _REINDEX_HINT
         )
     region = read_range(fs, path, index_pos, size, uri=uri, where="bag index")
     cursor = _Buf(region, index_pos)
