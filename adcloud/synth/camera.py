@@ -1,11 +1,14 @@
 """A small forward camera rendered by ray casting the same world as the LiDAR.
 
 A global-shutter pinhole camera (no distortion) in the ``camera_optical`` frame, one ray
-through each pixel centre.  Colour is the label's albedo (ground brightened by its
-reflectance, so paint is white and asphalt dark; a sign plate's face in its type's
-:data:`~adcloud.synth.world.SIGN_FACE_COLORS`, its back grey) shaded by a fixed sun, with
-distance haze, a sky gradient where nothing is hit and Gaussian pixel noise (2 DN).  The
-label image holds the :class:`~adcloud.synth.labels.Label` id of every pixel (0 = sky).
+through each pixel centre.  Pixel centres are at whole pixel coordinates, as in ROS's
+``CameraInfo`` and OpenCV: ``K`` projects a point seen in pixel ``(u, v)`` to ``(u, v)``,
+so the principal point of the centred camera is ``((W - 1) / 2, (H - 1) / 2)``.  Colour is
+the label's albedo (ground brightened by its reflectance, so paint is white and asphalt
+dark; a sign plate's face in its type's :data:`~adcloud.synth.world.SIGN_FACE_COLORS`, its
+back grey) shaded by a fixed sun, with distance haze, a sky gradient where nothing is hit
+and Gaussian pixel noise (2 DN).  The label image holds the
+:class:`~adcloud.synth.labels.Label` id of every pixel (0 = sky).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ _GROUND = (Label.ROAD, Label.LANE_MARKING, Label.CURB, Label.SIDEWALK, Label.TER
 
 @dataclass(frozen=True)
 class CameraModel:
-    """Intrinsics: image size (pixels), focal lengths and principal point (pixels)."""
+    """Intrinsics: image size (pixels), focal lengths and principal point (pixels; pixel
+    centres at whole coordinates)."""
 
     width: int
     height: int
@@ -61,7 +65,9 @@ class CameraModel:
         w, h = config.camera_width, config.camera_height
         f = (w / 2) / np.tan(np.radians(config.camera_hfov_deg) / 2)
         link, optical = mounts or (MOUNTS["camera"], MOUNTS["camera_optical"])
-        return cls(w, h, float(f), float(f), w / 2, h / 2, link, optical)
+        # the image centre in whole-pixel-centre coordinates (ROS, OpenCV): w / 2 put K half
+        # a pixel right of and below the rays the image was rendered with
+        return cls(w, h, float(f), float(f), (w - 1) / 2, (h - 1) / 2, link, optical)
 
     @property
     def k(self) -> tuple[float, ...]:
@@ -83,7 +89,7 @@ class CameraModel:
         origin, rot = self.optical_pose(trajectory, t)
         v, u = np.mgrid[0 : self.height, 0 : self.width]
         local = np.stack(
-            [(u + 0.5 - self.cx) / self.fx, (v + 0.5 - self.cy) / self.fy, np.ones(u.shape)],
+            [(u - self.cx) / self.fx, (v - self.cy) / self.fy, np.ones(u.shape)],
             axis=-1,
         ).reshape(-1, 3)
         local /= np.linalg.norm(local, axis=1, keepdims=True)

@@ -90,7 +90,13 @@ def add_parser(subparsers: Any) -> None:
         help="LiDAR firings per sweep (default 1024)",
     )
     p.add_argument(
-        "--gps-hz", type=float, dest="gps_hz", metavar="HZ", help="GPS rate, 1..10 Hz (default 5)"
+        "--gps-hz",
+        type=float,
+        dest="gps_hz",
+        metavar="HZ",
+        # "1..10" promised 3, 6, 7 and 9, which have no whole-nanosecond period and are refused
+        help="GPS rate in Hz: 1, 2, 2.5, 4, 5, 8 or 10 (1..10 with a whole-nanosecond "
+        "period; default 5)",
     )
     p.add_argument(
         "--speed",

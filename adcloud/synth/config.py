@@ -12,7 +12,10 @@ Units: seconds, metres, radians per second, metres per second squared, hertz.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, fields
+
+import numpy as np
 
 from adcloud.synth.errors import SynthError
 
@@ -24,6 +27,33 @@ FORMATS = ("ros1", "ros2", "mcap")
 COMPRESSIONS = {"ros1": ("none", "bz2", "lz4"), "ros2": ("none",), "mcap": ("none", "zstd")}
 
 _NS = 1_000_000_000
+
+
+def _type_problem(name: str, value: object, annotation: str) -> str | None:
+    """Why ``value`` cannot be field ``name`` annotated ``annotation`` (``float``, ``int``,
+    ``str``, ``bool`` or ``tuple[float, ...]``), or None.  A string where a number belongs
+    made :meth:`DriveConfig.validate` fail with a ``TypeError``, a float where an integer
+    belongs failed the drive half-way, and ``lidar="no"`` recorded the LiDAR."""
+
+    def number(v: object, integer: bool) -> bool:
+        if isinstance(v, (bool, np.bool_)):  # True is no count and no speed
+            return False
+        return isinstance(v, numbers.Integral if integer else numbers.Real)
+
+    if annotation == "bool":
+        ok, kind = isinstance(value, (bool, np.bool_)), "true or false"
+    elif annotation == "int":
+        ok, kind = number(value, True), "an integer"
+    elif annotation == "float":
+        ok, kind = number(value, False), "a number"
+    elif annotation == "str":
+        ok, kind = isinstance(value, str), "a string"
+    elif annotation.startswith("tuple["):
+        ok = isinstance(value, (tuple, list)) and all(number(v, False) for v in value)
+        kind = "a tuple of numbers"
+    else:
+        return None
+    return None if ok else f"{name} must be {kind}, not {value!r}"
 
 
 @dataclass(frozen=True)
@@ -121,6 +151,20 @@ class DriveConfig:
     #: The raster covers the driven route's bounding box grown by this margin (m).
     truth_margin_m: float = 25.0
 
+    def __post_init__(self) -> None:
+        # NumPy scalars (a seed from ``rng.integers``, a float32 duration) and lists as the
+        # plain values they stand for: config.json could not hold them (the drive failed
+        # at its very end), and ``np.int64(7) == 7`` gives the same drive anyway
+        def plain(v: object) -> object:
+            return v.item() if isinstance(v, np.generic) else v
+
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, (list, tuple)):
+                object.__setattr__(self, field.name, tuple(plain(v) for v in value))
+            else:
+                object.__setattr__(self, field.name, plain(value))
+
     def validate(self) -> DriveConfig:
         """Return ``self`` if every setting is usable, else raise :class:`SynthError`."""
         problems: list[str] = []
@@ -129,6 +173,12 @@ class DriveConfig:
             if not ok:
                 problems.append(text)
 
+        for field in fields(self):
+            problem = _type_problem(field.name, getattr(self, field.name), str(field.type))
+            if problem is not None:
+                problems.append(problem)
+        if problems:  # the range checks below compare numbers
+            raise SynthError("invalid synth settings: " + "; ".join(problems))
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
             # tuples too: a NaN origin height made every GPS fix NaN, a NaN outage start

@@ -114,18 +114,40 @@ def matrix_euler(m: F64) -> tuple[F64, F64, F64]:
 
 
 def matrix_quaternion(m: F64) -> F64:
-    """Unit quaternions ``(N, 4)``, ``(x, y, z, w)`` with ``w >= 0``, of rotations ``(N, 3, 3)``."""
+    """Unit quaternions ``(N, 4)``, ``(x, y, z, w)`` with ``w >= 0``, of rotations ``(N, 3, 3)``.
+
+    Shepperd's method: the largest of ``|w|, |x|, |y|, |z|`` comes from the diagonal, the
+    others from the off-diagonal sums and differences.  Taking every component's size from
+    the diagonal and its sign from ``w``'s differences gave half-turns about tilted axes
+    (``w = 0``: a sign from rounding noise) a wrong quaternion, and pure rotations
+    ``1e-9`` components on the axes they do not turn about.
+    """
     m = np.asarray(m, dtype=np.float64)
-    t = np.trace(m, axis1=-2, axis2=-1)
-    q = np.empty((*m.shape[:-2], 4))
-    w = np.sqrt(np.maximum(1.0 + t, 0.0)) / 2
-    x = np.sqrt(np.maximum(1.0 + m[..., 0, 0] - m[..., 1, 1] - m[..., 2, 2], 0.0)) / 2
-    y = np.sqrt(np.maximum(1.0 - m[..., 0, 0] + m[..., 1, 1] - m[..., 2, 2], 0.0)) / 2
-    z = np.sqrt(np.maximum(1.0 - m[..., 0, 0] - m[..., 1, 1] + m[..., 2, 2], 0.0)) / 2
-    q[..., 0] = np.copysign(x, m[..., 2, 1] - m[..., 1, 2])
-    q[..., 1] = np.copysign(y, m[..., 0, 2] - m[..., 2, 0])
-    q[..., 2] = np.copysign(z, m[..., 1, 0] - m[..., 0, 1])
-    q[..., 3] = w
+    m00, m11, m22 = m[..., 0, 0], m[..., 1, 1], m[..., 2, 2]
+    d01, d02, d12 = (
+        m[..., 1, 0] - m[..., 0, 1],
+        m[..., 0, 2] - m[..., 2, 0],
+        m[..., 2, 1] - m[..., 1, 2],
+    )
+    s01, s02, s12 = (
+        m[..., 1, 0] + m[..., 0, 1],
+        m[..., 0, 2] + m[..., 2, 0],
+        m[..., 2, 1] + m[..., 1, 2],
+    )
+    # 4 w^2 - 1, 4 x^2 - 1, 4 y^2 - 1, 4 z^2 - 1: the largest component squared is at
+    # least 1/4, so s = 4 |largest| >= 2 and no division loses precision
+    diag = np.stack([m00 + m11 + m22, m00 - m11 - m22, m11 - m00 - m22, m22 - m00 - m11], -1)
+    case = np.argmax(diag, axis=-1)
+    s = 2 * np.sqrt(np.maximum(1.0 + np.max(diag, axis=-1), 1e-300))
+    big = s / 4
+    cases = [
+        (big, d12 / s, d02 / s, d01 / s),  # w largest
+        (d12 / s, big, s01 / s, s02 / s),  # x
+        (d02 / s, s01 / s, big, s12 / s),  # y
+        (d01 / s, s02 / s, s12 / s, big),  # z
+    ]
+    w, x, y, z = (np.choose(case, [c[i] for c in cases]) for i in range(4))
+    q = np.stack([x, y, z, w], axis=-1) * np.where(w < 0, -1.0, 1.0)[..., None]
     return np.asarray(q / np.linalg.norm(q, axis=-1, keepdims=True), dtype=np.float64)
 
 

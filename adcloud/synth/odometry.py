@@ -5,7 +5,8 @@ The measured speed is the true speed of ``base_link`` (along the road surface) t
 random-walks with ``odom_scale_drift`` per sqrt(s) (bounded to +-5 %, or to
 +-``odom_scale_error`` when that is larger).  The yaw rate is
 the true body yaw rate plus white noise.  Both read exactly zero at standstill.  The
-pose integrates them from ``(0, 0, 0)`` at the drive start (midpoint rule), in 2D.
+pose integrates them from ``(0, 0, 0)`` at the drive start ``t = 0`` (midpoint rule; the
+first reading stands for the time before it), in 2D.
 """
 
 from __future__ import annotations
@@ -74,13 +75,19 @@ class WheelOdometry:
         xs, ys, yaws = np.empty(n), np.empty(n), np.empty(n)
         x, y, yaw = self.pose
         last_v, last_w = (self.last[1], self.last[2]) if self.last is not None else (0.0, 0.0)
+        step = dt
+        if self.last is None and n:
+            # the odom frame is base_link at the drive start (t = 0), not at the first
+            # sample (3 ms later, 2.4 cm further at 8 m/s): the first reading holds till then
+            last_v, last_w = float(speed[0]), float(yaw_rate[0])
+            step = np.diff(np.concatenate([[0.0], t]))
         for i in range(n):
             v_mid = 0.5 * (last_v + speed[i])
             w_mid = 0.5 * (last_w + yaw_rate[i])
-            heading = yaw + 0.5 * w_mid * dt[i]
-            x += v_mid * np.cos(heading) * dt[i]
-            y += v_mid * np.sin(heading) * dt[i]
-            yaw += w_mid * dt[i]
+            heading = yaw + 0.5 * w_mid * step[i]
+            x += v_mid * np.cos(heading) * step[i]
+            y += v_mid * np.sin(heading) * step[i]
+            yaw += w_mid * step[i]
             xs[i], ys[i], yaws[i] = x, y, yaw
             last_v, last_w = speed[i], yaw_rate[i]
         self.pose = (x, y, yaw)

@@ -204,9 +204,11 @@ class TruthWriter:
 def world_json(world: World, config: DriveConfig) -> dict[str, Any]:
     """The ``world.json`` content (without the raster block)."""
     lat, lon, alt = config.gps_origin
-    mounts = list(MOUNTS.values())
+    # the frames /tf_static publishes: without a camera, no camera frames (a TF tree built
+    # from this file had camera_link and camera_optical that the bag never mentions)
+    mounts = [MOUNTS["lidar"], MOUNTS["imu"], MOUNTS["gps"]]
     if config.camera:
-        mounts += [m for k in range(1, config.cameras) for m in camera_mounts(k, config.cameras)]
+        mounts += [m for k in range(config.cameras) for m in camera_mounts(k, config.cameras)]
     return {
         "format": "adcloud.synth.truth",
         "version": TRUTH_VERSION,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from adcloud.synth import SynthError
+from adcloud.synth import DriveConfig, SynthError
 from adcloud.synth.command import add_parser, run_demo
 
 
@@ -141,3 +141,20 @@ def test_demo_part_names_a_rosbag2_drive_as_a_directory(
     result = run_demo(tmp_path, _console()[0], seconds=0.3, quiet=True)
     assert result.bag == tmp_path / "synth" / "drive"
     assert (result.bag / "drive.mcap").is_file() and (result.bag / "metadata.yaml").is_file()
+
+
+def test_help_offers_only_gps_rates_the_drive_accepts(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--gps-hz`` said "1..10 Hz", but 3, 6, 7 and 9 Hz are refused (no whole-nanosecond
+    period): the help lists the rates that work."""
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["synth", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    listed = re.search(r"--gps-hz HZ GPS rate in Hz: ([\d., or]+) \(", out)
+    assert listed is not None, out
+    rates = [float(v) for v in re.findall(r"[\d.]+", listed.group(1))]
+    assert rates == [1, 2, 2.5, 4, 5, 8, 10]
+    for hz in rates:
+        DriveConfig(gps_hz=hz).validate()
+    for hz in (3.0, 6.0, 7.0, 9.0):
+        with pytest.raises(SynthError, match="whole-nanosecond"):
+            DriveConfig(gps_hz=hz).validate()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from adcloud.config import load_settings
 from adcloud.errors import AdcloudError
-from adcloud.synth import DriveConfig, DriveResult, SynthError
+from adcloud.synth import DriveConfig, DriveResult, SynthError, generate_drive
 from tests.synth.conftest import SMALL
 
 
@@ -90,3 +91,55 @@ def test_effective_config_is_written_next_to_the_drive(small_drive: DriveResult)
     written = json.loads((small_drive.truth / "config.json").read_text())["synth"]
     rebuilt = load_settings(DriveConfig, "synth", environ={}, **written)
     assert rebuilt == SMALL
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"lidar": "no"}, "lidar must be true or false, not 'no'"),
+        ({"seconds": "5"}, "seconds must be a number, not '5'"),
+        ({"lidar_beams": 16.5}, "lidar_beams must be an integer, not 16.5"),
+        ({"seed": 7.5}, "seed must be an integer, not 7.5"),
+        ({"cameras": True}, "cameras must be an integer, not True"),
+        ({"gps_outage": 5}, "gps_outage must be a tuple of numbers, not 5"),
+        ({"gps_outage": (None, 1.0)}, "gps_outage must be a tuple of numbers"),
+    ],
+)
+def test_settings_of_the_wrong_type_are_refused_before_anything_is_written(
+    change: dict[str, object], words: str, tmp_path: Path
+) -> None:
+    """A notebook's ``DriveConfig(lidar="no")`` recorded the LiDAR (and config.json said
+    ``"no"``, which reads back as off); ``seconds="5"`` failed with a bare ``TypeError``;
+    ``lidar_beams=16.5`` or ``seed=7.5`` passed validation and failed the drive half-way."""
+    config = DriveConfig(**{"seconds": 0.2, **change})  # type: ignore[arg-type]
+    with pytest.raises(SynthError, match="invalid synth settings") as info:
+        config.validate()
+    assert words in str(info.value)
+    with pytest.raises(SynthError, match="invalid synth settings"):
+        generate_drive(config, tmp_path / "typed.bag")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_numpy_scalars_make_the_drive_their_plain_values_make(tmp_path: Path) -> None:
+    """A seed from ``rng.integers`` or a float32 duration passed validation, and the whole
+    drive was computed before config.json failed on them ("Object of type int64 is not JSON
+    serializable"), leaving nothing."""
+    config = DriveConfig(
+        seconds=np.float32(0.25),  # type: ignore[arg-type]
+        seed=np.int64(4),  # type: ignore[arg-type]
+        lidar=np.bool_(False),  # type: ignore[arg-type]
+        camera=False,
+        truth_raster=False,
+        gps_outage=[np.float64(0.1), 0.05],  # type: ignore[arg-type]
+    )
+    assert config == DriveConfig(
+        seconds=float(np.float32(0.25)),
+        seed=4,
+        lidar=False,
+        camera=False,
+        truth_raster=False,
+        gps_outage=(0.1, 0.05),
+    )
+    drive = generate_drive(config, tmp_path / "numpy.bag")
+    written = json.loads((drive.truth / "config.json").read_text())["synth"]
+    assert load_settings(DriveConfig, "synth", environ={}, **written) == config
