@@ -335,16 +335,21 @@ def cache_dir() -> Path:
     return base / "adcloud" / "binpipe"
 
 
-def file_version(fs: Any, path: str, uri: str) -> str:
-    """What tells one version of a file from the next, as its filesystem reports it: the
-    size and the modification stamps (mtime, ETag, ...), as text for messages;
-    :class:`BagError` naming ``uri`` when the file is missing."""
+def _stat(fs: Any, path: str, uri: str) -> dict[str, Any]:
+    """``fs.info(path)``; :class:`BagError` naming ``uri`` when it fails."""
     try:
-        info = fs.info(path)
+        return dict(fs.info(path))
     except FileNotFoundError as err:
         raise BagError(f"{uri}: no such file") from err
     except OSError as err:
         raise BagError(f"{uri}: cannot stat: {err}") from err
+
+
+def file_version(fs: Any, path: str, uri: str) -> str:
+    """What tells one version of a file from the next, as its filesystem reports it: the
+    size and the modification stamps (mtime, ETag, ...), as text for messages;
+    :class:`BagError` naming ``uri`` when the file is missing."""
+    info = _stat(fs, path, uri)
     # not "created": for local files that is st_ctime, which a chmod or a rename changes
     stamps = [
         f"{key} {info[key]}" for key in _TIME_KEYS if key != "created" and info.get(key) is not None
@@ -358,12 +363,7 @@ def fingerprint(fs: Any, path: str, uri: str) -> str:
     Falls back to a SHA-256 of the content when the filesystem reports no
     modification time or ETag.
     """
-    try:
-        info = fs.info(path)
-    except FileNotFoundError as err:
-        raise BagError(f"{uri}: no such file") from err
-    except OSError as err:
-        raise BagError(f"{uri}: cannot stat: {err}") from err
+    info = _stat(fs, path, uri)
     digest = hashlib.sha256()
     digest.update(uri.encode())
     digest.update(str(info.get("size")).encode())

@@ -647,6 +647,14 @@ class LocalStore(BaseStore):
         raw = VerifyingReader(self._ufs.open(row.path), self._rel(row.path), row.size, expect)
         return cast(BinaryIO, io.BufferedReader(raw, buffer_size=1 << 20))
 
+    def _cached_tier(self, row: FileRow) -> Tier | None:
+        """The tier holding ``row``'s bytes; None when only the under-store has them
+        (:class:`StoreDataLostError` when nothing has: a cached copy lost unpersisted)."""
+        tier = self._by_level.get(row.tier) if row.tier is not None else None
+        if tier is None and row.persistence != PersistenceState.PERSISTED:
+            raise self._lost(row)
+        return tier
+
     def _lost(self, row: FileRow) -> StoreDataLostError:
         return StoreDataLostError(
             f"{self._rel(row.path)} is lost: it was written {row.write_type} and its cached "
@@ -667,10 +675,8 @@ class LocalStore(BaseStore):
         key = self._key(path)
         for _ in range(_READ_RETRIES):
             row = self._visible(key)
-            tier = self._by_level.get(row.tier) if row.tier is not None else None
+            tier = self._cached_tier(row)
             if tier is None:
-                if row.persistence != PersistenceState.PERSISTED:
-                    raise self._lost(row)
                 with self._ufs.open(row.path) as stream:
                     stream.seek(offset)
                     data = stream.read(length)
@@ -701,10 +707,8 @@ class LocalStore(BaseStore):
         key = self._key(path)
         for _ in range(_READ_RETRIES):
             row = self._visible(key)
-            tier = self._by_level.get(row.tier) if row.tier is not None else None
+            tier = self._cached_tier(row)
             if tier is None:
-                if row.persistence != PersistenceState.PERSISTED:
-                    raise self._lost(row)
                 with self._ufs.open(row.path) as stream:
                     data = stream.read()
                 self._verify(row, data, "UFS")
