@@ -106,12 +106,7 @@ def join_member(uri: str, member: str) -> str:
 
 def file_size(fs: Any, path: str, uri: str) -> int:
     """Size of a file in bytes; :class:`BagError` naming ``uri`` when it is missing."""
-    try:
-        return int(fs.size(path))
-    except FileNotFoundError as err:
-        raise BagError(f"{uri}: no such file") from err
-    except OSError as err:
-        raise BagError(f"{uri}: cannot stat: {err}") from err
+    return int(_stat(fs, path, uri)["size"])
 
 
 def read_range(fs: Any, path: str, start: int, end: int, *, uri: str, where: str) -> bytes:
