@@ -22,7 +22,8 @@ tries the pointer's step and then every ``step-*`` directory newest first, and f
 past a corrupt or truncated checkpoint with a warning naming the key and byte offset (a
 :class:`~adcloud.train.errors.CheckpointError`).  Every trainer checks every file of the
 candidate, so all trainers of a run resume from the same step.  Rank 0 keeps the newest
-``keep`` checkpoints and deletes older ones.
+``keep`` checkpoints up to the one it just wrote and deletes older ones, and any past it (an
+unusable one the run resumed before).
 
 Restoring gives the model and optimizer state, the data position and the RNG states, so a
 resumed run computes exactly what the uninterrupted run would have (see
@@ -264,7 +265,7 @@ class Checkpointer:
             if self._wait_for_parts(base, world):
                 pointer = {"run": self.run, "step": step, "key": base, "world": world}
                 self._put(_pointer_key(self.run), json.dumps(pointer).encode())
-                self._prune()
+                self._prune(step)
                 log.info(
                     "run %s: checkpoint at step %d in %s%s", self.run, step, self.store.uri, base
                 )
@@ -291,9 +292,24 @@ class Checkpointer:
             time.sleep(pause)
             pause = min(pause * 2, 0.02)
 
-    def _prune(self) -> None:
+    def _prune(self, step: int) -> None:
+        """Keep the newest ``keep`` checkpoints up to ``step``, the one just published.
+
+        One past it is one the run resumed before (restoring skipped it: incomplete or
+        corrupt, left by a killed attempt): counted among the newest, it would take the
+        place of good ones (with ``keep=1``, of the one just written) and be all a later
+        resume finds; it goes instead."""
         steps = _listed_steps(self.store, self.run)
-        for old in steps[self.keep :]:
+        newer = [s for s in steps if s > step]
+        if newer:
+            log.warning(
+                "run %s: removing unusable checkpoint(s) at step(s) %s, past the step %d the "
+                "run resumed before",
+                self.run,
+                ", ".join(map(str, newer)),
+                step,
+            )
+        for old in newer + [s for s in steps if s <= step][self.keep :]:
             try:
                 self.store.delete(_dir_key(self.run, old), recursive=True)
             except StoreNotFoundError:

@@ -128,10 +128,10 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
         PLOT_FILE,
         check_eval_target,
         evaluate_model,
+        model_task,
     )
     from adcloud.train.export import inspect_model  # noqa: PLC0415
     from adcloud.train.job import bag_uris  # noqa: PLC0415
-    from adcloud.train.task import get_task  # noqa: PLC0415
 
     # a missing bag, a missing or corrupt model, one of an unknown task, or an --out that is
     # a file fails before Spark starts
@@ -139,8 +139,7 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
         check_eval_target(args.out)
     bag_uris([b for b in args.bags if b.strip()])  # raises naming a bag or glob not there
     info = inspect_model(args.model)
-    options = info.get("config", {}).get("task_options", {}) if info.get("config") else {}
-    get_task(str(info.get("task")), options)
+    model_task(info, str(info["path"]))
     spark = _session(args)
     with console.status(f"scoring {info['path']} on {spark.sparkContext.master}"):
         evaluation = evaluate_model(

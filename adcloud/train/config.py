@@ -3,7 +3,7 @@
 Build it directly, or with :meth:`TrainConfig.load` (``adcloud.config.load_settings``) so that
 a settings file's ``train:`` section and ``ADCLOUD_TRAIN_<FIELD>`` environment variables
 override the defaults (``ADCLOUD_TRAIN_SYNC=ps``, ``ADCLOUD_TRAIN_BAGS=a.bag,b.bag``,
-``ADCLOUD_TRAIN_TASK_OPTIONS='{"voxel": 0.2}'``).  :meth:`TrainConfig.validate` raises
+``ADCLOUD_TRAIN_TASK_OPTIONS='{"preset": "full"}'``).  :meth:`TrainConfig.validate` raises
 :class:`~adcloud.train.errors.TrainError` naming every bad field.
 
 Units: ``lr`` per optimizer step, ``sync_timeout_s`` in seconds.  ``batch_size`` is the
@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import typing
 from collections.abc import Mapping
@@ -265,6 +266,10 @@ class TrainConfig:
             value = getattr(self, item.name)
             if (plain := _plain(value)) is not value:
                 object.__setattr__(self, item.name, plain)
+            elif item.type == "str" and isinstance(value, os.PathLike):
+                # a notebook's out=run_dir / "seg", as bags=Path(...) is taken: a path is
+                # its text (settings.json holds it, run ids digest it)
+                object.__setattr__(self, item.name, os.fspath(value))
         # store_options="root=/tmp/x" is one option, as bags="drive.bag" is one bag
         object.__setattr__(self, "store_options", names(self.store_options))
         for name in ("bags", "heldout_bags"):  # bags="drive.bag" is one bag
@@ -336,6 +341,10 @@ class TrainConfig:
         need(
             0 <= self.final_lr_ratio <= 1,
             f"final_lr_ratio must be in [0, 1], not {self.final_lr_ratio}",
+        )
+        need(
+            -(2**63) <= self.seed < 2**64,  # what torch.manual_seed takes
+            f"seed must be in [-2**63, 2**64), not {self.seed}",
         )
         need(self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0: no checkpoints)")
         need(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")

@@ -59,6 +59,7 @@ __all__ = [
     "evaluate_model",
     "input_mismatch",
     "input_shapes",
+    "model_task",
     "score_bag_samples",
     "score_parameters",
     "score_samples",
@@ -602,6 +603,29 @@ def check_eval_target(out: str | os.PathLike[str]) -> None:
         )
 
 
+def model_task(meta: Mapping[str, Any], where: str) -> Task:
+    """The task, with its options, that an export's ``metadata.json`` (``meta``, of the model
+    at ``where``) was trained for: its ``task`` and ``config.task_options``.  Raises
+    :class:`ExportError` naming the file when they are missing or not what a run writes."""
+    name = meta.get("task")
+    if not isinstance(name, str):
+        raise ExportError(
+            f"{where}/metadata.json: no 'task' to evaluate with (models written by "
+            "adcloud train run name theirs)"
+        )
+    config = meta.get("config")
+    options = config.get("task_options", {}) if isinstance(config, Mapping) else {}
+    if not isinstance(options, Mapping):
+        raise ExportError(
+            f"{where}/metadata.json: config.task_options is {type(options).__name__} "
+            f"{options!r}, not an object of the task's options"
+        )
+    try:
+        return get_task(name, options)
+    except TrainError as err:  # a task or option this adcloud does not know: say whose
+        raise ExportError(f"{where}/metadata.json: {err}") from err
+
+
 def evaluate_model(
     spark: SparkSession,
     model: str | os.PathLike[str],
@@ -640,15 +664,7 @@ def evaluate_model(
         _, meta = load_exported(directory)
         program = (directory / PROGRAM_FILE).read_bytes()
     shown = model_location(model)
-    name = meta.get("task")
-    if not isinstance(name, str):
-        raise ExportError(
-            f"{shown}/metadata.json: no 'task' to evaluate with (models written by "
-            "adcloud train run name theirs)"
-        )
-    config = meta.get("config")
-    options = config.get("task_options", {}) if isinstance(config, Mapping) else {}
-    task = _counting(get_task(name, options))
+    task = _counting(model_task(meta, shown))
     weights = dataclasses.replace(
         _broadcast(spark, "exported", program), inputs=_input_shapes(meta), name=shown
     )

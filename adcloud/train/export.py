@@ -364,6 +364,11 @@ def _read_metadata(directory: Path) -> dict[str, Any]:
     for key in ("model", "latency_ms", "runtime", "files", "code"):
         if not isinstance(meta.get(key), dict):
             raise ExportError(f"{meta_path}: field {key!r} is missing or not an object")
+    if not isinstance(meta["files"].get(PROGRAM_FILE), dict):
+        raise ExportError(
+            f"{meta_path}: field 'files.{PROGRAM_FILE}' (its size and SHA-256) is missing or "
+            "not an object; export the model again"
+        )
     return meta
 
 
@@ -471,6 +476,14 @@ def _si(value: float) -> str:
     return f"{value:g}"
 
 
+def _number(value: Any) -> float:
+    """``value`` as a float, NaN where it is no number (a metadata.json edited by hand, or
+    written by another tool): the table shows what is there instead of failing on it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return float("nan")
+    return float(value)
+
+
 def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -496,26 +509,27 @@ def inspection_table(info: Mapping[str, Any]) -> Table:
     table = Table(title=f"exported model {info.get('path', '')}")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    model = info.get("model", {})
-    latency = info.get("latency_ms", {})
-    runtime = info.get("runtime", {})
-    code = info.get("code", {})
-    nan = float("nan")
+    model, latency, runtime, code = (
+        value if isinstance(value := info.get(key), Mapping) else {}
+        for key in ("model", "latency_ms", "runtime", "code")
+    )
     rows: list[tuple[str, str]] = []
     if "task" in info:
         rows.append(("task", _short(info["task"])))
+    listed = model.get("inputs")
     inputs = ", ".join(
-        f"{i.get('dtype', '?')}{i.get('shape', '')}" for i in model.get("inputs", [])
+        f"{i.get('dtype', '?')}{i.get('shape', '')}" if isinstance(i, Mapping) else "?"
+        for i in (listed if isinstance(listed, list) else [])
     )
     rows += [
         ("model", str(model.get("class", "?"))),
-        ("parameters", _si(float(model.get("parameters", 0)))),
-        ("MACs / forward", _si(float(model.get("macs", 0)))),
+        ("parameters", _si(_number(model.get("parameters")))),
+        ("MACs / forward", _si(_number(model.get("macs")))),
         ("inputs", inputs),
         (
             "latency (ms)",
-            f"p50 {float(latency.get('p50', nan)):.3f}, p99 {float(latency.get('p99', nan)):.3f}"
-            f" ({int(latency.get('runs', 0))} runs)",
+            f"p50 {_number(latency.get('p50')):.3f}, p99 {_number(latency.get('p99')):.3f}"
+            f" ({_number(latency.get('runs')):.0f} runs)",
         ),
         ("device", f"{runtime.get('device', '?')} {runtime.get('device_name', '')}".strip()),
         ("torch", str(runtime.get("torch", "?"))),
@@ -526,12 +540,13 @@ def inspection_table(info: Mapping[str, Any]) -> Table:
         rows += [(f"metric {k}", _short(v)) for k, v in sorted(metrics.items())]
     training = info.get("training", {})
     curve = training.get("validation") if isinstance(training, Mapping) else None
-    if isinstance(curve, list) and curve and isinstance(curve[-1], Mapping):
-        name = "miou" if "miou" in curve[-1] else next((k for k in curve[-1] if k != "step"), "")
+    points = [v for v in curve if isinstance(v, Mapping)] if isinstance(curve, list) else []
+    if points:
+        name = "miou" if "miou" in points[-1] else next((k for k in points[-1] if k != "step"), "")
         rows.append(
             (
                 f"held-out {name} by step",
-                "  ".join(f"{v.get('step')}: {_short(v.get(name))}" for v in curve),
+                "  ".join(f"{v.get('step')}: {_short(v.get(name))}" for v in points),
             )
         )
     rows += _manifest_rows(info.get("data", []))

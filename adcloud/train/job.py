@@ -993,7 +993,10 @@ def _barrier_train(
     cuda_index = _cuda_index(context, rank)
     sync = _open_sync(config, context, rank, world, run, cuda_index)
     validate = None
-    if config.eval_every and isinstance(task, CountingTask):
+    # as run_training decides it (every trainer alike: a trainer's share of the held-out
+    # samples may be empty); without held-out bags there is nothing to score, and the
+    # counts of no sample would make a validation curve of NaN
+    if config.eval_every and config.heldout_bags and isinstance(task, CountingTask):
         validate = functools.partial(
             _validate_shard,
             task=task,
@@ -1438,6 +1441,12 @@ def run_training(
     config = config.validate()
     task = load_task(config) if task is None else task
     validating = bool(config.eval_every and config.heldout_bags)
+    if config.eval_every and not config.heldout_bags:
+        log.warning(
+            "train.eval_every=%d scores the held-out bags while training, but "
+            "train.heldout_bags is empty: there is no validation curve",
+            config.eval_every,
+        )
     if validating and not isinstance(task, CountingTask):
         raise TrainError(
             f"train.eval_every scores the held-out bags during training, which needs a task "

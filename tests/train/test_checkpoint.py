@@ -271,6 +271,31 @@ def test_a_corrupt_newest_checkpoint_falls_back_with_a_warning(
     assert resumed.start_step == 4
 
 
+def test_a_run_resumed_before_a_broken_checkpoint_keeps_its_good_ones(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trainer killed while saving step 8 leaves it incomplete; the run resumes from step
+    4 and, saving more often now (checkpoint_every does not name the run), keeps one
+    checkpoint.  Pruning counted the incomplete step 8 as the newest and deleted the
+    checkpoint just written at step 6: the next resume found nothing and trained afresh."""
+    store = _checkpointed(tmp_path, "torn")
+    store.delete("/torn/checkpoints/step-000000008/rank-0")  # killed while saving
+    config = toy_config("torn", tmp_path, steps=12, checkpoint_every=2, keep_checkpoints=1)
+    crashy = DropoutTask(fail_after=3)  # crashes in step 8, after saving step 6
+    with (
+        caplog.at_level(logging.WARNING, logger="adcloud.train.checkpoint"),
+        pytest.raises(RuntimeError, match="simulated crash"),
+    ):
+        run_toy(config, crashy)
+    steps = sorted(e.name for e in store.list("/torn/checkpoints") if e.is_dir)
+    assert steps == ["step-000000006"]
+    assert "removing unusable checkpoint(s) at step(s) 8, past the step 6" in caplog.text
+    resumed = run_toy(config)
+    assert resumed.start_step == 6
+    whole = run_toy(toy_config("whole", tmp_path, steps=12, checkpoint_every=2))
+    assert_same_parameters(resumed, whole)
+
+
 def test_truncated_and_missing_parts_name_the_key_and_offset(tmp_path: Path) -> None:
     store = _checkpointed(tmp_path, "broken")
     # step 8 loses its rank part (an incomplete checkpoint), step 4 is truncated

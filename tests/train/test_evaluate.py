@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -36,7 +37,7 @@ from adcloud.train.evaluate import EVAL_FILE, PLOT_FILE, evaluate_model, score_p
 from adcloud.train.export import export_model, inspect_model, inspection_table
 from adcloud.train.job import run_training
 from adcloud.train.lidar import NUM_CLASSES
-from adcloud.train.task import CountingTask, Sample, get_task
+from adcloud.train.task import CountingTask, PointCloudSample, Sample, get_task
 from adcloud.train.tensors import encode_tensors
 
 from . import test_job
@@ -514,3 +515,86 @@ def test_an_eval_output_that_is_a_file_is_refused_before_scoring(
     with pytest.raises(TrainError, match=says):
         _call(["train", "eval", "--model", str(path), "--bags", "x.bag", "--out", str(taken)])
     assert taken.read_text() == "{}"
+
+
+class _SparkStartedError(Exception):
+    """Raised where ``adcloud train eval`` would start Spark: its checks passed."""
+
+
+def test_eval_names_task_options_in_a_damaged_metadata_file_before_spark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model's metadata.json whose config or task_options are not what a run writes
+    (edited by hand, or by another tool): ``adcloud train eval`` failed with an
+    AttributeError or ValueError traceback; now the file and the field are named, before
+    Spark starts, and a config that holds no task options scores with the task's own."""
+    rng = np.random.default_rng(0)
+    sweeps: list[Sample] = [
+        PointCloudSample(
+            0,
+            rng.normal(0, 10, (n, 4)).astype(np.float32),
+            rng.integers(1, NUM_CLASSES, n).astype(np.uint8),
+        )
+        for n in (300, 200)
+    ]
+    torch.manual_seed(0)
+    path = _export("lidar_seg", get_task("lidar_seg").build_model(), sweeps, tmp_path / "m")
+    bag = tmp_path / "a.bag"
+    bag.write_bytes(b"")
+
+    def spark_starts(args: argparse.Namespace) -> None:
+        raise _SparkStartedError
+
+    monkeypatch.setattr(command, "_session", spark_starts)
+    meta = json.loads((path / "metadata.json").read_text())
+    argv = ["train", "eval", "--model", str(path), "--bags", str(bag)]
+    for options in ("voxel=0.2", ["voxel"]):
+        (path / "metadata.json").write_text(
+            json.dumps({**meta, "config": {"task_options": options}})
+        )
+        with pytest.raises(
+            ExportError,
+            match=re.escape(f"{path}/metadata.json: config.task_options is ")
+            + f"{type(options).__name__} .*not an object of the task's options",
+        ):
+            _call(argv)
+    (path / "metadata.json").write_text(json.dumps({**meta, "config": {"task_options": {"x": 1}}}))
+    with pytest.raises(
+        ExportError, match=re.escape(f"{path}/metadata.json: unknown lidar_seg option 'x'")
+    ):
+        _call(argv)
+    (path / "metadata.json").write_text(json.dumps({**meta, "config": ["steps"]}))
+    with pytest.raises(_SparkStartedError):
+        _call(argv)
+
+
+@pytest.mark.parametrize("mode", ["allreduce", "ps"])
+def test_eval_every_without_heldout_bags_makes_no_validation_curve(
+    spark: SparkSession,
+    odom_drive: DriveResult,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    mode: str,
+) -> None:
+    """train.eval_every with no held-out bags: the trainers of a barrier stage scored their
+    empty held-out shares at every eval_every-th step, and the run reported (table,
+    result.json, loss.png, the model's metadata) a validation curve of NaN scores.  Now
+    there is no curve, as in a single-process run, and the run says why."""
+    out = tmp_path / "out"
+    cfg = config(
+        tmp_path,
+        sync=mode,
+        bags=(str(odom_drive.bag),),
+        steps=4,
+        eval_every=2,
+        checkpoint_every=0,
+        out=str(out),
+    )
+    with caplog.at_level(logging.WARNING, logger="adcloud.train.job"):
+        result = run_training(spark, cfg, task=SummingLinearTask())
+    assert result.steps == 4 and result.validation == ()
+    assert json.loads((out / "result.json").read_text())["validation"] == []
+    meta = json.loads((out / "model" / "metadata.json").read_text())
+    assert meta["training"]["validation"] == []
+    assert "train.eval_every=2 scores the held-out bags" in caplog.text
+    assert "train.heldout_bags is empty" in caplog.text

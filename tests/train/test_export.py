@@ -220,6 +220,37 @@ def test_corrupt_program_is_refused_naming_the_file(
         inspect_model(d)
 
 
+def test_metadata_damaged_by_hand_is_named_or_shown_as_it_is(
+    lidar_export: tuple[ExportedModel, Any, Any], tmp_path: Path
+) -> None:
+    """A metadata.json edited by hand (or by another tool): the program's entry that is no
+    object is refused naming the field, not an AttributeError; fields the table shows that
+    hold other types are shown as they are (nan, ?), not a ValueError or TypeError."""
+    exported, _, _ = lidar_export
+    d = _copy(exported, tmp_path / "m")
+    meta_path = d / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    for entry in ("?", None):
+        meta_path.write_text(json.dumps({**meta, "files": {"model.pt2": entry}}))
+        with pytest.raises(
+            ExportError, match=re.escape(str(meta_path)) + r": field 'files\.model\.pt2'"
+        ):
+            inspect_model(d)
+    odd = json.loads(json.dumps(meta))
+    odd["model"].update(parameters="many", macs=None, inputs=[1, {"dtype": "uint8"}])
+    odd["latency_ms"].update(p50=None, p99="fast", runs="50")
+    odd["training"] = {"validation": ["?", {"step": 3, "miou": 0.5}]}
+    meta_path.write_text(json.dumps(odd))
+    console = Console(record=True, width=200)
+    console.print(inspection_table(inspect_model(d)))
+    text = console.export_text()
+    assert "p50 nan, p99 nan (nan runs)" in text
+    assert "?, uint8" in text and "held-out miou by step │ 3: 0.5" in text
+    odd["model"]["inputs"] = "points"
+    console.print(inspection_table({**odd, "path": str(d)}))
+    assert "PolarBevSegNet" in console.export_text()
+
+
 def test_bad_metadata_is_refused_before_writing(tmp_path: Path) -> None:
     model = torch.nn.Linear(3, 2)
     x = (torch.randn(2, 3),)

@@ -358,6 +358,27 @@ def test_values_of_another_type_are_named() -> None:
         TrainConfig(steps=np.float64(7.5)).validate()  # type: ignore[arg-type]
 
 
+def test_paths_are_taken_where_a_setting_is_a_place(tmp_path: Path) -> None:
+    """A notebook's out=run_dir / "seg" was refused as "out must be text, not PosixPath",
+    while bags=Path(...) is taken: a path is its text, in the run id and settings.json."""
+    given: Any = {"out": tmp_path / "{run}", "etl_dir": tmp_path / "etl"}
+    config = TrainConfig(bags=tmp_path / "a.bag", **given).validate()
+    assert (config.out, config.etl_dir) == (f"{tmp_path}/{{run}}", f"{tmp_path}/etl")
+    assert config == TrainConfig(bags=f"{tmp_path}/a.bag", **{k: str(v) for k, v in given.items()})
+    assert config.output_dir("r") == f"{tmp_path}/r"
+    json.dumps(config.to_dict())
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
+def test_a_seed_torch_cannot_take_is_named(seed: int) -> None:
+    # --set seed=18446744073709551616 failed once the bags were decoded, in torch.manual_seed,
+    # with "ValueError: Overflow when unpacking long long"
+    with pytest.raises(TrainError, match=rf"seed must be in \[-2\*\*63, 2\*\*64\), not {seed}$"):
+        TrainConfig(seed=seed).validate()
+    for fine in (2**64 - 1, -(2**63), -1):
+        assert TrainConfig(seed=fine).validate().seed == fine
+
+
 def test_zero_workers_are_named_not_divided_by() -> None:
     # workers=0 (--set workers=0) ended in a ZeroDivisionError traceback from the batch check
     with pytest.raises(TrainError, match=r"invalid train settings: workers must be >= 1, not 0$"):
