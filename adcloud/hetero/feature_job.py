@@ -36,7 +36,6 @@ import zipfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -85,8 +84,9 @@ class FeatureJobResult:
 
 
 def _absolute(url: str) -> str:
-    """Local paths made absolute; URLs with a scheme unchanged."""
-    return url if "://" in url else str(Path(url).expanduser().resolve())
+    """Local paths made absolute; URLs with a scheme unchanged.  Symlinks are kept (as
+    BinPipe keeps them): errors name a bag as the user gave it, not its link target."""
+    return url if "://" in url else os.path.abspath(os.path.expanduser(url))  # noqa: PTH100, PTH111
 
 
 #: What a feature job writes into its output directory (and may replace there).

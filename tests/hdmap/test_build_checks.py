@@ -294,8 +294,11 @@ def test_labels_with_no_drive_to_map_on_an_empty_map_say_nothing_was_written(
     args = ["hdmap", "build", "--bags", str(cut), "--map", uri, "--labels", str(labels)]
     for extra in (["--dry-run"], []):
         assert main([*args, "--skip-bad-bags", *extra]) == 0
-        said = " ".join(capsys.readouterr().out.split())
+        out = capsys.readouterr().out
+        said = " ".join(out.split())
         assert "the map has no version yet and no new drive" in said
-        assert f"the labels of {labels} go into its first version, with its drives" in said
+        # the console may break the long path anywhere: compare without any white space
+        expected = f"the labels of {labels} go into its first version, with its drives"
+        assert "".join(expected.split()) in "".join(out.split())
         assert "in it already" not in said and "a new version with the labels" not in said
     assert not Path(uri).exists()
