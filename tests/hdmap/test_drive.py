@@ -110,7 +110,8 @@ def test_check_topics_reads_the_index_and_names_what_to_set(
         check_topics(str(unindexed), DriveTopics(), origin_known=False, mounts_known=False)
     cut = tmp_path / "cut.bag"
     cut.write_bytes(data[: len(data) // 2])
-    with pytest.raises(DriveDataError, match=r"cut\.bag: .*before its index .* still being copied, or was cut off"):
+    cut_off = r"cut\.bag: .*before its index .* still being copied, or was cut off"
+    with pytest.raises(DriveDataError, match=cut_off):
         check_topics(str(cut), DriveTopics(), origin_known=False, mounts_known=False)
 
 
