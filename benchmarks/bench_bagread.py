@@ -9,14 +9,17 @@ the same run):
 - ``read_partition``: every partition of ``plan_partitions`` (as ``from_bags`` plans
   for two cores: ~64 MiB partitions, at least two), each message's data touched;
 - ``_bag_blocks``: the same partitions read *and* encoded into BinPipe blocks, as a
-  Spark task of ``BinPipeRDD.from_bags`` does.
+  Spark task of ``BinPipeRDD.from_bags`` does;
+- ``local:// read``: ``read_partition`` of the same bag stored in the local tiered store's
+  MEM tier (``/dev/shm``), read through ``adcloud.store.filesystem`` and
+  ``LocalStore.read_range`` (skipped with ``--no-store``).
 
 Bags: a generated LiDAR bag (``bench_binpipe.write_bag``: lz4 chunks of 16k-point
 PointCloud2 plus 10 small Imu per cloud) and the bz2 husky bag of the shared data.
 MB/s is bag file bytes per second.
 
     .venv/bin/python benchmarks/bench_bagread.py [--bag-mb 100] [--rounds 7] [--profile]
-        [--bag KEEP.bag] [--husky PATH]
+        [--bag KEEP.bag] [--husky PATH] [--no-store]
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ import argparse
 import cProfile
 import gc
 import pstats
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rosbags.rosbag1 import Reader as Ros1Reader
 
@@ -41,6 +46,7 @@ from bench_binpipe import write_bag
 from adcloud.binpipe.bags import BagPartition, plan_partitions, read_partition
 from adcloud.binpipe.codec import DEFAULT_BLOCK_BYTES
 from adcloud.binpipe.rdd import DEFAULT_PARTITION_BYTES, _bag_blocks
+from adcloud.store import LocalStore
 
 HUSKY = (
     Path(__file__).resolve().parents[1]
@@ -61,8 +67,25 @@ def rosbags_read(path: Path) -> int:
     return n
 
 
-def partitions(path: Path) -> list[BagPartition]:
-    return plan_partitions(str(path), partition_bytes=DEFAULT_PARTITION_BYTES, min_partitions=2)
+def partitions(path: Path | str, options: dict[str, Any] | None = None) -> list[BagPartition]:
+    return plan_partitions(
+        str(path),
+        partition_bytes=DEFAULT_PARTITION_BYTES,
+        min_partitions=2,
+        storage_options=options,
+    )
+
+
+def stored(path: Path, options: dict[str, Any]) -> str:
+    """``path`` put into the MEM tier of the store ``options`` open; its URL."""
+    with LocalStore("local://", background=False, **options) as store:
+        with (
+            path.open("rb") as src,
+            store.open(f"/bench/{path.name}", "wb", write_type="MUST_CACHE") as out,
+        ):
+            shutil.copyfileobj(src, out, 8 << 20)
+        assert store.stat(f"/bench/{path.name}").tier == "MEM"
+    return f"local:///bench/{path.name}"
 
 
 def ours_read(parts: list[BagPartition]) -> int:
@@ -80,7 +103,9 @@ def ours_blocks(parts: list[BagPartition]) -> int:
     return n
 
 
-def bench(name: str, path: Path, rounds: int) -> dict[str, float]:
+def bench(
+    name: str, path: Path, rounds: int, store: dict[str, Any] | None = None
+) -> dict[str, float]:
     """Wall-clock MB/s (median and best of ``rounds``, interleaved) and ratios to rosbags.
 
     The CPU column is MB per second of this process's CPU time (user + system): less
@@ -93,7 +118,12 @@ def bench(name: str, path: Path, rounds: int) -> dict[str, float]:
         "read_partition": lambda: ours_read(parts),
         "_bag_blocks": lambda: ours_blocks(parts),
     }
+    if store is not None:
+        in_store = partitions(stored(path, store), store)
+        runs["local:// read"] = lambda: ours_read(in_store)
     assert ours_read(parts) == rosbags_read(path), "payload bytes differ from rosbags"
+    if store is not None:
+        assert ours_read(in_store) == ours_read(parts), "the stored bag reads otherwise"
     for fn in runs.values():
         fn()  # warm-up: imports, caches, the allocator's steady state
     wall: dict[str, list[float]] = {k: [] for k in runs}
@@ -134,15 +164,22 @@ def main() -> None:
     parser.add_argument("--bag", type=Path, help="reuse this generated LiDAR bag")
     parser.add_argument("--husky", type=Path, default=HUSKY, help="the bz2 husky bag")
     parser.add_argument("--profile", action="store_true", help="cProfile _bag_blocks too")
+    parser.add_argument("--no-store", action="store_true", help="skip the local:// reads")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="adcloud-bagread-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="adcloud-bagread-") as tmp,
+        tempfile.TemporaryDirectory(prefix="adcloud-bagread-", dir="/dev/shm") as shm,
+    ):
+        store = None
+        if not args.no_store:  # a store of this run's own: MEM in /dev/shm, room for the bags
+            store = {"root": f"{tmp}/store", "mem_dir": shm, "mem_capacity": "2GiB"}
         lidar = args.bag
         if lidar is None or not lidar.exists():
             lidar = args.bag or Path(tmp) / "lidar.bag"
             write_bag(lidar, args.bag_mb)
-        bench(f"lidar {lidar.name}", lidar, args.rounds)
+        bench(f"lidar {lidar.name}", lidar, args.rounds, store)
         if args.husky.exists():
-            bench(f"husky {args.husky.name}", args.husky, args.rounds)
+            bench(f"husky {args.husky.name}", args.husky, args.rounds, store)
         if args.profile:
             profile(lidar)
             if args.husky.exists():

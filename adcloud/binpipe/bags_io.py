@@ -235,6 +235,8 @@ class WindowReader:
         self._fs = fs
         self._path = path
         self._local = is_local(fs)
+        # a filesystem that reads positioned into a buffer (adcloud's local:// store)
+        self._into = None if self._local else getattr(fs, "read_into", None)
         self.start = start
         self.end = end
         self.uri = uri
@@ -277,7 +279,7 @@ class WindowReader:
         # it (index data) then need no refill that would move the big one again.
         want = min(self.end, max(lo + self._block_bytes, hi + self._block_bytes // 2))
         buf = self.buf
-        if not self._local:
+        if not (self._local or self._into):
             data = read_range(self._fs, self._path, lo + kept, want, uri=self.uri, where=self.where)
             self.buf = b"".join((memoryview(buf)[at : at + kept], data)) if kept else data
         else:
@@ -295,16 +297,20 @@ class WindowReader:
         self.filled = want - lo
 
     def _read_local(self, lo: int, hi: int, into: memoryview) -> None:
-        """Read file bytes ``[lo, hi)`` into ``into`` (a local file, with ``readinto``)."""
+        """Read file bytes ``[lo, hi)`` into ``into`` (a local file, with ``readinto``; a
+        filesystem with ``read_into``)."""
         got = 0
         try:
-            with Path(self._path).open("rb", buffering=0) as f:
-                f.seek(lo)
-                while got < hi - lo:
-                    n = f.readinto(into[got:])
-                    if not n:
-                        break
-                    got += n
+            if self._into is not None:
+                got = self._into(self._path, lo, into[: hi - lo])
+            else:
+                with Path(self._path).open("rb", buffering=0) as f:
+                    f.seek(lo)
+                    while got < hi - lo:
+                        n = f.readinto(into[got:])
+                        if not n:
+                            break
+                        got += n
         except FileNotFoundError as err:
             raise BagError(f"{self.uri}: no such file") from err
         except (OSError, ValueError) as err:

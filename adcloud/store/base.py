@@ -662,6 +662,13 @@ def locate(url: str, **options: Any) -> tuple[Store, str]:
     store, ``/bucket/k``).  The path is taken as written: ``?`` and ``#`` are characters of
     store paths (a file may be named ``a#1``), never a query or a fragment to drop.
     """
+    root, path = split_url(url)
+    return open_store(root, **options), path
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """The store root and the store path of a full URL, as :func:`locate` splits it,
+    without opening the store."""
     scheme = _scheme_of(url)
     netloc, slash, rest = url.split("://", 1)[1].partition("/")
     if scheme in ("local", "alluxio"):
@@ -671,4 +678,4 @@ def locate(url: str, **options: Any) -> tuple[Store, str]:
         root, path = "file:///", slash + rest or "/"
     else:
         root, path = f"{scheme}://", "/" + netloc + slash + rest
-    return open_store(root, **options), normalize_path(path)
+    return root, normalize_path(path)

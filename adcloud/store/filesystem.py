@@ -31,7 +31,7 @@ from typing import IO, Any, BinaryIO, ParamSpec, TypeVar
 from fsspec.spec import AbstractFileSystem
 
 from adcloud.config import STORE_SCHEMES
-from adcloud.store.base import FileStatus, Store, locate
+from adcloud.store.base import FileStatus, Store, locate, split_url
 from adcloud.store.errors import (
     StoreError,
     StoreExistsError,
@@ -205,6 +205,20 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
             return bytes(read_range(path, lo, hi - lo))
         return self._forward_read(path, lo, hi, status)
 
+    @_as_os_errors
+    def read_into(self, path: str, offset: int, buffer: memoryview) -> int:
+        """Read bytes of ``path`` from ``offset`` into ``buffer`` until it is full or the
+        file ends; how many were read.  Straight into the buffer where the store reads
+        positioned (``local://``: no fresh pages for every range a reader refills its
+        window with), else through :meth:`cat_file`."""
+        path = self._strip_protocol(path)
+        read_into = getattr(self.store, "read_into", None)
+        if read_into is not None:
+            return int(read_into(path, offset, buffer))
+        data = self.cat_file(path, start=offset, end=offset + len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
     def _forward_read(self, path: str, lo: int, hi: int, status: FileStatus) -> bytes:
         """Bytes ``[lo, hi)`` from a stream kept open while the reader moves forward."""
         with self._lock:
@@ -325,10 +339,9 @@ def store_filesystem(url: str, **options: Any) -> tuple[StoreFileSystem, str]:
     and the store path in it; :class:`adcloud.store.StoreError` for a malformed URL."""
     if not url.startswith(STORE_SCHEMES):
         raise StorePreconditionError(f"{url} is not a store URL ({', '.join(STORE_SCHEMES)})")
-    store, path = locate(url, **options)
-    fs = StoreFileSystem(store.uri, **options)
-    if fs._store is None:  # a new instance (fsspec hands out cached ones): keep the store
-        fs._store = store
-    else:
-        store.close()
+    root, path = split_url(url)
+    # fsspec hands out one instance per root and options: the store is opened once (a local
+    # store's catalog, an Alluxio client), not on every call -- each task's reader asks
+    fs = StoreFileSystem(root, **options)
+    fs.store  # noqa: B018 - opened now: a malformed URL or bad option fails here
     return fs, path

@@ -661,7 +661,7 @@ class LocalStore(BaseStore):
             "copy is gone (a reboot clears the MEM tier) without ever being persisted"
         )
 
-    def read_range(self, path: str, offset: int, length: int) -> bytes:
+    def read_range(self, path: str, offset: int, length: int) -> bytearray:
         """``length`` bytes of ``path`` from byte ``offset`` (fewer at its end), read where
         the file is -- its tier, or the under-store -- without reading the rest: positioned
         reads of large files, as a Spark task reads its byte range of a bag.
@@ -670,36 +670,45 @@ class LocalStore(BaseStore):
         ranges check what their format carries), and no promotion: a range does not bring
         the whole file up a tier.  A file replaced meanwhile is read whole from one version.
         """
-        if offset < 0 or length < 0:
+        if length < 0:
             raise ValueError(f"offset and length must be >= 0, got {offset}, {length}")
+        buffer = bytearray(length)
+        got = self.read_into(path, offset, memoryview(buffer))
+        del buffer[got:]
+        return buffer
+
+    def read_into(self, path: str, offset: int, buffer: memoryview) -> int:
+        """Read bytes of ``path`` from ``offset`` into ``buffer`` until it is full or the
+        file ends; how many were read.  :meth:`read_range` into a buffer the caller keeps
+        (a reader refilling one window needs no fresh pages for every range)."""
+        if offset < 0:
+            raise ValueError(f"offset and length must be >= 0, got {offset}, {len(buffer)}")
         key = self._key(path)
+        want = len(buffer)
         for _ in range(_READ_RETRIES):
             row = self._visible(key)
             tier = self._cached_tier(row)
+            got = 0
             if tier is None:
                 with self._ufs.open(row.path) as stream:
                     stream.seek(offset)
-                    data = stream.read(length)
+                    raw = cast(io.RawIOBase, stream)  # files of fsspec and io have readinto
+                    while got < want and (n := raw.readinto(buffer[got:])):
+                        got += n
                 self._accessed(row.id)
-                return data
+                return got
             try:
                 fd = os.open(tier.object_path(row.object), os.O_RDONLY)
             except FileNotFoundError:
                 self._forget_missing_copy(row)
                 continue  # moved or replaced meanwhile: read the catalog again
             try:
-                pieces = []
-                got = 0
-                while got < length:  # one pread stops short of 2 GiB
-                    piece = os.pread(fd, length - got, offset + got)
-                    if not piece:
-                        break
-                    pieces.append(piece)
-                    got += len(piece)
+                while got < want and (n := os.preadv(fd, [buffer[got:]], offset + got)):
+                    got += n
             finally:
                 os.close(fd)
             self._accessed(row.id)
-            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            return got
         raise StoreError(f"{self._rel(key)} kept changing while being opened; try again")
 
     def get(self, path: str) -> bytes:

@@ -922,3 +922,20 @@ def test_a_write_stream_onto_a_directory_is_refused_at_open(make_store: MakeStor
     with pytest.raises(StorePreconditionError, match=r"/d is a directory, not a file"):
         store.open("/d", "wb")
     assert store.stat("/d").is_dir
+
+
+def test_read_into_fills_a_buffer_from_the_tier_or_the_under_store(
+    make_store: MakeStore,
+) -> None:
+    store = make_store(**SMALL, promote_on_read=False)
+    data = bytes(range(256)) * 6
+    store.put("/r", data, write_type=WriteType.CACHE_THROUGH)
+    buffer = bytearray(b"\xff" * 2000)
+    assert store.read_into("/r", 1000, memoryview(buffer)[:300]) == 300
+    assert buffer[:300] == data[1000:1300] and buffer[300:] == b"\xff" * 1700
+    assert store.read_into("/r", 1400, memoryview(buffer)) == len(data) - 1400  # the end
+    assert buffer[: len(data) - 1400] == data[1400:]
+    store.free("/r")
+    assert store.stat("/r").tier is None
+    assert store.read_into("/r", 5, memoryview(buffer)[:10]) == 10
+    assert buffer[:10] == data[5:15]
