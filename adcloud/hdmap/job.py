@@ -104,6 +104,7 @@ from adcloud.hdmap.loops import (
     KeyframeArchive,
     LoopClosure,
     LoopSettings,
+    UnplacedDrive,
     find_loop_closures,
 )
 from adcloud.hdmap.model import Extrinsics, Scan
@@ -414,17 +415,16 @@ def _poses(
     keyed = scans.mapPartitions(_on_task_device(device, keyframe_clouds))
     solutions = keyed.groupByKey(numPartitions=max(1, len(segments))).map(solve).collect()
     gps = {name: d.gps for name, d in drives.items()}
-    trajectories = join_segments(
-        solutions, gps, (), stages.poses, loop_settings=stages.loops
-    ).trajectories
+    joined = join_segments(solutions, gps, (), stages.poses, loop_settings=stages.loops)
+    trajectories = joined.trajectories
     closures: list[LoopClosure] = []
     ties = DriveTies()
     keyframes = solution_keyframes(solutions, trajectories)
+    # the map's drives, those too far to be loaded included
+    mapped = set(archive.bounds) - set(drives) if archive is not None else set()
     if stages.poses.loop_closure:
         fixed: list[Keyframe] = []
-        mapped: set[str] = set()  # the map's drives, those too far to be loaded included
         if archive is not None:
-            mapped = set(archive.bounds) - set(drives)
             # the map's keyframes near the new drives, within reach of a loop candidate
             xy = np.array([k.pose[:2, 3] for k in keyframes]).reshape(-1, 2)
             fixed = archive.near(xy, stages.loops.search_radius_m, exclude=set(drives))
@@ -434,16 +434,24 @@ def _poses(
             keyframes, stages.loops, device=device or None, fixed=fixed, map_drives=mapped
         )
         closures = found.closures
-        offsets: dict[str, NDArray[np.float64]] = {}
         if closures:
-            trajectories, offsets = join_segments(
+            joined = join_segments(
                 solutions, gps, closures, stages.poses, loop_settings=stages.loops, fixed=fixed
             )
+            trajectories = joined.trajectories
             keyframes = solution_keyframes(solutions, trajectories)
         ties = DriveTies(
             tuple(found.untied),
-            {drive: (float(x), float(y), float(z)) for drive, (x, y, z) in offsets.items()},
+            {d: (float(x), float(y), float(z)) for d, (x, y, z) in joined.gps_offsets.items()},
             tuple(found.alone),
+        )
+    # With no fix anywhere, the reference drive defines the frame (the origin given is
+    # its start); in a map of earlier drives it and those tied to it rest on that guess.
+    unplaced = [*joined.unanchored, *(joined.reference if mapped else ())]
+    if unplaced:
+        ties = dataclasses.replace(
+            ties,
+            unplaced=tuple(UnplacedDrive(d, len(gps[d].t)) for d in sorted(unplaced)),
         )
     return trajectories, len(closures), keyframes, ties
 

@@ -52,6 +52,7 @@ __all__ = [
     "LoopClosure",
     "LoopSearch",
     "LoopSettings",
+    "UnplacedDrive",
     "UntiedDrives",
     "find_loop_closures",
     "local_keyframe",
@@ -223,6 +224,34 @@ class LoneDrive:
         )
 
 
+@dataclass(frozen=True)
+class UnplacedDrive:
+    """A drive that no GPS fix places in ``map``: none of its own was used (it has
+    ``fixes``, all of them rejected as outliers, or none) and no loop closure ties it, through
+    other drives, to one whose fixes were or to the map's earlier drives. Pose recovery holds
+    its start where its odometry starts -- the map origin, heading east -- which is right
+    only if the drive did start there; its keyframes are then too far from where it drove
+    for a loop closure to be even proposed."""
+
+    drive: str
+    fixes: int
+
+    def note(self) -> str:
+        """The line a person reads in the build's report."""
+        had = (
+            f"all {self.fixes} of its GPS fixes were rejected as outliers"
+            if self.fixes
+            else "it has no GPS fix"
+        )
+        return (
+            f"drive {self.drive} is not placed on the map: {had} and no loop closure ties it "
+            "to a drive that has them, so it was put with its start at the map origin, "
+            "heading east, which is right only if it started there; check its GPS topic "
+            "(hdmap.gps_topic, ADCLOUD_HDMAP_GPS_TOPIC) and receiver, then build it again "
+            "(rollback, then --readmit)"
+        )
+
+
 class LoopSearch(NamedTuple):
     """What :func:`find_loop_closures` found: the verified ``closures``, the pairs of
     drives that came close but were not ``untied`` by any of them, and the drives that came
@@ -240,30 +269,33 @@ class DriveTies:
     each is placed by its own GPS alone), per drive tied by closures, how far its GPS
     fixes read from where the closures put it (x, y, z in m, ``map`` ENU; fix minus pose,
     see :class:`~adcloud.hdmap.poses.JoinedPoses`), and the drives that came close to no
-    other drive (:class:`LoneDrive`). An offset beyond ``LARGE_GPS_OFFSET_M`` is singled out
-    in the notes.
+    other drive (:class:`LoneDrive`), and those that no GPS fix places (:class:`UnplacedDrive`).
+    An offset beyond ``LARGE_GPS_OFFSET_M`` is singled out in the notes.
 
     Stored as ``drive_ties.json`` beside a build's ``report/summary.html``
     (:func:`~adcloud.hdmap.report.write_report`). Format history: 1, the first; 2 adds
-    ``alone`` (``[{"drive", "search_radius_m"}]``; read as none from format 1).
+    ``alone`` (``[{"drive", "search_radius_m"}]``; read as none from format 1); 3 adds
+    ``unplaced`` (``[{"drive", "fixes"}]``; read as none from formats 1 and 2).
     """
 
     untied: tuple[UntiedDrives, ...] = ()
     gps_offsets: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
     alone: tuple[LoneDrive, ...] = ()
+    unplaced: tuple[UnplacedDrive, ...] = ()
 
-    FORMAT = 2
+    FORMAT = 3
     #: More than a day's receiver bias (a few decimetres): another day's far off the map's,
     #: or a wrong antenna lever arm.
     LARGE_GPS_OFFSET_M = 1.0
 
     def __bool__(self) -> bool:
-        return bool(self.untied or self.gps_offsets or self.alone)
+        return bool(self.untied or self.gps_offsets or self.alone or self.unplaced)
 
     def notes(self) -> list[str]:
-        """One line per untied pair, per drive joined to no other and per tied drive, for
-        the report's notes."""
-        out = [pair.note() for pair in self.untied]
+        """One line per drive not placed, per untied pair, per drive joined to no other and
+        per tied drive, for the report's notes."""
+        out = [drive.note() for drive in self.unplaced]
+        out += [pair.note() for pair in self.untied]
         out += [lone.note() for lone in self.alone]
         for drive, (x, y, z) in sorted(self.gps_offsets.items()):
             size = math.sqrt(x * x + y * y + z * z)
@@ -282,7 +314,8 @@ class DriveTies:
 
     def concerns(self) -> list[str]:
         """The notes that ask for a look (``adcloud hdmap info`` shows them): drives not
-        tied to the others, and large GPS offsets; not the offsets that are as expected."""
+        placed or not tied to the others, and large GPS offsets; not the offsets that are as
+        expected."""
         large = DriveTies(
             gps_offsets={
                 d: v
@@ -290,7 +323,9 @@ class DriveTies:
                 if math.hypot(*v) > self.LARGE_GPS_OFFSET_M
             }
         )
-        return DriveTies(self.untied, alone=self.alone).notes() + large.notes()
+        return (
+            DriveTies(self.untied, alone=self.alone, unplaced=self.unplaced).notes() + large.notes()
+        )
 
     def without(self, drives: set[str]) -> DriveTies:
         """These ties less every entry that names one of ``drives`` (built again)."""
@@ -298,6 +333,7 @@ class DriveTies:
             tuple(p for p in self.untied if not drives & set(p.drives)),
             {d: v for d, v in self.gps_offsets.items() if d not in drives},
             tuple(a for a in self.alone if a.drive not in drives),
+            tuple(u for u in self.unplaced if u.drive not in drives),
         )
 
     def __or__(self, newer: DriveTies) -> DriveTies:
@@ -308,13 +344,20 @@ class DriveTies:
         alone, which ``newer``'s note of the pair replaces."""
         pairs = {p.drives for p in newer.untied}
         named = {d for p in newer.untied for d in p.drives}
-        kept = self.without({*newer.gps_offsets, *(a.drive for a in newer.alone)})
+        kept = self.without(
+            {
+                *newer.gps_offsets,
+                *(a.drive for a in newer.alone),
+                *(u.drive for u in newer.unplaced),
+            }
+        )
         untied = tuple(p for p in kept.untied if p.drives not in pairs)
         alone = tuple(a for a in kept.alone if a.drive not in named)
         return DriveTies(
             (*untied, *newer.untied),
             {**kept.gps_offsets, **newer.gps_offsets},
             (*alone, *newer.alone),
+            (*kept.unplaced, *newer.unplaced),
         )
 
     def to_json(self) -> str:
@@ -334,6 +377,7 @@ class DriveTies:
                 "alone": [
                     {"drive": a.drive, "search_radius_m": a.search_radius_m} for a in self.alone
                 ],
+                "unplaced": [{"drive": u.drive, "fixes": u.fixes} for u in self.unplaced],
             },
             indent=1,
         )
@@ -370,9 +414,12 @@ class DriveTies:
                 LoneDrive(str(a["drive"]), float(a["search_radius_m"]))
                 for a in raw.get("alone", [])
             )
+            unplaced = tuple(
+                UnplacedDrive(str(u["drive"]), int(u["fixes"])) for u in raw.get("unplaced", [])
+            )
         except (ValueError, KeyError, TypeError, IndexError) as err:
             raise MapFormatError(f"{where}: not a record of drive ties ({err})") from err
-        return cls(untied, offsets, alone)
+        return cls(untied, offsets, alone, unplaced)
 
 
 def loop_candidates(

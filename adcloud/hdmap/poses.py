@@ -1207,9 +1207,12 @@ def _pair_measurements(
     return out
 
 
-def _gauge(gps_factors: Mapping[str, int], ties: Mapping[str, set[str]]) -> dict[str, bool]:
+def _gauge(
+    gps_factors: Mapping[str, int], ties: Mapping[str, set[str]]
+) -> tuple[dict[str, bool], str | None]:
     """Per drive, whether GPS holds it in ``map`` (its own fixes, or loop closures to a drive
-    that has them); with no GPS anywhere, the first drive is the reference instead (False)."""
+    that has them); with no GPS anywhere, the first drive is the reference instead (False),
+    returned second (None where some drive has GPS)."""
     with_gps = {d for d, n in gps_factors.items() if n > 0}
     root = None if with_gps else min(ties)
     reached = with_gps or {min(ties)}
@@ -1219,7 +1222,7 @@ def _gauge(gps_factors: Mapping[str, int], ties: Mapping[str, set[str]]) -> dict
             if other not in reached:
                 reached.add(other)
                 frontier.append(other)
-    return {d: d in reached and d != root for d in ties}
+    return {d: d in reached and d != root for d in ties}, root
 
 
 class JoinedPoses(NamedTuple):
@@ -1228,10 +1231,19 @@ class JoinedPoses(NamedTuple):
     closures, see :class:`PoseSettings`), ``gps_offsets``: how far its fixes read from
     where the closures put it (3, m, ``map`` ENU; fix minus pose). A few decimetres is a
     day's receiver bias; metres suggest another day's bias far off the map's, or a wrong
-    antenna lever arm."""
+    antenna lever arm.
+
+    ``unanchored``: the drives (in name order) that no GPS fix places -- none of theirs was
+    used, and no loop closure ties them to a drive whose fixes were or to ``fixed``
+    keyframes -- each held with its start where its odometry starts (the origin, heading
+    east); ``reference``: with no fix used anywhere and no ``fixed`` keyframe tied, the drive
+    that defines the frame that way (the first by name) and those loop closures tie to it,
+    in name order (none of them among ``unanchored``)."""
 
     trajectories: dict[str, Trajectory]
     gps_offsets: dict[str, F64]
+    unanchored: tuple[str, ...] = ()
+    reference: tuple[str, ...] = ()
 
 
 def join_segments(
@@ -1359,7 +1371,11 @@ def join_segments(
         )
         ties[loop.a[0]].add(loop.b[0])
         ties[loop.b[0]].add(loop.a[0])
-    for drive, held in _gauge(gps_factors, ties).items():
+    gauge, root = _gauge(gps_factors, ties)
+    unanchored = tuple(
+        sorted(d for d, held in gauge.items() if d in groups and not held and d != root)
+    )
+    for drive, held in gauge.items():
         if drive not in groups:
             continue
         # A drive without GPS and without closures to one that has it would float: its
@@ -1398,7 +1414,14 @@ def join_segments(
         sum(gps_factors[d] for d in groups),
         len(loop_closures),
     )
-    return JoinedPoses(out, gps_offsets)
+    for drive in unanchored:
+        log.warning(
+            "join: drive %s: no GPS fix places it and no loop closure ties it to a drive "
+            "that has them; its start is held at the origin",
+            drive,
+        )
+    reference = tuple(sorted(d for d in groups if root is not None and d not in unanchored))
+    return JoinedPoses(out, gps_offsets, unanchored, reference)
 
 
 def _dense_of_drive(group: _DriveSolutions, result: Any) -> Trajectory:

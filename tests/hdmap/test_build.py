@@ -32,13 +32,14 @@ from adcloud.hdmap.geotiff import read_grid_tile, tile_file_name
 from adcloud.hdmap.job import PipelineResult, StageSettings, run_pipeline
 from adcloud.hdmap.labels import GridLayers, extract_lane_markings, markings_from_paint
 from adcloud.hdmap.lanelet import load_lanelet2, routing_graph
-from adcloud.hdmap.loops import DriveTies, LoneDrive, LoopSettings
+from adcloud.hdmap.loops import DriveTies, LoneDrive, LoopSettings, UnplacedDrive
 from adcloud.hdmap.mapdir import BuildPlan, Staging
 from adcloud.hdmap.semantic import read_geojson
 from adcloud.hdmap.tilelayers import TileLayers
 from adcloud.hdmap.trajectory import Trajectory
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 from tests.device_order import sums_in_any_order
+from tests.hdmap.bagedit import without_fix
 
 pytestmark = pytest.mark.spark
 
@@ -797,7 +798,10 @@ def test_a_drive_far_from_the_maps_is_named_and_labels_beside_it_are_taken(
     not even loaded -- and was built on its own GPS alone, silently. The build names it in
     its notes, its report and drive_ties.json, and ``hdmap info`` shows the note. Labels
     beside the new drive, 2 km from the map's earlier drive, are taken (the map's area is
-    that of its drives, the new ones included), and the version names the label file."""
+    that of its drives, the new ones included), and the version names the label file.
+
+    A drive without a GPS fix, built with them 2 km east of the map's, was held with its
+    start at the map origin, silently; it is named too (:class:`UnplacedDrive`)."""
     monkeypatch.setenv("COLUMNS", "400")  # long paths on one line each
     config = DriveConfig(seconds=6, seed=5, lidar_beams=16, lidar_columns=256, camera=False)
     lat, lon, alt = config.gps_origin
@@ -815,17 +819,26 @@ def test_a_drive_far_from_the_maps_is_named_and_labels_beside_it_are_taken(
     labels.write_text(
         json.dumps({"type": "FeatureCollection", "adcloud:frame": "map", "features": [sign]})
     )
-    summary = build_map(spark, [str(near.bag), str(far.bag)], map_uri, labels=str(labels))
+    east = DriveConfig(
+        **{**config.__dict__, "seconds": 3, "seed": 6, "gps_origin": (lat, lon + 0.023, alt)}
+    )
+    blind = without_fix(generate_drive(east, tmp_path / "east.bag").bag, tmp_path / "blind.bag")
+    bags = [str(near.bag), str(far.bag), str(blind)]
+    summary = build_map(spark, bags, map_uri, labels=str(labels))
     note = LoneDrive("far", LoopSettings().search_radius_m).note()
-    assert summary.notes == [note]
+    unplaced = UnplacedDrive("blind", 0).note()
+    assert summary.notes[0] == unplaced and note in summary.notes
     version = summary.result.version
     assert version is not None and version.path is not None
     assert version.manifest.labels == str(labels)
     assert summary.counts["labels_imported"] == 1
     ties = DriveTies.read(version.path / "report" / "drive_ties.json")
-    assert ties.alone == (LoneDrive("far", 8.0),) and ties.untied == ()
-    assert "drive far is not joined to the map" in _text(version.path / "report" / "summary.html")
+    assert LoneDrive("far", 8.0) in ties.alone
+    assert ties.unplaced == (UnplacedDrive("blind", 0),)
+    html = _text(version.path / "report" / "summary.html")
+    assert "drive far is not joined to the map" in html
+    assert "drive blind is not placed on the map: it has no GPS fix" in html
     assert main(["hdmap", "info", "--map", map_uri]) == 0
     said = " ".join(capsys.readouterr().out.split())
-    assert f"+ far; labels imported from {labels}" in said
-    assert f"note: {note}" in said
+    assert f"+ far, blind; labels imported from {labels}" in said
+    assert f"note: {note}" in said and f"note: {unplaced}" in said

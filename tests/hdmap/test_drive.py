@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from adcloud.hdmap.config import parse_mounts
 from adcloud.hdmap.drive import DriveAccumulator, DriveTopics, check_topics, read_drive
 from adcloud.hdmap.errors import DriveDataError
 from adcloud.synth import DriveConfig, generate_drive
+from tests.hdmap.bagedit import without_fix
 
 CONFIG = DriveConfig(seconds=3, seed=3, lidar_beams=16, lidar_columns=256, camera=False)
 
@@ -171,35 +171,6 @@ def test_configured_mount_overrides_the_recorded_one() -> None:
     np.testing.assert_allclose(drive.extrinsics.get("lidar_top")[:3, 3], [0.5, 0.1, 3.0])
 
 
-def _without_fix(bag: Path, out: Path) -> Path:
-    """A copy of ``bag`` whose GPS receiver never had a fix: every ``/gps/fix`` message with
-    status NO_FIX (-1), as a receiver under a roof or without an antenna records."""
-    from rosbags.rosbag1 import Reader, Writer  # noqa: PLC0415
-    from rosbags.typesys import Stores, get_typestore  # noqa: PLC0415
-
-    store = get_typestore(Stores.ROS1_NOETIC)
-    with Reader(bag) as reader, Writer(out) as writer:
-        conns = {
-            c.id: writer.add_connection(
-                c.topic,
-                c.msgtype,
-                msgdef=c.msgdef.data,
-                md5sum=c.digest,
-                callerid=c.ext.callerid,  # type: ignore[union-attr]
-                latching=c.ext.latching,  # type: ignore[union-attr]
-            )
-            for c in reader.connections
-        }
-        for c, t, data in reader.messages():
-            if c.topic == "/gps/fix":
-                msg: Any = store.deserialize_ros1(data, c.msgtype)
-                msg.status.status = -1
-                writer.write(conns[c.id], t, store.serialize_ros1(msg, c.msgtype))
-            else:
-                writer.write(conns[c.id], t, data)
-    return out
-
-
 def test_a_drive_without_a_gps_fix_cannot_start_a_map(
     bag: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -210,7 +181,7 @@ def test_a_drive_without_a_gps_fix_cannot_start_a_map(
     yet; where it has one, GPS is optional and the bag passes as before."""
     from adcloud.cli import main  # noqa: PLC0415
 
-    nofix = _without_fix(bag, tmp_path / "nofix.bag")
+    nofix = without_fix(bag, tmp_path / "nofix.bag")
     assert not read_drive(str(nofix), with_scans=False, origin=(0.0, 0.0, 0.0)).gps.t.size
     with pytest.raises(DriveDataError) as err:
         check_topics(str(nofix), DriveTopics(), origin_known=False, mounts_known=False)

@@ -720,6 +720,34 @@ def test_a_new_drive_is_tied_to_the_fixed_keyframes_of_the_map(
     assert apart_err > 0.5 and tied_err < 0.1, (apart_err, tied_err)
 
 
+def test_a_drive_that_no_gps_fix_places_is_named(drive: DriveData, truth: Trajectory) -> None:
+    """A drive without a fix, not tied by closures, is held with its start at the origin --
+    tens of metres from where it drove -- which the join used to do silently. It names such
+    drives; with no fix anywhere, the first drive defines the frame (the reference)."""
+    settings = PoseSettings(backward_matching=False)
+    first = _cut(drive, "first", 0.0, 22.0)
+    cut = _cut(drive, "second", 35.0, 60.0)
+    empty = GpsFixes(cut.gps.frame, cut.gps.t[:0], cut.gps.enu[:0], cut.gps.sigma[:0])
+    blind = dataclasses.replace(cut, gps=empty)
+    solutions = _solve_drive(first, settings) + _solve_drive(blind, settings)
+
+    joined = join_segments(solutions, {"first": first.gps, "second": empty}, (), settings)
+    assert joined.unanchored == ("second",) and joined.reference == ()
+    placed = joined.trajectories["second"].xyz[0]
+    map_traj = joined.trajectories["first"]
+    align = rigid_alignment(map_traj.xyz, truth.at(map_traj.t)[:, :3, 3])
+    start = truth.at(cut.odom.t[:1])[0, :3, 3]
+    assert np.linalg.norm(placed[:2]) < 1.0  # at the origin ...
+    assert np.linalg.norm((align[:3, :3] @ placed + align[:3, 3] - start)[:2]) > 10.0  # not there
+
+    nothing = join_segments(solutions, {}, (), settings)
+    assert nothing.unanchored == ("second",) and nothing.reference == ("first",)
+    only = join_segments(_solve_drive(blind, settings), {}, (), settings)
+    assert only.unanchored == () and only.reference == ("second",)
+    with_fix = join_segments(_solve_drive(first, settings), {"first": first.gps}, (), settings)
+    assert with_fix.unanchored == () and with_fix.reference == ()
+
+
 def _offset_from_map(
     map_traj: Trajectory, traj: Trajectory, truth: Trajectory
 ) -> tuple[float, float]:

@@ -21,7 +21,7 @@ from adcloud.hdmap.evaluate import (
     polyline_metrics,
     sign_metrics,
 )
-from adcloud.hdmap.loops import DriveTies, LoneDrive, UntiedDrives
+from adcloud.hdmap.loops import DriveTies, LoneDrive, UnplacedDrive, UntiedDrives
 from adcloud.hdmap.mapdir import Manifest, MapDir
 from adcloud.hdmap.report import write_map_report, write_report
 from adcloud.hdmap.trajectory import Trajectory, absolute_trajectory_error
@@ -231,8 +231,8 @@ def test_a_new_drive_left_untied_keeps_what_the_map_knew_of_the_old_drive() -> N
 
 def test_report_names_the_drives_joined_to_no_other(tmp_path: Path) -> None:
     """A drive that came within the search radius of no other drive is a note of the
-    build's report and a record of drive_ties.json (format 2; format 1 reads as none),
-    until a later build finds it close to a drive or builds it again."""
+    build's report and a record of drive_ties.json (since format 2; format 1 reads as
+    none), until a later build finds it close to a drive or builds it again."""
     ties = DriveTies(alone=(LoneDrive("far", 8.0),))
     page = write_report(tmp_path, trajectories=circle_trajectory(), ties=ties)
     notes = " ".join(page.read_text().split())
@@ -240,7 +240,7 @@ def test_report_names_the_drives_joined_to_no_other(tmp_path: Path) -> None:
     assert "drive far is not joined to the map&#x27;s other drives" in notes
     assert "within 8 m (hdmap_loops.search_radius_m) of none of them" in notes
     stored = json.loads((tmp_path / "drive_ties.json").read_text())
-    assert stored["format"] == 2 and stored["alone"] == [{"drive": "far", "search_radius_m": 8.0}]
+    assert stored["format"] == 3 and stored["alone"] == [{"drive": "far", "search_radius_m": 8.0}]
     assert DriveTies.read(tmp_path / "drive_ties.json") == ties
     assert ties.concerns() == [LoneDrive("far", 8.0).note()]
     older = '{"format": 1, "untied": [], "gps_offsets_m": {"a": [0.1, 0, 0]}}'
@@ -256,6 +256,41 @@ def test_report_names_the_drives_joined_to_no_other(tmp_path: Path) -> None:
     assert (ties | close).alone == () and (ties | close).untied == close.untied
     # far built again, tied to the others this time
     assert (ties | DriveTies((), {"far": (0.0, 0.2, 0.0)})).alone == ()
+
+
+def test_report_names_the_drives_no_gps_fix_places(tmp_path: Path) -> None:
+    """A drive placed by no GPS fix (held with its start at the map origin) is the first
+    note of the report and a record of drive_ties.json (format 3; formats 1 and 2 read as
+    none), a concern ``hdmap info`` shows, until the drive is built again."""
+    ties = DriveTies(
+        alone=(LoneDrive("far", 8.0),),
+        unplaced=(UnplacedDrive("blind", 0), UnplacedDrive("masked", 12)),
+    )
+    page = write_report(tmp_path, trajectories=circle_trajectory(), ties=ties)
+    notes = " ".join(page.read_text().split())
+    notes = notes[notes.index("<h2>Notes</h2>") :]
+    assert notes.index("drive blind is not placed on the map: it has no GPS fix") < notes.index(
+        "drive far is not joined"
+    )
+    assert "drive masked is not placed on the map: all 12 of its GPS fixes were rejected" in notes
+    stored = json.loads((tmp_path / "drive_ties.json").read_text())
+    assert stored["unplaced"] == [{"drive": "blind", "fixes": 0}, {"drive": "masked", "fixes": 12}]
+    assert DriveTies.read(tmp_path / "drive_ties.json") == ties
+    assert ties.concerns()[:2] == [u.note() for u in ties.unplaced]
+    two = '{"format": 2, "untied": [], "gps_offsets_m": {}, "alone": []}'
+    assert DriveTies.parse(two, "two.json") == DriveTies()
+    with pytest.raises(MapFormatError, match=r"bad\.json: not a record of drive ties"):
+        DriveTies.parse(
+            '{"format": 3, "untied": [], "gps_offsets_m": {}, "unplaced": [{}]}', "bad.json"
+        )
+    # blind built again (with GPS this time, tied by closures): its note goes
+    again = ties | DriveTies((), {"blind": (0.0, 0.1, 0.0)})
+    assert again.unplaced == (UnplacedDrive("masked", 12),)
+    assert (ties | DriveTies(unplaced=(UnplacedDrive("masked", 3),))).unplaced == (
+        UnplacedDrive("blind", 0),
+        UnplacedDrive("masked", 3),
+    )
+    assert ties.without({"masked"}).unplaced == (UnplacedDrive("blind", 0),)
 
 
 def test_report_draws_lanes_and_connectors(tmp_path: Path) -> None:
