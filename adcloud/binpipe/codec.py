@@ -276,9 +276,17 @@ class _BlockBuilder:
     def add(self, record: Iterable[object]) -> None:
         if type(record) is Message and self._add_message(record):
             return
-        for value in record:
-            self.payload_len += _encode_field(value, self.types, self.parts)
-            self.field_ends.append(self.payload_len)
+        n_fields, n_parts, payload_len = len(self.types), len(self.parts), self.payload_len
+        try:
+            for value in record:
+                self.payload_len += _encode_field(value, self.types, self.parts)
+                self.field_ends.append(self.payload_len)
+        except BaseException:
+            # A record is added whole or not at all: fields left behind by a refused
+            # one would be taken into the next record a caller writes after the error.
+            del self.types[n_fields:], self.field_ends[n_fields:], self.parts[n_parts:]
+            self.payload_len = payload_len
+            raise
         self.record_ends.append(len(self.types))
 
     def _add_message(self, msg: Message) -> bool:

@@ -10,7 +10,7 @@ packages of the robot that recorded them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from rosbags.typesys import Stores, get_types_from_idl, get_types_from_msg, get_typestore
@@ -42,6 +42,19 @@ class ConnectionInfo(NamedTuple):
     msgdef: str
     md5sum: str
     serialization: str
+
+    @classmethod
+    def from_record(cls, rec: Sequence[object], where: str = "a META block") -> ConnectionInfo:
+        """The connection a META record describes; a :class:`BinpipeError` naming ``where``
+        and what is wrong when the record is not six STR fields."""
+        if len(rec) == len(cls._fields) and all(isinstance(value, str) for value in rec):
+            return cls(*rec)  # type: ignore[arg-type]
+        kinds = ", ".join(type(value).__name__ for value in rec) or "none"
+        raise BinpipeError(
+            f"a record in {where} is not a message definition: it has fields of type "
+            f"({kinds}), expected {len(cls._fields)} str ({', '.join(cls._fields)}); "
+            "META blocks carry message definitions (docs/binpipe-format.md, section 9.2)"
+        )
 
 
 def meta_block(connections: Iterable[ConnectionInfo]) -> bytes:
@@ -175,11 +188,15 @@ def decoded_messages(
     """
     wanted = None if topics is None else frozenset(topics)
     decoder = MessageDecoder()
-    for raw in blocks:
+    for index, raw in enumerate(blocks):
         block = Block.parse(memoryview(raw))
         if block.kind == BlockKind.META:
             for rec in block:
-                decoder.add(ConnectionInfo(*rec))  # type: ignore[arg-type]
+                decoder.add(
+                    ConnectionInfo.from_record(
+                        rec, f"the META block at index {index} of the partition"
+                    )
+                )
             continue
         if block.kind != BlockKind.DATA:
             continue

@@ -19,6 +19,8 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -108,11 +110,17 @@ class _TailReader(threading.Thread):
         self._size = 0
 
     def run(self) -> None:
-        while chunk := self._source.read(65536):
-            self._tail.append(chunk)
-            self._size += len(chunk)
-            while self._size - len(self._tail[0]) > _STDERR_TAIL_BYTES:
-                self._size -= len(self._tail.popleft())
+        try:
+            while chunk := self._source.read(65536):
+                self._tail.append(chunk)
+                self._size += len(chunk)
+                while self._size - len(self._tail[0]) > _STDERR_TAIL_BYTES:
+                    self._size -= len(self._tail.popleft())
+        finally:
+            # Closed here, not by the caller: a helper the command left behind may hold
+            # stderr open after the run, and the read must not lose its file under it.
+            with contextlib.suppress(OSError):
+                self._source.close()
 
     @property
     def text(self) -> str:
@@ -135,6 +143,16 @@ def _trailing_bytes(stdout: IO[bytes]) -> bool:
         return False  # open elsewhere, nothing written: a helper left behind holds it
     finally:
         os.set_blocking(fd, True)
+
+
+def _unread_bytes(fd: int) -> int:
+    """Bytes written into the pipe whose read end is ``fd`` that nobody has read yet."""
+    buf = bytearray(4)
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+    except OSError:
+        return 0
+    return int.from_bytes(buf, sys.byteorder, signed=True)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -183,10 +201,15 @@ def pipe_blocks(
         full_env.update(env)
     own_lifeline = lifeline is None
     guard = Lifeline() if lifeline is None else lifeline
+    # The command's stdin is a pipe of our own, and its read end stays open here too: once
+    # the command has exited, what is left unread in it tells whether the command read its
+    # whole input, however small (a write the command never read fails only when the pipe
+    # is full).  It is closed as soon as the command is gone, so the feeder then stops.
+    probe, stdin_fd = os.pipe()
     try:
         proc = subprocess.Popen(
             args,
-            stdin=subprocess.PIPE,
+            stdin=probe,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=guard.environ(full_env),  # guarded from its start, before guard_group
@@ -197,6 +220,8 @@ def pipe_blocks(
             process_group=0,
         )
     except OSError as err:
+        os.close(probe)
+        os.close(stdin_fd)
         if own_lifeline:
             guard.release()
         # Popen names the working directory when it is that which failed (missing, not a
@@ -212,34 +237,25 @@ def pipe_blocks(
             returncode=None,
             stderr_tail="",
         ) from err
-    guard.guard_group(proc.pid)
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    for stream in (proc.stdin, proc.stdout):
-        _grow_pipe(stream.fileno())
-    if on_start is not None:
-        on_start(proc.pid)
-    feeder = _Feeder(blocks, proc.stdin)
+    assert proc.stdout is not None and proc.stderr is not None
+    sink = os.fdopen(stdin_fd, "wb", buffering=0)  # the feeder closes it
+    feeder = _Feeder(blocks, sink)
     stderr = _TailReader(proc.stderr)
-    feeder.start()
-    stderr.start()
     timed_out = threading.Event()
     watchdog: threading.Timer | None = None
-    if timeout is not None:
-
-        def expire() -> None:
-            timed_out.set()
-            _kill_group(proc)
-
-        watchdog = threading.Timer(timeout, expire)
-        watchdog.daemon = True
-        watchdog.start()
-
     stopped_running = threading.Event()  # killed below while still running: no exit code
+
+    def close_probe() -> None:
+        nonlocal probe
+        if probe >= 0:
+            os.close(probe)
+            probe = -1
 
     def failure(reason: str, cause: BaseException | None = None) -> PipeCommandError:
         running = proc.poll() is None or stopped_running.is_set()
         _kill_group(proc)
         proc.wait()
+        close_probe()
         stderr.join(timeout=_AFTER_EXIT_S)
         code = None if running else proc.returncode  # our SIGKILL is not its exit code
         if timed_out.is_set():
@@ -260,6 +276,23 @@ def pipe_blocks(
     started = time.monotonic()
     completed = False
     try:
+        guard.guard_group(proc.pid)
+        for fd in (stdin_fd, proc.stdout.fileno()):
+            _grow_pipe(fd)
+        if on_start is not None:
+            on_start(proc.pid)
+        feeder.start()
+        stderr.start()
+        if timeout is not None:
+
+            def expire() -> None:
+                timed_out.set()
+                _kill_group(proc)
+
+            watchdog = threading.Timer(timeout, expire)
+            watchdog.daemon = True
+            watchdog.start()
+
         reader = StreamReader(
             proc.stdout,
             max_block_bytes=max_block_bytes,
@@ -282,6 +315,8 @@ def pipe_blocks(
                 # blocked on the stdin it does not read ends at once, not in 5 s
                 stopped_running.set()
                 _kill_group(proc)
+                proc.wait()
+            close_probe()
             feeder.join(timeout=5)
             if feeder.error is not None:
                 # The input itself failed (e.g. a corrupt bag): that is the cause.
@@ -300,6 +335,8 @@ def pipe_blocks(
                 reason = f"wrote a malformed stream: {detail}"
             raise failure(reason, err) from err
         code = proc.wait()
+        unread = _unread_bytes(probe)
+        close_probe()
         # The END block came and the command exited; a process it left behind (a
         # helper, in its group or in a session of its own) may still hold its stdin,
         # stdout or stderr open, so nothing below waits for their end of file.
@@ -315,7 +352,7 @@ def pipe_blocks(
             raise failure("failed")
         if trailing:
             raise failure(f"wrote bytes after its END block at offset {reader.offset}")
-        if feeder.broken_pipe or feeder.is_alive():
+        if unread or feeder.broken_pipe or feeder.is_alive():
             if require_all_input:
                 raise failure("stopped reading its input before its end")
             # The command closed its stdin early yet exited 0 with a valid stream:
@@ -332,5 +369,11 @@ def pipe_blocks(
         if not completed:
             _kill_group(proc)
             proc.wait()
+        close_probe()
+        if feeder.ident is None:  # never started: its end of stdin is still ours
+            sink.close()
+        if stderr.ident is None:
+            proc.stderr.close()
+        proc.stdout.close()
         if own_lifeline:
             guard.release()

@@ -837,3 +837,38 @@ def test_a_stream_cut_at_a_block_boundary_says_no_end_block(reader: str) -> None
     cut = data[: len(data) - len(encode_end_block(1))]
     with pytest.raises(BinpipeError, match=rf"offset {len(cut)}\b.*no END block"):
         list(iter_blocks(cut) if reader == "memory" else StreamReader(io.BytesIO(cut)))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("b", True),  # refused after a good field
+        Message("/t", 1 << 63, "std_msgs/msg/String", b"x"),  # the general path, as a Message
+        ("b", 2, "lone \ud800 surrogate"),
+    ],
+)
+def test_a_refused_record_leaves_nothing_in_the_block(bad):
+    """A caller that logs a refused record and goes on: the fields encoded before the bad
+    one stayed in the block, and the next record written took them as its own."""
+    out = io.BytesIO()
+    writer = StreamWriter(out)
+    writer.write(("a", 1))
+    with pytest.raises(BinpipeError):
+        writer.write(bad)
+    writer.write(("c", 3))
+    assert writer.record_count == 2
+    writer.close()
+    assert list(iter_records(out.getvalue())) == [("a", 1), ("c", 3)]
+
+    # and the same for a generator that fails while a record is being taken apart
+    def fields():
+        yield "d"
+        raise RuntimeError("source failed")
+
+    block = io.BytesIO()
+    writer = StreamWriter(block)
+    with pytest.raises(RuntimeError):
+        writer.write(fields())
+    writer.write((4,))
+    writer.close()
+    assert list(iter_records(block.getvalue())) == [(4,)]

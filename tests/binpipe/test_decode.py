@@ -8,7 +8,8 @@ import pytest
 from rosbags.typesys import Stores, get_types_from_idl, get_types_from_msg, get_typestore
 
 from adcloud.binpipe import BinpipeError, ConnectionInfo, Message, MessageDecoder
-from adcloud.binpipe.decode import types_from_idl
+from adcloud.binpipe.codec import BlockKind, encode_block
+from adcloud.binpipe.decode import decoded_messages, types_from_idl
 
 SEP = "=" * 80 + "\n"
 
@@ -117,3 +118,24 @@ def test_ros1_and_ros2_definitions_of_one_name_decode_side_by_side() -> None:
         out = decoder.decode(Message("/found", 6, "survey_msgs/msg/Landmark", ros1_data))
         assert (bag.where.x, bag.where.y, bag.label) == (1.5, -2.25, "stop")
         assert (out.where.x, out.where.y, out.where.z, out.label) == (3.0, 4.0, 5.0, "yield")
+
+
+@pytest.mark.parametrize(
+    ("record", "shown"),
+    [
+        (("/t", "std_msgs/msg/String", "ros1msg"), "(str, str, str)"),
+        (("/t", "std_msgs/msg/String", "ros1msg", "string data", None, "ros1"), "NoneType"),
+    ],
+)
+def test_a_meta_record_that_is_no_definition_is_named(
+    record: tuple[object, ...], shown: str
+) -> None:
+    """A node that wrote a META record of another shape: decoded_messages failed with
+    ConnectionInfo's own TypeError ("missing 3 required positional arguments")."""
+    data = encode_block([("/t", 5, "std_msgs/msg/String", b"\x02\0\0\0hi")])
+    meta = encode_block([record], kind=BlockKind.META)
+    with pytest.raises(BinpipeError, match=r"META block at index 1 of the partition") as info:
+        list(decoded_messages([encode_block([]), meta, data]))
+    assert shown in str(info.value) and "expected 6 str" in str(info.value)
+    good = ConnectionInfo("/t", "std_msgs/msg/String", "", "", "", "ros1")
+    assert ConnectionInfo.from_record(tuple(good)) == good
