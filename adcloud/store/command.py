@@ -598,13 +598,18 @@ def add_parser(subparsers: Any) -> None:
     serve.add_argument("--store", default="local://", help="store to serve (default local://)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=39999, help="port (default 39999; 0: any)")
-    serve.add_argument("--token", help="require this bearer token (prefer --token-file)")
-    serve.add_argument("--token-file", help="read the bearer token from this file")
+    # one source of the token: with both, one of them would be silently ignored
+    token = serve.add_mutually_exclusive_group()
+    token.add_argument("--token", help="require this bearer token (prefer --token-file)")
+    token.add_argument("--token-file", help="read the bearer token from this file")
     serve.add_argument(
-        "--max-request-bytes", type=_size, default="256MiB", help="largest write request"
+        "--max-request-bytes",
+        type=_positive_size,
+        default="256MiB",
+        help="largest write request (256MiB)",
     )
     serve.add_argument(
-        "--max-file-bytes", type=_positive_size, default="64GiB", help="largest file"
+        "--max-file-bytes", type=_positive_size, default="64GiB", help="largest file (64GiB)"
     )
     serve.add_argument(
         "--max-streams", type=whole_number(1), default=256, help="open streams at most"

@@ -20,11 +20,13 @@ checked against the file's CRC, which covers the whole file.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import logging
 import shutil
 import threading
+import weakref
 from collections.abc import Callable
 from typing import IO, Any, BinaryIO, ParamSpec, TypeVar
 
@@ -82,11 +84,18 @@ def _entry(status: FileStatus) -> dict[str, Any]:
     }
 
 
-class _Forward:
-    """One open read stream of a file and the offset it stands at."""
+def _version(status: FileStatus) -> tuple[int, float, str | None]:
+    """What tells one version of a file from the next: a replacement of the same size
+    can carry the same mtime (Alluxio's are in ms, S3's in s), but not the same checksum."""
+    return status.size, status.mtime, status.checksum
 
-    def __init__(self, stream: BinaryIO, size: int, mtime: float) -> None:
-        self.stream, self.offset, self.size, self.mtime = stream, 0, size, mtime
+
+class _Forward:
+    """One open read stream of a file, the version it reads and the offset it stands at."""
+
+    def __init__(self, stream: BinaryIO, status: FileStatus) -> None:
+        self.stream, self.offset, self.size = stream, 0, status.size
+        self.version = _version(status)
 
     def skip_to(self, offset: int) -> None:
         while self.offset < offset:
@@ -138,6 +147,7 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         self._store: Store | None = None
         self._lock = threading.Lock()
         self._forward: dict[str, _Forward] = {}
+        _LIVE[id(self)] = self
 
     @classmethod
     def over(cls, store: Store) -> StoreFileSystem:
@@ -194,7 +204,16 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         path = self._strip_protocol(path)
         if start is None and end is None:
             return self.store.get(path)
-        status = self.store.stat(path)
+        try:
+            status = self.store.stat(path)
+        except StoreNotFoundError:
+            # a stream kept for the deleted file would hold it open on the store's side
+            # (its bytes stay in the tier) until evicted by other reads or the process ends
+            with self._lock:
+                gone = self._forward.pop(path, None)
+            if gone is not None:
+                _close_quietly(gone)
+            raise
         size = status.size
         lo = 0 if start is None else (max(0, size + start) if start < 0 else min(start, size))
         hi = size if end is None else (max(0, size + end) if end < 0 else min(end, size))
@@ -223,9 +242,7 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         """Bytes ``[lo, hi)`` from a stream kept open while the reader moves forward."""
         with self._lock:
             cur = self._forward.pop(path, None)
-            if cur is not None and (
-                cur.offset > lo or (cur.size, cur.mtime) != (status.size, status.mtime)
-            ):
+            if cur is not None and (cur.offset > lo or cur.version != _version(status)):
                 _close_quietly(cur)
                 cur = None
             data = None
@@ -239,7 +256,7 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
                     log.debug("kept read stream of %s failed; opening a new one", path)
                     cur = None
             if cur is None:
-                cur = _Forward(self.store.open(path), status.size, status.mtime)
+                cur = _Forward(self.store.open(path), status)
                 data = _read_at(cur, lo, hi)
             if cur.offset < cur.size:
                 self._forward[path] = cur  # the newest last: the oldest goes first
@@ -322,16 +339,33 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
     def rmdir(self, path: str) -> None:
         self.store.delete(self._strip_protocol(path))
 
-    def close(self) -> None:
-        """Close the streams kept for forward reads and the store's connections."""
+    def close_kept_streams(self) -> None:
+        """Close the streams kept open for forward reads."""
         with self._lock:
             streams = list(self._forward.values())
             self._forward.clear()
         for cur in streams:
             _close_quietly(cur)
+
+    def close(self) -> None:
+        """Close the streams kept for forward reads and the store's connections."""
+        self.close_kept_streams()
         if self._store is not None:
             self._store.close()
             self._store = None
+
+
+#: Every filesystem of this process: fsspec caches them for the life of the process, so
+#: nothing else would close their kept streams, and a proxy holds each stream (one of its
+#: ``max_streams``) until it idles out when its client leaves without closing it.
+#: Keyed by ``id``: instances of one store compare (and hash) equal in fsspec.
+_LIVE: weakref.WeakValueDictionary[int, StoreFileSystem] = weakref.WeakValueDictionary()
+
+
+@atexit.register
+def _close_kept_streams() -> None:
+    for fs in list(_LIVE.values()):
+        fs.close_kept_streams()
 
 
 def store_filesystem(url: str, **options: Any) -> tuple[StoreFileSystem, str]:

@@ -28,6 +28,8 @@ import http.server
 import ipaddress
 import json
 import logging
+import os
+import re
 import secrets
 import socket
 import threading
@@ -45,6 +47,7 @@ from adcloud.store.errors import (
     StoreExistsError,
     StoreNotFoundError,
 )
+from adcloud.store.settings import StoreSettings
 
 __all__ = ["ServerLimits", "StoreServer"]
 
@@ -148,6 +151,8 @@ class _Stream:
         self.lock = threading.Lock()
         self.last_used = time.monotonic()
         self.after_close: tuple[float, str] | None = None
+        # closed by its client while a request still held it: that request ends it
+        self.ended = False
 
     def discard(self) -> None:
         """End the stream without publishing anything."""
@@ -482,10 +487,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             # the client names the store as its user does (alluxio://HOST:PORT): the store
             # behind this server, which it cannot reach, is not part of the message
             said = str(err).replace(f" in {self.server.app.store.uri}", "")
-            self._fail(500, err.alluxio_status, said)
+            log.debug("answering %s %s with: %s", method, self.path[:200], err)
+            self._fail(500, err.alluxio_status, app.public(said))
         except (ValueError, TypeError, UnicodeError) as err:
             self.close_connection = self.close_connection or not self._consumed
-            self._fail(500, "INVALID_ARGUMENT", str(err))
+            self._fail(500, "INVALID_ARGUMENT", app.public(str(err)))
         except (TimeoutError, ConnectionError):
             self.close_connection = True
             raise
@@ -552,8 +558,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with self.server.app.store.open(path, "rb") as stream:
             self._send_stream(stream)
 
-    def _send_stream(self, stream: BinaryIO) -> None:
-        """Send the rest of ``stream`` as the response body.
+    def _send_stream(self, stream: BinaryIO) -> bool:
+        """Send the rest of ``stream`` as the response body; whether all of it went out
+        (``False``: the stored data failed verification and the body was cut short).
 
         The length is not announced: the bytes come from the one version the stream opened,
         whatever replaced the path since.  HTTP/1.1 bodies are chunked, so a body that
@@ -585,9 +592,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
-            return
+            return False
         if chunked:
             self.wfile.write(b"0\r\n\r\n")
+        return True
 
     def _streams(self, rest: str) -> None:
         ident, _, action = rest.rstrip("/").partition("/")
@@ -596,6 +604,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise _HTTPError(400, "INVALID_ARGUMENT", "stream ids are integers")
         stream = app.stream(int(ident))
         if not stream.lock.acquire(blocking=False):
+            if stream.kind == "r" and action in ("close", "cancel"):
+                # a client that has read what it wanted closes the stream while its read's
+                # request may still hold it (the end of the body sent, the request not yet
+                # finished; or a body it stopped reading, not yet found cut off): a refusal
+                # would leave the stream open until it idles out, holding one of max_streams
+                self._options()
+                app.end_read_stream(int(ident))
+                self._send_json(None)
+                return
             raise _HTTPError(409, "FAILED_PRECONDITION", "the stream is busy with another request")
         try:
             stream.last_used = time.monotonic()
@@ -605,7 +622,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._options()
                 if stream.kind != "r":
                     raise _HTTPError(400, "INVALID_ARGUMENT", "not a read stream")
-                self._send_stream(stream.handle)
+                complete = False
+                try:
+                    complete = self._send_stream(stream.handle)
+                finally:
+                    if not complete:
+                        # the handle stands past what the client got (its connection broke,
+                        # or it stopped reading and closed it): no read can go on from there
+                        with contextlib.suppress(StoreNotFoundError):
+                            app.close_stream(int(ident), publish=False)
             elif action in ("close", "cancel"):
                 self._options()
                 app.close_stream(int(ident), publish=action == "close")
@@ -615,6 +640,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         finally:
             stream.last_used = time.monotonic()
             stream.lock.release()
+            if stream.ended and stream.lock.acquire(blocking=False):
+                try:
+                    stream.discard()
+                finally:
+                    stream.lock.release()
 
     def _stream_write(self, ident: int, stream: _Stream) -> None:
         app = self.server.app
@@ -673,7 +703,9 @@ class StoreServer:
         self.started_ms = int(time.time() * 1000)
         self._streams: dict[int, _Stream] = {}
         self._streams_lock = threading.Lock()
+        self._create_lock = threading.Lock()
         self._stop = threading.Event()
+        self._hidden = _hidden_locations(store)
         self._http = _Server(self, (host, port))
         self._thread: threading.Thread | None = None
         self._reaper = threading.Thread(target=self._reap, name="adcloud-store-reaper", daemon=True)
@@ -700,6 +732,13 @@ class StoreServer:
 
     # -- operations -----------------------------------------------------------------------
 
+    def public(self, message: str) -> str:
+        """``message`` as a client may read it: the server machine's directories behind the
+        store (tiers, catalog, under-store) named by their role, not by their path."""
+        for pattern, name in self._hidden:
+            message = pattern.sub(name, message)
+        return message
+
     def info(self, status: Any) -> dict[str, Any]:
         """The ``FileInfo`` JSON for a status."""
         host, port = self.address
@@ -710,7 +749,12 @@ class StoreServer:
             if len(self._streams) >= self.limits.max_streams:
                 stream.discard()
                 raise _HTTPError(
-                    500, "RESOURCE_EXHAUSTED", f"{self.limits.max_streams} streams already open"
+                    500,
+                    "RESOURCE_EXHAUSTED",
+                    f"{self.limits.max_streams} streams already open on this server; close "
+                    "the streams you are done with, or retry once others end (unclosed "
+                    f"ones end after {self.limits.stream_idle_timeout:g} s idle; "
+                    "`adcloud store serve --max-streams` raises the bound)",
                 )
             while True:
                 ident = secrets.randbelow(2**31 - 1) + 1
@@ -740,10 +784,28 @@ class StoreServer:
             ttl, action = stream.after_close
             self.store.set_ttl(stream.path, ttl, action=action)
 
+    def end_read_stream(self, ident: int) -> None:
+        """Close read stream ``ident``, now or, while a request holds it, as that request
+        finishes."""
+        with self._streams_lock:
+            stream = self._streams.pop(ident, None)
+        if stream is None:
+            raise StoreNotFoundError(f"stream {ident} does not exist")
+        stream.ended = True
+        if stream.lock.acquire(blocking=False):
+            try:
+                stream.discard()
+            finally:
+                stream.lock.release()
+
     def create_file(self, path: str, options: dict[str, Any]) -> int:
-        """``create-file``: a write stream id (the file appears when the stream closes)."""
-        if not _flag(options, "overwrite") and self.store.exists(path):
-            raise StoreExistsError(f"{path} already exists")
+        """``create-file``: a write stream id (the file appears when the stream closes).
+
+        Without ``overwrite`` it is refused while the path exists or another stream writes
+        it, as Alluxio refuses it for a file still being written: two such writers would
+        otherwise both succeed, and the later close silently replace the earlier file.
+        """
+        overwrite = _flag(options, "overwrite")
         write_type = options.get("writeType")
         if write_type is not None:
             if not isinstance(write_type, str) or write_type.upper() not in _WRITE_TYPES:
@@ -752,13 +814,28 @@ class StoreServer:
         ttl_ms, action = ttl_option(options)
         ttl = None if ttl_ms is None or ttl_ms < 0 else ttl_ms / 1000
         act = TtlAction.parse(action or "DELETE")
-        handle = self.store.open(
-            path, "wb", write_type=write_type, ttl=ttl if act is TtlAction.DELETE else None
-        )
-        stream = _Stream("w", handle, path)
-        if ttl is not None and act is TtlAction.FREE:
-            stream.after_close = (ttl, str(act))
-        return self._register(stream)
+        # the check and the stream's registration are one step for concurrent requests
+        with self._create_lock:
+            if not overwrite:
+                if self.store.exists(path):
+                    raise StoreExistsError(f"{path} already exists")
+                if self._writing(path):
+                    raise StoreExistsError(
+                        f"{path} is being written by another stream; create it with "
+                        "overwrite to replace it when this write completes, or wait for it"
+                    )
+            handle = self.store.open(
+                path, "wb", write_type=write_type, ttl=ttl if act is TtlAction.DELETE else None
+            )
+            stream = _Stream("w", handle, path)
+            if ttl is not None and act is TtlAction.FREE:
+                stream.after_close = (ttl, str(act))
+            return self._register(stream)
+
+    def _writing(self, path: str) -> bool:
+        """Whether an open write stream writes ``path``."""
+        with self._streams_lock:
+            return any(s.kind == "w" and s.path == path for s in self._streams.values())
 
     def open_file(self, path: str) -> int:
         """``open-file``: a read stream id (directories are refused by ``open``)."""
@@ -851,6 +928,38 @@ class StoreServer:
         tb: TracebackType | None,
     ) -> None:
         self.shutdown()
+
+
+def _hidden_locations(store: Store) -> list[tuple[re.Pattern[str], str]]:
+    """Patterns of the local directories and under-store URL behind ``store``, longest
+    first (a tier directory inside the store root is named as the tier), each with the
+    name an answer gives it instead."""
+    found: dict[str, str] = {}
+
+    def add(where: str | os.PathLike[str], name: str) -> None:
+        text = str(where).rstrip("/")
+        for form in {text, os.path.realpath(text) if text.startswith("/") else text}:
+            if len(form) > 1:
+                found.setdefault(form, name)
+
+    settings = getattr(store, "settings", None)
+    if isinstance(settings, StoreSettings):
+        for spec in settings.tiers():
+            add(spec.directory, f"<{spec.name} tier>")
+        ufs = settings.ufs_url()
+        add(ufs, "<under-store>")
+        if ufs.startswith("file://"):
+            add(ufs.removeprefix("file://"), "<under-store>")
+        add(settings.metadata_dir(), "<store metadata>")
+        if settings.root is not None:
+            add(settings.root, "<store root>")
+    if store.uri.startswith("file://"):
+        add(store.uri.removeprefix("file://"), "<store root>")
+    # a whole directory name only: /data/mem hides in /data/mem/x, not in /data/memo
+    return [
+        (re.compile(re.escape(where) + r"(?![^/\s'\"(),:;\]])"), name)
+        for where, name in sorted(found.items(), key=lambda item: -len(item[0]))
+    ]
 
 
 def _is_loopback(host: str) -> bool:

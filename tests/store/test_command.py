@@ -374,6 +374,26 @@ def test_serve_says_why_it_cannot_listen(
         assert info.value.code == 2, option
 
 
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--max-request-bytes", "0"], "argument --max-request-bytes: '0': give a size > 0"),
+        (
+            ["--token", "t0k3n-0123456789", "--token-file", "/dev/null"],
+            "argument --token-file: not allowed with argument --token",
+        ),
+    ],
+)
+def test_serve_refuses_bad_options_as_usage_errors(
+    option: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not a server that fails to start naming an internal limit, nor one token source
+    silently ignored for the other."""
+    with pytest.raises(SystemExit) as info:
+        parser().parse_args(["store", "serve", "--port", "0", *option])
+    assert info.value.code == 2 and says in capsys.readouterr().err
+
+
 def test_a_directory_target_takes_the_file_under_its_name(tmp_path: Path, store_root: Path) -> None:
     src = tmp_path / "scan.bin"
     src.write_bytes(b"s" * 300)

@@ -3,6 +3,7 @@ from and saving streams into ``local://`` and ``alluxio://`` through it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -117,6 +118,72 @@ def test_ranges_over_alluxio_read_forward_and_back(store_root: Path) -> None:
         fs.pipe_file(path, DATA[::-1])
         assert fs.cat_file(path, start=600_000, end=600_010) == DATA[::-1][600_000:600_010]
         fs.close()
+    finally:
+        server.shutdown()
+        backing.close()
+
+
+def test_a_replacement_with_the_same_size_and_mtime_is_not_read_from_a_kept_stream(
+    store_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mtimes are coarse (Alluxio's in ms, S3's in s): a file replaced by one of the same
+    size within that time is told apart by its checksum."""
+    backing = LocalStore("local://")
+    server = StoreServer(backing, port=0).start()
+    client = open_store(server.uri)
+    stat = client.stat
+    monkeypatch.setattr(client, "stat", lambda p: dataclasses.replace(stat(p), mtime=1.0))
+    fs = StoreFileSystem.over(client)
+    try:
+        backing.put("/r/x.bin", DATA)
+        assert fs.cat_file("/r/x.bin", start=0, end=10) == DATA[:10]
+        backing.put("/r/x.bin", DATA[::-1])
+        assert fs.cat_file("/r/x.bin", start=100, end=110) == DATA[::-1][100:110]
+    finally:
+        fs.close()
+        server.shutdown()
+        backing.close()
+
+
+def test_the_kept_stream_of_a_deleted_file_is_closed(store_root: Path) -> None:
+    backing = LocalStore("local://")
+    server = StoreServer(backing, port=0).start()
+    fs, path = store_filesystem(server.uri + "r/x.bin")
+    try:
+        backing.put("/r/x.bin", DATA)
+        assert fs.cat_file(path, start=0, end=10) == DATA[:10]
+        assert len(server._streams) == 1  # kept for the next range
+        backing.delete("/r/x.bin")
+        with pytest.raises(FileNotFoundError, match=r"/r/x\.bin"):
+            fs.cat_file(path, start=10, end=20)
+        deadline = time.monotonic() + 10
+        while server._streams and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not server._streams
+    finally:
+        fs.close()
+        server.shutdown()
+        backing.close()
+
+
+def test_kept_streams_are_closed_when_the_process_ends(store_root: Path) -> None:
+    """fsspec keeps a filesystem for the life of the process: its kept streams are closed
+    as the process exits, not left on the proxy until they idle out."""
+    backing = LocalStore("local://")
+    server = StoreServer(backing, port=0).start()
+    try:
+        backing.put("/r/x.bin", DATA)
+        code = (
+            "from adcloud.store.filesystem import store_filesystem\n"
+            f"fs, path = store_filesystem({server.uri + 'r/x.bin'!r})\n"
+            "assert len(fs.cat_file(path, start=0, end=10)) == 10\n"
+        )
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+        deadline = time.monotonic() + 10
+        while server._streams and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not server._streams
     finally:
         server.shutdown()
         backing.close()

@@ -26,6 +26,7 @@ from adcloud.store import (
     ServerLimits,
     StoreAuthError,
     StoreError,
+    StoreExistsError,
     StoreFullError,
     StoreNotFoundError,
     StoreServer,
@@ -361,6 +362,78 @@ def test_closed_readers_release_their_connections(served: tuple[StoreServer, str
     backend.close()
 
 
+def _open_streams_drop_to_zero(server: StoreServer, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while server._streams and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not server._streams
+
+
+def test_read_streams_end_when_their_readers_close_them(store_root: Path) -> None:
+    """A reader's close can reach the server while its read's request still holds the
+    stream (the body sent, the request not yet finished), and a reader that stops early cuts
+    its body off: either way the stream ends now, not after it idles out, so a few readers
+    cannot use up max_streams."""
+    store = LocalStore("local://")
+    limits = ServerLimits(max_streams=4)
+    server = StoreServer(store, port=0, token="tok", limits=limits).start()
+    backend = AlluxioStore(server.uri, token="tok")
+    try:
+        store.put("/small", b"read me whole")
+        big = bytes(range(256)) * (128 << 10)  # 32 MiB: more than the socket buffers hold
+        store.put("/big", big)
+        for _ in range(200):
+            with backend.open("/small") as stream:
+                assert stream.read() == b"read me whole"
+        assert _open_streams_drop_to_zero(server), [s.path for s in server._streams.values()]
+        for _ in range(8):
+            with backend.open("/big") as stream:
+                assert stream.read(10) == big[:10]
+            assert _open_streams_drop_to_zero(server), "a reader that stopped early"
+        assert backend.get("/big") == big  # the stream it read went on from its start
+    finally:
+        backend.close()
+        server.shutdown()
+        store.close()
+
+
+def test_errors_do_not_show_the_servers_directories(store_root: Path) -> None:
+    store = LocalStore("local://", mem_capacity="1KiB", ssd_capacity="1KiB", hdd_capacity="1KiB")
+    with StoreServer(store, port=0).start() as server:
+        client = AlluxioStore(server.uri)
+        with pytest.raises(StoreFullError) as caught:
+            client.put("/a b/ü.bin", bytes(5000), write_type=WriteType.MUST_CACHE)
+        said = str(caught.value)
+        assert "cannot place /a b/ü.bin" in said  # the client's own path, as it gave it
+        assert "MEM 0 B of 1.0 KiB used (<MEM tier>)" in said
+        assert str(store_root) not in said and "/mem" not in said
+        client.close()
+    store.close()
+
+
+def test_a_path_being_written_cannot_be_created_again_without_overwrite(
+    served: tuple[StoreServer, str],
+) -> None:
+    """As Alluxio: a create-file without overwrite of a file still being written is refused
+    (both writers succeeding, the later close silently replacing the earlier file, was)."""
+    server, token = served
+    client = AlluxioStore(server.uri, token=token)
+    first = client._path_call("/w/x", "create-file", {})
+    with pytest.raises(StoreExistsError, match=r"/w/x is being written by another stream"):
+        client._path_call("/w/x", "create-file", {})
+    second = client._path_call("/w/x", "create-file", {"overwrite": True})
+    client._call(f"/api/v1/streams/{first}/cancel")
+    client._call(f"/api/v1/streams/{second}/cancel")
+    third = client._path_call("/w/x", "create-file", {})  # no writer left
+    client._call(f"/api/v1/streams/{third}/cancel")
+    # the backend's put replaces (with overwrite): concurrent puts all succeed, one wins whole
+    payloads = [bytes([i]) * 100_000 for i in range(8)]
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda data: client.put("/w/y", data), payloads))
+    assert client.get("/w/y") in payloads
+    client.close()
+
+
 def test_sizes_are_bounded(small_server: tuple[StoreServer, LocalStore]) -> None:
     server, store = small_server
     addr = server.address
@@ -386,7 +459,7 @@ def test_sizes_are_bounded(small_server: tuple[StoreServer, LocalStore]) -> None
     assert not store.exists("/too-big-request")
 
     streams = [backend.open(f"/s{i}", "wb") for i in range(4)]
-    with pytest.raises(Exception, match="streams already open"):
+    with pytest.raises(StoreFullError, match=r"4 streams already open .*--max-streams"):
         backend.open("/s5", "wb")
     for s in streams:
         s.close()
