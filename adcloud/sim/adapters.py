@@ -604,6 +604,8 @@ class PipeAdapter:
 
 #: How long the ROS bridge may take to start (rospy) before its start-up wait begins.
 _BRIDGE_START_S = 30.0
+#: The least time (s) a run's roscore is given to start, whatever the node's start-up limit.
+_MASTER_START_S = 30.0
 #: How many free ports a run tries for its roscore before giving up.
 _MASTER_ATTEMPTS = 3
 
@@ -848,7 +850,15 @@ class Ros1Adapter:
                 "are not ROS 1 serialized (ROS 2 bags need a ROS 2 adapter)"
             )
         program = node.args[0]
-        if shutil.which(program) is None and not Path(program).is_file():
+        if node.cwd is not None and not Path(node.cwd).is_dir():
+            return NodeRun(
+                failure=f"cannot start {shlex.join(node.args)!r}: its working directory "
+                f"{node.cwd!r} is no directory"
+            )
+        # a bare name is looked up on PATH; a relative path (./my_node) is started in
+        # the node's working directory
+        here = Path(node.cwd) if node.cwd is not None else Path()
+        if not ((here / program).is_file() if os.sep in program else shutil.which(program)):
             return NodeRun(failure=f"cannot start {shlex.join(node.args)!r}: no such program")
         tmp = Path(tempfile.mkdtemp(prefix="adcloud-ros1-"))
         procs: list[subprocess.Popen[bytes]] = []
@@ -858,7 +868,12 @@ class Ros1Adapter:
                 port = _free_port()
                 env = lifeline.environ(_ros_env(tmp, port, node.env))
                 try:
-                    core = self._start_master(env, tmp, port, timing.startup_timeout_s, lifeline)
+                    # the master is infrastructure: the node's start-up limit (a few
+                    # seconds for a fast node) is no limit for it on a loaded executor,
+                    # where missing it failed the task and, after retries, the job
+                    core = self._start_master(
+                        env, tmp, port, max(timing.startup_timeout_s, _MASTER_START_S), lifeline
+                    )
                 except _PortTakenError:
                     log.info("port %d was taken by another ROS master; picking another", port)
                     if attempt + 1 == _MASTER_ATTEMPTS:

@@ -95,7 +95,13 @@ def add_parser(subparsers: Any) -> None:
     )
     _node_arguments(p, "*", "the node's command line")
     p.add_argument("--inputs", required=True, type=_topics, help="input topics, comma-separated")
-    p.add_argument("--outputs", default=(), type=_topics, help="output topics, comma-separated")
+    p.add_argument(
+        "--outputs",
+        default=(),
+        type=_topics,
+        help="output topics, comma-separated (default: every topic a pipe node writes; the "
+        "ros1 adapter needs them named)",
+    )
     p.add_argument(
         "--eval", action="append", default=[], metavar="SPEC", help="evaluator (repeatable)"
     )
@@ -143,7 +149,13 @@ def add_parser(subparsers: Any) -> None:
         "--timeout", type=_limit_seconds, default=300.0, help="per-scenario time limit, s"
     )
     p.add_argument(
-        "--startup-timeout", type=_limit_seconds, default=20.0, help="node start-up limit, s"
+        "--startup-timeout",
+        type=_limit_seconds,
+        default=20.0,
+        help="node start-up, s (default 20): synchronous mode waits this long after the first "
+        "input for the node's first answer while the node is idle (a node still computing is "
+        "waited for, up to --timeout; a pipe node slower to start is not failed for it); the "
+        "ros1 adapter fails a node that has not subscribed to the inputs by then",
     )
     p.add_argument(
         "--max-output-mb",

@@ -16,14 +16,15 @@ evaluator raises), never the job.
 
 Built-in evaluators:
 
-- ``rate`` (``topic``, ``min_hz``): the output topic is published at ``>= min_hz``;
+- ``rate`` (``topic``, ``min_hz``): the output topic is published at ``>= min_hz``
+  (a range shorter than one period at ``min_hz`` tells no rate and fails);
 - ``latency`` (``max_ms``, ``stat`` = ``max``/``p95``/``p50``, ``topic`` optional): no
   output later than ``max_ms`` after its input;
 - ``detections`` (``topic``, ``cloud_topic``, ``match_m``, ``min_precision``,
   ``min_recall``, ``classes`` as ``7+8+10``, ...): obstacle detections
   (``geometry_msgs/PoseArray``, cloud frame) against the obstacles in the labelled cloud
   (:mod:`adcloud.sim.obstacles`), matched
-  frame by frame within ``match_m``;
+  frame by frame within ``match_m``; a scenario without a cloud has no truth and fails;
 - ``pose_error`` (``topic``, ``truth_topic``, ``max_m``): positions of output poses
   (``nav_msgs/Odometry``, ``geometry_msgs/PoseStamped`` or ``PoseWithCovarianceStamped``)
   against the truth odometry recorded in the bag, interpolated to each output's time;
@@ -191,8 +192,18 @@ class RateEvaluator:
     def evaluate(self, data: ScenarioData) -> Evaluation:
         """Pass when the output rate reaches ``min_hz``."""
         seconds = data.scenario.seconds
+        if self.min_hz > 0 and seconds * self.min_hz < 1:
+            # one output over a range of one message (a bag of one cloud: 1 ns) would be
+            # a rate of 1e9 Hz: shorter than one period, a range tells no rate
+            return Evaluation(
+                self.name,
+                False,
+                {},
+                f"the evaluated range ({seconds:.3g} s) is shorter than one period at "
+                f"{self.min_hz:g} Hz: too short to measure a rate on {self.topic}",
+            )
         count = len(data.in_range(data.outputs, self.topic))
-        hz = count / seconds if seconds > 0 else 0.0
+        hz = count / seconds
         ok = hz >= self.min_hz
         reason = "" if ok else f"{self.topic} at {hz:.2f} Hz < {self.min_hz:g} Hz"
         return Evaluation(self.name, ok, {f"rate_hz[{self.topic}]": hz}, reason)
@@ -220,6 +231,16 @@ class LatencyEvaluator:
         ]
         q = {"max": 100.0, "p95": 95.0, "p50": 50.0}[self.stat]
         value = _percentile(lat, q)
+        if math.isnan(value) and lat:
+            # one frame: its only output is the first, whose latency is the start-up
+            return Evaluation(
+                self.name,
+                False,
+                {},
+                f"no latency to measure on the {len(lat)} output(s): the first output's "
+                "latency is the node's start-up (startup_ms), and one that came before any "
+                "input has none",
+            )
         if math.isnan(value):
             return Evaluation(self.name, False, {}, "no output to measure latency on")
         ok = value <= self.max_ms
@@ -316,6 +337,16 @@ class DetectionEvaluator:
                     dist[i, :] = np.inf
                     dist[:, j] = np.inf
         n_det += sum(len(v) for v in detections.values())  # stamped like no cloud
+        if not clouds:
+            # without truth every frame is "nothing to find": a node that found nothing
+            # would pass (a misspelt cloud_topic, a bag without the labelled cloud)
+            return Evaluation(
+                self.name,
+                False,
+                {"truth_objects": 0.0, "detected_objects": float(n_det)},
+                f"no clouds on {self.cloud_topic} in the scenario: no truth to judge the "
+                f"detections on {self.topic} against (`adcloud bag info` lists the topics)",
+            )
         precision = tp / n_det if n_det else (1.0 if not n_truth else 0.0)
         recall = tp / n_truth if n_truth else 1.0
         metrics = {

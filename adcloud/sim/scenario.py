@@ -20,6 +20,7 @@ directories.
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import json
 import math
@@ -278,10 +279,21 @@ def read_scenario_file(
     in the file's directory, and a relative ``url`` in this process's working directory.
     """
     try:
-        with fsspec.open(url, "r", **(storage_options or {})) as src:
-            data = _load_listing(src.read(), url)
+        with fsspec.open(url, "rb", **(storage_options or {})) as src:
+            raw: bytes = src.read()
     except FileNotFoundError as err:
         raise SimError(f"scenario file {url} does not exist") from err
+    except OSError as err:  # a directory, no permission, a store that fails
+        raise SimError(f"cannot read scenario file {url}: {err}") from err
+    body = raw.removeprefix(codecs.BOM_UTF8)  # a byte-order mark (Windows editors) is no JSON
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as err:
+        at = err.start + len(raw) - len(body)
+        raise SimError(
+            f"{url}: not UTF-8 text (byte {at} is {raw[at]:#04x}): a scenario file is JSON or YAML"
+        ) from err
+    data = _load_listing(text, url)
     items = data.get("scenarios") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
         raise SimError(f"{url}: expected a non-empty list under 'scenarios'")
@@ -293,17 +305,36 @@ def read_scenario_file(
         if not isinstance(item, dict) or "bag" not in item:
             raise SimError(f"{url}: scenario {i} must be a mapping with at least 'bag'")
         _check_keys(item, url, i)
-        bag = _bag_url(str(item["bag"]), listing)
+        given = item.get("name")
+        if given is not None and (isinstance(given, bool) or not isinstance(given, str | int)):
+            # a list or mapping would become its Python repr in every report
+            raise SimError(f"{url}: scenario {i}: name must be text, not {given!r}")
+        label = f"{url}: scenario {given or i!r}"
+        if not isinstance(item["bag"], str) or not item["bag"].strip():
+            # str() of null or a list names a file nobody meant ("None", "['a.bag']")
+            raise SimError(f"{label}: bag must be a path or URL, not {item['bag']!r}")
+        bag = _bag_url(item["bag"], listing)
         if bag not in spans:
-            spans[bag] = _bag_range(bag, storage_options)
+            try:
+                spans[bag] = _bag_range(bag, storage_options)
+            except SimError as err:
+                relative = "://" not in item["bag"] and not item["bag"].startswith("/")
+                hint = " (a relative bag lies in the scenario file's directory)" if relative else ""
+                raise SimError(f"{label}: bag {item['bag']!r}{hint}: {err}") from err
         span = spans[bag]
-        name = str(item.get("name") or f"{_stem(bag)}#{i:04d}")
+        name = str(given or f"{_stem(bag)}#{i:04d}")
         where = f"{url}: scenario {name!r}"
         start_s = _seconds(item, "start", 0.0, where)
         end_s = None if item.get("end") is None else _seconds(item, "end", 0.0, where)
         warmup_s = _seconds(item, "warmup", 0.0, where)
-        if start_s < 0 or warmup_s < 0 or (end_s is not None and end_s < start_s):
-            raise SimError(f"{where}: need 0 <= start <= end and warmup >= 0")
+        for key, value in (("start", start_s), ("warmup", warmup_s)):
+            if value < 0:
+                raise SimError(f"{where}: {key} must be >= 0 s, not {value:g}")
+        if end_s is not None and end_s < start_s:
+            raise SimError(
+                f"{where}: end {end_s:g} s is before start {start_s:g} s; "
+                "need 0 <= start <= end (seconds after the bag's first message)"
+            )
         if end_s is not None and end_s == start_s:
             # nothing to evaluate: it failed as "no messages on the input topics"
             raise SimError(

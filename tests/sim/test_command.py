@@ -84,6 +84,11 @@ def test_help_lists_the_registered_evaluators_and_explains_the_options(
         assert f"{name}," in text, name
     assert "--cut {bag,window,file} how bags become scenarios" in text
     assert "(default: empty = all inputs)" in text
+    # a pipe node slower to start than --startup-timeout is waited for, not failed: the
+    # help called it a "node start-up limit"
+    assert "start-up limit" not in text
+    assert "a pipe node slower to start is not failed for it" in text
+    assert "--outputs OUTPUTS output topics, comma-separated (default: every topic" in text
 
 
 def test_adapter_by_import_path() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -293,3 +294,52 @@ def test_what_a_factory_makes_is_checked_when_it_is_built(
     monkeypatch.setitem(EVALUATORS, "odd", factory)
     with pytest.raises(SimError, match=re.escape(f"evaluator 'odd' {says}")):
         build_evaluator(EvaluatorSpec("odd"))
+
+
+def test_rate_over_a_range_of_one_message_is_not_a_rate() -> None:
+    """A bag of one cloud is a scenario of 1 ns: its one output was a rate of 1e9 Hz,
+    passing any ``min_hz``."""
+    one = ScenarioData(
+        Scenario("s", "x.bag", 0, 1, 0),
+        [],
+        [Message("/out", 0, "std_msgs/msg/Empty", b"")],
+        [math.nan],
+        MessageDecoder(),
+    )
+    result = build_evaluator(EvaluatorSpec.of("rate", topic="/out", min_hz=8)).evaluate(one)
+    assert not result.passed
+    assert result.metrics == {}
+    assert result.reason == (
+        "the evaluated range (1e-09 s) is shorter than one period at 8 Hz: too short to "
+        "measure a rate on /out"
+    )
+    # one period is enough: 1 output in 0.125 s is 8 Hz
+    short = replace(one, scenario=Scenario("s", "x.bag", 0, _NS // 8, 0))
+    ok = build_evaluator(EvaluatorSpec.of("rate", topic="/out", min_hz=8)).evaluate(short)
+    assert ok.passed
+    assert ok.metrics["rate_hz[/out]"] == pytest.approx(8.0)
+
+
+def test_latency_of_only_the_start_up_output_says_so() -> None:
+    """One frame: the only output is the first, whose latency is the start-up; "no output
+    to measure latency on" sent the user looking for a silent node."""
+    result = build_evaluator(EvaluatorSpec.of("latency", max_ms=100)).evaluate(
+        _data([_NS], [math.nan])
+    )
+    assert not result.passed
+    assert result.reason.startswith("no latency to measure on the 1 output(s): the first")
+    assert "start-up" in result.reason
+
+
+def test_detections_without_any_truth_cloud_fail() -> None:
+    """No cloud on ``cloud_topic`` (misspelt, or not in the bag) is no truth at all: a
+    node that detected nothing passed with precision and recall 1."""
+    data = _data([], [])
+    spec = EvaluatorSpec.of("detections", topic="/obstacles", cloud_topic="/lidar/pointz")
+    result = build_evaluator(spec).evaluate(data)
+    assert not result.passed
+    assert result.reason.startswith(
+        "no clouds on /lidar/pointz in the scenario: no truth to judge the detections on "
+        "/obstacles against"
+    )
+    assert result.metrics == {"truth_objects": 0.0, "detected_objects": 0.0}

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import xmlrpc.client
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -200,6 +201,23 @@ def test_node_that_never_subscribes(drive: DriveResult, monkeypatch: pytest.Monk
     assert recorder.all_gone()
 
 
+def test_a_start_up_limit_shorter_than_roscores_start_fails_the_node_not_the_job(
+    drive: DriveResult,
+) -> None:
+    """The node's start-up limit was roscore's too: roscore takes longer than 0.3 s to
+    answer, so the run raised (a failed task, and after retries a failed job) instead of
+    failing the node that did not subscribe in time."""
+    job = _job(
+        drive.bag,
+        f"{sys.executable} -c 'import time; time.sleep(60)'",
+        ("/obstacles",),
+        startup_timeout_s=0.3,
+    )
+    result = _run(job)
+    assert not result.passed
+    assert result.reason == "no node subscribed to /lidar/points within 0.3 s"
+
+
 def test_a_node_over_the_time_limit_is_named_and_has_no_exit_code(drive: DriveResult) -> None:
     """The reason named the bridge's command line (``command "/usr/bin/python3
     .../_ros1_bridge.py --inputs ..." timed out``) and exit_code was the bridge's; JUnit
@@ -273,6 +291,29 @@ def test_missing_node_program(drive: DriveResult, tmp_path: Path) -> None:
     result = _run(_job(drive.bag, str(tmp_path / "nope"), ("/obstacles",)))
     assert not result.passed
     assert "cannot start" in result.reason
+
+
+@pytest.mark.skipif(not Path(RELAY).exists(), reason="topic_tools is not installed")
+def test_a_relative_node_program_is_found_in_the_nodes_directory(
+    drive: DriveResult, tmp_path: Path
+) -> None:
+    """``./relay.sh`` with ``cwd`` was looked for in the task's working directory and
+    refused as "no such program", where the pipe adapter starts it."""
+    script = tmp_path / "relay.sh"
+    script.write_text(f"#!/bin/sh\nexec {RELAY} /lidar/points /relayed\n")
+    script.chmod(0o755)
+    job = _job(drive.bag, "./relay.sh", ("/relayed",))
+    job = replace(job, node=replace(job.node, cwd=str(tmp_path)))
+    result = _run(job)
+    assert result.passed, (result.reason, result.stderr_tail)
+    assert result.output_counts["/relayed"] in (28, 29)
+    gone = replace(job, node=replace(job.node, cwd=str(tmp_path / "gone")))
+    result = _run(gone)
+    assert not result.passed
+    assert result.reason == (
+        f"cannot start './relay.sh': its working directory {str(tmp_path / 'gone')!r} "
+        "is no directory"
+    )
 
 
 def test_a_port_another_master_took_is_given_up_for_another(

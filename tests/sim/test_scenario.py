@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import json
 import math
@@ -11,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from adcloud.sim import CutMode, Scenario, ScenarioCut, SimError, plan_scenarios
+from adcloud.sim import (
+    CutMode,
+    Scenario,
+    ScenarioCut,
+    SimError,
+    plan_scenarios,
+    read_scenario_file,
+)
 from adcloud.synth import DriveResult
 
 _NS = 1_000_000_000
@@ -241,3 +249,56 @@ def test_a_name_given_twice_is_named(drive: DriveResult, tmp_path: Path) -> None
     listing.write_text(json.dumps({"scenarios": entries}))
     with pytest.raises(SimError, match="'drive#0001' is given more than once"):
         plan_scenarios([], ScenarioCut(CutMode.FILE, file=str(listing)))
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"bag": None}, r"scenario 0: bag must be a path or URL, not None$"),
+        ({"bag": ["d.bag"]}, r"scenario 0: bag must be a path or URL, not \['d\.bag'\]$"),
+        ({"bag": 5}, r"scenario 0: bag must be a path or URL, not 5$"),
+        ({"bag": " "}, r"scenario 0: bag must be a path or URL, not ' '$"),
+        ({"name": ["a"], "bag": "d.bag"}, r"scenario 0: name must be text, not \['a'\]$"),
+        (
+            {"name": "a", "bag": "nope.bag"},
+            r"scenario 'a': bag 'nope\.bag' \(a relative bag lies in the scenario file's "
+            r"directory\): cannot read the index of .*nope\.bag",
+        ),
+        ({"name": "a", "bag": "d.bag", "start": -1}, r"scenario 'a': start must be >= 0 s"),
+        ({"name": "a", "bag": "d.bag", "warmup": -1}, r"scenario 'a': warmup must be >= 0 s"),
+        (
+            {"name": "a", "bag": "d.bag", "start": 2, "end": 1},
+            r"scenario 'a': end 1 s is before start 2 s",
+        ),
+    ],
+)
+def test_a_bad_bag_or_name_is_named_with_the_file_and_scenario(
+    drive: DriveResult, tmp_path: Path, entry: dict[str, object], says: str
+) -> None:
+    """A null or list ``bag`` was read as a file called ``None`` or ``['d.bag']``, and a
+    bag that does not read was reported without the scenario file that names it."""
+    (tmp_path / "d.bag").symlink_to(drive.bag)
+    listing = tmp_path / "scenarios.json"
+    listing.write_text(json.dumps({"scenarios": [entry]}))
+    with pytest.raises(SimError, match=says) as info:
+        read_scenario_file(str(listing))
+    assert str(info.value).startswith(f"{listing}: scenario ")
+
+
+def test_a_scenario_file_that_is_no_text_or_no_file_is_a_sim_error(tmp_path: Path) -> None:
+    binary = tmp_path / "scenarios.json"
+    binary.write_bytes(b'{"scenarios": [\xff]}')
+    with pytest.raises(SimError, match=r"scenarios\.json: not UTF-8 text \(byte 15 is 0xff\)"):
+        read_scenario_file(str(binary))
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    with pytest.raises(SimError, match=r"cannot read scenario file .*folder\.json"):
+        read_scenario_file(str(folder))
+
+
+def test_a_scenario_file_with_a_byte_order_mark_reads(drive: DriveResult, tmp_path: Path) -> None:
+    listing = tmp_path / "scenarios.json"
+    text = json.dumps({"scenarios": [{"name": "a", "bag": str(drive.bag), "end": 1.0}]})
+    listing.write_bytes(codecs.BOM_UTF8 + text.encode())
+    (only,) = read_scenario_file(str(listing))
+    assert (only.name, only.seconds) == ("a", 1.0)
