@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -189,6 +190,7 @@ def load_settings(
     environ = os.environ if environ is None else environ
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = dict(defaults or {})
+    sources: dict[str, str] = {}  # setting -> the variable or file that gave its value
     if file is not None:
         path = Path(file)
         try:
@@ -215,26 +217,64 @@ def load_settings(
                 f"{', '.join(sorted(f.name for f in dataclasses.fields(cls)))}"
             )
         values.update(part)
+        sources.update(dict.fromkeys(part, str(path)))
     prefix = f"ADCLOUD_{section.upper()}_"
     for field in dataclasses.fields(cls):
         env_name = prefix + field.name.upper()
         if env_name in environ:
             values[field.name] = environ[env_name]
+            sources[field.name] = env_name
     fields = [f.name.upper() for f in dataclasses.fields(cls)]
     spare = [n.removeprefix(prefix) for n in environ if n.startswith(prefix)]
     _warn_near_misses(spare, fields, lambda name: prefix + name)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    values.update(given)
+    for name in given:
+        sources.pop(name, None)  # the caller's own value: it knows where it came from
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(
             f"unknown {section} setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
+    try:
+        return _build(cls, section, values, hints, dataclasses.fields(cls), defaults)
+    except ConfigError as err:
+        _name_sources(err, section, sources)
+        raise
+
+
+def _name_sources(err: ConfigError, section: str, sources: Mapping[str, str]) -> None:
+    """Make ``err`` say where the value of each setting it names came from (the variable or
+    the file), unless it says so already: "hdmap.resolution: cannot read 'abc'" alone
+    leaves the user to find which of the environment, a settings file or an
+    ``EnvironmentFile`` of a service gave it."""
+    text = str(err)
+    named = [
+        source
+        for name, source in sources.items()
+        if re.search(rf"(?<![\w.]){re.escape(section)}\.{re.escape(name)}(?!\w)", text)
+        and source not in text
+    ]
+    if named:
+        err.args = (f"{text} (from {', '.join(dict.fromkeys(named))})", *err.args[1:])
+
+
+def _build(
+    cls: type[T],
+    section: str,
+    values: Mapping[str, Any],
+    hints: Mapping[str, Any],
+    fields: Sequence[dataclasses.Field[Any]],
+    defaults: Mapping[str, Any] | None,
+) -> T:
+    """``cls`` (whose ``fields`` they are) of the layered ``values``, coerced to its field
+    types and checked."""
     coerced = {
         name: _coerce(value, hints[name], f"{section}.{name}") for name, value in values.items()
     }
     settings = cls(**coerced)  # its own checks first: they say what range a value must be in
-    for field in dataclasses.fields(cls):
+    for field in fields:
         value = coerced.get(field.name)
         if isinstance(value, float) and math.isnan(value) and not _unset_allowed(field, defaults):
             # NaN (or null, how settings_dict writes it) stands for "unset" only where that

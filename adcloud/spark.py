@@ -25,6 +25,7 @@ import dataclasses
 import fcntl
 import functools
 import ipaddress
+import itertools
 import json
 import logging
 import os
@@ -165,7 +166,12 @@ class SparkSettings:
         for entry in self.conf:
             key, sep, value = entry.partition("=")
             if not sep or not key.strip():
-                msg = f"spark.conf: entry {entry!r} is not of the form key=value"
+                # ADCLOUD_SPARK_CONF is split at every comma: a value holding one breaks up
+                msg = (
+                    f"spark.conf: entry {entry!r} is not of the form key=value "
+                    "(ADCLOUD_SPARK_CONF: comma-separated key=value entries; a value that "
+                    "holds a comma must come from a settings file's spark section)"
+                )
                 raise ConfigError(msg)
             if key.strip() == "spark.master":
                 # the master is checked (and a cluster found) from settings.master; one given
@@ -574,7 +580,9 @@ def _under_submit(
     """:func:`spark_conf` for a driver that spark-submit started: what the submit command
     line set (``--executor-memory``, ``--conf``...) wins over adcloud's defaults and
     settings -- the session would otherwise set them back -- and ``conf`` (the program's
-    own) wins over both, as in Spark. The master is the submitted one."""
+    own) wins over both, as in Spark. The master is the submitted one, and so is the
+    application's name where the submit line gave one (``--name``, ``--conf
+    spark.app.name=``): without, spark-submit names it after the application file."""
     from pyspark import SparkConf  # noqa: PLC0415
 
     SparkContext._ensure_initialized()  # attach to spark-submit's JVM
@@ -582,6 +590,9 @@ def _under_submit(
     settings = dataclasses.replace(settings, master=submitted.get("spark.master", settings.master))
     ours = spark_conf(settings, conf)
     kept = {key: submitted[key] for key in ours if key in submitted and key not in conf}
+    name = submitted.get("spark.app.name")
+    if name and name != Path(sys.argv[0]).name and "spark.app.name" not in conf:
+        kept["spark.app.name"] = name
     return spark_conf(settings, {**kept, **conf})
 
 
@@ -637,7 +648,10 @@ class StandaloneCluster:
     ``detach`` is set they also receive SIGTERM when the thread that started them dies, so a
     killed test run leaves no JVMs behind.  ``detach=True`` is for clusters that outlive this
     process (``python -m adcloud.spark cluster start``); stop those with
-    :meth:`from_state` + :meth:`stop`.
+    :meth:`from_state` + :meth:`stop`.  With ``state_dir``, :meth:`start` records each
+    process there as it launches it (``cluster.json`` and ``pids``; ``master-url`` once all
+    are up), so that a start killed half-way -- ``kill -9``, the OOM killer -- leaves what it
+    launched for :meth:`from_state` to stop; a start that fails removes the record.
     """
 
     def __init__(
@@ -652,6 +666,7 @@ class StandaloneCluster:
         daemon_java_opts: str = _LIGHT_JVM_OPTS,
         start_timeout: float = 60.0,
         detach: bool = False,
+        state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if workers < 1 or cores < 1:
             msg = f"a cluster needs at least one worker and one core (got {workers}, {cores})"
@@ -669,6 +684,7 @@ class StandaloneCluster:
         self.daemon_java_opts = daemon_java_opts
         self.start_timeout = start_timeout
         self.detach = detach
+        self.state_dir = Path(state_dir) if state_dir is not None else None
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.master_port = 0
         self.webui_port = 0
@@ -753,6 +769,7 @@ class StandaloneCluster:
                 {},
             )
             self.master_pid = master.pid
+            self._record()
             # Workers started before the master listens back off for 5-15 s; wait for it.
             self._wait(deadline, self._is_own_master, "the master to answer")
             worker_env = {"SPARK_WORKER_OPTS": self._worker_opts()}
@@ -786,15 +803,23 @@ class StandaloneCluster:
                         proc.pid, port, webui, work_dir, self.log_dir / f"worker-{index}.log"
                     )
                 )
+                self._record()
             # Count rather than match ports: Spark moves to the next port if one was taken.
             self._wait(
                 deadline,
                 lambda doc: _alive_workers(doc) >= self.workers,
                 f"{self.workers} workers to register as ALIVE",
             )
+            if self.state_dir is not None:
+                self.write_state(self.state_dir)
         except BaseException:
-            with contextlib.suppress(SparkClusterError):  # the start error is the one to see
+            try:
                 self.stop()
+            except SparkClusterError:
+                pass  # the start error is the one to see; the record stays for a later stop
+            else:
+                if self.state_dir is not None:
+                    _remove_state(self.state_dir)
             raise
         logger.info(
             "standalone cluster %s with %d x %d cores up in %.1f s (logs in %s)",
@@ -815,9 +840,7 @@ class StandaloneCluster:
             return
         atexit.unregister(self.stop)
         # Collect the whole tree first: executors and Python daemons are grandchildren.
-        tree = [
-            p for p in [*(w.pid for w in self.worker_infos), self.master_pid] if _is_spark_daemon(p)
-        ]
+        tree = self._running_daemons()
         tree.extend(_descendants(tree))
         for pid in tree:
             _signal(pid, signal.SIGTERM)
@@ -853,9 +876,15 @@ class StandaloneCluster:
 
         Writes ``cluster.json``, plus ``master-url`` and ``pids`` (one per line) for shell use.
         """
+        path = self._write_processes(Path(state_dir))
+        _atomic_write(Path(state_dir) / "master-url", self.master_url + "\n")
+        return path
+
+    def _write_processes(self, directory: Path) -> Path:
+        """Write ``cluster.json`` and ``pids`` (not ``master-url``: that says the cluster is
+        up) into ``directory``."""
         self._require_started()
         assert self.log_dir is not None
-        directory = Path(state_dir)
         directory.mkdir(parents=True, exist_ok=True)
         state = {
             "version": 1,
@@ -877,9 +906,17 @@ class StandaloneCluster:
         }
         path = directory / _STATE_FILE
         _atomic_write(path, json.dumps(state, indent=2) + "\n")
-        _atomic_write(directory / "master-url", self.master_url + "\n")
         _atomic_write(directory / "pids", "".join(f"{pid}\n" for pid in self.pids))
         return path
+
+    def _record(self) -> None:
+        """Record the processes launched so far in :attr:`state_dir`, if any."""
+        if self.state_dir is not None:
+            self._write_processes(self.state_dir)
+
+    def running(self) -> bool:
+        """Whether any of the recorded master and workers still runs."""
+        return bool(self._running_daemons())
 
     @classmethod
     def from_state(cls, state_dir: str | os.PathLike[str]) -> StandaloneCluster:
@@ -923,6 +960,13 @@ class StandaloneCluster:
         return f"StandaloneCluster({self.workers} x {self.cores} cores, {self.memory}, {where})"
 
     # -- internals ------------------------------------------------------------------------
+
+    def _running_daemons(self) -> list[int]:
+        """The pids of the master and workers that still run as this cluster's: a pid
+        recorded before a crash or a reboot may since be another cluster's daemon, whose
+        command line names other ports."""
+        own = [(self.master_pid, self.master_port), *((w.pid, w.port) for w in self.worker_infos)]
+        return [pid for pid, port in own if pid and _is_spark_daemon(pid, port)]
 
     def _require_started(self) -> None:
         if not self.master_pid:
@@ -1085,18 +1129,31 @@ def _descendants(roots: Iterable[int]) -> list[int]:
     return found
 
 
-def _is_spark_daemon(pid: int) -> bool:
-    """Whether ``pid`` is still a Spark master/worker (guards against reused pids)."""
+def _is_spark_daemon(pid: int, port: int | None = None) -> bool:
+    """Whether ``pid`` is still a Spark master/worker -- with ``port``, one started on that
+    port (guards against reused pids)."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"org.apache.spark.deploy." in cmdline and _alive(pid)
+    if not any(arg.startswith(b"org.apache.spark.deploy.") for arg in argv):
+        return False
+    if port is not None and not any(
+        arg == b"--port" and value == str(port).encode() for arg, value in itertools.pairwise(argv)
+    ):
+        return False
+    return _alive(pid)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
+
+
+def _remove_state(state_dir: Path) -> None:
+    """Remove the record of a cluster from ``state_dir`` (its logs stay)."""
+    for name in (_STATE_FILE, "master-url", "pids"):
+        (state_dir / name).unlink(missing_ok=True)
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -1170,11 +1227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.action == "start":
             with _state_lock(state_dir, create=True):
-                if (state_dir / _STATE_FILE).exists():
-                    existing = StandaloneCluster.from_state(state_dir)
-                    if any(_is_spark_daemon(pid) for pid in existing.pids):
-                        msg = f"a cluster recorded in {state_dir} is still running; stop it first"
-                        raise SparkClusterError(msg)
+                recorded = (state_dir / _STATE_FILE).exists()
+                if recorded and StandaloneCluster.from_state(state_dir).running():
+                    msg = f"a cluster recorded in {state_dir} is still running; stop it first"
+                    raise SparkClusterError(msg)
                 started = StandaloneCluster(
                     args.workers,
                     cores=args.cores,
@@ -1183,8 +1239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log_dir=state_dir / "logs",
                     start_timeout=args.timeout,
                     detach=True,
+                    state_dir=state_dir,
                 ).start()
-                started.write_state(state_dir)
             sys.stdout.write(started.master_url + "\n")
         elif args.action == "stop":
             with _state_lock(state_dir, create=False):
@@ -1192,8 +1248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     logger.info("no cluster recorded in %s; nothing to stop", state_dir)
                     return 0
                 StandaloneCluster.from_state(state_dir).stop()
-                for name in (_STATE_FILE, "master-url", "pids"):
-                    (state_dir / name).unlink(missing_ok=True)
+                _remove_state(state_dir)
         else:
             if not (state_dir / _STATE_FILE).exists():
                 raise SparkClusterError(

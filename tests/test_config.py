@@ -351,3 +351,44 @@ def test_nan_or_an_empty_number_is_refused_unless_unset_is_the_default(
             defaults={"ratio": math.nan},
         ).ratio
     )
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Checks its own range, as the services' settings do."""
+
+    workers: int = 2
+    ratio: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"example.workers: give 1 or more, not {self.workers}")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("ADCLOUD_EXAMPLE_WORKERS", "many", "example.workers: cannot read 'many'"),
+        ("ADCLOUD_EXAMPLE_WORKERS", "0", "example.workers: give 1 or more, not 0"),
+        ("ADCLOUD_EXAMPLE_RATIO", "nan", "example.ratio: 'nan' is not a number"),
+    ],
+)
+def test_a_bad_value_says_which_variable_or_file_gave_it(
+    tmp_path: Path, variable: str, value: str, said: str
+) -> None:
+    """``ADCLOUD_HDMAP_RESOLUTION=abc`` in a service's EnvironmentFile: the error named the
+    setting (``hdmap.resolution``) but not the variable, nor that the value came from the
+    environment rather than a settings file."""
+    with pytest.raises(ConfigError) as info:
+        load_settings(Checked, "example", environ={variable: value})
+    assert str(info.value).startswith(said) and str(info.value).endswith(f"(from {variable})")
+    field = variable.removeprefix("ADCLOUD_EXAMPLE_").lower()
+    path = tmp_path / "settings.yaml"
+    path.write_text(f"example:\n  {field}: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(Checked, "example", file=path, environ={})
+    assert str(info.value).endswith(f"(from {path})"), info.value
+    # a value the caller gave is its own: no source to name
+    with pytest.raises(ConfigError) as info:
+        load_settings(Checked, "example", environ={variable: "3"}, **{field: value})
+    assert "(from" not in str(info.value)

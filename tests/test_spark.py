@@ -373,6 +373,7 @@ spark = get_session(**{"spark.sql.shuffle.partitions": "7"})
 conf = spark.sparkContext.getConf()
 keys = ["spark.executor.memory", "spark.executor.extraJavaOptions", "spark.sql.shuffle.partitions"]
 print("CONF " + json.dumps({key: conf.get(key) for key in keys}))
+print("NAME " + spark.sparkContext.appName)
 spark.stop()
 """
 
@@ -386,6 +387,7 @@ def test_under_spark_submit_the_submit_line_wins_over_adcloud_defaults(tmp_path:
             *("--master", "local[2]", "--conf", "spark.executor.memory=3g"),
             *("--conf", "spark.executor.extraJavaOptions=-Xss4m"),
             *("--conf", "spark.sql.shuffle.partitions=3"),
+            *("--name", "nightly-map"),
             str(job),
         ],
         env=python_env(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable),
@@ -403,6 +405,9 @@ def test_under_spark_submit_the_submit_line_wins_over_adcloud_defaults(tmp_path:
     assert "G1HeapRegionSize" not in conf["spark.executor.extraJavaOptions"]
     # what the program itself asks for still wins, as in Spark
     assert conf["spark.sql.shuffle.partitions"] == "7"
+    # the submit line's application name, not adcloud's default (the Spark UI, the master's
+    # and the history server's list of applications showed every submitted job as "adcloud")
+    assert "NAME nightly-map" in done.stdout.splitlines()
 
 
 def test_find_java_reports_java_17_or_newer() -> None:
@@ -986,3 +991,46 @@ def test_the_status_of_a_cluster_whose_master_was_killed_says_so(tmp_path: Path)
     cluster.master_pid = gone.pid
     with pytest.raises(SparkClusterError, match=rf"the master \(pid {gone.pid}\) is no longer"):
         cluster.status()
+
+
+def test_a_recorded_pid_now_another_clusters_daemon_is_left_alone(tmp_path: Path) -> None:
+    """A state directory left by a crash or a reboot records pids that may since be another
+    cluster's master or worker: ``cluster start`` there refused ("still running") and
+    ``cluster stop`` killed the other cluster's daemon.  Only a daemon on the recorded port
+    is this cluster's."""
+    daemon = ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "7177"]
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *daemon])
+    try:
+        state = tmp_path / "state"
+        cluster = StandaloneCluster(1, log_dir=tmp_path / "logs")
+        # the pid recorded, but the daemon that has it now listens on another port
+        cluster.master_pid, cluster.master_port, cluster.webui_port = stand_in.pid, 7077, 8080
+        cluster.write_state(state)
+        stop = subprocess.run(
+            [sys.executable, "-m", "adcloud.spark", "cluster", "stop", "--state-dir", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert stop.returncode == 0, stop.stderr
+        assert stand_in.poll() is None, "the other cluster's daemon was stopped"
+        assert not (state / "cluster.json").exists()
+        cluster.write_state(state)
+        assert not StandaloneCluster.from_state(state).running()
+        cluster.master_port = 7177
+        cluster.write_state(state)
+        assert StandaloneCluster.from_state(state).running()
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
+def test_a_bad_spark_conf_entry_names_the_variable() -> None:
+    """``ADCLOUD_SPARK_CONF=spark.executor.extraJavaOptions=-Da=1,-Db`` (a value with a
+    comma) said only that ``-Db`` is no key=value, not which variable holds it."""
+    settings = SparkSettings.load(
+        environ={"ADCLOUD_SPARK_CONF": "spark.executor.extraJavaOptions=-Da=1,-Db"}
+    )
+    with pytest.raises(ConfigError, match=r"entry '-Db' .*ADCLOUD_SPARK_CONF.*settings file"):
+        settings.conf_pairs()

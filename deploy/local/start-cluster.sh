@@ -14,9 +14,20 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 python="${ADCLOUD_PYTHON:-$root/.venv/bin/python}"
 state_dir="${ADCLOUD_CLUSTER_STATE:-$root/out/local-cluster}"
 workers="${1:-2}"
+cores="${ADCLOUD_CLUSTER_CORES:-1}"
+memory="${ADCLOUD_CLUSTER_MEMORY:-1g}"
 
 if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then
     echo "usage: $0 [N_WORKERS]  (N_WORKERS: a positive integer, got '$workers')" >&2
+    exit 2
+fi
+# Checked here, so that the error names the variable (python's names only --cores / --memory)
+if ! [[ "$cores" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: ADCLOUD_CLUSTER_CORES='$cores': give the cores each worker offers, a positive integer" >&2
+    exit 2
+fi
+if ! [[ "$memory" =~ ^[1-9][0-9]*[kKmMgGtT]?$ ]]; then
+    echo "error: ADCLOUD_CLUSTER_MEMORY='$memory': give the memory each worker offers in JVM notation, e.g. 512m or 2g" >&2
     exit 2
 fi
 if [[ ! -x "$python" ]]; then
@@ -26,6 +37,6 @@ fi
 
 exec "$python" -m adcloud.spark cluster start \
     --workers "$workers" \
-    --cores "${ADCLOUD_CLUSTER_CORES:-1}" \
-    --memory "${ADCLOUD_CLUSTER_MEMORY:-1g}" \
+    --cores "$cores" \
+    --memory "$memory" \
     --state-dir "$state_dir"

@@ -8,8 +8,11 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import pytest
 
 from tests.processes import alive
 
@@ -112,3 +115,75 @@ def test_two_starts_at_once_start_one_cluster_that_stop_stops(tmp_path: Path) ->
     assert f"a cluster recorded in {state} is still running; stop it first" in said
     assert len(running) == 2, running  # one master, one worker
     assert left == []
+
+
+def test_a_bad_cluster_variable_is_named_before_anything_starts(tmp_path: Path) -> None:
+    """``ADCLOUD_CLUSTER_CORES=two start-cluster.sh``: the error named ``--cores``, an option
+    the user never typed, instead of the variable they set."""
+    state = tmp_path / "state"
+    scripts = REPO_ROOT / "deploy" / "local"
+    for variable, value in (
+        ("ADCLOUD_CLUSTER_CORES", "two"),
+        ("ADCLOUD_CLUSTER_CORES", "0"),
+        ("ADCLOUD_CLUSTER_MEMORY", "1.5g"),
+        ("ADCLOUD_CLUSTER_MEMORY", "lots"),
+    ):
+        env = {
+            **os.environ,
+            "ADCLOUD_CLUSTER_STATE": str(state),
+            "ADCLOUD_PYTHON": sys.executable,
+            variable: value,
+        }
+        proc = subprocess.run(
+            [str(scripts / "start-cluster.sh"), "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert f"error: {variable}='{value}'" in proc.stderr
+        assert not state.exists()
+
+
+@pytest.mark.cluster
+def test_a_start_killed_outright_leaves_what_it_launched_to_stop(tmp_path: Path) -> None:
+    """``kill -9`` (the OOM killer, a CI step cancelled) of ``cluster start`` once its master
+    runs: nothing recorded the master until all workers were up, so ``stop-cluster.sh`` said
+    "nothing to stop" and the master ran on for ever, holding its ports."""
+    state = tmp_path / "state"
+    argv = ["cluster", "start", "--workers", "1", "--state-dir", str(state)]
+    start = subprocess.Popen(
+        [sys.executable, "-m", "adcloud.spark", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _daemons_in(state) and time.monotonic() < deadline and start.poll() is None:
+            time.sleep(0.05)
+        launched = _daemons_in(state)
+        assert launched, "the start never launched a master"
+        start.kill()
+        start.wait(timeout=30)
+        stop = subprocess.run(
+            [sys.executable, "-m", "adcloud.spark", "cluster", "stop", "--state-dir", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        deadline = time.monotonic() + 20
+        while _daemons_in(state) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _daemons_in(state)
+    finally:
+        start.kill()
+        start.wait(timeout=30)
+        for pid in _daemons_in(state):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert stop.returncode == 0, stop.stderr
+    assert left == [], stop.stderr
+    assert not (state / "cluster.json").exists()

@@ -6,6 +6,7 @@ modules that record what the file builds (the DAG's arguments and the task's com
 from __future__ import annotations
 
 import configparser
+import datetime as dt
 import json
 import os
 import py_compile
@@ -135,7 +136,7 @@ def test_systemd_timer() -> None:
     timer = unit["Timer"]
     assert timer["Unit"] == SERVICE.name
     assert TIMER.stem == SERVICE.stem  # systemd pairs them by name too
-    assert re.fullmatch(r"\*-\*-\* \d{2}:\d{2}(:\d{2})?", timer["OnCalendar"])
+    assert re.fullmatch(r"\*-\*-\* \d{2}:\d{2}(:\d{2})? UTC", timer["OnCalendar"])
     assert timer["Persistent"] == "true"
     assert unit["Install"]["WantedBy"] == "timers.target"
 
@@ -280,3 +281,30 @@ def test_airflow_dag_passes_variables_as_single_words(
     assert argv[argv.index("--map") + 1] == variables["adcloud_hdmap_map"]
     assert not marker.exists()
     assert_build_command(["adcloud", *argv])
+
+
+def _dag_arguments(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    stub_airflow(monkeypatch, 3)
+    monkeypatch.setattr(_Recorder, "dags", [])
+    monkeypatch.setattr(_Recorder, "tasks", [])
+    exec(compile(DAG_FILE.read_text(), str(DAG_FILE), "exec"), {"__name__": "adcloud_hdmap_dag"})
+    (dag,) = _Recorder.dags
+    return dag
+
+
+def test_the_three_schedules_start_the_build_at_the_same_utc_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README offers the three as the same nightly build: the DAG ran at 02:15 UTC, the
+    timer at 02:15 of the host's zone (OnCalendar without a zone is local time), so a
+    host off UTC built its map hours apart from the others, maybe in the working day."""
+    dag = _dag_arguments(monkeypatch)
+    minute, hour, *_ = dag["schedule"].split()
+    assert dag["start_date"].utcoffset() == dt.timedelta(0)  # Airflow reads cron in its zone
+    fields = crontab_jobs()[0].split(None, 5)
+    assert fields[:2] == [minute, hour]
+    lines = [line.strip() for line in NIGHTLY.joinpath("crontab.example").read_text().splitlines()]
+    job = lines.index(crontab_jobs()[0])
+    assert "CRON_TZ=UTC" in lines[:job]  # cronie reads the lines after it in UTC
+    calendar = read_unit(TIMER)["Timer"]["OnCalendar"]
+    assert calendar == f"*-*-* {int(hour):02d}:{int(minute):02d}:00 UTC"
