@@ -105,16 +105,21 @@ def _cmd_devices(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_features(args: argparse.Namespace, console: Console) -> int:
-    from adcloud.hetero.devices import HeteroSettings  # noqa: PLC0415
+    from adcloud.hetero.devices import HeteroSettings, select_device  # noqa: PLC0415
+    from adcloud.hetero.errors import DeviceNotFoundError  # noqa: PLC0415
     from adcloud.hetero.feature_job import extract_features  # noqa: PLC0415
     from adcloud.spark import SparkSettings, get_session  # noqa: PLC0415
 
     overrides = {"device": args.device} if args.device else {}
     settings = HeteroSettings.load(**overrides)
-    if settings.device:
-        from adcloud.hetero.devices import select_device  # noqa: PLC0415
-
-        select_device(settings)  # a pinned device that is not there fails before Spark starts
+    # a pinned device that is not there fails before Spark starts
+    if args.device:
+        try:
+            select_device(settings, address=args.device)
+        except DeviceNotFoundError as err:
+            raise DeviceNotFoundError(f"--device {args.device!r}: {err}") from err
+    elif settings.device:
+        select_device(settings)
     spark_settings = SparkSettings.load(master=args.master) if args.master else SparkSettings.load()
     spark = get_session(spark_settings, **{"spark.ui.showConsoleProgress": "false"})
     with console.status(f"extracting image features on {spark.sparkContext.master} ..."):

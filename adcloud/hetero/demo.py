@@ -152,11 +152,19 @@ def run_demo(
         delta = np.linalg.inv(reference) @ result.transform
         error_m = float(np.linalg.norm(delta[:3, 3]))
         error_deg = _rotation_error_deg(delta)
+        # an ICP stopped by its iteration limit is not a result to present as one
+        outcome = (
+            f"converged in {result.iterations} iterations"
+            if result.converged
+            else f"did NOT converge: stopped after {result.iterations} iterations"
+        )
         say(
             f"ICP of the real scan pair ({len(source):,} + {len(target):,} points): "
-            f"{result.iterations} iterations in {seconds * 1e3:.0f} ms, "
+            f"{outcome} in {seconds * 1e3:.0f} ms, rmse {result.rmse * 100:.1f} cm, "
             f"{error_m * 100:.1f} cm / {error_deg:.2f} deg from the reference"
         )
+        if not result.converged:
+            log.warning("hetero demo: ICP of the scan pair did not converge")
         icp_file = root / "icp.json"
         icp_file.write_text(
             json.dumps(
@@ -166,7 +174,10 @@ def run_demo(
                     "translation_error_m": error_m,
                     "rotation_error_deg": error_deg,
                     "iterations": result.iterations,
+                    "converged": result.converged,
                     "rmse_m": result.rmse,
+                    "inliers": result.inliers,
+                    "fitness": result.fitness,
                     "device": result.device,
                     "hetero": settings_dict(settings),
                 },

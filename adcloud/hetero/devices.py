@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from adcloud.config import load_settings
-from adcloud.errors import ConfigError, MissingComponentError
+from adcloud.errors import AdcloudError, ConfigError, MissingComponentError
 from adcloud.hetero.errors import DeviceNotFoundError, HeteroError
 
 if TYPE_CHECKING:
@@ -399,10 +399,13 @@ class OpenCLDevice:
         """
         import pyopencl as cl  # noqa: PLC0415
 
+        from adcloud.hetero._kernels import allocate  # noqa: PLC0415 - cycle
+
         buffers = self._thread_cache("scratch")
         buffer = buffers.get(name)
         if buffer is None or buffer.size < nbytes:
-            buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(int(nbytes), 1))
+            buffers.pop(name, None)  # a failed allocation must not leave the old one in use
+            buffer = allocate(self, cl.mem_flags.READ_WRITE, nbytes, f"scratch {name}")
             buffers[name] = buffer
         return buffer
 
@@ -767,12 +770,34 @@ def _resolve_index(index: int, resource: str | None, settings: HeteroSettings) -
     kinds = settings.kinds_for(resource) if resource in _SPARK_RESOURCES else tuple(_KINDS)
     matching = [d.address for d in list_devices() if d.kind.value in kinds]
     if index >= len(matching):
+        numbered = ", ".join(f"{i} = {a}" for i, a in enumerate(matching)) or "none"
         msg = (
             f"device number {index} (resource {resource or '-'}): only {len(matching)} "
-            f"device(s) of kinds {', '.join(kinds)} here"
+            f"device(s) of kinds {', '.join(sorted(kinds))} here ({numbered})"
         )
         raise DeviceNotFoundError(msg)
     return matching[index]
+
+
+def _devices_here() -> str:
+    """The devices an address may name on this machine, for error messages."""
+    try:
+        found = list_devices() if opencl_status() is None else []
+    except AdcloudError as err:  # pyopencl missing: only the reference is there
+        log.debug("cannot list OpenCL devices: %s", err)
+        found = []
+    return "; ".join([*(d.describe() for d in found), f"{NUMPY_ADDRESS} (NumPy reference)"])
+
+
+def _open_for(address: str, settings: HeteroSettings, source: str | None) -> ComputeDevice:
+    """:func:`open_device`, with a :class:`DeviceNotFoundError` that names where the address
+    came from (``source``; None: the caller's argument) and the devices that exist here."""
+    try:
+        return open_device(address, settings)
+    except DeviceNotFoundError as err:
+        where = f"{source}: " if source else ""
+        msg = f"{where}{err}. Devices here: {_devices_here()}"
+        raise DeviceNotFoundError(msg) from err
 
 
 def resolve_device(address: str, settings: HeteroSettings | None = None) -> str:
@@ -831,7 +856,7 @@ def select_device(
     """
     settings = HeteroSettings.load() if settings is None else settings
     if address is not None:
-        device = open_device(address, settings)
+        device = _open_for(address, settings, None)
         _log_choice("argument", device.info, "as asked by the caller")
         return device
     if settings.backend == "numpy":
@@ -842,9 +867,17 @@ def select_device(
     if assigned is not None:
         resource, addresses, partition = assigned
         wanted = addresses[0]
-        if wanted.isdigit():
-            wanted = _resolve_index(int(wanted), resource, settings)
-        device = open_device(wanted, settings)
+        source = (
+            f"Spark assigned {resource} address {wanted!r} to the task of partition "
+            f"{partition} (check spark.*.resource.{resource}.discoveryScript and its "
+            f"addresses: `adcloud hetero devices --discover {resource}`)"
+        )
+        try:
+            if wanted.isdigit():
+                wanted = _resolve_index(int(wanted), resource, settings)
+        except DeviceNotFoundError as err:
+            raise DeviceNotFoundError(f"{source}: {err}. Devices here: {_devices_here()}") from err
+        device = _open_for(wanted, settings, source)
         more = f" (of {addresses})" if len(addresses) > 1 else ""
         _log_choice(
             f"spark:{resource}",
@@ -854,7 +887,8 @@ def select_device(
         )
         return device
     if settings.device:
-        device = open_device(settings.device, settings)
+        source = f"hetero.device (ADCLOUD_HETERO_DEVICE) is {settings.device!r}"
+        device = _open_for(settings.device, settings, source)
         _log_choice("setting", device.info, "from hetero.device")
         return device
     chosen = _CACHE.current().policy.get(settings)
@@ -921,9 +955,9 @@ def as_device(device: ComputeDevice | str | None) -> ComputeDevice:
         return select_device()
     if isinstance(device, int | np.integer) and not isinstance(device, bool):
         # a device number, as "0" is: it ran the NumPy reference, as any non-device did
-        return open_device(str(int(device)))
+        return _open_for(str(int(device)), HeteroSettings(), None)
     if isinstance(device, str):
-        return open_device(device)
+        return _open_for(device, HeteroSettings(), None)
     if not isinstance(device, ComputeDevice):
         raise DeviceNotFoundError(
             f"device must be a ComputeDevice, an address ('P:D', 'P:D:S/N', a device number "

@@ -213,13 +213,17 @@ def _rt(matrix: NDArray[np.float64]) -> NDArray[np.float32]:
 def _query_frame(
     queries: NDArray[Any], transform: NDArray[np.float64], grid: PointGrid
 ) -> tuple[NDArray[np.float32], NDArray[np.float64]]:
-    """Queries as float32 rows plus the transform from those rows into the grid frame."""
+    """Queries as float32 rows plus the transform from those rows into the grid frame.
+
+    The rows are relative to an origin near the queries, float32 queries too: the device
+    moves rows in float32, and a translation of geo-referenced size (10^5-10^6 m) in that
+    product lost decimetres that the float64 reference kept (other matches, other
+    distances).  A float32 origin makes the float32 shift exact.
+    """
+    origin = lattice_origin(queries, grid.cell)
     if queries.dtype == np.float32:
-        origin = np.zeros(3)
-        rows = np.ascontiguousarray(queries[:, :3])
-    else:
-        origin = lattice_origin(queries, grid.cell)
-        rows = local_float32(queries, origin)
+        origin = origin.astype(np.float32).astype(np.float64)
+    rows = np.ascontiguousarray(local_float32(queries, origin))
     return rows, _translation(-grid.origin) @ transform @ _translation(origin)
 
 

@@ -46,9 +46,12 @@ def test_features_refuses_a_device_that_is_not_there_before_spark_starts(
     args = build_parser().parse_args(
         ["hetero", "features", "d.bag", "--out", str(tmp_path / "f"), "--device", "9:9"]
     )
-    with pytest.raises(HeteroError, match="device 9:9: there is no OpenCL platform 9"):
+    with pytest.raises(HeteroError, match="device 9:9: there is no OpenCL platform 9") as caught:
         args.func(args, None)
     assert not (tmp_path / "f").exists()
+    # it names the option it came from (not ADCLOUD_HETERO_DEVICE) and what is there
+    assert str(caught.value).startswith("--device '9:9': ")
+    assert "Devices here: " in str(caught.value) and "numpy (NumPy reference)" in str(caught.value)
 
 
 def test_devices_split_is_a_whole_number(capsys: pytest.CaptureFixture[str]) -> None:

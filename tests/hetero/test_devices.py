@@ -567,3 +567,40 @@ def test_discovery_says_how_to_register_a_driver_when_it_finds_no_gpu(
     (vendors / "nvidia.icd").write_text(f"{library}\n")
     assert discovery.main(["gpu"]) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("value", ["9:0", "0:99", "gpu0", "99", "0:0:0/4096"])
+def test_a_bad_device_setting_names_the_setting_and_the_devices_here(value: str) -> None:
+    """``ADCLOUD_HETERO_DEVICE=gpu0`` said only that 'gpu0' is not an address: neither the
+    setting it came from nor which addresses would have worked."""
+    with pytest.raises(DeviceNotFoundError) as caught:
+        select_device(HeteroSettings(device=value))
+    message = str(caught.value)
+    assert message.startswith(f"hetero.device (ADCLOUD_HETERO_DEVICE) is {value!r}: ")
+    for info in list_devices():
+        assert info.describe() in message
+    assert "numpy (NumPy reference)" in message
+
+
+@pytest.mark.parametrize("address", ["7:0", "42"])
+def test_a_bad_spark_address_names_the_resource_task_and_the_devices_here(
+    address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An address from a misconfigured discovery script failed without saying that Spark
+    gave it, to which task, or what exists on the executor."""
+    monkeypatch.setattr(devices_module, "spark_assignment", lambda names: ("gpu", [address], 3))
+    with pytest.raises(DeviceNotFoundError) as caught:
+        select_device(HeteroSettings())
+    message = str(caught.value)
+    assert f"Spark assigned gpu address {address!r} to the task of partition 3" in message
+    assert "adcloud hetero devices --discover gpu" in message
+    for info in list_devices():
+        assert info.describe() in message
+
+
+def test_a_bad_device_argument_lists_the_devices_here() -> None:
+    points = np.zeros((3, 3))
+    with pytest.raises(DeviceNotFoundError, match="no OpenCL platform 9") as caught:
+        transform_points(points, np.eye(4), device="9:0")
+    assert all(info.describe() in str(caught.value) for info in list_devices())
+    assert "numpy (NumPy reference)" in str(caught.value)

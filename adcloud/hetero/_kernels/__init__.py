@@ -107,7 +107,48 @@ def launching(device: OpenCLDevice, what: str) -> Iterator[None]:
         raise HeteroError(msg) from err
 
 
-def to_device(device: OpenCLDevice, array: NDArray[Any]) -> cl.Buffer:
+def allocate(
+    device: OpenCLDevice,
+    flags: int,
+    nbytes: int,
+    what: str,
+    hostbuf: NDArray[Any] | None = None,
+) -> cl.Buffer:
+    """A device buffer of ``nbytes`` (at least 1) bytes, or :class:`HeteroError` naming
+    ``what`` needed it, the device and its largest allocation, and how to get under it.
+
+    Drivers refuse a buffer larger than ``CL_DEVICE_MAX_MEM_ALLOC_SIZE`` (a quarter of a
+    GPU's memory, often less) with a bare ``INVALID_BUFFER_SIZE``, and a kernel's input
+    grows with what one call is given (a batch of images, a cloud).
+    """
+    size = max(int(nbytes), 1)
+    limit = device.info.max_alloc_bytes
+    advice = (
+        "give one call less data (fewer points per cloud, fewer images per batch: "
+        "--batch of `adcloud hetero features`) or run on a device with more memory"
+    )
+    if limit and size > limit:
+        msg = (
+            f"{what} needs an OpenCL buffer of {_mib(size)}, more than the {_mib(limit)} "
+            f"that {device.info.describe()} can allocate at once; {advice}"
+        )
+        raise HeteroError(msg)
+    try:
+        if hostbuf is None:
+            return cl.Buffer(device.context, flags, size)
+        return cl.Buffer(device.context, flags, hostbuf=hostbuf)
+    except cl.Error as err:
+        msg = (
+            f"cannot allocate {_mib(size)} for {what} on {device.info.describe()}: {err}; {advice}"
+        )
+        raise HeteroError(msg) from err
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
+
+
+def to_device(device: OpenCLDevice, array: NDArray[Any], what: str = "an input") -> cl.Buffer:
     """A read-only buffer holding ``array`` (C-contiguous, non-empty).
 
     On devices that share host memory the buffer wraps the array itself
@@ -120,12 +161,12 @@ def to_device(device: OpenCLDevice, array: NDArray[Any]) -> cl.Buffer:
         cl.mem_flags.USE_HOST_PTR if device.info.unified_memory else cl.mem_flags.COPY_HOST_PTR
     )
     flags: int = cl.mem_flags.READ_ONLY | placement
-    return cl.Buffer(device.context, flags, hostbuf=array)
+    return allocate(device, flags, array.nbytes, what, hostbuf=array)
 
 
-def scratch(device: OpenCLDevice, nbytes: int) -> cl.Buffer:
+def scratch(device: OpenCLDevice, nbytes: int, what: str = "a kernel's output") -> cl.Buffer:
     """An uninitialised read-write device buffer of ``nbytes`` (at least 1) bytes."""
-    return cl.Buffer(device.context, cl.mem_flags.READ_WRITE, max(int(nbytes), 1))
+    return allocate(device, cl.mem_flags.READ_WRITE, nbytes, what)
 
 
 def filled(device: OpenCLDevice, value: np.generic, count: int) -> cl.Buffer:
@@ -154,15 +195,17 @@ class Output:
     :meth:`result` waits for the queue and returns the array.
     """
 
-    def __init__(self, device: OpenCLDevice, shape: tuple[int, ...], dtype: Any) -> None:
+    def __init__(
+        self, device: OpenCLDevice, shape: tuple[int, ...], dtype: Any, what: str = "a result"
+    ) -> None:
         self.device = device
         self.array: NDArray[Any] = np.empty(shape, dtype=dtype)
         self.zero_copy = device.info.unified_memory and self.array.nbytes > 0
         if self.zero_copy:
             flags = cl.mem_flags.WRITE_ONLY | cl.mem_flags.USE_HOST_PTR
-            self.buffer = cl.Buffer(device.context, flags, hostbuf=self.array)
+            self.buffer = allocate(device, flags, self.array.nbytes, what, self.array)
         else:
-            self.buffer = scratch(device, self.array.nbytes)
+            self.buffer = scratch(device, self.array.nbytes, what)
 
     def result(self) -> NDArray[Any]:
         """The array with the kernel's results (blocks until they are there)."""
@@ -234,6 +277,7 @@ def launch(
     if local_size is None:
         local_size = min(default_local_size(device), device.info.max_work_group_size)
     global_size = -(-global_size // local_size) * local_size
+    _check_range(device, program, name, global_size)
     with launching(device, f"kernel {program}.{name}"):
         kernel.set_args(*args)
         cl.enqueue_nd_range_kernel(device.queue, kernel, (global_size,), (local_size,))
@@ -253,6 +297,21 @@ def launch_3d(
     kernel = device.kernel(program, name)
     local = (min(32, device.info.max_work_group_size), 1, 1)
     padded = (-(-global_size[0] // local[0]) * local[0], global_size[1], global_size[2])
+    _check_range(device, program, name, padded[0] * padded[1] * padded[2])
     with launching(device, f"kernel {program}.{name}"):
         kernel.set_args(*args)
         cl.enqueue_nd_range_kernel(device.queue, kernel, padded, local)
+
+
+_MAX_ITEMS = 2**31 - 1  # the kernels index work-items and elements with 32-bit ints
+
+
+def _check_range(device: OpenCLDevice, program: str, name: str, items: int) -> None:
+    """Refuse a launch of more work-items than the kernels' ``int`` indices count."""
+    if items > _MAX_ITEMS:
+        msg = (
+            f"kernel {program}.{name} on {device.info.describe()}: {items:,} work-items, more "
+            f"than the kernels' 32-bit indices count ({_MAX_ITEMS:,}); give one call less "
+            "data (fewer points per cloud, fewer images per batch)"
+        )
+        raise HeteroError(msg)

@@ -26,11 +26,11 @@ def hog(
     cells_y, cells_x = height // cell, width // cell
     blocks = count * max(cells_y - 1, 0) * max(cells_x - 1, 0)
     size = 4 * bins * max(cells_y - 1, 0) * max(cells_x - 1, 0)
-    out = Output(device, (count, size), np.float32)
+    out = Output(device, (count, size), np.float32, f"the HOG descriptors of {count} images")
     if blocks == 0:
         return out.array
     pixels = count * height * width
-    src = to_device(device, images)
+    src = to_device(device, images, f"{count} images of {height}x{width}")
     gray = device.scratch("features.gray", pixels * 4)
     rows, cols = cells_y * cell, cells_x * cell
     votes = device.scratch("features.votes", count * rows * cols * 8)

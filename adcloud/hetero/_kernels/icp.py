@@ -51,7 +51,7 @@ class GridOnDevice:
     def _upload(self, array: NDArray[Any]) -> cl.Buffer:
         array = np.ascontiguousarray(array)
         self._keep.append(array)
-        return to_device(self.device, array)
+        return to_device(self.device, array, f"the grid of {len(self.grid.points):,} points")
 
     def grid_args(self) -> list[Any]:
         """The grid arguments every kernel takes, in order."""
@@ -91,7 +91,7 @@ class MatchOnDevice:
         self.device = grid.device
         self.source_host = np.ascontiguousarray(source, np.float32)
         self.n, self.stride = self.source_host.shape
-        self.source = to_device(self.device, self.source_host)
+        self.source = to_device(self.device, self.source_host, f"{self.n:,} source points")
         self.rt = scratch(self.device, 12 * 4)
         self.index = scratch(self.device, self.n * 4)
         self.d2 = scratch(self.device, self.n * 4)

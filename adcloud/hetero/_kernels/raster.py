@@ -32,7 +32,7 @@ def rasterize(
     n, stride = points.shape
     height, width = shape
     cells = height * width
-    src = to_device(device, points)
+    src = to_device(device, points, f"{n:,} points")
     if values is not None:
         vbuf, vstride, voffset, with_values = to_device(device, values), 1, 0, 1
     elif value_column is not None:

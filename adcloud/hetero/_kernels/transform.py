@@ -23,7 +23,7 @@ def transform_points(
     n, stride = points.shape
     if n == 0:
         return np.empty((0, 3), np.float32)
-    src = to_device(device, points)
+    src = to_device(device, points, f"{n:,} points")
     matrix = to_device(device, np.ascontiguousarray(rt, np.float32))
     out = scratch(device, n * 3 * 4)
     args: list[Any] = [src, np.int32(stride), np.int32(n), matrix, out]

@@ -32,7 +32,7 @@ def voxel_sums(
     n, channels = points.shape
     bits = table_bits(n)
     size = 1 << bits
-    src = to_device(device, points)
+    src = to_device(device, points, f"{n:,} points")
     keys = filled(device, EMPTY_KEY, size)
     slots = device.scratch("voxel.slots", n * 4)
     overflow = filled(device, np.int32(0), 1)
