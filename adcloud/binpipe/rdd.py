@@ -187,7 +187,7 @@ def _transform(
             block = Block.parse(memoryview(raw))
             if block.kind == BlockKind.META:
                 for rec in block:
-                    decoder.add(ConnectionInfo(*rec))  # type: ignore[arg-type]
+                    decoder.add(ConnectionInfo.from_record(rec, "a META block of the stream"))
                 meta.append(bytes(raw))
                 continue
             for rec in block:
@@ -715,7 +715,7 @@ class BinPipeRDD:
         seen: dict[tuple[str, str], ConnectionInfo] = {}
         for raw in metas:
             for rec in Block.parse(memoryview(raw)):
-                info = ConnectionInfo(*rec)  # type: ignore[arg-type]
+                info = ConnectionInfo.from_record(rec, "a META block of the RDD")
                 seen.setdefault((info.topic, info.msgtype), info)
         return list(seen.values())
 

@@ -176,7 +176,7 @@ def _partition_features(
         block = Block.parse(memoryview(raw))
         if block.kind == BlockKind.META:
             for record in block:
-                decoder.add(ConnectionInfo(*record))  # type: ignore[arg-type]
+                decoder.add(ConnectionInfo.from_record(record, "a META block of the partition"))
             continue
         for message in block.messages():
             if message.topic != topic:

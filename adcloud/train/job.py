@@ -568,7 +568,7 @@ def decode_samples(
         block = Block.parse(memoryview(raw))
         if block.kind == BlockKind.META:
             for record in block:
-                decoder.add(ConnectionInfo(*record))  # type: ignore[arg-type]
+                decoder.add(ConnectionInfo.from_record(record, "a META block of the partition"))
             continue
         for message in block.messages():
             decoded = decoder.decode(message)

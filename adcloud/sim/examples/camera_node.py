@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with cond:
                     if block.kind == BlockKind.META:
                         for rec in block:
-                            decoder.add(ConnectionInfo(*rec))  # type: ignore[arg-type]
+                            decoder.add(ConnectionInfo.from_record(rec, "a META block on stdin"))
                         continue
                     for msg in block.messages():
                         latest[msg.topic] = Message(

@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for block in StreamReader(sys.stdin.buffer, name="stdin"):
         if block.kind == BlockKind.META:
             for rec in block:
-                decoder.add(ConnectionInfo(*rec))  # type: ignore[arg-type]
+                decoder.add(ConnectionInfo.from_record(rec, "a META block on stdin"))
             continue
         for msg in block.messages():
             if msg.topic != args.input:
