@@ -979,18 +979,20 @@ def _pick_drive(products: MapProducts, truth: Truth, drive: str | None) -> str:
     if truth.name in products.trajectories:
         return truth.name
     if len(names) == 1:
-        # the truth of another drive would be compared all the same (metres of "error")
-        _LOG.warning(
-            "%s: the truth %r is not named after the map's only drive %r; comparing them "
-            "(name the drive with --drive / drive= to silence this)",
-            products.source,
-            truth.name,
-            names[0],
-        )
+        # the truth of another drive would be compared all the same (metres of "error"):
+        # the result's notes say so (evaluate_map), where a nightly log is not read
+        _LOG.warning("%s: %s", products.source, _unnamed_truth_note(truth.name, names[0]))
         return names[0]
     raise HdmapError(
         f"{products.source}: cannot tell which of the drives {names} the truth "
         f"{truth.name!r} belongs to; name it (adcloud hdmap eval --drive NAME, or drive=NAME)"
+    )
+
+
+def _unnamed_truth_note(truth: str, drive: str) -> str:
+    return (
+        f"the truth {truth!r} is not named after the map's only drive {drive!r}: compared "
+        "with it all the same (name the drive with --drive / drive= if that is right)"
     )
 
 
@@ -1038,6 +1040,8 @@ def evaluate_map(
     in_span = est.t[(est.t >= lo) & (est.t <= hi)]
     ate_times = (in_span - truth.trajectory.t[0]).astype(np.float64) / _NS
     notes = list(products.notes)
+    if drive is None and name != truth.name:
+        notes.append(_unnamed_truth_note(truth.name, name))
 
     driven = np.vstack(
         [apply_alignment(tr.xyz, align)[:, :2] for tr in products.trajectories.values()]

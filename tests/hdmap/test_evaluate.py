@@ -661,13 +661,19 @@ def test_the_truth_of_another_name_than_the_only_drive_is_compared_with_a_warnin
     truth_dir: Path, products: MapProducts, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A map of one drive and the truth of another (d3.bag.truth against a map of d1) was
-    compared without a word: metres of "error" that are no error of the map."""
+    compared without a word: metres of "error" that are no error of the map. The warning
+    is a note of the result too (its JSON and the eval command's output), where a nightly
+    run's reader sees it."""
     other = MapProducts(trajectories={"d1": products.trajectories["t"]}, source="m")
     with caplog.at_level(logging.WARNING, logger="adcloud.hdmap.evaluate"):
-        assert evaluate_map(other, truth_dir).drive == "d1"
-    assert "the truth 't' is not named after the map's only drive 'd1'" in caplog.text
+        result = evaluate_map(other, truth_dir)
+    assert result.drive == "d1"
+    said = "the truth 't' is not named after the map's only drive 'd1'"
+    assert said in caplog.text
+    assert [n for n in result.notes if said in n] and said in result.to_json()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="adcloud.hdmap.evaluate"):
-        evaluate_map(other, truth_dir, drive="d1")
-        evaluate_map(products, truth_dir)
+        named = evaluate_map(other, truth_dir, drive="d1")
+        same = evaluate_map(products, truth_dir)
     assert "not named after" not in caplog.text
+    assert not [n for n in (*named.notes, *same.notes) if "not named after" in n]
