@@ -173,6 +173,16 @@ class SparkSettings:
                     "holds a comma must come from a settings file's spark section)"
                 )
                 raise ConfigError(msg)
+            if not key.strip().startswith("spark."):
+                # Spark ignores such a key with a warning nobody reads: mostly the tail of
+                # a value that held a comma (extraJavaOptions=-Da=1,-Db=2)
+                msg = (
+                    f"spark.conf: entry {entry!r} is no Spark property (their keys start with "
+                    "'spark.'); if it belongs to the entry before it, ADCLOUD_SPARK_CONF split "
+                    "that value at a comma: give a value that holds a comma in a settings "
+                    "file's spark section"
+                )
+                raise ConfigError(msg)
             if key.strip() == "spark.master":
                 # the master is checked (and a cluster found) from settings.master; one given
                 # here would replace it unchecked

@@ -1034,3 +1034,17 @@ def test_a_bad_spark_conf_entry_names_the_variable() -> None:
     )
     with pytest.raises(ConfigError, match=r"entry '-Db' .*ADCLOUD_SPARK_CONF.*settings file"):
         settings.conf_pairs()
+
+
+def test_a_spark_conf_entry_that_is_no_spark_property_is_refused() -> None:
+    """``extraJavaOptions=-Da=1,-Db=2`` split into ``-Db=2``, a key=value that Spark only
+    warns about and drops: the option silently lost half its value."""
+    settings = SparkSettings.load(
+        environ={"ADCLOUD_SPARK_CONF": "spark.executor.extraJavaOptions=-Da=1,-Db=2"}
+    )
+    with pytest.raises(ConfigError, match=r"entry '-Db=2' is no Spark property.*split"):
+        settings.conf_pairs()
+    fine = SparkSettings.load(
+        environ={"ADCLOUD_SPARK_CONF": "spark.hadoop.fs.s3a.fast.upload=true, spark.ui.port=0"}
+    )
+    assert fine.conf_pairs() == {"spark.hadoop.fs.s3a.fast.upload": "true", "spark.ui.port": "0"}
