@@ -949,7 +949,11 @@ class StandaloneCluster:
             cluster.webui_port = int(state["webui_port"])
             cluster.master_pid = int(state["master_pid"])
         except (OSError, ValueError, KeyError, TypeError) as err:
-            msg = f"{path}: not a readable cluster state file: {err}"
+            msg = (
+                f"{path}: not a readable cluster state file: {err}; if no cluster of it "
+                "runs (`pgrep -af org.apache.spark.deploy` lists Spark's daemons), remove "
+                f"{path} and start again"
+            )
             raise SparkClusterError(msg) from err
         cluster.worker_infos = workers
         return cluster

@@ -1048,3 +1048,14 @@ def test_a_spark_conf_entry_that_is_no_spark_property_is_refused() -> None:
         environ={"ADCLOUD_SPARK_CONF": "spark.hadoop.fs.s3a.fast.upload=true, spark.ui.port=0"}
     )
     assert fine.conf_pairs() == {"spark.hadoop.fs.s3a.fast.upload": "true", "spark.ui.port": "0"}
+
+
+def test_a_damaged_cluster_state_file_says_how_to_get_past_it(tmp_path: Path) -> None:
+    """A ``cluster.json`` cut short (a full disk) blocked start and stop alike with "not a
+    readable cluster state file", and nothing said what to do."""
+    (tmp_path / "cluster.json").write_text('{"version": 1, "master_p')
+    with pytest.raises(SparkClusterError) as err:
+        StandaloneCluster.from_state(tmp_path)
+    text = str(err.value)
+    assert text.startswith(f"{tmp_path / 'cluster.json'}: not a readable cluster state file")
+    assert f"remove {tmp_path / 'cluster.json'} and start again" in text
