@@ -604,7 +604,14 @@ def diff_versions(
     versions' tiles and semantic layers, nothing else; a local map's carried tiles are not
     even read. Raises :class:`HdmapError` naming the versions kept when one is missing."""
     s = settings or DiffSettings()
-    mapdir = MapDir(map_uri)
+    # closed when done: a store's map (local://, alluxio://) holds connections and files
+    with MapDir(map_uri) as mapdir:
+        return _diff(mapdir, map_uri, before, after, s)
+
+
+def _diff(
+    mapdir: MapDir, map_uri: str, before: str | None, after: str | None, s: DiffSettings
+) -> MapDiff:
     old, new = _resolve(mapdir, before, after)
     old_drives = {d.name for d in old.manifest.drives} if old is not None else set()
     new_drives = {d.name for d in new.manifest.drives}

@@ -167,7 +167,9 @@ class _Builder:
         self.settings = settings
         self.markings: dict[str, LaneMarking] = {m.id: m for m in semantic_map.markings if m.id}
         self.used_markings: set[str] = set()
-        self.shared: dict[tuple[int, str], Any] = {}
+        #: the bound line strings of each (section, marking), with their points in the
+        #: drive's direction
+        self.shared: dict[tuple[int, str], list[tuple[Any, F64]]] = {}
         self.bridges: dict[tuple[int, int], Any] = {}
         self.connector_lines: list[F64] = []
         self.lanelets: list[tuple[Any, LaneCenterline]] = []
@@ -265,13 +267,25 @@ class _Builder:
         marking = lane.left_marking if left else lane.right_marking
         if lane.section < 0:
             return self.line(points, self.marking_tags(marking))
-        # Shared by the lanes of a section, stored in the drive's direction.
+        # Shared by the lanes of a section, stored in the drive's direction -- where it is
+        # the same line: an imported lane may carry a section without marking ids (its two
+        # bounds would be one line), and a lane trimmed by a label keeps its section and
+        # markings but only a part of their points.
         against = lane.direction == "against"
-        key = (lane.section, marking)
-        if key not in self.shared:
-            forward = points[::-1] if against else points
-            self.shared[key] = self.line(forward, self.marking_tags(marking))
-        ls = self.shared[key]
+        forward = points[::-1] if against else points
+        lines = self.shared.setdefault((lane.section, marking), [])
+        ls = next(
+            (
+                line
+                for line, kept in lines
+                if kept.shape == forward.shape
+                and np.allclose(kept, forward, rtol=0, atol=1e-6, equal_nan=True)
+            ),
+            None,
+        )
+        if ls is None:
+            ls = self.line(forward, self.marking_tags(marking))
+            lines.append((ls, forward))
         return ls.invert() if against else ls
 
     def virtual_bounds(self, lane: LaneCenterline) -> tuple[Any, Any]:

@@ -367,3 +367,16 @@ def test_a_changed_tile_with_no_cell_in_both_versions_says_so(
     assert main(["hdmap", "diff", "--map", uri]) == 0
     text = capsys.readouterr().out
     assert "no cell in both" in text and "nan" not in text
+
+
+def test_a_diff_closes_the_map_it_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A map on an adcloud store holds database connections and lock files; each diff
+    (a notebook comparing every night's version) left its own open."""
+    monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(tmp_path / "store"))
+    uri = "local:///maps/city"
+    make_map(uri, tmp_path)
+    diff_versions(uri)  # the store's first use opens what stays open for the process
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        assert diff_versions(uri).after == "000002"
+    assert len(os.listdir("/proc/self/fd")) <= fds

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from adcloud.hdmap.lanelet import (
     write_lanelet2,
     write_map_projector_info,
 )
-from adcloud.hdmap.semantic import SemanticMap
+from adcloud.hdmap.semantic import SemanticMap, automatic_features, merge_labels
 from adcloud.hdmap.signs import TrafficSign
 from adcloud.hdmap.trajectory import Trajectory
 
@@ -439,3 +440,69 @@ def test_connectors_respect_their_settings(
     turn = LaneletSettings(connect_max_turn_deg=30.0)
     assert write_lanelet2(path, smap, settings=turn).connectors == 0
     assert len(load_lanelet2(path, ORIGIN).laneletLayer) == 4
+
+
+def _bound_points(line: object) -> np.ndarray:
+    return np.array([[p.x, p.y, p.z] for p in line])  # type: ignore[attr-defined]
+
+
+def test_each_lanelet_is_bounded_by_its_own_lane_boundaries(
+    road: tuple[np.ndarray, Trajectory, SemanticMap], tmp_path: Path
+) -> None:
+    """Lanes of one section share a bound only where it is the same line: a lane a human
+    label cut in two keeps its section and marking ids, and an imported lane may give a
+    section without marking ids; each lanelet still lies between its own boundaries."""
+    centre, _, smap = road
+    along = next(c for c in smap.centerlines if c.direction == "along")
+    label = LaneCenterline(points=along.points[45:55], source="human", id="h-fix")
+    merged = merge_labels(automatic_features(smap), SemanticMap(centerlines=(label,)))
+    pieces = [c for c in merged.centerlines if c.id.startswith(f"{along.id}.")]
+    assert len(pieces) == 2 and {p.section for p in pieces} == {along.section}
+    drawn = LaneCenterline(
+        points=_offset(centre, 12.0)[:80],
+        left_boundary=_offset(centre, 13.75)[:80],
+        right_boundary=_offset(centre, 10.25)[:80],
+        section=7,
+        source="human",
+        id="h-drawn",
+    )
+    smap2 = replace(merged, centerlines=(*merged.centerlines, drawn))
+    path = tmp_path / "lanelet2_map.osm"
+    write_lanelet2(path, smap2)
+    lanelets = {ll.attributes["adcloud:id"]: ll for ll in load_lanelet2(path, ORIGIN).laneletLayer}
+    lanes = {c.id: c for c in smap2.centerlines if c.has_boundaries}
+    assert set(lanes) <= set(lanelets)
+    for lane_id, lane in lanes.items():
+        ll = lanelets[lane_id]
+        for bound, expected in (
+            (ll.leftBound, lane.left_boundary),
+            (ll.rightBound, lane.right_boundary),
+        ):
+            got = _bound_points(bound)
+            assert got.shape == expected.shape, lane_id
+            np.testing.assert_allclose(got[:, :2], expected[:, :2], atol=1e-3)
+    assert lanelets["h-drawn"].leftBound.id != lanelets["h-drawn"].rightBound.id
+    # the untouched opposite lane still shares the divider with nothing it does not match
+    against = next(c for c in smap.centerlines if c.direction == "against")
+    assert lanelets[against.id].leftBound.id not in {lanelets[p.id].leftBound.id for p in pieces}
+
+
+def test_the_osm_file_is_one_consistent_graph(
+    road: tuple[np.ndarray, Trajectory, SemanticMap], tmp_path: Path
+) -> None:
+    """Every id is used once, and every way's node and relation's member names an element
+    of the file."""
+    _, _, smap = road
+    path = tmp_path / "lanelet2_map.osm"
+    write_lanelet2(path, smap)
+    root = ET.parse(path).getroot()
+    ids = [(e.tag, e.get("id")) for e in root if e.get("id")]
+    assert len(ids) == len(set(ids))
+    have = {(tag, i) for tag, i in ids}
+    refs: list[tuple[str | None, str | None]] = [
+        ("node", nd.get("ref")) for way in root.iter("way") for nd in way.iter("nd")
+    ]
+    refs += [
+        (m.get("type"), m.get("ref")) for rel in root.iter("relation") for m in rel.iter("member")
+    ]
+    assert refs and all(ref in have for ref in refs)
