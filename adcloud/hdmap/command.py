@@ -181,7 +181,8 @@ def _cmd_build(args: argparse.Namespace, console: Console) -> int:
         return 0
     # labels merged into a map with no new drive need no Spark
     if not nothing_new:
-        MapDir(args.map).refuse_if_building()  # before Spark starts, not at the lock
+        with MapDir(args.map) as mapdir:
+            mapdir.refuse_if_building()  # before Spark starts, not at the lock
     spark = None if nothing_new else _session(args)
     with console.status("building the map ...") as status:
         summary = build_map(
@@ -347,10 +348,15 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_info(args: argparse.Namespace, console: Console) -> int:
-    from adcloud.hdmap.errors import HdmapError  # noqa: PLC0415
     from adcloud.hdmap.mapdir import MapDir  # noqa: PLC0415
 
-    mapdir = MapDir(args.map)
+    with MapDir(args.map) as mapdir:
+        return _show_info(args, console, mapdir)
+
+
+def _show_info(args: argparse.Namespace, console: Console, mapdir: Any) -> int:
+    from adcloud.hdmap.errors import HdmapError  # noqa: PLC0415
+
     current = mapdir.current()
     if current is None:  # an error, on stderr: with --json, stdout holds JSON or nothing
         raise HdmapError(mapdir.no_version_text())

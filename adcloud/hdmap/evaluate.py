@@ -342,20 +342,28 @@ def _version_dir(source: MapVersion | str | os.PathLike[str]) -> Iterator[tuple[
     off the local disk is downloaded into a temporary directory, removed when the block
     ends (a whole map version: it must not stay behind in ``/tmp``)."""
     if isinstance(source, MapVersion):
-        version = source
-    else:
-        text = os.fspath(source)
-        local = Path(text) if "://" not in text else None
-        if local is not None and (local / MANIFEST_NAME).is_file():
-            yield local, text
-            return
-        if local is not None and not (local / "CURRENT").exists() and local.is_dir():
-            yield local, text  # a plain directory of products
-            return
-        found = MapDir(text).current()
+        with _fetched(source) as fetched:
+            yield fetched
+        return
+    text = os.fspath(source)
+    local = Path(text) if "://" not in text else None
+    if local is not None and (local / MANIFEST_NAME).is_file():
+        yield local, text
+        return
+    if local is not None and not (local / "CURRENT").exists() and local.is_dir():
+        yield local, text  # a plain directory of products
+        return
+    # the map is opened here, so closed here: a store's map holds connections and files
+    with MapDir(text) as mapdir:
+        found = mapdir.current()
         if found is None:
             raise MapFormatError(f"{text}: the map has no version yet (no CURRENT); build it first")
-        version = found
+        with _fetched(found) as fetched:
+            yield fetched
+
+
+@contextlib.contextmanager
+def _fetched(version: MapVersion) -> Iterator[tuple[Path, str]]:
     root = version.fetch()
     try:
         yield root, version.uri

@@ -494,7 +494,21 @@ def write_map_report(
     if not isinstance(source, MapVersion):
         text = os.fspath(source)
         if "://" in text or (Path(text) / "CURRENT").is_file():
-            source = MapDir(text).current() or source
+            # opened here, so closed here: a store's map holds connections and files
+            with MapDir(text) as mapdir:
+                current = mapdir.current()
+                if current is not None:
+                    return _write_map_report(current, out_dir, eval_result, grid_reader, title)
+    return _write_map_report(source, out_dir, eval_result, grid_reader, title)
+
+
+def _write_map_report(
+    source: MapVersion | str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    eval_result: EvalResult | None,
+    grid_reader: GridReader | None,
+    title: str | None,
+) -> Path:
     products = load_map_products(source, grid_reader=grid_reader)
     inputs = {"map": products.source}
     if isinstance(source, MapVersion):

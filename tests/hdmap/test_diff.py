@@ -380,3 +380,23 @@ def test_a_diff_closes_the_map_it_opened(tmp_path: Path, monkeypatch: pytest.Mon
     for _ in range(5):
         assert diff_versions(uri).after == "000002"
     assert len(os.listdir("/proc/self/fd")) <= fds
+
+
+def test_the_products_and_report_of_a_stored_map_close_the_map_they_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a diff: reading a store map's products (eval) or writing its report opened the
+    map for its current version and left its connections and files open."""
+    from adcloud.hdmap.evaluate import load_map_products  # noqa: PLC0415
+    from adcloud.hdmap.report import write_map_report  # noqa: PLC0415
+
+    monkeypatch.setenv("ADCLOUD_STORE_ROOT", str(tmp_path / "store"))
+    uri = "local:///maps/city"
+    make_map(uri, tmp_path)
+    assert load_map_products(uri).source.endswith("000002")
+    write_map_report(uri, tmp_path / "report")
+    fds = len(os.listdir("/proc/self/fd"))
+    for i in range(5):
+        assert load_map_products(uri).source.endswith("000002")
+        write_map_report(uri, tmp_path / f"report{i}")
+    assert len(os.listdir("/proc/self/fd")) <= fds
