@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,14 +91,15 @@ def keys_within(xy: NDArray[np.float64], tile_size: float, reach: float) -> froz
     return frozenset(keys)
 
 
+_TILE_STEM = re.compile(r"(-?[0-9]+)_(-?[0-9]+)")
+
+
 def _key_of(stem: str, path: Path) -> TileKey:
-    x, _, y = stem.partition("_")
-    try:
-        return int(x), int(y)
-    except ValueError:
-        raise MapFormatError(
-            f"{path}: not a tile file name (<x>_<y>); the map version is damaged"
-        ) from None
+    # a pattern, not int() of each half: int() takes "2_3" (digit grouping) and " 2"
+    found = _TILE_STEM.fullmatch(stem)
+    if found is None:
+        raise MapFormatError(f"{path}: not a tile file name (<x>_<y>); the map version is damaged")
+    return int(found[1]), int(found[2])
 
 
 #: The settings the tiles of a version were finished with: a later build carries tiles only

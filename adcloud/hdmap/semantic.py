@@ -473,7 +473,7 @@ def _feature_id(feature: Mapping[str, Any], props: Mapping[str, Any], where: _Wh
     if fid is None:
         return ""
     if isinstance(fid, bool) or not isinstance(fid, (str, int)):
-        raise where.error(f"id must be a string or a number, got {fid!r}")
+        raise where.error(f"id must be a string or a whole number, got {fid!r}")
     return str(fid)
 
 

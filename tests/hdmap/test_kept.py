@@ -133,6 +133,15 @@ def test_a_damaged_previous_version_is_named(tmp_path: Path) -> None:
     (tmp_path / "old" / "state" / "tiles" / "x_y.npz").write_bytes(b"")
     with pytest.raises(MapFormatError, match=r"x_y\.npz: not a tile file name"):
         kept.tile_state()
+    (tmp_path / "old" / "state" / "tiles" / "x_y.npz").unlink()
+    # int() reads "2_3" as 23: the file 1_2_3.npz was taken for tile (1, 23)
+    (tmp_path / "old" / "state" / "tiles" / "1_2_3.npz").write_bytes(b"")
+    with pytest.raises(MapFormatError, match=r"1_2_3\.npz: not a tile file name"):
+        kept.tile_state()
+    (tmp_path / "old" / "state" / "tiles" / "1_2_3.npz").rename(
+        tmp_path / "old" / "state" / "tiles" / "-1_-2.npz"
+    )
+    assert {(0, 0), (-1, -2)} <= set(kept.tile_state())
 
 
 def test_tiles_are_carried_only_with_the_settings_they_were_finished_with(
