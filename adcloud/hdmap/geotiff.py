@@ -39,10 +39,10 @@ import math
 import os
 import xml.etree.ElementTree as ET
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import tifffile
@@ -65,6 +65,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T", int, float)
 
 FORMAT = "adcloud.hdmap.grid"
 FORMAT_VERSION = 1
@@ -253,7 +255,7 @@ def read_grid_tile(path: str | os.PathLike[str] | bytes) -> GeoTile:
     items, bands = _items(str(tags.get(_GDAL_METADATA, "<GDALMetadata/>")), path)
     if items.get("ADCLOUD_FORMAT") != FORMAT:
         raise MapFormatError(f"{path}: a GeoTIFF but not an adcloud grid tile (no ADCLOUD_FORMAT)")
-    version = int(items.get("ADCLOUD_VERSION", "0"))
+    version = _metadata(items, "ADCLOUD_VERSION", int, path, "0")
     if version != FORMAT_VERSION:
         raise MapFormatError(
             f"{path}: grid tile format version {version}; this reader knows {FORMAT_VERSION}"
@@ -276,7 +278,7 @@ def read_grid_tile(path: str | os.PathLike[str] | bytes) -> GeoTile:
         return np.rint(band(name)).astype(np.int32)
 
     tile = GridTile(
-        key=(int(items["TILE_X"]), int(items["TILE_Y"])),
+        key=(_metadata(items, "TILE_X", int, path), _metadata(items, "TILE_Y", int, path)),
         origin=origin_xy,
         resolution=resolution,
         elevation_mean=band("elevation_mean"),
@@ -288,11 +290,32 @@ def read_grid_tile(path: str | os.PathLike[str] | bytes) -> GeoTile:
         obstacle_top=band("obstacle_top"),
     )
     origin = (
-        float(items["ORIGIN_LAT_DEG"]),
-        float(items["ORIGIN_LON_DEG"]),
-        float(items["ORIGIN_HEIGHT_M"]),
+        _metadata(items, "ORIGIN_LAT_DEG", float, path),
+        _metadata(items, "ORIGIN_LON_DEG", float, path),
+        _metadata(items, "ORIGIN_HEIGHT_M", float, path),
     )
     return GeoTile(tile, origin)
+
+
+def _metadata(
+    items: dict[str, str],
+    name: str,
+    kind: Callable[[str], T],
+    path: Path,
+    default: str | None = None,
+) -> T:
+    """The tile's GDAL metadata item ``name`` read as ``kind``; a :class:`MapFormatError`
+    naming the file and the item where it is missing or not a ``kind``."""
+    text = items.get(name, default)
+    if text is None:
+        raise MapFormatError(f"{path}: the grid tile's metadata has no {name}; the tile is damaged")
+    try:
+        return kind(text)
+    except ValueError:
+        raise MapFormatError(
+            f"{path}: the grid tile's metadata item {name} is {text!r}, not a "
+            f"{kind.__name__}; the tile is damaged"
+        ) from None
 
 
 # -- previews ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tifffile
 
+from adcloud.hdmap.errors import MapFormatError
 from adcloud.hdmap.geotiff import read_grid_tile, write_grid_tile, write_preview
 from adcloud.hdmap.grid import GridTile
 
@@ -90,3 +91,23 @@ def test_a_failed_write_leaves_no_partial_file(
     with pytest.raises(OSError, match="No space"):
         write_preview(tile, tmp_path / "preview" / "0_0.png")
     assert list((tmp_path / "preview").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        (b'"TILE_X">-3<', b'"TILE_X">x3<', "metadata item TILE_X is 'x3', not a int"),
+        (b'"TILE_X">-3<', b'"TILE_Q">-3<', "metadata has no TILE_X"),
+        (b'"ADCLOUD_VERSION">1<', b'"ADCLOUD_VERSION">?<', "item ADCLOUD_VERSION is '?'"),
+    ],
+)
+def test_damaged_tile_metadata_is_named(tmp_path: Path, old: bytes, new: bytes, said: str) -> None:
+    """A tile whose GDAL metadata was damaged raised a bare ValueError or KeyError
+    ('TILE_X'), naming neither the file nor what is wrong with it."""
+    path = write_grid_tile(_tile((-3, 7)), tmp_path, ORIGIN)
+    data = path.read_bytes()
+    assert data.count(old) == 1
+    path.write_bytes(data.replace(old, new))
+    with pytest.raises(MapFormatError, match=said) as err:
+        read_grid_tile(path)
+    assert str(err.value).startswith(f"{path}: ")
