@@ -44,6 +44,7 @@ from adcloud.binpipe.bags_model import (
     Connection,
     PlanRequest,
     RawMessage,
+    TopicSummary,
 )
 from adcloud.binpipe.bags_plan import (
     SortKey,
@@ -74,13 +75,21 @@ _HINT = "; rewrite it with `mcap recover` (MCAP CLI) to get an indexed file"
 
 @dataclass(frozen=True)
 class McapIndex:
-    """What the driver knows about an MCAP file after reading its summary."""
+    """What the driver knows about an MCAP file after reading its summary.
+
+    ``channel_counts`` are the messages per channel id of the Statistics record, ``None``
+    when the summary has none.  ``indexed`` is ``False`` when the summary has neither
+    chunk indexes nor statistics: it then tells nothing of the messages (their count,
+    times, compression), and ``chunks`` is one pseudo-chunk over the data section.
+    """
 
     size: int
     connections: tuple[Connection, ...]
     chunks: tuple[ChunkRef, ...]
     compression: str
     message_count: int
+    channel_counts: dict[int, int] | None = None
+    indexed: bool = True
 
 
 def _connection(channel: Channel, schema: Schema | None) -> Connection:
@@ -172,6 +181,7 @@ def read_index(fs: Any, path: str, uri: str) -> McapIndex:
         _connection(channels[cid], schemas.get(channels[cid].schema_id)) for cid in sorted(channels)
     )
     chunk_indexes.sort(key=lambda c: c.chunk_start_offset)
+    channel_counts = None if stats is None else dict(stats.channel_message_counts)
     chunks: list[ChunkRef] = []
     for i, ci in enumerate(chunk_indexes):
         if i + 1 < len(chunk_indexes):
@@ -183,16 +193,22 @@ def read_index(fs: Any, path: str, uri: str) -> McapIndex:
                 f"{uri}: MCAP chunk index {i} points to bytes [{ci.chunk_start_offset}, {end}) "
                 "outside the data section" + _HINT
             )
+        counts = _chunk_counts(ci)
+        if counts is None and stats is not None and stats.message_count == 0:
+            counts = {}  # no message index records, but the statistics count no message
+        elif counts is None and len(chunk_indexes) == 1 and channel_counts is not None:
+            counts = channel_counts  # one chunk holds every message the statistics count
         chunks.append(
             ChunkRef(
                 ci.chunk_start_offset,
                 end,
                 ci.message_start_time,
                 ci.message_end_time + 1,
-                _chunk_counts(ci),
+                counts,
                 ci.compression or "none",
             )
         )
+    indexed = bool(chunks) or stats is not None
     if not chunks and connections:
         # An unchunked file: one pseudo-chunk over the whole data section.
         start, stop = (
@@ -206,7 +222,15 @@ def read_index(fs: Any, path: str, uri: str) -> McapIndex:
         if stats
         else sum(n for c in chunks if c.counts for n in c.counts.values())
     )
-    return McapIndex(size, connections, tuple(chunks), ",".join(codecs) or "none", total)
+    return McapIndex(
+        size,
+        connections,
+        tuple(chunks),
+        ",".join(codecs) or "none",
+        total,
+        channel_counts,
+        indexed,
+    )
 
 
 #: Chunks claiming more uncompressed bytes than this are treated as corrupt, so a
@@ -394,17 +418,43 @@ def read_partition(part: BagPartition) -> Iterator[RawMessage]:
     yield from merge_chunk_messages(chunks())
 
 
+def _stats_topics(index: McapIndex, summary: BagSummary) -> tuple[TopicSummary, ...]:
+    """Per-topic counts from the Statistics record, for a bag whose chunks do not all count
+    their messages; rates over the bag's span (the chunks holding a topic are unknown)."""
+    counts = index.channel_counts or {}
+    by_topic: dict[str, int] = {}
+    for conn in index.connections:
+        by_topic[conn.topic] = by_topic.get(conn.topic, 0) + counts.get(conn.id, 0)
+    span = (summary.end - summary.start) / 1e9
+    return tuple(
+        replace(t, count=n, frequency=(n - 1) / span if n > 1 and span > 0 else None)
+        for t in summary.topics
+        for n in (by_topic.get(t.topic, 0),)
+    )
+
+
 class McapBackend:
     """The MCAP entry in the backend registry."""
 
     def summarize(self, uri: str, storage_options: tuple[tuple[str, object], ...]) -> BagSummary:
-        """Counts, topics, time span and compression from the summary section."""
+        """Counts, topics, time span and compression from the summary section.
+
+        Per-topic counts come from the chunks' message index records, or, where a chunk
+        has none, from the Statistics record (the rate then over the whole bag's span).
+        A summary with neither chunk indexes nor statistics gives ``indexed=False``, no
+        counts, no times and ``compression=""`` (unknown), as an unindexed ROS 1 bag does.
+        """
         fs, path = open_fs(uri, storage_options)
         index = read_index(fs, path, uri)
         summary = summary_from_chunks(
             uri, BagFormat.MCAP, index.size, index.connections, index.chunks, index.compression
         )
-        return replace(summary, message_count=index.message_count)
+        summary = replace(summary, message_count=index.message_count)
+        if not index.indexed:
+            return replace(summary, start=0, end=0, compression="", indexed=False)
+        if index.channel_counts is not None and any(c.counts is None for c in index.chunks):
+            summary = replace(summary, topics=_stats_topics(index, summary))
+        return summary
 
     def plan(self, uri: str, request: PlanRequest) -> list[BagPartition]:
         """Partitions from the chunk indexes; see :func:`adcloud.binpipe.bags.plan_partitions`."""

@@ -135,7 +135,16 @@ def read_layout(fs: Any, path: str, uri: str) -> Ros2Layout | None:
     except OSError as err:
         raise BagError(f"{uri}: cannot read metadata.yaml: {err}") from err
     try:
-        info = yaml.safe_load(text)["rosbag2_bagfile_information"]
+        doc = yaml.safe_load(text)
+        if not isinstance(doc, dict) or not isinstance(
+            doc.get("rosbag2_bagfile_information"), dict
+        ):
+            raise BagError(
+                f"{uri}: metadata.yaml holds no rosbag2_bagfile_information mapping (it is "
+                "empty or not rosbag2 metadata); recreate it with `ros2 bag reindex "
+                f"{uri}`, or read a .db3 storage file directly"
+            )
+        info = doc["rosbag2_bagfile_information"]
         members = tuple(PurePath(x).name for x in info["relative_file_paths"])
         topics = tuple(
             (
@@ -149,6 +158,12 @@ def read_layout(fs: Any, path: str, uri: str) -> Ros2Layout | None:
         count = int(info["message_count"])
         start = int(info["starting_time"]["nanoseconds_since_epoch"])
         duration = int(info["duration"]["nanoseconds"])
+        if count and not members:
+            raise BagError(
+                f"{uri}: metadata.yaml counts {count} messages but lists no storage file "
+                "(relative_file_paths is empty); recreate it with `ros2 bag reindex "
+                f"{uri}`"
+            )
         return Ros2Layout(
             storage=str(info["storage_identifier"]),
             members=members,
@@ -166,7 +181,11 @@ def read_layout(fs: Any, path: str, uri: str) -> Ros2Layout | None:
         raise BagError(
             f"{uri}: metadata.yaml is not valid YAML{where}: {err.problem or err.context}"
         ) from err
-    except (yaml.YAMLError, KeyError, TypeError, ValueError) as err:
+    except KeyError as err:
+        raise BagError(
+            f"{uri}: metadata.yaml is not valid rosbag2 metadata: it has no field {err}"
+        ) from err
+    except (yaml.YAMLError, TypeError, ValueError) as err:
         raise BagError(f"{uri}: metadata.yaml is not valid rosbag2 metadata: {err}") from err
 
 
@@ -197,6 +216,9 @@ def _local_db(uri: str, storage_options: tuple[tuple[str, object], ...], compres
 
 
 def _connect(local: Path, uri: str) -> sqlite3.Connection:
+    if not local.is_file():
+        # sqlite3 says only "unable to open database file"
+        raise BagError(f"{uri}: no such file")
     try:
         db = sqlite3.connect(f"{local.resolve().as_uri()}?immutable=1&mode=ro", uri=True)
         db.execute("SELECT id, topic_id, timestamp, data FROM messages LIMIT 0")
@@ -205,9 +227,10 @@ def _connect(local: Path, uri: str) -> sqlite3.Connection:
     return db
 
 
-def _check_sqlite(fs: Any, path: str, uri: str, size: int) -> None:
+def _check_sqlite(fs: Any, path: str, uri: str, size: int) -> bool | None:
     """Raise the reader's :class:`BagError` when the ``size``-byte storage file ``uri`` is
-    not a whole rosbag2 sqlite3 database, without reading all its rows.
+    not a whole rosbag2 sqlite3 database, without reading all its rows; else whether it
+    holds a message (``None``: not known, for a file that is not local).
 
     On any filesystem: the header's magic, and a file at least as long as the page count
     times the page size that the header declares (a truncated copy is shorter).  A local
@@ -233,15 +256,56 @@ def _check_sqlite(fs: Any, path: str, uri: str, size: int) -> None:
             f"{page_size} bytes"
         )
     if not is_local(fs):
-        return  # opening it would download the whole file
+        return None  # opening it would download the whole file
     with closing(_connect(Path(path), uri)) as db:
         try:
-            for order in ("ASC", "DESC"):
+            rows = [
                 db.execute(
                     f"SELECT id, topic_id, timestamp FROM messages ORDER BY id {order} LIMIT 1"
                 ).fetchall()
+                for order in ("ASC", "DESC")
+            ]
         except _DB_ERRORS as err:
             raise BagError(f"{what}: {err}") from err
+    return bool(rows[0])
+
+
+def _counted_layout(
+    uri: str, layout: Ros2Layout, storage_options: tuple[tuple[str, object], ...]
+) -> Ros2Layout:
+    """``layout`` with the counts and times of the listed topics queried from its sqlite3
+    storage files (all their rows are read), for ``metadata.yaml`` that counts no message
+    of a bag that has some (a recorder killed before it wrote the final metadata)."""
+    listed = {(name, typ) for name, typ, _s, _n in layout.topics}
+    counts: dict[tuple[str, str], int] = {}
+    starts: list[int] = []
+    ends: list[int] = []
+    for member in layout.members:
+        murl = join_member(uri, member)
+        with closing(_connect(_local_db(murl, storage_options, False), murl)) as db:
+            keys = {tid: (name, typ) for tid, name, typ, _s in _topics(db, murl)}
+            try:
+                rows = db.execute(
+                    "SELECT topic_id, COUNT(*), MIN(timestamp), MAX(timestamp) FROM messages "
+                    "GROUP BY topic_id"
+                ).fetchall()
+            except _DB_ERRORS as err:
+                raise BagError(f"{murl}: cannot read the messages table: {err}") from err
+        for tid, n, lo, hi in rows:
+            key = keys.get(tid)
+            if key in listed:
+                counts[key] = counts.get(key, 0) + int(n)
+                starts.append(int(lo))
+                ends.append(int(hi) + 1)
+    return replace(
+        layout,
+        topics=tuple(
+            (name, typ, ser, counts.get((name, typ), 0)) for name, typ, ser, _n in layout.topics
+        ),
+        start=min(starts, default=0),
+        end=max(ends, default=0),
+        message_count=sum(counts.values()),
+    )
 
 
 def _topics(db: sqlite3.Connection, uri: str) -> list[tuple[int, str, str, str]]:
@@ -386,26 +450,30 @@ def _plan_sqlite(
     selected = select_connections(conns, request.topics)
     if not selected:
         return []
-    names = {c.topic for c in selected}
+    # the reader takes rows of the topics metadata.yaml lists, by name and type: a topic
+    # of the database that it does not list (or lists with another type) is not read, so
+    # it must not be counted either
+    wanted = {(c.topic, c.msgtype) for c in selected}
     per_file: list[tuple[str, int, int, int, float, sqlite3.Connection, list[int] | None]] = []
     compressed = layout.compression_mode == "file"
+    opened: list[sqlite3.Connection] = []
     try:
         for member in layout.members:
             murl = join_member(uri, member)
             db = _connect(_local_db(murl, request.storage_options, compressed), murl)
-            ids = (
-                None
-                if request.topics is None
-                else [tid for tid, name, _t, _s in _topics(db, murl) if name in names]
-            )
-            if ids == []:
-                db.close()
+            opened.append(db)
+            db_topics = _topics(db, murl)
+            ids: list[int] | None = [
+                tid for tid, name, typ, _s in db_topics if (name, typ) in wanted
+            ]
+            if not ids:
                 continue
+            if len(ids) == len(db_topics):
+                ids = None  # every row is selected: no topic clause
             where, args = _where(ids, request.start, request.end)
             sql = "SELECT COUNT(*), MIN(id), MAX(id) FROM messages"
             count, lo, hi = db.execute(sql + (f" WHERE {where}" if where else ""), args).fetchone()
             if not count:
-                db.close()
                 continue
             (total,) = db.execute("SELECT COUNT(*) FROM messages").fetchone()
             mfs, mpath = open_fs(murl, request.storage_options)
@@ -449,8 +517,8 @@ def _plan_sqlite(
     except _DB_ERRORS as err:
         raise BagError(f"{uri}: sqlite3 query failed while planning: {err}") from err
     finally:
-        for f in per_file:
-            f[5].close()
+        for db in opened:
+            db.close()
     return parts
 
 
@@ -533,7 +601,9 @@ class Ros2Backend:
 
         Each storage file is checked to be there and whole (the MCAP index, the sqlite3
         header and message table ends; see :func:`_check_sqlite`), so a bag whose metadata
-        outlived its data is a :class:`BagError` here, as it is to the reader.
+        outlived its data is a :class:`BagError` here, as it is to the reader.  Local sqlite3
+        storage with rows under a ``metadata.yaml`` that counts none (a killed recorder's) is
+        counted from the rows instead, with a warning.
         """
         fs, path = open_fs(uri, storage_options)
         layout = read_layout(fs, path, uri)
@@ -542,6 +612,7 @@ class Ros2Backend:
         size = 0
         chunk_count = 0
         codecs = set()
+        stale = False
         for member in layout.members:
             murl = join_member(uri, member)
             mfs, mpath = open_fs(murl, storage_options)
@@ -552,7 +623,17 @@ class Ros2Backend:
                 chunk_count += len(index.chunks)
                 codecs.update(index.compression.split(","))
             elif layout.compression_mode != "file":  # a .zstd file is checked as it is read
-                _check_sqlite(mfs, mpath, murl, member_size)
+                has_rows = _check_sqlite(mfs, mpath, murl, member_size)
+                stale = stale or bool(has_rows and not layout.message_count)
+        if stale:
+            _log.warning(
+                "%s: metadata.yaml counts no message, but its storage holds some (a recorder "
+                "killed before it wrote the final metadata?); counting them from the storage. "
+                "`ros2 bag reindex %s` rewrites metadata.yaml",
+                uri,
+                uri,
+            )
+            layout = _counted_layout(uri, layout, storage_options)
         if layout.compression_mode:
             codecs.add(f"{layout.compression_format} ({layout.compression_mode})")
         codecs.discard("none")

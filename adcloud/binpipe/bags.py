@@ -116,7 +116,19 @@ def detect_format(uri: str, *, storage_options: Mapping[str, object] | None = No
         if fs.isdir(path):
             if fs.isfile(path.rstrip("/") + "/metadata.yaml"):
                 return BagFormat.ROS2
-            raise BagError(f"{uri}: a directory without metadata.yaml is not a rosbag2 bag")
+            storage = sorted(
+                PurePosixPath(p).name
+                for p in fs.ls(path, detail=False)
+                if str(p).endswith((".db3", ".mcap"))
+            )
+            hint = (
+                f"; it holds {', '.join(storage)}: a recorder that was killed leaves no "
+                f"metadata.yaml. Recreate it with `ros2 bag reindex {uri}`, or read a "
+                "storage file by its own path"
+                if storage
+                else ""
+            )
+            raise BagError(f"{uri}: a directory without metadata.yaml is not a rosbag2 bag{hint}")
     except OSError as err:
         raise BagError(f"{uri}: cannot inspect: {err}") from err
     size = file_size(fs, path, uri)

@@ -143,7 +143,8 @@ class TopicSummary:
 
     ``frequency`` is in Hz: ``(count - 1)`` over the time spanned by the chunks holding
     the topic (ROS 1, bare MCAP), or over the whole bag's span (rosbag2, whose
-    ``metadata.yaml`` has no per-topic times: reading them would mean reading the data), so
+    ``metadata.yaml`` has no per-topic times: reading them would mean reading the data; MCAP
+    whose chunks have no message index records, counted from its statistics), so
     an approximation, low for a topic recorded over part of the bag only; ``None`` when the
     topic has fewer than two messages.
     """
