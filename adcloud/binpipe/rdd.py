@@ -138,9 +138,22 @@ def expand_uris(
                     )
                 )
                 if not found:
+                    db3 = sorted(
+                        posixpath.basename(e["name"])
+                        for e in fs.ls(path, detail=True)
+                        if e["type"] != "directory" and e["name"].endswith(".db3")
+                    )
+                    # a rosbag2 directory whose recorder died before writing metadata.yaml
+                    hint = (
+                        f"; its {', '.join(db3[:3])}{' ...' if len(db3) > 3 else ''} is a ROS 2 "
+                        "bag without its metadata.yaml: write it with `ros2 bag reindex "
+                        f"{item}`, or give the .db3 file itself"
+                        if db3
+                        else ""
+                    )
                     raise BinpipeError(
                         f"directory {item!r} holds no .bag or .mcap file and no ROS 2 bag "
-                        "directory (one with a metadata.yaml)"
+                        f"directory (one with a metadata.yaml){hint}"
                     )
                 for p in found:
                     add(url(p), p)

@@ -985,6 +985,27 @@ def test_a_directory_expands_to_every_bag_in_it_once(bags: dict[str, Path]) -> N
     assert sorted(again) == sorted(str(p) for p in bags.values())
 
 
+def test_a_directory_of_a_ros2_bag_without_its_metadata_says_so(
+    bags: dict[str, Path], tmp_path: Path
+) -> None:
+    """A rosbag2 directory whose recorder died before writing metadata.yaml holds only its
+    .db3: expanding it said it "holds no .bag or .mcap file", nothing of the .db3."""
+    source = bags["ros2-sqlite3"]
+    folder = tmp_path / "cut"
+    folder.mkdir()
+    for db3 in source.glob("*.db3"):
+        shutil.copy(db3, folder / db3.name)
+    name = next(folder.glob("*.db3")).name
+    with pytest.raises(BinpipeError, match=r"holds no \.bag or \.mcap file") as err:
+        expand_uris([str(folder)])
+    assert f"its {name} is a ROS 2 bag without its metadata.yaml" in str(err.value)
+    assert f"ros2 bag reindex {folder}" in str(err.value)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(BinpipeError, match=r"one with a metadata\.yaml\)$"):
+        expand_uris([str(empty)])
+
+
 def test_one_bag_under_two_spellings_is_read_once(bags: dict[str, Path], tmp_path: Path) -> None:
     """A plain path and its file:// URL, or a symlink and its target, are the same bag."""
     bag = bags["ros1-lz4"]
