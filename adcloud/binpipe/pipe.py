@@ -321,14 +321,19 @@ def pipe_blocks(
             if feeder.error is not None:
                 # The input itself failed (e.g. a corrupt bag): that is the cause.
                 raise feeder.error from None
-            code = proc.returncode
+            # stopped above, still running: the -9 is ours, not an exit of the command's
+            code = None if stopped_running.is_set() else proc.returncode
             detail = str(err).removeprefix(f"output of {shown!r}: ")
             if detail.startswith("empty input at offset 0"):
                 reason = (
-                    "exited without writing anything on stdout"
+                    "closed its stdout without writing anything on it"
+                    if stopped_running.is_set()
+                    else "exited without writing anything on stdout"
                     if code
                     else "wrote nothing on stdout, where a BinPipe stream was expected"
                 )
+            elif stopped_running.is_set():
+                reason = f"closed its stdout before finishing its output: {detail}"
             elif code:
                 reason = f"exited before finishing its output: {detail}"
             else:

@@ -176,6 +176,20 @@ def test_a_command_stopped_for_garbage_has_no_exit_code_of_ours() -> None:
     assert info.value.returncode is None and "exit code" not in str(info.value)
 
 
+def test_a_command_that_closes_its_stdout_and_runs_on_is_not_said_to_have_exited() -> None:
+    """A node that closed its stdout but kept running was reported as "exited without
+    writing anything on stdout (still running: stopped)": it said both."""
+    for script, says in (
+        ("exec >&-; sleep 30", "closed its stdout without writing anything on it"),
+        ("printf abc; exec >&-; sleep 30", "closed its stdout before finishing its output"),
+    ):
+        with pytest.raises(PipeCommandError) as info:
+            list(pipe_blocks([], ["sh", "-c", script]))
+        text = str(info.value)
+        assert says in text and text.endswith("(still running: stopped)"), text
+        assert "exited" not in text and info.value.returncode is None
+
+
 def test_a_command_writing_garbage_without_reading_is_stopped_at_once() -> None:
     """A node that writes garbage and reads none of its input, still running: the feeder,
     blocked writing its stdin, was joined for 5 s before the node was stopped (6 s for a
