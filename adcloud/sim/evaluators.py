@@ -27,7 +27,8 @@ Built-in evaluators:
   frame by frame within ``match_m``; a scenario without a cloud has no truth and fails;
 - ``pose_error`` (``topic``, ``truth_topic``, ``max_m``): positions of output poses
   (``nav_msgs/Odometry``, ``geometry_msgs/PoseStamped`` or ``PoseWithCovarianceStamped``)
-  against the truth odometry recorded in the bag, interpolated to each output's time;
+  against the truth odometry recorded in the bag, interpolated to each output's time
+  (outputs outside the truth's span are left out, counted as ``outside_truth``);
 - ``frames`` (``inputs``, ``output``, ``max_loss``, ``min_fps``): perception replay --
   frame-loss rate, throughput and latency of a detector fed camera streams.
 """
@@ -388,8 +389,13 @@ class PoseErrorEvaluator:
         times = [m.timestamp for m in truth]
         pos = np.array([_pose_positions(data.decode(m))[0] for m in truth])
         errors = []
+        # an output outside the truth's span has no truth to compare with: the nearest
+        # pose (the first or last) would stand for it, off by however far it has moved
+        outside = [m for m in outputs if not times[0] <= m.timestamp <= times[-1]]
         for out in outputs:
             t = out.timestamp
+            if not times[0] <= t <= times[-1]:
+                continue
             k = min(max(bisect.bisect_left(times, t), 1), len(times) - 1)
             t0, t1 = times[k - 1], times[k]
             w = min(max((t - t0) / (t1 - t0), 0.0), 1.0) if t1 > t0 else 0.0
@@ -397,11 +403,19 @@ class PoseErrorEvaluator:
             est = np.array(_pose_positions(data.decode(out))[0])
             errors.append(float(np.linalg.norm(est - ref)))
         if not errors:
-            return Evaluation(self.name, False, {}, f"no pose on {self.topic}")
+            reason = (
+                f"none of the {len(outside)} poses on {self.topic} lies within the truth's "
+                f"span on {self.truth_topic}: nothing to compare them with"
+                if outside
+                else f"no pose on {self.topic}"
+            )
+            return Evaluation(self.name, False, {}, reason)
         # a NaN error (a diverged estimate) is the worst of all, wherever it falls: max()
         # keeps whichever of a NaN and a number comes first
         worst = float(np.max(errors))
         metrics = {"mean_m": float(np.mean(errors)), "max_m": worst}
+        if outside:
+            metrics["outside_truth"] = float(len(outside))
         ok = worst <= self.max_m
         if ok:
             return Evaluation(self.name, ok, metrics)

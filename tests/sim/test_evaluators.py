@@ -210,6 +210,37 @@ def test_pose_error_fails_a_nan_pose_wherever_it_falls(order: tuple[float, float
     assert result.reason == "1 of 2 poses on /est have no finite error (a NaN or infinite position)"
 
 
+def test_pose_error_leaves_out_the_poses_outside_the_truths_span() -> None:
+    """The truth spans 0-2 s (x from 0 to 2 m); an estimate at 3 s, right where the
+    vehicle was by then (x = 3), was compared with the last truth pose (x = 2): 1 m of
+    "error" the estimate did not make. Outside the span there is no truth to compare with."""
+    truth = [_pose("/truth", 0, 0.0), _pose("/truth", 2 * _NS, 2.0)]
+    conns = [
+        ConnectionInfo(topic, "geometry_msgs/msg/PoseStamped", "", "", "", "ros1")
+        for topic in ("/truth", "/est")
+    ]
+    spec = EvaluatorSpec.of("pose_error", topic="/est", truth_topic="/truth", max_m=0.5)
+
+    def evaluate(outputs: list[Message]) -> Evaluation:
+        data = ScenarioData(
+            Scenario("s", "x.bag", 0, 4 * _NS, 0), truth, outputs, [1.0], MessageDecoder(conns)
+        )
+        return build_evaluator(spec).evaluate(data)
+
+    result = evaluate([_pose("/est", _NS, 1.1), _pose("/est", 3 * _NS, 3.0)])
+    assert result.passed, result.reason
+    assert result.metrics["max_m"] == pytest.approx(0.1)
+    assert result.metrics["outside_truth"] == 1.0
+    after = evaluate([_pose("/est", 3 * _NS, 3.0)])
+    assert not after.passed
+    assert after.reason == (
+        "none of the 1 poses on /est lies within the truth's span on /truth: nothing to "
+        "compare them with"
+    )
+    edges = evaluate([_pose("/est", 0, 0.0), _pose("/est", 2 * _NS, 2.0)])
+    assert edges.passed and "outside_truth" not in edges.metrics
+
+
 def test_a_nan_detection_does_not_hide_the_others(drive: DriveResult) -> None:
     # the example detector's exact answers, each with one NaN pose more: a false positive
     # per cloud, as a detection far away is -- not a frame where nothing matches
