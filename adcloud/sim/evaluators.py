@@ -144,6 +144,22 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(finite, q)) if finite else math.nan
 
 
+def _classes(text: object) -> tuple[int, ...]:
+    """The label classes of ``detections``' ``classes`` (``7+8+10``); none at all would
+    leave no obstacle to find in any cloud (every scenario's truth empty)."""
+    parts = [c.strip() for c in re.split(r"[,+ ]", str(text)) if c.strip()]
+    try:
+        classes = tuple(int(c) for c in parts)
+    except ValueError:
+        classes = ()
+    if not classes or any(c < 0 for c in classes):
+        raise SimError(
+            f"evaluator detections: classes must be label numbers joined by '+' (e.g. "
+            f"{_DEFAULT_CLASSES_TEXT}), not {text!r}"
+        )
+    return classes
+
+
 def _limit(
     evaluator: str,
     name: str,
@@ -299,9 +315,14 @@ class DetectionEvaluator:
         self.match_m = _limit("detections", "match_m", match_m, above=0)
         self.min_precision = _limit("detections", "min_precision", min_precision, least=0, most=1)
         self.min_recall = _limit("detections", "min_recall", min_recall, least=0, most=1)
-        self.classes = tuple(int(c) for c in re.split(r"[,+ ]", str(classes)) if c.strip())
+        self.classes = _classes(classes)
         self.cell_m = _limit("detections", "cell_m", cell_m, above=0)
-        self.min_points = int(_limit("detections", "min_points", min_points, least=1))
+        points = _limit("detections", "min_points", min_points, least=1)
+        if not points.is_integer():  # 2.5 points was taken as 2, silently
+            raise SimError(
+                f"evaluator detections: min_points must be a whole number, not {min_points!r}"
+            )
+        self.min_points = int(points)
         self.max_range_m = _limit("detections", "max_range_m", max_range_m, above=0)
         self.truth_topics: tuple[str, ...] = (cloud_topic,)
 

@@ -98,6 +98,9 @@ def test_unknown_evaluator_and_bad_params() -> None:
         ("latency", {"max_ms": math.nan}, "max_ms must be a finite number > 0"),
         ("rate", {"topic": "/x", "min_hz": math.nan}, "min_hz must be a finite number >= 0"),
         ("detections", {"min_recall": 1.5}, "min_recall must be a finite number >= 0 and <= 1"),
+        ("detections", {"min_points": 2.5}, "min_points must be a whole number, not 2.5"),
+        ("detections", {"classes": ""}, "classes must be label numbers joined by '+'"),
+        ("detections", {"classes": "7+car"}, "classes must be label numbers joined by '+'"),
         ("pose_error", {"topic": "/x", "max_m": 0}, "max_m must be a finite number > 0, not 0"),
     ],
 )
