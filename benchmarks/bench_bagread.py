@@ -12,7 +12,10 @@ the same run):
   Spark task of ``BinPipeRDD.from_bags`` does;
 - ``local:// read``: ``read_partition`` of the same bag stored in the local tiered store's
   MEM tier (``/dev/shm``), read through ``adcloud.store.filesystem`` and
-  ``LocalStore.read_range`` (skipped with ``--no-store``).
+  ``LocalStore.read_range`` (skipped with ``--no-store``);
+- ``alluxio:// read``: the same, from that store served by ``adcloud store serve`` (the
+  Alluxio 2.x REST proxy API) in a process of its own on 127.0.0.1: HTTP, streams and
+  range reads as from a proxy on an executor's host (skipped with ``--no-store``).
 
 Bags: a generated LiDAR bag (``bench_binpipe.write_bag``: lz4 chunks of 16k-point
 PointCloud2 plus 10 small Imu per cloud) and the bz2 husky bag of the shared data.
@@ -25,15 +28,19 @@ MB/s is bag file bytes per second.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
+import os
 import pstats
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +95,41 @@ def stored(path: Path, options: dict[str, Any]) -> str:
     return f"local:///bench/{path.name}"
 
 
+@contextlib.contextmanager
+def served(options: dict[str, Any]) -> Iterator[str]:
+    """The store ``options`` open, served by ``adcloud store serve`` in a process of its own
+    (so that the proxy does not share this process's interpreter): its ``alluxio://`` URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "ADCLOUD_STORE_ROOT": options["root"],
+        "ADCLOUD_STORE_MEM_DIR": options["mem_dir"],
+        "ADCLOUD_STORE_MEM_CAPACITY": options["mem_capacity"],
+    }
+    adcloud = str(Path(sys.executable).with_name("adcloud"))
+    proc = subprocess.Popen(
+        [adcloud, "store", "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise RuntimeError(f"adcloud store serve did not start: {err}")
+            time.sleep(0.1)
+        yield f"alluxio://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def ours_read(parts: list[BagPartition]) -> int:
     n = 0
     for part in parts:
@@ -104,7 +146,11 @@ def ours_blocks(parts: list[BagPartition]) -> int:
 
 
 def bench(
-    name: str, path: Path, rounds: int, store: dict[str, Any] | None = None
+    name: str,
+    path: Path,
+    rounds: int,
+    store: dict[str, Any] | None = None,
+    proxy: str | None = None,
 ) -> dict[str, float]:
     """Wall-clock MB/s (median and best of ``rounds``, interleaved) and ratios to rosbags.
 
@@ -119,11 +165,17 @@ def bench(
         "_bag_blocks": lambda: ours_blocks(parts),
     }
     if store is not None:
-        in_store = partitions(stored(path, store), store)
+        url = stored(path, store)
+        in_store = partitions(url, store)
         runs["local:// read"] = lambda: ours_read(in_store)
+        if proxy is not None:
+            via_proxy = partitions(proxy + url.removeprefix("local://"))
+            runs["alluxio:// read"] = lambda: ours_read(via_proxy)
     assert ours_read(parts) == rosbags_read(path), "payload bytes differ from rosbags"
     if store is not None:
         assert ours_read(in_store) == ours_read(parts), "the stored bag reads otherwise"
+        if proxy is not None:
+            assert ours_read(via_proxy) == ours_read(parts), "the served bag reads otherwise"
     for fn in runs.values():
         fn()  # warm-up: imports, caches, the allocator's steady state
     wall: dict[str, list[float]] = {k: [] for k in runs}
@@ -164,7 +216,9 @@ def main() -> None:
     parser.add_argument("--bag", type=Path, help="reuse this generated LiDAR bag")
     parser.add_argument("--husky", type=Path, default=HUSKY, help="the bz2 husky bag")
     parser.add_argument("--profile", action="store_true", help="cProfile _bag_blocks too")
-    parser.add_argument("--no-store", action="store_true", help="skip the local:// reads")
+    parser.add_argument(
+        "--no-store", action="store_true", help="skip the local:// and alluxio:// reads"
+    )
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="adcloud-bagread-") as tmp,
@@ -177,9 +231,10 @@ def main() -> None:
         if lidar is None or not lidar.exists():
             lidar = args.bag or Path(tmp) / "lidar.bag"
             write_bag(lidar, args.bag_mb)
-        bench(f"lidar {lidar.name}", lidar, args.rounds, store)
-        if args.husky.exists():
-            bench(f"husky {args.husky.name}", args.husky, args.rounds, store)
+        with served(store) if store is not None else contextlib.nullcontext() as proxy:
+            bench(f"lidar {lidar.name}", lidar, args.rounds, store, proxy)
+            if args.husky.exists():
+                bench(f"husky {args.husky.name}", args.husky, args.rounds, store, proxy)
         if args.profile:
             profile(lidar)
             if args.husky.exists():
