@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from adcloud.config import STORE_SCHEMES, load_settings, names, settings_dict
 from adcloud.train.errors import TrainError
 
@@ -163,6 +165,53 @@ def _wrong_types(config: TrainConfig) -> list[str]:
     return out
 
 
+def _sources(
+    file: str | Path | None, environ: Mapping[str, str], overrides: Mapping[str, Any]
+) -> dict[str, str]:
+    """Setting name -> the file or ``ADCLOUD_TRAIN_*`` variable that gave its value (as
+    :func:`~adcloud.config.load_settings` layers them; the caller's overrides name none)."""
+    sources: dict[str, str] = {}
+    if file is not None:
+        try:
+            loaded = yaml.safe_load(Path(file).read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            loaded = None  # load_settings has said what is wrong with it
+        part = loaded.get("train") if isinstance(loaded, dict) else None
+        if isinstance(part, dict):
+            sources.update({key: str(file) for key in part if isinstance(key, str)})
+    for item in dataclasses.fields(TrainConfig):
+        variable = f"ADCLOUD_TRAIN_{item.name.upper()}"
+        if variable in environ:
+            sources[item.name] = variable
+    for name, value in overrides.items():
+        if value is not None:
+            sources.pop(name, None)
+    return sources
+
+
+#: The setting a problem of :meth:`TrainConfig.validate` is about: its first word (``lr
+#: must be ...``), or ``train.<name>:`` (the constructor's).
+_PROBLEM_FIELD = re.compile(r"(?:train\.)?([a-z_]+)\b")
+
+
+def _name_sources(err: TrainError, sources: Mapping[str, str]) -> None:
+    """Make ``err`` (``invalid train settings: P; P...`` or one problem) say, after each
+    problem, where the value of the setting it is about came from (the file or the
+    variable): "lr must be > 0" alone leaves the user to find which of a settings file,
+    the environment or a service's ``EnvironmentFile`` gave it."""
+    text = str(err)
+    head = "invalid train settings: "
+    many = text.startswith(head)
+    named = []
+    for problem in text.removeprefix(head).split("; ") if many else [text]:
+        match = _PROBLEM_FIELD.match(problem)
+        source = sources.get(match.group(1)) if match else None
+        named.append(f"{problem} (from {source})" if source and source not in problem else problem)
+    result = (head if many else "") + "; ".join(named)
+    if result != text:
+        err.args = (result, *err.args[1:])
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides one training run (see the module docstring for the units).
@@ -299,8 +348,16 @@ class TrainConfig:
         environ: Mapping[str, str] | None = None,
         **overrides: Any,
     ) -> TrainConfig:
-        """Defaults, then the ``train`` section of ``file``, ``ADCLOUD_TRAIN_*``, ``overrides``."""
-        return load_settings(cls, "train", file=file, environ=environ, **overrides).validate()
+        """Defaults, then the ``train`` section of ``file``, ``ADCLOUD_TRAIN_*``, ``overrides``.
+
+        A value that :meth:`validate` (or the constructor) refuses is named with where it
+        came from: the file or the environment variable."""
+        env = os.environ if environ is None else environ
+        try:
+            return load_settings(cls, "train", file=file, environ=env, **overrides).validate()
+        except TrainError as err:
+            _name_sources(err, _sources(file, env, overrides))
+            raise
 
     def validate(self) -> TrainConfig:
         """Return ``self`` if every setting is usable, else raise :class:`TrainError`."""

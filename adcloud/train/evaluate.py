@@ -19,6 +19,7 @@ An :class:`Evaluation` writes ``eval.json`` and, for segmentation tasks, ``confu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -549,8 +550,18 @@ class Evaluation:
             for name in names:
                 # beside, then renamed: a reader never sees half a file
                 target = posixpath.join(root, name)
-                fs.put_file(str(local / name), target + ".partial")
-                fs.mv(target + ".partial", target)
+                try:
+                    fs.put_file(str(local / name), target + ".partial")
+                    fs.mv(target + ".partial", target)
+                except Exception as err:  # the backend's own: OSError, botocore's, aiohttp's
+                    with contextlib.suppress(Exception):  # no half file left behind
+                        if fs.exists(target + ".partial"):
+                            fs.rm_file(target + ".partial")
+                    raise TrainError(
+                        f"{out}: cannot write {name} ({type(err).__name__}: {err}); check "
+                        "that the place is writable and has room, or give --out (out=) "
+                        "another directory"
+                    ) from err
                 written.append(target)
         return written
 

@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import posixpath
@@ -218,7 +219,25 @@ def _dynamic(spec: Any) -> Any:
     if spec is None:
         return None
     name = getattr(spec, "__name__", str(spec))
-    return {"name": name, "min": getattr(spec, "min", None), "max": getattr(spec, "max", None)}
+    return {
+        "name": name,
+        "min": _bound(getattr(spec, "min", None)),
+        "max": _bound(getattr(spec, "max", None)),
+    }
+
+
+def _bound(value: Any) -> int | None:
+    """A Dim's bound as a JSON number; None where it has none: ``Dim("n")`` without ``max``
+    carries torch's own infinity (``int_oo``, a sympy number JSON cannot hold)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) else None
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -252,6 +271,16 @@ def export_model(
             f"rename it (reserved: {', '.join(_RESERVED)})"
         )
     directory = Path(out_dir)
+    # the caller's values are checked before the (slow) export, and before anything is
+    # written: a NaN metric found after model.pt2 was written left a directory without
+    # metadata.json (or a new program beside an older export's metadata)
+    try:
+        json.dumps(dict(metadata), allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise ExportError(
+            f"{directory / METADATA_FILE}: metadata is not plain JSON ({err}); pass numbers, "
+            "strings, lists and dicts (NaN is not allowed: write null for a missing score)"
+        ) from err
     was_training = model.training
     model.eval()
     try:
@@ -269,58 +298,69 @@ def export_model(
     finally:
         model.train(was_training)
 
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        program_path = directory / PROGRAM_FILE
-        torch.export.save(program, program_path)
-    except (OSError, RuntimeError) as err:
-        raise ExportError(f"{directory / PROGRAM_FILE}: cannot write the program: {err}") from err
-
-    runtime = {
-        "device": str(device),
-        "device_name": (
-            torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-        ),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "threads": torch.get_num_threads(),
-    }
-    meta: dict[str, Any] = {
-        **metadata,
-        "format": FORMAT,
-        "version": VERSION,
-        "code": code_version(),
-        "model": {
-            "class": f"{type(model).__module__}.{type(model).__qualname__}",
-            "parameters": int(params),
-            "macs": int(macs),
-            "flops": int(2 * macs),
-            "inputs": [_describe(x) for x in example_inputs],
-            "dynamic": _dynamic(dynamic_shapes),
-        },
-        "latency_ms": latency,
-        "runtime": runtime,
-        "files": {
-            PROGRAM_FILE: {
-                "bytes": program_path.stat().st_size,
-                "sha256": sha256_file(program_path),
-            }
-        },
-    }
-    try:
-        text = json.dumps(meta, indent=2, allow_nan=False)
-    except (TypeError, ValueError) as err:
-        raise ExportError(
-            f"{directory / METADATA_FILE}: metadata is not plain JSON ({err}); pass numbers, "
-            "strings, lists and dicts (NaN is not allowed)"
-        ) from err
+    program_path = directory / PROGRAM_FILE
     meta_path = directory / METADATA_FILE
-    tmp = meta_path.with_suffix(".json.tmp")
+    # Both files are written beside their final names and renamed into place once both are
+    # complete: an export that fails half-way leaves an earlier export in out_dir as it was.
+    program_tmp = directory / f".partial-{PROGRAM_FILE}"  # torch.export.save wants .pt2
+    meta_tmp = directory / f".partial-{METADATA_FILE}"
     try:
-        tmp.write_text(text + "\n", encoding="utf-8")
-        tmp.replace(meta_path)
-    except OSError as err:
-        raise ExportError(f"{meta_path}: cannot write the metadata: {err}") from err
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            torch.export.save(program, program_tmp)
+        except (OSError, RuntimeError) as err:
+            raise ExportError(f"{program_path}: cannot write the program: {err}") from err
+
+        runtime = {
+            "device": str(device),
+            "device_name": (
+                torch.cuda.get_device_name(device)
+                if device.type == "cuda"
+                else platform.processor()
+            ),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "threads": torch.get_num_threads(),
+        }
+        meta: dict[str, Any] = {
+            **metadata,
+            "format": FORMAT,
+            "version": VERSION,
+            "code": code_version(),
+            "model": {
+                "class": f"{type(model).__module__}.{type(model).__qualname__}",
+                "parameters": int(params),
+                "macs": int(macs),
+                "flops": int(2 * macs),
+                "inputs": [_describe(x) for x in example_inputs],
+                "dynamic": _dynamic(dynamic_shapes),
+            },
+            "latency_ms": latency,
+            "runtime": runtime,
+            "files": {
+                PROGRAM_FILE: {
+                    "bytes": program_tmp.stat().st_size,
+                    "sha256": sha256_file(program_tmp),
+                }
+            },
+        }
+        try:
+            text = json.dumps(meta, indent=2, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise ExportError(
+                f"{meta_path}: metadata is not plain JSON ({err}); pass numbers, strings, "
+                "lists and dicts (NaN is not allowed)"
+            ) from err
+        try:
+            meta_tmp.write_text(text + "\n", encoding="utf-8")
+            program_tmp.replace(program_path)
+            meta_tmp.replace(meta_path)
+        except OSError as err:
+            raise ExportError(f"{meta_path}: cannot write the metadata: {err}") from err
+    finally:
+        for tmp in (program_tmp, meta_tmp):
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
     _log.info(
         "exported %s to %s: %d parameters, %.1f MMACs, p50 %.2f ms",
         type(model).__name__,

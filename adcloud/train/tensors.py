@@ -117,9 +117,17 @@ def _as_tensor(name: str, value: Any) -> torch.Tensor:
     if isinstance(value, np.ndarray):
         if value.dtype.byteorder == ">":
             value = value.astype(value.dtype.newbyteorder("<"))
-        return torch.from_numpy(np.ascontiguousarray(value))
+        try:
+            return torch.from_numpy(np.ascontiguousarray(value))
+        except TypeError as err:  # text, objects, datetimes: no tensor dtype holds them
+            raise TrainError(
+                f"array {name!r}: NumPy dtype {value.dtype} cannot be stored; supported "
+                f"dtypes: {', '.join(k for k in DTYPES if k != 'bfloat16')}"
+            ) from err
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu")
+        # a lazily conjugated or negated view (x.conj()) shares x's bytes: its own values
+        # exist only once resolved
+        return value.detach().to("cpu").resolve_conj().resolve_neg()
     raise TrainError(f"tensor {name!r}: expected a torch.Tensor or numpy array, got {type(value)}")
 
 
@@ -347,14 +355,29 @@ def decode_tensors(data: bytes | bytearray | memoryview, *, source: str = "<byte
 _TREE_KEY = "tree"
 
 
+def _entry_name(path: str, out: Mapping[str, Any]) -> str:
+    """A name for the tensor at ``path`` that no other tensor of ``out`` has: two paths can
+    spell the same (key ``"a/b"`` and key ``"b"`` under ``"a"``; int key 1 and text key
+    ``"1"``), and one file entry for both would give both the last one's values."""
+    name = path or "/"
+    if name not in out:
+        return name
+    n = 1
+    while f"{name}#{n}" in out:
+        n += 1
+    return f"{name}#{n}"
+
+
 def _pack(value: Any, path: str, out: dict[str, torch.Tensor | np.ndarray[Any, Any]]) -> Any:
     """The JSON skeleton of ``value``; its tensors and arrays go to ``out``."""
     if isinstance(value, torch.Tensor):
-        out[path or "/"] = value
-        return {"__tensor__": path or "/"}
+        name = _entry_name(path, out)
+        out[name] = value
+        return {"__tensor__": name}
     if isinstance(value, np.ndarray):
-        out[path or "/"] = value
-        return {"__ndarray__": path or "/"}
+        name = _entry_name(path, out)
+        out[name] = value
+        return {"__ndarray__": name}
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, (int, np.integer)):

@@ -21,6 +21,7 @@ import fsspec
 import numpy as np
 import pytest
 import torch
+from fsspec.implementations.local import LocalFileSystem
 from numpy.typing import NDArray
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
@@ -598,3 +599,33 @@ def test_eval_every_without_heldout_bags_makes_no_validation_curve(
     assert meta["training"]["validation"] == []
     assert "train.eval_every=2 scores the held-out bags" in caplog.text
     assert "train.heldout_bags is empty" in caplog.text
+
+
+def test_a_failed_write_of_the_scores_names_the_place_and_leaves_no_half_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counts = np.zeros((NUM_CLASSES, NUM_CLASSES), dtype=np.int64)
+    counts[1, 1] = 5
+    evaluation = evaluate_module.Evaluation(
+        task="lidar_seg",
+        model="m",
+        scores={"miou": 1.0, "accuracy": float("nan")},
+        per_bag={"a.bag": {"miou": 1.0}},
+        samples={"a.bag": 1},
+        counts=counts,
+        class_names=tuple(str(i) for i in range(NUM_CLASSES)),
+        seconds=0.1,
+    )
+    out = tmp_path / "scores dir"
+
+    def full(self: Any, path1: str, path2: str, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(LocalFileSystem, "mv", full)
+    with pytest.raises(TrainError, match=rf"{re.escape(str(out))}: cannot write {EVAL_FILE}"):
+        evaluation.write(str(out))
+    assert list(out.iterdir()) == []
+    monkeypatch.undo()
+    written = evaluation.write(str(out))
+    assert sorted(Path(p).name for p in written) == [PLOT_FILE, EVAL_FILE]
+    assert json.loads((out / EVAL_FILE).read_text())["scores"]["accuracy"] is None

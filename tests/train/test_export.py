@@ -327,3 +327,66 @@ def test_a_model_url_that_cannot_be_reached_is_named() -> None:
         inspect_model("http://127.0.0.1:1/model")
     with pytest.raises(ExportError, match=r"nosuch://m/model: cannot open the model's location"):
         inspect_model("nosuch://m/model")
+
+
+def test_an_unbounded_dim_exports_with_no_max(tmp_path: Path) -> None:
+    # Dim("n") without max carries torch's int_oo, which JSON cannot hold: the export failed
+    # blaming the caller's metadata, and left model.pt2 without metadata.json
+    model = torch.nn.Linear(4, 2)
+    exported = export_model(
+        model,
+        (torch.randn(3, 4),),
+        tmp_path / "a model",
+        {"task": "x"},
+        dynamic_shapes=({0: torch.export.Dim("n")},),
+        warmup=0,
+        runs=1,
+    )
+    dim = exported.metadata["model"]["dynamic"][0]["0"]
+    assert dim == {"name": "n", "min": 0, "max": None}
+    assert json.loads(exported.metadata_path.read_text())["model"]["dynamic"][0]["0"] == dim
+    program, _ = load_exported(tmp_path / "a model")
+    assert program.module()(torch.randn(7, 4)).shape == (7, 2)
+
+
+def test_metadata_that_is_no_json_leaves_an_earlier_export_as_it_was(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    first = export_model(torch.nn.Linear(4, 2), (torch.randn(2, 4),), out, {}, warmup=0, runs=1)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ExportError, match=r"metadata.json: metadata is not plain JSON"):
+        export_model(
+            torch.nn.Linear(4, 3),
+            (torch.randn(2, 4),),
+            out,
+            {"metrics": {"miou": float("nan")}},
+            warmup=0,
+            runs=1,
+        )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    load_exported(first.directory)  # still intact
+    with pytest.raises(ExportError, match=r"not plain JSON"):
+        export_model(
+            torch.nn.Linear(4, 2),
+            (torch.randn(2, 4),),
+            tmp_path / "new",
+            {"loss": float("inf")},
+            warmup=0,
+            runs=1,
+        )
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_failed_write_leaves_no_partial_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "model"
+    export_model(torch.nn.Linear(4, 2), (torch.randn(2, 4),), out, {}, warmup=0, runs=1)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def fail(self: Path, *args: Any, **kwargs: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", fail)
+    with pytest.raises(ExportError, match=r"metadata.json: cannot write the metadata"):
+        export_model(torch.nn.Linear(4, 3), (torch.randn(2, 4),), out, {}, warmup=0, runs=1)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

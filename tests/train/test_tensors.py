@@ -224,3 +224,30 @@ def test_tree_refuses_what_it_cannot_store() -> None:
         encode_tree({}, {"tree": 1})
     with pytest.raises(TensorFormatError, match="no state skeleton"):
         decode_tree(encode_tensors({"a": torch.zeros(1)}))
+
+
+def test_tree_paths_that_spell_the_same_keep_their_own_values() -> None:
+    # key "a/b" and key "b" under "a" have one path, as have int key 1 and text key "1":
+    # one file entry for both gave both the last one's values
+    tree = {
+        "a/b": torch.tensor([1.0]),
+        "a": {"b": torch.tensor([2.0])},
+        1: np.array([3.0]),
+        "1": np.array([4.0]),
+    }
+    back, _ = decode_tree(encode_tree(tree))
+    assert back["a/b"].tolist() == [1.0]
+    assert back["a"]["b"].tolist() == [2.0]
+    assert back[1].tolist() == [3.0]
+    assert back["1"].tolist() == [4.0]
+
+
+def test_an_array_of_text_is_refused_naming_it() -> None:
+    with pytest.raises(TrainError, match=r"'/names'.*dtype <U4 cannot be stored"):
+        encode_tree({"names": np.array(["road", "curb"])})
+
+
+def test_a_conjugate_view_is_stored_with_its_values() -> None:
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    back = decode_tensors(encode_tensors({"z": z.conj()})).tensors["z"]
+    assert back.tolist() == [1 - 2j, 3 + 4j]
