@@ -154,7 +154,8 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
         return 0
     console.print(evaluation.table())
     if args.out:
-        console.print(f"wrote {args.out}/{EVAL_FILE} and {PLOT_FILE}", highlight=False)
+        plot = f" and {PLOT_FILE}" if evaluation.plottable else " (no confusion matrix to draw)"
+        console.print(f"wrote {args.out}/{EVAL_FILE}{plot}", highlight=False)
     return 0
 
 

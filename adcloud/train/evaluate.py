@@ -497,12 +497,18 @@ class Evaluation:
             table.caption = "\n".join(f"bag {i + 1}: {uri}" for i, uri in enumerate(self.samples))
         return table
 
+    @property
+    def plottable(self) -> bool:
+        """Whether the counts are a confusion matrix (square) that :meth:`plot` draws."""
+        counts = np.asarray(self.counts)
+        return counts.ndim == 2 and counts.shape[0] == counts.shape[1]
+
     def plot(self, path: str | os.PathLike[str]) -> bool:
         """Draw the confusion matrix normalised per true class to ``path`` (PNG); False, and
         nothing drawn, when the counts are not a square matrix."""
-        counts = np.asarray(self.counts, dtype=np.float64)
-        if counts.ndim != 2 or counts.shape[0] != counts.shape[1]:
+        if not self.plottable:
             return False
+        counts = np.asarray(self.counts, dtype=np.float64)
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
         from matplotlib.figure import Figure  # noqa: PLC0415
 

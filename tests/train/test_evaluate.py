@@ -629,3 +629,26 @@ def test_a_failed_write_of_the_scores_names_the_place_and_leaves_no_half_file(
     written = evaluation.write(str(out))
     assert sorted(Path(p).name for p in written) == [PLOT_FILE, EVAL_FILE]
     assert json.loads((out / EVAL_FILE).read_text())["scores"]["accuracy"] is None
+
+
+def test_only_a_square_confusion_matrix_is_drawn(tmp_path: Path) -> None:
+    """``adcloud train eval --out`` said it wrote confusion.png for a task whose counts are
+    no confusion matrix (nothing drawn): it asks :attr:`Evaluation.plottable` now."""
+    kwargs: dict[str, Any] = {
+        "task": "custom",
+        "model": "m",
+        "scores": {"mse": 0.5},
+        "per_bag": {"a.bag": {"mse": 0.5}},
+        "samples": {"a.bag": 1},
+        "class_names": (),
+        "seconds": 0.1,
+    }
+    flat = evaluate_module.Evaluation(counts=np.zeros(3, dtype=np.int64), **kwargs)
+    assert not flat.plottable
+    assert [Path(p).name for p in flat.write(str(tmp_path / "flat"))] == [EVAL_FILE]
+    square = evaluate_module.Evaluation(
+        counts=np.eye(2, dtype=np.int64), **{**kwargs, "class_names": ("a", "b")}
+    )
+    assert square.plottable
+    names = sorted(Path(p).name for p in square.write(str(tmp_path / "sq")))
+    assert names == [PLOT_FILE, EVAL_FILE]
