@@ -23,6 +23,8 @@ from adcloud.synth.drive import DriveResult, generate_drive
 
 __all__ = ["add_parser", "run", "run_demo"]
 
+_NS = 1_000_000_000
+
 _EPILOG = """\
 examples:
   adcloud synth --seconds 60 --seed 7 --format ros1 --out drive.bag
@@ -156,21 +158,28 @@ _FIELDS = (
 )
 
 
-def _progress_bar(total: float, quiet: bool) -> tuple[Any, Any]:
+def _progress_bar(total_ns: int, quiet: bool) -> tuple[Any, Any]:
+    """A bar over the simulated time and the ``progress`` callback that moves it.
+
+    The bar counts whole nanoseconds (shown as seconds), the drive's own unit: a float
+    total rounded to 1 ms (0.123 of a 0.1234 s drive) was overrun by the last window, and
+    tqdm warned "clamping frac" and showed a negative time left."""
     from tqdm import tqdm  # noqa: PLC0415
 
     bar = tqdm(
-        total=round(total, 3),
+        total=total_ns,
         unit="s",
+        unit_scale=1 / _NS,
         desc="simulated",
         disable=quiet,
         bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}]",
     )
-    done = [0.0]
+    done = [0]
 
     def update(t: float) -> None:
-        bar.update(t - done[0])
-        done[0] = t
+        now = min(round(t * _NS), total_ns)
+        bar.update(now - done[0])
+        done[0] = now
 
     return bar, update
 
@@ -197,7 +206,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     """Entry point of ``adcloud synth``; returns the exit code."""
     overrides = {name: getattr(args, name, None) for name in _FIELDS}
     config = load_settings(DriveConfig, "synth", file=args.config, **overrides).validate()
-    bar, update = _progress_bar(config.seconds, args.quiet)
+    bar, update = _progress_bar(config.duration_ns, args.quiet)
     try:
         # the text as given: a trailing "/" (a directory, not a ros1 file) is refused
         result = generate_drive(config, args.out, overwrite=args.overwrite, progress=update)
@@ -221,7 +230,7 @@ def run_demo(
     target.mkdir(parents=True, exist_ok=True)
     config = load_settings(DriveConfig, "synth", seconds=seconds).validate()
     console.rule("adcloud synth: a synthetic drive with ground truth")
-    bar, update = _progress_bar(config.seconds, quiet)
+    bar, update = _progress_bar(config.duration_ns, quiet)
     try:
         name = "drive.bag" if config.format == "ros1" else "drive"
         result = generate_drive(config, target / name, overwrite=True, progress=update)

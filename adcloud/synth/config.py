@@ -221,8 +221,11 @@ class DriveConfig:
         for name in ("max_accel_mps2", "max_decel_mps2", "max_lateral_accel_mps2"):
             value = getattr(self, name)
             need(0 < value <= 10, f"{name} must be in (0, 10], not {value}")
-        need(0 < self.max_yaw_rate_rps <= 2, "max_yaw_rate_rps must be in (0, 2]")
-        need(self.stop_dwell_s >= 0, "stop_dwell_s must be >= 0")
+        need(
+            0 < self.max_yaw_rate_rps <= 2,
+            f"max_yaw_rate_rps must be in (0, 2], not {self.max_yaw_rate_rps}",
+        )
+        need(self.stop_dwell_s >= 0, f"stop_dwell_s must be >= 0, not {self.stop_dwell_s}")
         need(
             16 <= self.lidar_beams <= 128,
             f"lidar_beams must be between 16 and 128, not {self.lidar_beams}",
@@ -234,11 +237,22 @@ class DriveConfig:
         )
         need(
             -60 <= self.lidar_fov_down_deg < self.lidar_fov_up_deg <= 60,
-            "lidar_fov_down_deg < lidar_fov_up_deg must hold, both in [-60, 60] degrees",
+            "lidar_fov_down_deg < lidar_fov_up_deg must hold, both in [-60, 60] degrees, not "
+            f"lidar_fov_down_deg={self.lidar_fov_down_deg}, "
+            f"lidar_fov_up_deg={self.lidar_fov_up_deg}",
         )
-        need(5 <= self.lidar_max_range_m <= 300, "lidar_max_range_m must be in [5, 300]")
-        need(self.lidar_range_noise_m >= 0, "lidar_range_noise_m must be >= 0")
-        need(0 <= self.lidar_dropout < 1, "lidar_dropout must be in [0, 1)")
+        need(
+            5 <= self.lidar_max_range_m <= 300,
+            f"lidar_max_range_m must be in [5, 300], not {self.lidar_max_range_m}",
+        )
+        need(
+            self.lidar_range_noise_m >= 0,
+            f"lidar_range_noise_m must be >= 0, not {self.lidar_range_noise_m}",
+        )
+        need(
+            0 <= self.lidar_dropout < 1,
+            f"lidar_dropout must be in [0, 1), not {self.lidar_dropout}",
+        )
         need(10 <= self.imu_hz <= 1000, f"imu_hz must be in [10, 1000], not {self.imu_hz}")
         need(1 <= self.odom_hz <= 1000, f"odom_hz must be in [1, 1000], not {self.odom_hz}")
         need(1 <= self.gps_hz <= 10, f"gps_hz must be between 1 and 10, not {self.gps_hz}")
@@ -256,24 +270,32 @@ class DriveConfig:
             "gps_noise_m",
             "gps_bias_m",
         ):
-            need(getattr(self, name) >= 0, f"{name} must be >= 0")
-        need(abs(self.odom_scale_error) < 0.2, "odom_scale_error must be within (-0.2, 0.2)")
-        need(self.gps_bias_tau_s > 0, "gps_bias_tau_s must be > 0")
+            need(getattr(self, name) >= 0, f"{name} must be >= 0, not {getattr(self, name)}")
+        need(
+            abs(self.odom_scale_error) < 0.2,
+            f"odom_scale_error must be within (-0.2, 0.2), not {self.odom_scale_error}",
+        )
+        need(self.gps_bias_tau_s > 0, f"gps_bias_tau_s must be > 0, not {self.gps_bias_tau_s}")
         need(
             len(self.gps_outage) == 2 and self.gps_outage[1] >= 0,
-            "gps_outage must be (start, duration) with duration >= 0",
+            f"gps_outage must be (start, duration) with duration >= 0, not {self.gps_outage}",
         )
         need(
             len(self.gps_origin) == 3
             and -85 <= self.gps_origin[0] <= 85
             and -180 <= self.gps_origin[1] <= 180,
-            "gps_origin must be (latitude in [-85, 85], longitude in [-180, 180], height)",
+            "gps_origin must be (latitude in [-85, 85], longitude in [-180, 180], height), "
+            f"not {self.gps_origin}",
         )
         need(
-            16 <= self.camera_width <= 1920 and 16 <= self.camera_height <= 1080,
-            "camera size must be within 16x16 .. 1920x1080 pixels",
+            16 <= self.camera_width <= 1920,
+            f"camera_width must be in [16, 1920] pixels, not {self.camera_width}",
         )
-        need(0.2 <= self.camera_hz <= 60, "camera_hz must be in [0.2, 60]")
+        need(
+            16 <= self.camera_height <= 1080,
+            f"camera_height must be in [16, 1080] pixels, not {self.camera_height}",
+        )
+        need(0.2 <= self.camera_hz <= 60, f"camera_hz must be in [0.2, 60], not {self.camera_hz}")
         need(
             isinstance(self.cameras, int) and 1 <= self.cameras <= 8,
             f"cameras must be an integer in [1, 8], not {self.cameras!r}",
@@ -283,9 +305,18 @@ class DriveConfig:
             f"cameras={self.cameras} with camera off records no camera at all; turn the "
             "camera on (drop --no-camera) or leave cameras out",
         )
-        need(10 <= self.camera_hfov_deg <= 150, "camera_hfov_deg must be in [10, 150]")
-        need(0.01 <= self.truth_raster_res_m <= 1, "truth_raster_res_m must be in [0.01, 1]")
-        need(0 <= self.truth_margin_m <= 200, "truth_margin_m must be in [0, 200]")
+        need(
+            10 <= self.camera_hfov_deg <= 150,
+            f"camera_hfov_deg must be in [10, 150], not {self.camera_hfov_deg}",
+        )
+        need(
+            0.01 <= self.truth_raster_res_m <= 1,
+            f"truth_raster_res_m must be in [0.01, 1], not {self.truth_raster_res_m}",
+        )
+        need(
+            0 <= self.truth_margin_m <= 200,
+            f"truth_margin_m must be in [0, 200], not {self.truth_margin_m}",
+        )
         for name, hz in (
             ("lidar_hz", self.lidar_hz),
             ("imu_hz", self.imu_hz),

@@ -667,6 +667,8 @@ def _run(
         buffer = np.concatenate([buffer, driver.advance(t1 / _NS + 0.002)])
         buffer = buffer[buffer[:, 0] >= t0 / _NS - lookback]
         traj = Trajectory.from_samples(drive.world, buffer)
+        # the raster covers where the car drove in the window, whatever the truth rate
+        drive.truth.cover(traj.position[(traj.t >= t0 / _NS) & (traj.t <= t1 / _NS)])
         drive.ground_truth(traj, _grid(t0, t1, periods["truth"], _PHASE["truth"]))
         drive.imu_samples(traj, _grid(t0, t1, periods["imu"], _PHASE["imu"]))
         drive.odometry(traj, _grid(t0, t1, periods["odom"], _PHASE["odom"]))

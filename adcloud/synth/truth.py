@@ -161,6 +161,12 @@ class TruthWriter:
                 f"{_time_text(t)} {p[0]:.6f} {p[1]:.6f} {p[2]:.6f} "
                 f"{q[0]:.9f} {q[1]:.9f} {q[2]:.9f} {q[3]:.9f}\n"
             )
+        self.cover(xyz)
+
+    def cover(self, xyz: NDArray[np.float64]) -> None:
+        """Grow the raster's bounds (the driven route's bounding box) to hold ``xyz``
+        (``(N, 2+)``, map frame): the drive passes every trajectory sample, since poses at
+        a low ``truth_hz`` leave up to a second of driving between them."""
         if len(xyz):
             self.lo = np.minimum(self.lo, xyz[:, :2].min(axis=0))
             self.hi = np.maximum(self.hi, xyz[:, :2].max(axis=0))
@@ -510,16 +516,38 @@ def read_poses(truth: Path) -> tuple[NDArray[np.int64], NDArray[np.float64], NDA
     """``(t_ns, xyz (N, 3), quaternions (N, 4) as x, y, z, w)`` from ``poses.txt``."""
     t_ns = []
     rows = []
-    with (_whole(truth) / "poses.txt").open(encoding="ascii") as f:
-        for line in f:
+    path = _whole(truth) / "poses.txt"
+    with path.open(encoding="ascii", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
             if line.startswith("#") or not line.strip():
                 continue
             stamp, *vals = line.split()
             sec, _, frac = stamp.partition(".")
+            # a row the file format does not allow (a hand-edited or foreign file) is named
+            # by its line: a bare "cannot reshape array" or "invalid literal" said nowhere
+            if (
+                len(vals) != 7
+                or not sec.isdigit()
+                or not (frac == "" or frac.isdigit())
+                or not all(_is_float(v) for v in vals)
+            ):
+                raise SynthError(
+                    f"{path}:{number}: not a pose row 't tx ty tz qx qy qz qw' (t as "
+                    f"seconds.nanoseconds, 7 numbers after it): {line.strip()[:80]!r}; "
+                    "write the truth again with adcloud synth"
+                )
             t_ns.append(int(sec) * _NS + int(frac.ljust(9, "0")[:9]))
             rows.append([float(v) for v in vals])
     arr = np.asarray(rows, dtype=np.float64).reshape(-1, 7)
     return np.asarray(t_ns, dtype=np.int64), arr[:, :3], arr[:, 3:]
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def read_raster(truth: Path) -> Raster:

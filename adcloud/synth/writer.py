@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 import lz4.frame
 from rosbags.interfaces import (
@@ -40,6 +40,12 @@ from adcloud.synth.errors import SynthError
 __all__ = ["WRITERS", "BagWriter", "open_writer"]
 
 _CALLER = "/adcloud_synth"
+# rosbag2 format 8 (Iron): QoS profiles stored as a YAML string with numeric policies, as
+# Humble reads them (``offered_qos_profiles.as<std::string>()``, then integers).  Format 9
+# (Jazzy) stores them as a YAML list with named policies ("keep_last"), so ``ros2 bag
+# info`` / ``play`` on Humble -- whose message definitions the bag uses -- could not open
+# the drive; Jazzy and later read format 8 as well.
+_ROS2_VERSION: Final = 8
 
 
 class BagWriter(Protocol):
@@ -128,7 +134,7 @@ class _Ros2(BagWriter):
         self, path: Path, config: DriveConfig, store: Typestore, plugin: StoragePlugin
     ) -> None:
         self.store = store
-        self.writer = Ros2Writer(path, version=Ros2Writer.VERSION_LATEST, storage_plugin=plugin)
+        self.writer = Ros2Writer(path, version=_ROS2_VERSION, storage_plugin=plugin)
         if config.compression == "zstd":
             self.writer.set_compression(CompressionMode.STORAGE, CompressionFormat.ZSTD)
         self.writer.open()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,21 @@ def test_help_offers_only_gps_rates_the_drive_accepts(capsys: pytest.CaptureFixt
     for hz in (3.0, 6.0, 7.0, 9.0):
         with pytest.raises(SynthError, match="whole-nanosecond"):
             DriveConfig(gps_hz=hz).validate()
+
+
+@pytest.mark.parametrize("seconds", ["0.1234", "0.3"])
+def test_the_progress_bar_ends_at_the_drive_length(
+    seconds: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 0.1234 s drive ran its bar (total rounded to 0.123 s) past the end: tqdm warned
+    "clamping frac to range [0, 1]" and showed a negative time left.  The bar ends at
+    exactly 100 % without a warning."""
+    argv = ["synth", "--seconds", seconds, "--no-lidar", "--no-camera", "--no-raster"]
+    args = _parser().parse_args([*argv, "--out", str(tmp_path / "p.bag")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert args.func(args, _console()[0]) == 0
+    frames = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    last = [f for f in frames if f.startswith("simulated")][-1]
+    assert "100%" in last and "<-" not in last, last
+    assert f"{float(seconds):.1f}/{float(seconds):.1f} s" in last, last

@@ -53,6 +53,38 @@ def test_bad_settings_raise_synth_error(change: dict[str, object], words: str) -
 
 
 @pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("camera_width", 8),
+        ("camera_height", 4000),
+        ("max_yaw_rate_rps", 3.0),
+        ("stop_dwell_s", -1.0),
+        ("lidar_max_range_m", 1000.0),
+        ("lidar_range_noise_m", -0.5),
+        ("lidar_dropout", 1.5),
+        ("imu_gyro_noise", -0.25),
+        ("odom_scale_error", 0.5),
+        ("gps_bias_tau_s", -2.0),
+        ("gps_outage", (3.0, -1.0)),
+        ("gps_origin", (95.0, 0.0, 0.0)),
+        ("camera_hz", 0.1),
+        ("camera_hfov_deg", 170.0),
+        ("truth_raster_res_m", 2.0),
+        ("truth_margin_m", 500.0),
+        ("lidar_fov_up_deg", -30.0),
+    ],
+)
+def test_a_bad_setting_is_named_with_the_value_given(name: str, value: object) -> None:
+    """``camera_width=8`` said "camera size must be within 16x16 .. 1920x1080 pixels" (no
+    field to set, in an ADCLOUD_SYNTH_* variable or a settings file) and most range errors
+    left out the value that was refused."""
+    with pytest.raises(SynthError) as info:
+        DriveConfig(**{name: value}).validate()  # type: ignore[arg-type]
+    text = str(info.value)
+    assert f"{name}" in text and str(value) in text, text
+
+
+@pytest.mark.parametrize(
     ("variable", "value", "words"),
     [
         ("ADCLOUD_SYNTH_GPS_ORIGIN", "37.3875,-122.0575,nan", "gps_origin must be finite"),

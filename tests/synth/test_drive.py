@@ -6,11 +6,14 @@ import hashlib
 import json
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from mcap.reader import make_reader
 from pyspark.sql import SparkSession
 from rosbags.highlevel import AnyReader
 
@@ -516,3 +519,48 @@ def test_memory_does_not_grow_with_the_drive(tmp_path: Path) -> None:
         )
         peaks.append(int(proc.stdout.split()[-1]))
     assert peaks[1] - peaks[0] < 25 * 1024, peaks
+
+
+def _humble_qos(text: object, where: str) -> list[dict[str, object]]:
+    """``text`` parsed as Humble's rosbag2 parses offered QoS profiles: a YAML string of a
+    list of profiles whose policies are numbers."""
+    assert isinstance(text, str), f"{where}: QoS profiles are {type(text).__name__}, not a string"
+    profiles = yaml.safe_load(text)
+    assert isinstance(profiles, list) and profiles, where
+    for profile in profiles:
+        for policy in ("history", "reliability", "durability", "liveliness"):
+            assert isinstance(profile[policy], int), f"{where}: {policy}={profile[policy]!r}"
+    return profiles
+
+
+@pytest.mark.parametrize("name", ["ros2-none", "mcap-zstd"])
+def test_rosbag2_drives_store_qos_as_humble_reads_it(
+    drives: dict[str, DriveResult], name: str
+) -> None:
+    """The rosbag2 drives were written in format 9, which stores QoS profiles as a YAML
+    list with named policies ("keep_last"); Humble's rosbag2 reads them as a string of
+    numbered policies, so ``ros2 bag info`` on Humble -- whose message definitions the
+    drive uses -- failed on metadata.yaml.  metadata.yaml and the storage file hold the
+    string form, and /tf_static stays latched (keep last 1, transient local)."""
+    bag = drives[name].bag
+    info = yaml.safe_load((bag / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
+    stored: dict[str, object] = {}
+    for entry in info["topics_with_message_count"]:
+        meta = entry["topic_metadata"]
+        stored[meta["name"]] = meta["offered_qos_profiles"]
+    if name.startswith("mcap"):
+        with (bag / f"{bag.name}.mcap").open("rb") as f:
+            summary = make_reader(f).get_summary()
+        assert summary is not None
+        in_file = {c.topic: c.metadata["offered_qos_profiles"] for c in summary.channels.values()}
+    else:
+        with sqlite3.connect(bag / f"{bag.name}.db3") as db:
+            in_file = dict(db.execute("SELECT name, offered_qos_profiles FROM topics").fetchall())
+    assert set(in_file) == set(stored) and "/tf_static" in stored
+    for topic, text in [*stored.items(), *in_file.items()]:
+        profiles = _humble_qos(text, f"{name} {topic}")
+        latched = topic == "/tf_static"
+        # rmw enums: history KEEP_LAST 1 / UNKNOWN 3 (as ros2 bag record stores a
+        # publisher's), durability TRANSIENT_LOCAL 1 / VOLATILE 2
+        assert (profiles[0]["history"], profiles[0]["depth"]) == ((1, 1) if latched else (3, 0))
+        assert profiles[0]["durability"] == (1 if latched else 2)

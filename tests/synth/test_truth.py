@@ -19,6 +19,7 @@ from adcloud.synth import (
     Label,
     SynthError,
     World,
+    generate_drive,
     read_map,
     read_poses,
     read_raster,
@@ -226,3 +227,60 @@ def test_curbs_stop_at_a_crossing_roads_carriageway(world: World) -> None:
             ox, oy, _ = roads.point_at(other, np.linspace(0, roads.lengths[other], 8000))
             d = np.hypot(xy[:, :1] - ox[None], xy[:, 1:] - oy[None]).min(axis=1)
             assert d.min() > PAVED_HALF_WIDTH_M - 0.05, (road, xy[d.argmin()].tolist(), d.min())
+
+
+@pytest.mark.parametrize(
+    ("row", "why"),
+    [
+        ("1704067200.010000000 1.0 2.0 3.0 0 0 0\n", "a value missing"),
+        ("1704067200.010000000 1.0 2.0 3.0 0 0 0 1 9\n", "a value too many"),
+        ("1.704067200e9 1.0 2.0 3.0 0 0 0 1\n", "a time in exponent form"),
+        ("1704067200.01 1.0 two 3.0 0 0 0 1\n", "a word for a number"),
+    ],
+)
+def test_a_bad_pose_row_is_named_by_its_line(
+    small_drive: DriveResult, tmp_path: Path, row: str, why: str
+) -> None:
+    """A poses.txt row of the wrong shape failed with NumPy's "cannot reshape array of size
+    ..." or Python's "invalid literal for int()", naming no file and no line ({why})."""
+    truth = tmp_path / "edited.bag.truth"
+    truth.mkdir()
+    (truth / "world.json").write_bytes((small_drive.truth / "world.json").read_bytes())
+    lines = (small_drive.truth / "poses.txt").read_text().splitlines(keepends=True)
+    (truth / "poses.txt").write_text("".join([*lines[:3], row, *lines[3:6]]))
+    assert len(read_poses(small_drive.truth)[0]) > 5  # the drive's own file reads
+    with pytest.raises(SynthError, match=r"poses\.txt:4: not a pose row") as info:
+        read_poses(truth)
+    assert row.split()[1] in str(info.value), why
+
+
+def test_the_raster_covers_the_whole_route_at_a_low_truth_rate(tmp_path: Path) -> None:
+    """The raster's bounds came from the poses at ``truth_hz`` only: at 1 Hz a 0.9 s drive
+    had one pose, and the raster (1 m margin) missed the 7 m the car drove after it."""
+    config = DriveConfig(
+        seconds=0.9,
+        seed=4,
+        lidar=False,
+        camera=False,
+        truth_hz=1,
+        gps_hz=10,
+        gps_noise_m=0,
+        gps_bias_m=0,
+        truth_margin_m=1.0,
+        truth_raster_res_m=0.1,
+    )
+    result = generate_drive(config, tmp_path / "slow.bag")
+    assert len(read_poses(result.truth)[0]) == 1
+    raster = read_raster(result.truth)
+    rows = np.loadtxt(result.truth / "gps.csv", delimiter=",", skiprows=1)
+    antenna = rows[:, 2:4]  # true_e, true_n: the antenna above base_link, all along the route
+    assert np.ptp(antenna[:, 0]) + np.ptp(antenna[:, 1]) > 4.0  # the car moved
+    h, w = raster.elevation.shape
+    x0, y0 = raster.origin
+    inside = (
+        (antenna[:, 0] >= x0)
+        & (antenna[:, 0] <= x0 + w * raster.resolution)
+        & (antenna[:, 1] >= y0)
+        & (antenna[:, 1] <= y0 + h * raster.resolution)
+    )
+    assert inside.all(), antenna[~inside]
