@@ -156,6 +156,14 @@ def _bag_range(uri: str, storage_options: Mapping[str, Any] | None) -> tuple[int
         summary = summarize(uri, storage_options=storage_options)
     except BinpipeError as err:
         raise SimError(f"cannot read the index of {uri}: {err}") from err
+    if not summary.indexed:
+        # no index tells its messages or times (a count of 0 then means "unknown", not
+        # "empty"): replaying it as an empty bag would fail every scenario silently
+        raise SimError(
+            f"{uri}: the bag has no index to plan scenarios from (a recording cut off, or an "
+            "MCAP without summary); write an indexed copy (rosbag reindex, `mcap recover`, "
+            "or adcloud.binpipe.reindex.reindex_bag for ROS 1) and replay that"
+        )
     if not summary.message_count:
         return None
     return summary.start, summary.end  # the summary's end is the last record time + 1 ns

@@ -183,6 +183,21 @@ def test_empty_bag_gives_an_empty_scenario(empty_bag: Path) -> None:
     assert s.start == s.end == 0
 
 
+def test_a_bag_without_index_is_refused_not_replayed_as_empty(
+    drive: DriveResult, tmp_path: Path
+) -> None:
+    """A ROS 1 bag cut off before its index (index_pos 0) summarises with no messages --
+    unknown, not none -- and was planned as an empty scenario, failed later as "no
+    messages on the input topics"."""
+    bag = tmp_path / "cut.bag"
+    data = bytearray(drive.bag.read_bytes())
+    at = data.index(b"index_pos=") + len(b"index_pos=")
+    data[at : at + 8] = bytes(8)
+    bag.write_bytes(bytes(data))
+    with pytest.raises(SimError, match=r"cut\.bag: the bag has no index .*reindex"):
+        plan_scenarios(str(bag))
+
+
 def test_missing_bag(tmp_path: Path) -> None:
     with pytest.raises(SimError, match="does not exist"):
         plan_scenarios(str(tmp_path / "none.bag"))
