@@ -370,7 +370,8 @@ def read_index(fs: Any, path: str, uri: str) -> Ros1Index:
             f"{uri}: the file ends at byte {size}, before its index at byte offset "
             f"{index_pos}: it is still being copied, or was cut off. Wait for the copy to "
             "finish; a bag that was cut off for good can be read up to its end through an "
-            "indexed copy" + _REINDEX_HINT
+            "indexed copy: adcloud bag reindex BAG COPY.bag, or adcloud ingest --reindex-dir "
+            "DIR (Python: reindex_dir=DIR of BinPipeRDD.from_bags or plan_partitions)"
         )
     if index_pos < data_start:
         raise BagIndexError(

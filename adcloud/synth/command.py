@@ -37,7 +37,8 @@ Writes the bag (a .bag file for ros1; a rosbag2 directory for ros2/mcap: --out d
 writes drive_mcap/drive_mcap.mcap and drive_mcap/metadata.yaml, so a name ending in
 .mcap, .db3 or .bag is refused for them) and its
 ground truth in <out>.truth/ (poses.txt, map.geojson, raster.npz, world.json,
-config.json; see docs/synth-truth-format.md).  The same settings give the same bytes.
+config.json, and the sensors' errors: gps.csv, imu_bias.csv, odom_scale.csv; see
+docs/synth-truth-format.md).  The same settings give the same bytes.
 Any DriveConfig field can also be set with ADCLOUD_SYNTH_<FIELD> or a --config file's
 'synth:' section.
 """

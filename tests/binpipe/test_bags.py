@@ -543,6 +543,7 @@ def test_truncated_bag_names_file(tmp_path: Path) -> None:
     assert "the file ends at byte 700000, before its index at byte offset" in str(cut_off.value)
     assert "still being copied, or was cut off" in str(cut_off.value)
     assert "damaged" not in str(cut_off.value)
+    assert str(cut_off.value).count("indexed copy") == 1  # said once, not twice
     head_only = tmp_path / "head.bag"
     head_only.write_bytes(HUSKY.read_bytes()[:20])
     with pytest.raises(BagError, match=r"head\.bag"):
