@@ -14,19 +14,34 @@ Format history (``meta.schema``):
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
-from adcloud.store.errors import StoreCorruptionError, StoreError
+from adcloud.store.errors import (
+    StoreCorruptionError,
+    StoreError,
+    StoreFullError,
+    StoreUnavailableError,
+)
 
 __all__ = ["Catalog", "FileRow", "JournalEntry", "descendant_range"]
 
 SCHEMA_VERSION = 1
+
+#: How long a statement waits for another connection's write transaction to end.
+_BUSY_TIMEOUT_S = 60.0
+
+# primary SQLite result codes (the low byte of an extended code)
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 11, 13, 26
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -131,8 +146,58 @@ def descendant_range(path: str) -> tuple[str, str]:
     return path + "/", path + "0"  # '0' is the character after '/'
 
 
+def damaged_message(path: Path, err: BaseException) -> str:
+    """What to say about a catalog that is not (or no longer) a readable database."""
+    return (
+        f"the store catalog {path} is damaged ({err}); move it and its -wal "
+        "and -shm files away: the store then starts empty "
+        "(files in the under-store stay there, but are no longer listed)"
+    )
+
+
+def catalog_error(path: Path, err: sqlite3.Error) -> StoreError:
+    """The :class:`StoreError` for an SQLite failure on the catalog at ``path``: which
+    file, what happened and what to do, instead of sqlite3's bare message."""
+    code = getattr(err, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return StoreUnavailableError(
+            f"the store catalog {path} stayed locked for {_BUSY_TIMEOUT_S:g} s ({err}): "
+            "another process holds a write transaction on it (a hung adcloud process, or "
+            "an sqlite3 shell with a transaction open); end it, then try again"
+        )
+    if primary == _SQLITE_FULL:
+        return StoreFullError(
+            f"the store catalog {path} cannot grow ({err}): the file system holding it is "
+            f"full; free space in {path.parent} or move the store's metadata elsewhere "
+            "(ADCLOUD_STORE_META_DIR); nothing of this operation was recorded"
+        )
+    if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or type(err) is sqlite3.DatabaseError:
+        return StoreCorruptionError(damaged_message(path, err))
+    return StoreError(
+        f"the store catalog {path}: {err}; check the disk and the permissions of {path.parent}"
+    )
+
+
+def _translated(
+    method: Callable[Concatenate[Catalog, P], R],
+) -> Callable[Concatenate[Catalog, P], R]:
+    """``method`` raising :func:`catalog_error` for the SQLite errors that the disk, other
+    processes or a damaged file cause (not for misuse, which stays a bug to see)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Catalog, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self.errors():
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class Catalog:
-    """The SQLite catalog at ``db_path`` (created on first use, shared across processes)."""
+    """The SQLite catalog at ``db_path`` (created on first use, shared across processes).
+
+    Every method raises :class:`StoreError` subclasses that name the catalog file for
+    failures of SQLite itself (locked past the timeout, disk full, damaged file)."""
 
     def __init__(self, db_path: Path) -> None:
         self._path = db_path
@@ -142,27 +207,36 @@ class Catalog:
         db_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._init_schema()
+        except StoreError:
+            self.close()
+            raise
         except sqlite3.OperationalError as err:  # locked past the timeout, unreadable, ...
             self.close()
             raise StoreError(f"cannot open the store catalog {db_path}: {err}") from err
         except sqlite3.DatabaseError as err:  # damaged: "not a database", "malformed"
             self.close()
-            raise StoreCorruptionError(
-                f"the store catalog {db_path} is damaged ({err}); move it and its -wal "
-                "and -shm files away: the store then starts empty "
-                "(files in the under-store stay there, but are no longer listed)"
-            ) from err
+            raise StoreCorruptionError(damaged_message(db_path, err)) from err
 
     @property
     def path(self) -> Path:
         """Where the database file is."""
         return self._path
 
+    @contextlib.contextmanager
+    def errors(self) -> Iterator[None]:
+        """Raise :func:`catalog_error` for SQLite failures inside the block."""
+        try:
+            yield
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as err:
+            if isinstance(err, (sqlite3.IntegrityError, sqlite3.ProgrammingError)):
+                raise
+            raise catalog_error(self._path, err) from err
+
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self._path, timeout=60.0, isolation_level=None, check_same_thread=False
+            self._path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
-        conn.execute("PRAGMA busy_timeout = 60000")
+        conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA temp_store = MEMORY")
         return conn
@@ -210,21 +284,39 @@ class Catalog:
 
     @contextlib.contextmanager
     def transaction(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
-        """One write transaction (``BEGIN IMMEDIATE``); ``durable`` fsyncs the WAL at commit."""
-        conn = self.conn()
-        if durable:
-            conn.execute("PRAGMA synchronous = FULL")
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
+        """One write transaction (``BEGIN IMMEDIATE``); ``durable`` fsyncs the WAL at commit.
+
+        Whatever fails -- the block, or the commit itself (a full disk) -- the transaction
+        is rolled back, so this thread's next transaction starts clean."""
+        with self.errors():
+            conn = self.conn()
             if durable:
-                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("PRAGMA synchronous = FULL")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    self._roll_back(conn)
+                    raise
+            finally:
+                if durable:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("PRAGMA synchronous = NORMAL")
+
+    def _roll_back(self, conn: sqlite3.Connection) -> None:
+        """Roll back ``conn``'s open transaction, if SQLite did not already (it does after
+        some errors, and a ROLLBACK then fails and would hide the error); a connection
+        that cannot be rolled back is dropped, and the thread gets a new one."""
+        if not conn.in_transaction:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            self._local.pid = None
 
     def close(self) -> None:
         """Close every connection this process opened."""
@@ -237,6 +329,7 @@ class Catalog:
 
     # -- reads -------------------------------------------------------------------------
 
+    @_translated
     def file(self, path: str, conn: sqlite3.Connection | None = None) -> FileRow | None:
         """The file at ``path``, if any (expired ones included)."""
         row = (
@@ -246,6 +339,7 @@ class Catalog:
         )
         return None if row is None else FileRow(*row)
 
+    @_translated
     def file_by_id(self, file_id: int, conn: sqlite3.Connection | None = None) -> FileRow | None:
         """The file with catalog id ``file_id``, if it still exists."""
         row = (
@@ -255,6 +349,7 @@ class Catalog:
         )
         return None if row is None else FileRow(*row)
 
+    @_translated
     def dir_ctime(self, path: str, conn: sqlite3.Connection | None = None) -> int | None:
         """Creation time of directory ``path`` (0 for the root), ``None`` if it is no directory."""
         if path == "/":
@@ -266,6 +361,7 @@ class Catalog:
         )
         return None if row is None else int(row[0])
 
+    @_translated
     def children(
         self, path: str, conn: sqlite3.Connection | None = None
     ) -> tuple[list[FileRow], list[tuple[str, int]]]:
@@ -281,6 +377,7 @@ class Catalog:
         ]
         return files, dirs
 
+    @_translated
     def descendants(
         self, path: str, conn: sqlite3.Connection | None = None
     ) -> tuple[list[FileRow], list[tuple[str, int]]]:
@@ -301,6 +398,7 @@ class Catalog:
         ]
         return files, dirs
 
+    @_translated
     def has_descendants(self, path: str, conn: sqlite3.Connection | None = None) -> bool:
         """Whether anything lies below ``path``."""
         c = conn or self.conn()
@@ -313,11 +411,13 @@ class Catalog:
                 return True
         return False
 
+    @_translated
     def usage(self, conn: sqlite3.Connection | None = None) -> dict[int, int]:
         """Bytes cached per tier level."""
         rows = (conn or self.conn()).execute("SELECT tier, used FROM tiers").fetchall()
         return {int(t): int(u) for t, u in rows}
 
+    @_translated
     def tier_stats(self) -> dict[int, tuple[int, int, int]]:
         """Per tier level: (files, bytes, pinned bytes)."""
         rows = (
@@ -331,6 +431,7 @@ class Catalog:
         )
         return {int(t): (int(n), int(b), int(p)) for t, n, b, p in rows}
 
+    @_translated
     def lru(
         self,
         tier: int,
@@ -352,6 +453,7 @@ class Catalog:
         params.append(limit)
         return [FileRow(*r) for r in self.conn().execute(sql, params)]
 
+    @_translated
     def expired(self, now_ns: int) -> list[FileRow]:
         """Files whose TTL has run out."""
         return [
@@ -362,6 +464,7 @@ class Catalog:
             )
         ]
 
+    @_translated
     def cached_rows(self) -> list[FileRow]:
         """Every file that claims a cached copy (used to reconcile after a reboot)."""
         return [
@@ -369,6 +472,7 @@ class Catalog:
             for r in self.conn().execute(f"SELECT {_COLUMNS} FROM files WHERE tier IS NOT NULL")
         ]
 
+    @_translated
     def objects_in(self, tier: int) -> set[str]:
         """Object names the catalog places in ``tier``."""
         return {
@@ -377,6 +481,7 @@ class Catalog:
 
     # -- journal -----------------------------------------------------------------------
 
+    @_translated
     def pending(self, limit: int = 64) -> list[JournalEntry]:
         """Pending persists, oldest first."""
         rows = (
@@ -394,25 +499,28 @@ class Catalog:
         """Every pending persist, oldest first, read a page at a time."""
         after = 0
         while True:
-            rows = (
-                self.conn()
-                .execute(
-                    "SELECT seq, file_id, object, owner_pid, claimed_ns, attempts FROM journal "
-                    "WHERE seq > ? ORDER BY seq LIMIT ?",
-                    (after, page),
+            with self.errors():
+                rows = (
+                    self.conn()
+                    .execute(
+                        "SELECT seq, file_id, object, owner_pid, claimed_ns, attempts "
+                        "FROM journal WHERE seq > ? ORDER BY seq LIMIT ?",
+                        (after, page),
+                    )
+                    .fetchall()
                 )
-                .fetchall()
-            )
             if not rows:
                 return
             for row in rows:
                 yield JournalEntry(*row)
             after = int(rows[-1][0])
 
+    @_translated
     def journal_size(self) -> int:
         """Number of pending persists."""
         return int(self.conn().execute("SELECT COUNT(*) FROM journal").fetchone()[0])
 
+    @_translated
     def claim(self, entry: JournalEntry, pid: int, now_ns: int) -> bool:
         """Take ``entry`` for process ``pid`` unless someone else took it since it was read."""
         with self.transaction() as c:
@@ -423,6 +531,7 @@ class Catalog:
             )
             return cur.rowcount == 1
 
+    @_translated
     def release(self, seq: int, error: str) -> None:
         """Give a claimed entry back after a failed attempt, recording why."""
         with self.transaction() as c:
@@ -441,6 +550,7 @@ class Catalog:
 
     # -- writes (inside a transaction) -------------------------------------------------
 
+    @_translated
     def touch(self, accesses: Sequence[tuple[int, int]]) -> None:
         """Record access times ``(ns, file_id)`` (they only move forward)."""
         if not accesses:
@@ -450,6 +560,7 @@ class Catalog:
                 "UPDATE files SET atime_ns = MAX(atime_ns, ?) WHERE id = ?", list(accesses)
             )
 
+    @_translated
     def meta(self, key: str) -> str | None:
         """A value of the ``meta`` table."""
         row = self.conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import uuid
@@ -37,6 +38,21 @@ __all__ = ["StagingWriter", "UfsStaging", "UnderStore"]
 
 _TMP_MARK = ".adcloud-tmp-"
 _GLOB_MAGIC = re.compile(r"([*?\[])")
+#: Bytes a name may have on the file systems under-stores live on (ext4, xfs, tmpfs, HDFS).
+_NAME_MAX = 255
+#: The most a staging name adds to its file's name: ``.`` + mark + pid + ``-`` + 12 hex.
+_TAG_MAX = 1 + len(_TMP_MARK) + 7 + 1 + 12
+
+
+def staging_stem(name: str) -> str:
+    """The part of a staging file's name that stands for the file ``name``: ``name`` itself,
+    or for a name too long to carry the staging tag within the 255 bytes a name may have
+    (store paths allow segments of 255 bytes), a digest of it.  Both halves of a staging
+    name must fit: a name over the limit failed every persist and THROUGH write of the
+    file with ENAMETOOLONG."""
+    if len(name.encode("utf-8")) + _TAG_MAX <= _NAME_MAX:
+        return name
+    return hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
 
 
 def has_glob(path: str) -> bool:
@@ -104,7 +120,7 @@ class UfsStaging:
             final = ufs.local_path(key, create_parents=True)
             self._final: str = str(final)
             tag = f"{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            self._tmp: str = str(final.parent / f".{final.name}{tag}")
+            self._tmp: str = str(final.parent / f".{staging_stem(final.name)}{tag}")
             self._marker = ufs.register_staging(self._tmp, key)
             try:
                 fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -116,7 +132,7 @@ class UfsStaging:
             fs = cast(Any, ufs.fs)
             self._final = ufs.remote_path(key)
             head, _, name = self._final.rpartition("/")
-            self._tmp = f"{head}/{_TMP_MARK}{uuid.uuid4().hex[:12]}-{name}"
+            self._tmp = f"{head}/{_TMP_MARK}{uuid.uuid4().hex[:12]}-{staging_stem(name)}"
             self._marker = ufs.register_staging(self._tmp, key)
             with contextlib.suppress(Exception):
                 fs.makedirs(head, exist_ok=True)
@@ -317,7 +333,7 @@ class UnderStore:
         if self.local_root is None:
             return
         final = self.local_path(key)
-        prefix = f".{final.name}{_TMP_MARK}"
+        prefix = f".{staging_stem(final.name)}{_TMP_MARK}"
         with contextlib.suppress(OSError):
             for entry in final.parent.iterdir():
                 pid = entry.name[len(prefix) :].split("-", 1)[0]

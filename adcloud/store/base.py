@@ -136,7 +136,9 @@ class FileStatus:
     ``tier`` is the cache tier holding the bytes (``"MEM"``, ``"SSD"``, ``"HDD"``) or
     ``None`` when they are only in the under-store or the backend has no tiers; ``ttl`` is
     in seconds from the file's creation, ``None`` for none; ``checksum`` is
-    ``"crc32:<8 hex digits>"`` where the backend records one.
+    ``"crc32:<8 hex digits>"`` where the backend records one, or on object stores the
+    version the store reports (``"etag:<tag>"``, ``"version:<id>"``): it changes with
+    every new version of the file, even of the same size written within the same second.
     """
 
     path: str

@@ -62,6 +62,27 @@ _TMP_MARK = ".adcloud-tmp-"
 _CLIENT_MISSING = re.compile(r"libjvm|libhdfs|JAVA_HOME|CLASSPATH", re.IGNORECASE)
 
 
+#: Keys of fsspec ``info`` dicts that name one version of an object, best first: the
+#: entity tag (s3fs ``ETag``, gcsfs and adlfs ``etag``; in listings and lookups alike),
+#: then version ids (versioned S3 buckets, GCS generations).
+_VERSION_KEYS = (("etag", "etag"), ("versionid", "version"), ("generation", "version"))
+
+
+def _version_tag(info: dict[str, Any]) -> str | None:
+    """What tells this version of an object from the next (``FileStatus.checksum``):
+    ``etag:<tag>`` or ``version:<id>`` where the filesystem reports one, else None.
+
+    An object store keeps modification times in whole seconds, so a replacement of the
+    same size within a second looks like the old version by size and time alone, and a
+    reader that keeps a stream open would read on in the replaced bytes."""
+    lowered = {str(k).lower(): v for k, v in info.items()}
+    for key, kind in _VERSION_KEYS:
+        value = lowered.get(key)
+        if value not in (None, ""):
+            return f"{kind}:{str(value).strip(chr(34))}"
+    return None
+
+
 class FsspecStore(BaseStore):
     """A store rooted at an fsspec URL; ``storage_options`` go to the filesystem."""
 
@@ -146,7 +167,7 @@ class FsspecStore(BaseStore):
             persistence=PersistenceState.PERSISTED,
             ttl=None,
             ttl_action=TtlAction.DELETE,
-            checksum=None,
+            checksum=None if is_dir else _version_tag(info),
             write_type=None if is_dir else WriteType.THROUGH,
         )
 

@@ -661,7 +661,7 @@ class LocalStore(BaseStore):
             "copy is gone (a reboot clears the MEM tier) without ever being persisted"
         )
 
-    def read_range(self, path: str, offset: int, length: int) -> bytearray:
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
         """``length`` bytes of ``path`` from byte ``offset`` (fewer at its end), read where
         the file is -- its tier, or the under-store -- without reading the rest: positioned
         reads of large files, as a Spark task reads its byte range of a bag.
@@ -669,13 +669,33 @@ class LocalStore(BaseStore):
         Not checked against the recorded CRC-32, which covers the whole file (readers of
         ranges check what their format carries), and no promotion: a range does not bring
         the whole file up a tier.  A file replaced meanwhile is read whole from one version.
+        The bytes are read straight into the object returned (no copy on the way out).
         """
-        if length < 0:
+        if offset < 0 or length < 0:
             raise ValueError(f"offset and length must be >= 0, got {offset}, {length}")
-        buffer = bytearray(length)
-        got = self.read_into(path, offset, memoryview(buffer))
-        del buffer[got:]
-        return buffer
+        key = self._key(path)
+        for _ in range(_READ_RETRIES):
+            row = self._visible(key)
+            tier = self._cached_tier(row)
+            want = max(0, min(length, row.size - offset))  # never allocate past the end
+            if tier is None:
+                with self._ufs.open(row.path) as stream:
+                    stream.seek(offset)
+                    data = _read_full(stream, want)
+                self._accessed(row.id)
+                return data
+            try:
+                fd = os.open(tier.object_path(row.object), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self._forget_missing_copy(row)
+                continue  # moved or replaced meanwhile: read the catalog again
+            try:
+                data = _pread_full(fd, want, offset)
+            finally:
+                os.close(fd)
+            self._accessed(row.id)
+            return data
+        raise StoreError(f"{self._rel(key)} kept changing while being opened; try again")
 
     def read_into(self, path: str, offset: int, buffer: memoryview) -> int:
         """Read bytes of ``path`` from ``offset`` into ``buffer`` until it is full or the
@@ -720,7 +740,15 @@ class LocalStore(BaseStore):
             if tier is None:
                 with self._ufs.open(row.path) as stream:
                     data = stream.read()
-                self._verify(row, data, "UFS")
+                try:
+                    self._verify(row, data, "UFS")
+                except StoreCorruptionError:
+                    # the under-store file is replaced in place when a new version is
+                    # persisted: a mismatch then is that version, not damage
+                    now = self._cat.file(key)
+                    if now is not None and (now.id, now.object) != (row.id, row.object):
+                        continue
+                    raise
                 self._accessed(row.id)
                 if self.settings.promote_on_read:
                     self._cache_bytes(row, data)
@@ -1299,12 +1327,39 @@ class LocalStore(BaseStore):
                 durable = True  # not (or no longer) memory-only: delete durably
         for r in gone:
             self._unlink_object(r)
-        if tree:
-            with self._ufs_locks.hold():
-                self._ufs.delete(key, recursive=True)
-        elif gone[0].in_ufs:
+        if tree or gone[0].in_ufs:
+            self._delete_ufs_copies(key, gone, tree=tree)
+
+    def _delete_ufs_copies(
+        self, key: str, gone: builtins.list[FileRow], *, tree: bool = False
+    ) -> None:
+        """Remove the under-store copies of files just deleted from the catalog: ``key``
+        (a file, or with ``tree`` a directory and all below it), whose rows were ``gone``.
+
+        A writer may have published a new file at one of those paths since the rows went
+        (the catalog change and the under-store removal are not one step): its copy in
+        the under-store is its own, and stays.  Under the stripe locks no persist or
+        THROUGH write publishes meanwhile."""
+        if not tree:
             with self._ufs_locks.hold(_stripe(key)):
-                self._ufs.delete(key)
+                now = self._cat.file(key)
+                if now is None or not now.in_ufs:
+                    self._ufs.delete(key)
+                else:
+                    log.debug("%s was written again meanwhile; its under-store copy stays", key)
+            return
+        with self._ufs_locks.hold():
+            now = self._cat.file(key)
+            if now is not None and now.in_ufs:
+                return  # a file written through in the directory's place: the tree was gone
+            files, _ = self._cat.descendants(key)
+            kept = {f.path for f in files if f.in_ufs}
+            if not kept:
+                self._ufs.delete(key, recursive=True)
+                return
+            for row in gone:  # file by file, around the new ones
+                if row.in_ufs and row.path not in kept:
+                    self._ufs.delete(row.path)
 
     def _delete_rows(
         self, key: str, recursive: bool, durable: bool
@@ -1550,6 +1605,8 @@ class LocalStore(BaseStore):
     def _expire(self, row: FileRow) -> None:
         """Carry out the TTL action of an expired file (if it did not change meanwhile)."""
         if row.ttl_action == TtlAction.FREE:
+            if row.persistence == PersistenceState.TO_BE_PERSISTED:
+                return  # freed once persisted; clearing the TTL now would keep it cached
             with self._cat.transaction() as c:
                 c.execute(
                     "UPDATE files SET ttl_ms = NULL, expires_ns = NULL WHERE id = ? AND object = ?",
@@ -1557,20 +1614,24 @@ class LocalStore(BaseStore):
                 )
             if row.persistence == PersistenceState.PERSISTED and not row.pinned:
                 self._drop(row)
+            elif row.tier is not None:
+                log.info(
+                    "TTL expired: %s is not freed, it is %s",
+                    self._rel(row.path),
+                    "pinned" if row.pinned else "never persisted (MUST_CACHE)",
+                )
             return
         with self._cat.transaction(durable=True) as c:
-            cur = c.execute(
-                "DELETE FROM files WHERE id = ? AND object = ? AND expires_ns IS ?",
-                (row.id, row.object, row.expires_ns),
-            )
-            if cur.rowcount == 1:
-                self._cat.drop_entries(c, row.id)
-        if cur.rowcount == 1:
-            log.info("TTL expired: deleted %s", row.path)
-            self._unlink_object(row)
-            if row.in_ufs:
-                with self._ufs_locks.hold(_stripe(row.path)):
-                    self._ufs.delete(row.path)
+            # the row as it is now: moved to another tier or persisted since it was read
+            gone = self._cat.file_by_id(row.id, c)
+            if gone is None or gone.object != row.object or gone.expires_ns != row.expires_ns:
+                return
+            c.execute("DELETE FROM files WHERE id = ?", (row.id,))
+            self._cat.drop_entries(c, row.id)
+        log.info("TTL expired: deleted %s", gone.path)
+        self._unlink_object(gone)
+        if gone.in_ufs:
+            self._delete_ufs_copies(gone.path, [gone])
 
     def _sweep(self) -> None:
         """Expire TTLs; remove under-store staging files of writers that died since."""
@@ -1639,6 +1700,34 @@ def _ancestors(key: str) -> list[str]:
     """Directories above ``key``, outermost first, without the root."""
     parts = key.strip("/").split("/")[:-1]
     return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _read_full(stream: BinaryIO, want: int) -> bytes:
+    """``want`` bytes from ``stream`` (fewer at its end), in as few reads as it takes."""
+    data = stream.read(want)
+    if len(data) >= want or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < want and (more := stream.read(want - got)):
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _pread_full(fd: int, want: int, offset: int) -> bytes:
+    """``want`` bytes of file ``fd`` from ``offset`` (fewer at its end).  One ``pread``
+    usually returns them all, into the bytes object returned; a short one (Linux returns
+    at most 2 GiB - 4 KiB per call) is followed by more, whose results are joined."""
+    data = os.pread(fd, want, offset)
+    if len(data) >= want or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < want and (more := os.pread(fd, want - got, offset + got)):
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
 
 
 def _range(key: str) -> tuple[str, str]:
