@@ -54,6 +54,8 @@ __all__ = ["ServerLimits", "StoreServer"]
 log = logging.getLogger(__name__)
 
 _IO_CHUNK = 1 << 20
+#: Read streams ended because their read broke off, remembered for their clients' close.
+_CUT_SHORT_KEPT = 1024
 _WRITE_TYPES = {"TRY_CACHE": WriteType.MUST_CACHE, **{w.value: w for w in WriteType}}
 _HTTP_STATUS = {
     400: "INVALID_ARGUMENT",
@@ -602,7 +604,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         app = self.server.app
         if not ident.isdigit() or len(ident) > 10:
             raise _HTTPError(400, "INVALID_ARGUMENT", "stream ids are integers")
-        stream = app.stream(int(ident))
+        try:
+            stream = app.stream(int(ident))
+        except StoreNotFoundError:
+            if action in ("close", "cancel") and app.read_cut_short(int(ident)):
+                # its read broke off (the client stopped reading the body and then closes
+                # the stream, as it should): the server ended it already, and the close is
+                # what the client meant to do anyway
+                self._options()
+                self._send_json(None)
+                return
+            raise
         if not stream.lock.acquire(blocking=False):
             if stream.kind == "r" and action in ("close", "cancel"):
                 # a client that has read what it wanted closes the stream while its read's
@@ -631,6 +643,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         # or it stopped reading and closed it): no read can go on from there
                         with contextlib.suppress(StoreNotFoundError):
                             app.close_stream(int(ident), publish=False)
+                        app.note_cut_short(int(ident))
             elif action in ("close", "cancel"):
                 self._options()
                 app.close_stream(int(ident), publish=action == "close")
@@ -703,6 +716,7 @@ class StoreServer:
         self.started_ms = int(time.time() * 1000)
         self._streams: dict[int, _Stream] = {}
         self._streams_lock = threading.Lock()
+        self._cut_short: dict[int, None] = {}  # insertion-ordered: the oldest go first
         self._create_lock = threading.Lock()
         self._stop = threading.Event()
         self._hidden = _hidden_locations(store)
@@ -783,6 +797,19 @@ class StoreServer:
         if stream.after_close is not None:
             ttl, action = stream.after_close
             self.store.set_ttl(stream.path, ttl, action=action)
+
+    def note_cut_short(self, ident: int) -> None:
+        """Remember that read stream ``ident`` was ended because its read broke off, so that
+        its client's close still succeeds (the newest ``_CUT_SHORT_KEPT`` are kept)."""
+        with self._streams_lock:
+            self._cut_short[ident] = None
+            while len(self._cut_short) > _CUT_SHORT_KEPT:
+                del self._cut_short[next(iter(self._cut_short))]
+
+    def read_cut_short(self, ident: int) -> bool:
+        """Whether read stream ``ident`` was ended by :meth:`note_cut_short` (once)."""
+        with self._streams_lock:
+            return self._cut_short.pop(ident, False) is None
 
     def end_read_stream(self, ident: int) -> None:
         """Close read stream ``ident``, now or, while a request holds it, as that request

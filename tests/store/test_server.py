@@ -397,6 +397,35 @@ def test_read_streams_end_when_their_readers_close_them(store_root: Path) -> Non
         store.close()
 
 
+def test_the_close_of_a_stream_whose_read_broke_off_succeeds(store_root: Path) -> None:
+    """The alluxio-py client reads 10 bytes of a streamed body, drops the connection and
+    closes the stream: when the server had found the body cut off first (and ended the
+    stream), that close failed with NOT_FOUND "stream ... does not exist" -- now and then,
+    as the two requests raced."""
+    store = LocalStore("local://")
+    server = StoreServer(store, port=0, token="tok").start()
+    backend = AlluxioStore(server.uri, token="tok")
+    try:
+        store.put("/big", bytes(range(256)) * (128 << 10))  # 32 MiB: beyond socket buffers
+        ident = backend._path_call("/big", "open-file", {})
+        conn = http.client.HTTPConnection(*server.address, timeout=10)
+        conn.request(
+            "POST", f"/api/v1/streams/{ident}/read", headers={"Authorization": "Bearer tok"}
+        )
+        response = conn.getresponse()
+        assert response.status == 200 and response.read(10) == bytes(range(10))
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        assert _open_streams_drop_to_zero(server), "the server never found the body cut off"
+        backend._call(f"/api/v1/streams/{ident}/close")  # what the client meant: no error
+        with pytest.raises(StoreNotFoundError, match=f"stream {ident} does not exist"):
+            backend._call(f"/api/v1/streams/{ident}/close")  # but only once
+    finally:
+        backend.close()
+        server.shutdown()
+        store.close()
+
+
 def test_errors_do_not_show_the_servers_directories(store_root: Path) -> None:
     store = LocalStore("local://", mem_capacity="1KiB", ssd_capacity="1KiB", hdd_capacity="1KiB")
     with StoreServer(store, port=0).start() as server:
