@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -89,3 +89,23 @@ def wait_for_line(proc: subprocess.Popen[str], expected: str, timeout: float = 3
                 return
     err = proc.stderr.read() if proc.poll() is not None and proc.stderr else ""
     raise AssertionError(f"worker never printed {expected!r} (exit {proc.poll()}): {err[-2000:]}")
+
+
+#: Opens a LocalStore on the test's store root with settings overridden.
+MakeStore = Callable[..., LocalStore]
+
+
+@pytest.fixture
+def make_store(store_root: Path) -> Iterator[MakeStore]:
+    """Open local stores on ``store_root`` with overrides; all are closed afterwards."""
+    opened: list[LocalStore] = []
+
+    def make(**overrides: object) -> LocalStore:
+        overrides.setdefault("background", False)
+        store = LocalStore("local://", **overrides)  # type: ignore[arg-type]
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()

@@ -7,13 +7,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from adcloud.store import (
-    LocalStore,
     PersistenceState,
     StoreCorruptionError,
     StoreError,
@@ -23,24 +21,7 @@ from adcloud.store import (
     _catalog,
 )
 from adcloud.store.filesystem import StoreFileSystem
-
-MakeStore = Callable[..., LocalStore]
-
-
-@pytest.fixture
-def make_store(store_root: Path) -> Iterator[MakeStore]:
-    """Open local stores on ``store_root`` with overrides; all are closed afterwards."""
-    opened: list[LocalStore] = []
-
-    def make(**overrides: object) -> LocalStore:
-        overrides.setdefault("background", False)
-        store = LocalStore("local://", **overrides)  # type: ignore[arg-type]
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
+from tests.store.conftest import MakeStore
 
 
 def test_read_range_returns_the_bytes_it_read_without_another_copy(

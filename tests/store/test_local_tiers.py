@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,25 +26,9 @@ from adcloud.store import (
     WriteType,
     _tiers,
 )
+from tests.store.conftest import MakeStore
 
 KB = 1000
-MakeStore = Callable[..., LocalStore]
-
-
-@pytest.fixture
-def make_store(store_root: Path) -> Iterator[MakeStore]:
-    """Open local stores on ``store_root`` with overrides; all are closed afterwards."""
-    opened: list[LocalStore] = []
-
-    def make(**overrides: object) -> LocalStore:
-        overrides.setdefault("background", False)
-        store = LocalStore("local://", **overrides)  # type: ignore[arg-type]
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
 
 
 def tiers(store: LocalStore, *paths: str) -> list[str | None]:
