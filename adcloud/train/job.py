@@ -43,6 +43,7 @@ joins the ``env://`` process group.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -69,7 +70,7 @@ from fsspec.implementations.local import LocalFileSystem
 from adcloud._commit import JobOutput
 from adcloud._scratch import make_scratch, remove_scratch, scratch_dir, sweep_scratch
 from adcloud.errors import AdcloudError
-from adcloud.store import open_store
+from adcloud.store import Store, open_store
 from adcloud.train.barrier import BarrierWatch, cancelled_by, check_slots
 from adcloud.train.checkpoint import Checkpointer, CheckpointInfo, latest_checkpoint, resume_with
 from adcloud.train.config import TrainConfig
@@ -865,11 +866,18 @@ def _gpus_per_rank(local_ranks: int) -> bool:
 
 
 def _open_sync(
-    config: TrainConfig, context: Any, rank: int, world: int, run: str, cuda_index: int
+    config: TrainConfig,
+    context: Any,
+    rank: int,
+    world: int,
+    run: str,
+    cuda_index: int,
+    store: Store,
 ) -> Synchronizer:
+    """The trainer's synchronizer; ``ps`` keeps its versions in ``store`` (the caller's, which
+    it closes)."""
     if config.sync == "ps":
         info = barrier_session(context, with_master=False)
-        store = open_store(config.store, **config.store_kwargs())
         return ParameterStoreSync(
             store,
             run,
@@ -991,31 +999,36 @@ def _barrier_train(
     held = [pair[1] for i, pair in reversed(ordered) if i < 0]  # -1, -2, ...: their order
     run = config.run_id()
     cuda_index = _cuda_index(context, rank)
-    sync = _open_sync(config, context, rank, world, run, cuda_index)
-    validate = None
-    # as run_training decides it (every trainer alike: a trainer's share of the held-out
-    # samples may be empty); without held-out bags there is nothing to score, and the
-    # counts of no sample would make a validation curve of NaN
-    if config.eval_every and config.heldout_bags and isinstance(task, CountingTask):
-        validate = functools.partial(
-            _validate_shard,
-            task=task,
-            held=held,
-            context=context,
-            sync=sync,
+    # Spark reuses its Python workers: what a trainer opens (the store's files, connections
+    # and thread; the process group) is closed when it ends, failed or not, so a retried
+    # attempt in the same worker joins a new group and nothing piles up run after run
+    with contextlib.ExitStack() as stack:
+        store = open_store(config.store, **config.store_kwargs())
+        stack.callback(store.close)
+        sync = _open_sync(config, context, rank, world, run, cuda_index, store)
+        stack.callback(sync.close)
+        validate = None
+        # as run_training decides it (every trainer alike: a trainer's share of the held-out
+        # samples may be empty); without held-out bags there is nothing to score, and the
+        # counts of no sample would make a validation curve of NaN
+        if config.eval_every and config.heldout_bags and isinstance(task, CountingTask):
+            validate = functools.partial(
+                _validate_shard,
+                task=task,
+                held=held,
+                context=context,
+                sync=sync,
+                timeout_s=config.sync_timeout_s,
+            )
+        checkpointer = Checkpointer(
+            store,
+            run,
+            every=config.checkpoint_every,
+            keep=config.keep_checkpoints,
             timeout_s=config.sync_timeout_s,
+            settings=config.pinned_settings(),
+            data=data,
         )
-    store = open_store(config.store, **config.store_kwargs())
-    checkpointer = Checkpointer(
-        store,
-        run,
-        every=config.checkpoint_every,
-        keep=config.keep_checkpoints,
-        timeout_s=config.sync_timeout_s,
-        settings=config.pinned_settings(),
-        data=data,
-    )
-    try:
         result = train(
             task,
             shard,
@@ -1027,8 +1040,6 @@ def _barrier_train(
             validate=validate,
             device_index=cuda_index,
         )
-    finally:
-        sync.close()
     report = result.to_dict()
     report["rank"] = rank
     report["parameters"] = result.parameters
@@ -1492,21 +1503,22 @@ def run_training(
             )
             if config.epochs:  # steps known only now: a checkpoint past them cannot resume
                 _check_resumable(resolved, run, warn=False)
-            store = open_store(config.store, **config.store_kwargs())
-            checkpointer = Checkpointer(
-                store,
-                run,
-                every=config.checkpoint_every,
-                keep=config.keep_checkpoints,
-                timeout_s=config.sync_timeout_s,
-                settings=config.pinned_settings(),
-                data=data,
-            )
             held = None
             inputs = input_shapes(task, samples[0])
-            if validating:  # decoded once, kept on the executors, scored there
-                held = heldout_samples(spark, config, task).cache()
+            # a store holds files, connections and a thread: a notebook trains run after run
+            store = open_store(config.store, **config.store_kwargs())
             try:
+                if validating:  # decoded once, kept on the executors, scored there
+                    held = heldout_samples(spark, config, task).cache()
+                checkpointer = Checkpointer(
+                    store,
+                    run,
+                    every=config.checkpoint_every,
+                    keep=config.keep_checkpoints,
+                    timeout_s=config.sync_timeout_s,
+                    settings=config.pinned_settings(),
+                    data=data,
+                )
                 if held is not None:  # before the first step, not at the first score
                     _refuse_other_inputs(config, task, inputs, held)
                 result = train(
@@ -1524,6 +1536,7 @@ def run_training(
                 if held is not None:  # the finished model, on the same cached samples
                     evaluation = _score_kept(spark, config, task, result, held, inputs)
             finally:
+                store.close()
                 if held is not None:
                     held.unpersist()
             examples = samples[:2]
@@ -1624,30 +1637,40 @@ def run_torchrun(
     if samples is None:
         samples = local_samples(task, config.bags, partitions_per_bag=config.partitions_per_bag)
     sizes = [len(range(r, len(samples), world)) for r in range(world)]
+    # every rank says it alike, before the others wait for it in the process group
+    if not samples:
+        raise _no_samples(config, task)
+    if min(sizes) == 0:
+        raise TrainError(
+            f"{len(samples)} sample(s) cannot fill the shards of {world} torchrun "
+            "processes: give fewer processes (--nproc-per-node, --nnodes) or more data"
+        )
     config = config.replace(steps=resolve_steps(config, sizes), epochs=0, run=run)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = resolve_device(config.device, local_rank)
     # every host of a torchrun job runs --nproc-per-node trainers, so each rank decides alike
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     backend = "nccl" if device.type == "cuda" and _gpus_per_rank(local_world) else "gloo"
-    sync = AllReduceSync.from_env(backend=backend, device=device, timeout_s=config.sync_timeout_s)
-    store = open_store(config.store, **config.store_kwargs())
-    checkpointer = Checkpointer(
-        store,
-        config.run_id(),
-        every=config.checkpoint_every,
-        keep=config.keep_checkpoints,
-        timeout_s=config.sync_timeout_s,
-        settings=config.pinned_settings(),
-        data=fingerprint,
-    )
     shard = [samples[i] for i in range(rank, len(samples), world)]
-    try:
+    with contextlib.ExitStack() as stack:
+        sync = AllReduceSync.from_env(
+            backend=backend, device=device, timeout_s=config.sync_timeout_s
+        )
+        stack.callback(sync.close)
+        store = open_store(config.store, **config.store_kwargs())
+        stack.callback(store.close)
+        checkpointer = Checkpointer(
+            store,
+            config.run_id(),
+            every=config.checkpoint_every,
+            keep=config.keep_checkpoints,
+            timeout_s=config.sync_timeout_s,
+            settings=config.pinned_settings(),
+            data=fingerprint,
+        )
         result = train(
             task, shard, config, sync, checkpointer, rank, world, device_index=local_rank
         )
-    finally:
-        sync.close()
     if rank == 0:
         return _write_outputs(result, config, task, list(samples[:2]))
     return result
