@@ -865,6 +865,22 @@ def _gpus_per_rank(local_ranks: int) -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks
 
 
+def _checkpointer(
+    config: TrainConfig, store: Store, run: str, data: Mapping[str, Any] | None
+) -> Checkpointer:
+    """The run's checkpointer on ``store``, as ``config`` sets it (every trainer and the
+    driver alike)."""
+    return Checkpointer(
+        store,
+        run,
+        every=config.checkpoint_every,
+        keep=config.keep_checkpoints,
+        timeout_s=config.sync_timeout_s,
+        settings=config.pinned_settings(),
+        data=data,
+    )
+
+
 def _open_sync(
     config: TrainConfig,
     context: Any,
@@ -1020,15 +1036,7 @@ def _barrier_train(
                 sync=sync,
                 timeout_s=config.sync_timeout_s,
             )
-        checkpointer = Checkpointer(
-            store,
-            run,
-            every=config.checkpoint_every,
-            keep=config.keep_checkpoints,
-            timeout_s=config.sync_timeout_s,
-            settings=config.pinned_settings(),
-            data=data,
-        )
+        checkpointer = _checkpointer(config, store, run, data)
         result = train(
             task,
             shard,
@@ -1510,15 +1518,7 @@ def run_training(
             try:
                 if validating:  # decoded once, kept on the executors, scored there
                     held = heldout_samples(spark, config, task).cache()
-                checkpointer = Checkpointer(
-                    store,
-                    run,
-                    every=config.checkpoint_every,
-                    keep=config.keep_checkpoints,
-                    timeout_s=config.sync_timeout_s,
-                    settings=config.pinned_settings(),
-                    data=data,
-                )
+                checkpointer = _checkpointer(config, store, run, data)
                 if held is not None:  # before the first step, not at the first score
                     _refuse_other_inputs(config, task, inputs, held)
                 result = train(
@@ -1659,15 +1659,7 @@ def run_torchrun(
         stack.callback(sync.close)
         store = open_store(config.store, **config.store_kwargs())
         stack.callback(store.close)
-        checkpointer = Checkpointer(
-            store,
-            config.run_id(),
-            every=config.checkpoint_every,
-            keep=config.keep_checkpoints,
-            timeout_s=config.sync_timeout_s,
-            settings=config.pinned_settings(),
-            data=fingerprint,
-        )
+        checkpointer = _checkpointer(config, store, config.run_id(), fingerprint)
         result = train(
             task, shard, config, sync, checkpointer, rank, world, device_index=local_rank
         )
