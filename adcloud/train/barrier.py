@@ -25,8 +25,16 @@ import uuid
 from types import TracebackType
 from typing import Any
 
-from adcloud.spark import local_cores
 from adcloud.train.errors import TrainError
+
+
+def _local_cores(master: str) -> int | None:
+    # adcloud.spark imports pyspark, which the torchrun trainers (adcloud.train.job run under
+    # torchrun, on a GPU node perhaps) neither need nor always have: import it on use
+    from adcloud.spark import local_cores as cores  # noqa: PLC0415
+
+    return cores(master)
+
 
 __all__ = ["BarrierWatch", "cancelled_by", "check_slots", "task_slots"]
 
@@ -58,7 +66,7 @@ def task_slots(sc: Any) -> int | None:
     except Exception as err:  # py4j's errors: another Spark version, a remote session
         log.debug("Spark's task slot count is not available (%s); estimating it", err)
     cpus = _task_cpus(sc)
-    cores_here = local_cores(str(sc.master))
+    cores_here = _local_cores(str(sc.master))
     if cores_here is not None:
         return cores_here // cpus
     cores = sc.getConf().get("spark.executor.cores")
@@ -85,7 +93,7 @@ def check_slots(sc: Any, workers: int, *, wait_s: float = 10.0) -> None:
     get more by waiting); a ``local[N]`` master has its slots from the start (a
     ``local-cluster[...]`` one has executors, which register as a cluster's do)."""
     master = str(sc.master)
-    local = local_cores(master) is not None and not master.startswith("local-cluster")
+    local = _local_cores(master) is not None and not master.startswith("local-cluster")
     now = started = time.monotonic()
     deadline = now + (0.0 if local else wait_s)
     last, since = None, now

@@ -960,6 +960,26 @@ def test_the_torchrun_entry_point_says_errors_in_one_line(
     ]
 
 
+def test_the_torchrun_entry_point_runs_where_pyspark_is_not_installed(tmp_path: Path) -> None:
+    """A GPU node running ``torchrun -m adcloud.train.job`` needs torch, not Spark: the entry
+    point (and everything it imports) loads with pyspark made unimportable."""
+    blocked = "import sys; sys.modules['pyspark'] = None; import runpy; "
+    code = (
+        blocked
+        + "sys.argv = ['job', '--help']; runpy.run_module('adcloud.train.job', run_name='__main__')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "torchrun" in done.stdout
+
+
 class PausingTask(LinearTask):
     """Rank 1, at its 3rd step of the first attempt: writes ``ready`` in ``where``, waits
     for ``go`` there, then SIGKILLs its own Spark Python worker."""
