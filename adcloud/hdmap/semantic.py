@@ -455,6 +455,29 @@ def _float(props: Mapping[str, Any], key: str, where: _Where, default: float | N
     return float(value)
 
 
+def _share(props: Mapping[str, Any], key: str, where: _Where, default: float) -> float:
+    """A number from 0 to 1 (a confidence, a coverage)."""
+    value = _float(props, key, where, default)
+    if not 0.0 <= value <= 1.0 and not (math.isnan(value) and math.isnan(default)):
+        raise where.error(f"properties.{key} must be a share from 0 to 1, got {value!r}")
+    return value
+
+
+def _size(props: Mapping[str, Any], key: str, where: _Where) -> float:
+    """A width or height in metres: 0 or more, or left out (unknown)."""
+    value = _float(props, key, where, math.nan)
+    if value < 0.0:
+        raise where.error(
+            f"properties.{key} must be a size in metres, 0 or more, got {value!r}; leave it out "
+            "where it is not known"
+        )
+    return value
+
+
+#: The driving direction of a lane relative to the drive that mapped it.
+DIRECTIONS = ("along", "against")
+
+
 def _text(props: Mapping[str, Any], key: str, where: _Where, default: str) -> str:
     value = props.get(key, default)
     if value is None:
@@ -650,9 +673,9 @@ def _parse_feature(
                 points=fields["coordinates"],
                 type=mtype,
                 color=_text(props, "color", where, "white"),
-                width_m=_float(props, "width_m", where, math.nan),
-                coverage=_float(props, "coverage", where, math.nan),
-                confidence=_float(props, "confidence", where, 1.0),
+                width_m=_size(props, "width_m", where),
+                coverage=_share(props, "coverage", where, math.nan),
+                confidence=_share(props, "confidence", where, 1.0),
                 source=source,
                 id=fid,
                 attributes=_rest(props, _MARKING_KEYS),
@@ -668,6 +691,16 @@ def _parse_feature(
         section = props.get("section", -1)
         if isinstance(section, bool) or not isinstance(section, int):
             raise where.error(f"properties.section must be an integer, got {section!r}")
+        direction = _text(props, "direction", where, "along")
+        # the lanes of a section share their boundaries in the drive's direction, so theirs
+        # must be one of the two; a lane without a section keeps what the file says (the
+        # synthetic truth's "+s"/"-s", say), which nothing reads
+        if section >= 0 and direction not in DIRECTIONS:
+            raise where.error(
+                f"properties.direction is {direction!r}{_near(direction, DIRECTIONS)}; a lane "
+                f"of a section (properties.section {section}) runs along or against the drive "
+                f"that mapped it: one of {', '.join(DIRECTIONS)}"
+            )
         fields = {"coordinates": _linestring(geometry, where)}
         fields.update((f"properties.{key}", pts) for key, pts in bounds.items())
         layers.centerlines.append(
@@ -677,9 +710,9 @@ def _parse_feature(
                 right_boundary=bounds["right_boundary"],
                 left_marking=_text(props, "left_marking", where, ""),
                 right_marking=_text(props, "right_marking", where, ""),
-                direction=_text(props, "direction", where, "along"),
+                direction=direction,
                 section=section,
-                width_m=_float(props, "width_m", where, math.nan),
+                width_m=_size(props, "width_m", where),
                 source=source,
                 id=fid,
                 attributes=_rest(props, _CENTER_KEYS),
@@ -714,12 +747,12 @@ def _parse_feature(
             TrafficSign(
                 position=position,
                 facing_yaw=_float(props, "facing_yaw_rad", where, facing_default),
-                width_m=_float(props, "width_m", where, math.nan),
-                height_m=_float(props, "plate_height_m", where, math.nan),
+                width_m=_size(props, "width_m", where),
+                height_m=_size(props, "plate_height_m", where),
                 height_above_ground_m=_float(props, "height_m", where, math.nan),
                 type=_text(props, "type", where, "unknown"),
                 candidates=tuple(candidates),
-                confidence=_float(props, "confidence", where, 1.0),
+                confidence=_share(props, "confidence", where, 1.0),
                 point_count=count,
                 source=source,
                 id=fid,

@@ -945,6 +945,33 @@ def test_a_label_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
             _marking_feature([[0.0, 0.0], [1.0, 0.0]], source="robot"),
             "properties.source is 'robot'",
         ),
+        # a misspelt direction used to be kept (and read as along); shares and sizes are checked
+        (
+            {
+                "type": "Feature",
+                "geometry": {"type": "LineString", "coordinates": [[0.0, 0.0], [1.0, 0.0]]},
+                "properties": {
+                    "kind": "lane_centerline",
+                    "source": "human",
+                    "section": 3,
+                    "direction": "agains",
+                },
+            },
+            r"feature 1 \(lane_centerline\): properties\.direction is 'agains' \(did you mean "
+            r"'against'\?\); a lane of a section \(properties\.section 3\) runs along or against",
+        ),
+        (
+            _marking_feature([[0.0, 0.0], [1.0, 0.0]], confidence=1.5),
+            r"properties\.confidence must be a share from 0 to 1, got 1\.5",
+        ),
+        (
+            _marking_feature([[0.0, 0.0], [1.0, 0.0]], coverage=-0.1),
+            r"properties\.coverage must be a share from 0 to 1",
+        ),
+        (
+            _sign_feature([1.0, 2.0, 3.0], width_m=-0.6),
+            r"feature 1 \(traffic_sign\): properties\.width_m must be a size in metres, 0 or more",
+        ),
         (
             {"type": "Feature", "geometry": None, "properties": {"source": "human"}},
             r"feature 1: properties\.kind is missing",
