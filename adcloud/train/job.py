@@ -815,12 +815,17 @@ def shard_samples(
     ``keyed`` must be in key order across its partitions, as :func:`etl_samples` and
     :func:`etl_to_files` make it (partition ``p`` holds the keys ``(p, 0), (p, 1), ...``), so
     the index needs no sort.  ``keyed`` is cached while the index and the shuffle read it,
-    then released once the shards are cached, so the samples are held in executor memory
-    once, not twice, while training runs (a lost shard is rebuilt from its lineage).
+    then released once the shards are cached (one the caller cached is left as it was), so
+    the samples are held in executor memory once, not twice, while training runs (a lost
+    shard is rebuilt from its lineage).
     """
     from pyspark import StorageLevel  # noqa: PLC0415
 
-    keyed.persist(StorageLevel.MEMORY_ONLY)
+    # an RDD the caller cached stays cached (and at its own storage level, which Spark
+    # would refuse to change)
+    mine = not keyed.is_cached
+    if mine:
+        keyed.persist(StorageLevel.MEMORY_ONLY)
     indexed = keyed.values().zipWithIndex()
     total = indexed.count()
     sizes = [len(range(r, total, workers)) for r in range(workers)]
@@ -832,7 +837,8 @@ def shard_samples(
     shards = dealt.partitionBy(workers, int).values()
     shards.persist(StorageLevel.MEMORY_ONLY)
     shards.count()
-    keyed.unpersist()
+    if mine:
+        keyed.unpersist()
     if heldout is not None:
         heldout.unpersist()
     return shards, sizes
@@ -1486,6 +1492,7 @@ def run_training(
         _check_resumable(config, run)
     if config.sync != "single":  # before the ETL, not once the samples are made
         check_slots(spark.sparkContext, config.workers, wait_s=config.sync_timeout_s)
+    given = keyed  # the caller's RDD stays as the caller left it (cached or not)
     if keyed is None:
         keyed = etl_samples(spark, config, task, config.bags)
     # Without train.etl_dir the samples (gigabytes) go to a scratch directory of the driver
@@ -1565,7 +1572,8 @@ def run_training(
                     evaluation = _score_kept(spark, config, task, result, kept, inputs)
             finally:
                 shards.unpersist()
-                keyed.unpersist()
+                if keyed is not given:
+                    keyed.unpersist()
     finally:
         if made_dir is not None:
             remove_scratch(made_dir)

@@ -27,7 +27,7 @@ import fsspec
 import numpy as np
 import pytest
 import torch
-from pyspark import BarrierTaskContext, TaskContext
+from pyspark import BarrierTaskContext, StorageLevel, TaskContext
 from pyspark.sql import SparkSession
 
 from adcloud.store import StoreServer, open_store
@@ -501,12 +501,14 @@ def test_ps_runs_on_an_alluxio_store_as_on_the_local_one(
     parameter versions with a store served over the Alluxio REST proxy API (``adcloud store
     serve``, the stand-in for an Alluxio proxy) and follow the local store's curve."""
     points = make_points(32)
+    keyed = keyed_points(spark, points).persist(StorageLevel.MEMORY_AND_DISK)
     local = run_training(
-        spark,
-        config(tmp_path, sync="ps", run="ps-local", lr=0.1),
-        task=LinearTask(),
-        keyed=keyed_points(spark, points),
+        spark, config(tmp_path, sync="ps", run="ps-local", lr=0.1), task=LinearTask(), keyed=keyed
     )
+    # the caller's samples: not unpersisted under it (nor persisted at another level: Spark
+    # refused that)
+    assert keyed.is_cached and keyed.getStorageLevel() == StorageLevel.MEMORY_AND_DISK
+    keyed.unpersist()
     backing = open_store("local:///served", root=str(tmp_path / "served"))
     server = StoreServer(backing, port=0, token="train-token").start()
     try:
