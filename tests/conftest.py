@@ -56,7 +56,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -121,6 +121,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Stable: everything else keeps its order; cluster tests go last, those of the cluster
     # session after those that use the cluster alone (see above).
     items.sort(key=_uses_cluster)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """``--dist loadgroup`` schedules by the group xdist appends to each node id in the
+    workers. Where none carries one the tests are dealt one by one, silently: a file's
+    module fixtures are built in both workers and both start a cluster (the suite took twice
+    as long that way before anyone noticed). Stop at once instead."""
+    if node.config.getvalue("dist") != "loadgroup" or not ids or any("@" in i for i in ids):
+        return
+    pytest.exit(
+        "pytest-xdist's --dist loadgroup did not group the tests (no node id carries its "
+        f"group; pytest {pytest.__version__} with this pytest-xdist, see pytest-xdist#1386): "
+        "install the versions pyproject.toml pins (bash scripts/install.sh), or run without -n",
+        returncode=pytest.ExitCode.USAGE_ERROR,
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
