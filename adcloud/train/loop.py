@@ -344,9 +344,19 @@ def train(
     returns held-out scores; it is called on every trainer at the same steps (every
     ``eval_every``-th but the last), so it may synchronise them.  ``device_index`` is the
     CUDA device to take (the trainer's place on its host, or the GPU its scheduler gave it;
-    default ``rank``), modulo the devices torch sees.
+    default ``rank``), modulo the devices torch sees.  With several trainers ``config`` gives
+    ``steps``, not ``epochs`` (see :func:`resolve_steps`).
     """
     sync = SingleProcess() if sync is None else sync
+    if config.epochs > 0 and world > 1:
+        # each trainer would count the epochs of its own shard: with shards of other sizes
+        # they would stop at different steps, and the ones still stepping wait forever
+        raise TrainError(
+            f"epochs={config.epochs} with {world} trainers: an epoch is counted over the "
+            "smallest shard, which one trainer cannot see; resolve it to steps first, with "
+            "every shard's size (config.replace(steps=resolve_steps(config, sizes), "
+            "epochs=0)), as run_training does"
+        )
     if config.batch_size % world:
         raise TrainError(
             f"batch_size {config.batch_size} is not a multiple of the {world} trainers"

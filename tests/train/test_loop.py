@@ -145,6 +145,10 @@ def test_epochs_resolve_to_steps_over_the_smallest_shard() -> None:
     assert result.steps == 9 and len(result.losses) == 9
     with pytest.raises(TrainError, match="empty"):
         resolve_steps(two, [5, 0])
+    # one of several trainers cannot count epochs over shards it does not see (uneven
+    # shards stopped at different steps, and the others hung in their collectives)
+    with pytest.raises(TrainError, match=r"epochs=2 with 2 trainers: .*resolve_steps"):
+        train(RegressionTask(), make_points(7), two, None, None, 0, 2)
 
 
 def test_progress_is_logged(caplog: pytest.LogCaptureFixture) -> None:
