@@ -86,9 +86,19 @@ def pointcloud_array(msg: Any, *, topic: str = "?", require: Iterable[str] = ())
     data = np.frombuffer(msg.data, dtype=np.uint8)
     if height * width == 0:
         return np.zeros(0, dtype=dtype)
+    if step < 1:
+        raise BinpipeError(
+            f"{topic}: PointCloud2 field 'point_step' is {step} for {height} x {width} points; "
+            "the message is damaged (each point takes point_step bytes of 'data')"
+        )
     row_bytes = width * step
     row_step = row_step or row_bytes
-    if row_step < row_bytes or data.size < (height - 1) * row_step + row_bytes:
+    if row_step < row_bytes:
+        raise BinpipeError(
+            f"{topic}: PointCloud2 field 'row_step' ({row_step}) is less than width {width} x "
+            f"point_step {step} bytes; the message is damaged"
+        )
+    if data.size < (height - 1) * row_step + row_bytes:
         raise BinpipeError(
             f"{topic}: PointCloud2 field 'data' holds {data.size} bytes, fewer than "
             f"{height} rows x {width} points x {step} bytes (row_step {row_step})"

@@ -13,7 +13,13 @@ import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from rosbags.typesys import Stores, get_types_from_idl, get_types_from_msg, get_typestore
+from rosbags.typesys import (
+    Stores,
+    TypesysError,
+    get_types_from_idl,
+    get_types_from_msg,
+    get_typestore,
+)
 from rosbags.typesys.store import Typestore
 
 from adcloud.binpipe.codec import Block, BlockKind, Message, as_message, encode_block
@@ -97,21 +103,40 @@ class MessageDecoder:
     also beside messages of the other serialization.  Types with no
     definition in the META records fall back to the standard types bundled with
     rosbags (ROS 1 Noetic for ROS 1 serialization, ROS 2 Humble for CDR).
+
+    A later connection replaces an earlier one for the messages decoded after it, as a
+    later META record does in a stream (docs/binpipe-format.md, section 9.2): the topic's
+    serialization, and the definition of its message type (unless it carries none).
     """
 
     def __init__(self, connections: Iterable[ConnectionInfo] = ()) -> None:
-        self._stores: dict[str, Any] = {}  # serialization -> the definitions' type store
-        self._store_of: dict[tuple[str, str], Any] = {}  # (msgtype, serialization) -> store
+        # serialization -> the type store new definitions are registered in
+        self._stores: dict[str, Typestore] = {}
+        # (msgtype, serialization) -> the store its messages decode with now
+        self._store_of: dict[tuple[str, str], Typestore] = {}
         self._serialization: dict[str, str] = {}
         self._defs: dict[tuple[str, str], ConnectionInfo] = {}
+        # (msgtype, serialization, msgdef_format, msgdef) -> the store it is registered in:
+        # a definition that comes back (two bags' META alternating) is not registered again
+        self._registered: dict[tuple[str, str, str, str], Typestore] = {}
         for conn in connections:
             self.add(conn)
 
     def add(self, conn: ConnectionInfo) -> None:
-        """Learn one connection's definition (later duplicates are ignored)."""
-        self._serialization.setdefault(conn.topic, conn.serialization)
-        self._serialization.setdefault(conn.msgtype, conn.serialization)
-        self._defs.setdefault((conn.msgtype, conn.serialization), conn)
+        """Learn one connection's definition: it replaces what an earlier connection said
+        of the topic's serialization and of the type's definition, for the messages decoded
+        after it (one without a definition keeps the known one)."""
+        self._serialization[conn.topic] = conn.serialization
+        self._serialization[conn.msgtype] = conn.serialization
+        key = (conn.msgtype, conn.serialization)
+        known = self._defs.get(key)
+        if known is not None and (
+            not conn.msgdef
+            or (known.msgdef == conn.msgdef and known.msgdef_format == conn.msgdef_format)
+        ):
+            return
+        self._defs[key] = conn
+        self._store_of.pop(key, None)  # registered again, with this definition, on next use
 
     def _register(self, msgtype: str, serialization: str, topic: str) -> None:
         if serialization not in ("ros1", "cdr"):
@@ -122,24 +147,7 @@ class MessageDecoder:
             )
         conn = self._defs.get((msgtype, serialization))
         if conn is not None and conn.msgdef:
-            try:
-                if conn.msgdef_format == "ros2idl":
-                    types = types_from_idl(conn.msgdef)
-                else:
-                    types = get_types_from_msg(conn.msgdef, msgtype)
-            except Exception as err:
-                raise BinpipeError(
-                    f"cannot parse the {conn.msgdef_format or 'msg'} definition of {msgtype} "
-                    f"(topic {conn.topic}): {err}"
-                ) from err
-            own = self._stores.setdefault(serialization, get_typestore(Stores.EMPTY))
-            try:
-                own.register(types)
-            except Exception as err:
-                raise BinpipeError(
-                    f"conflicting definitions for {msgtype} (topic {conn.topic}): {err}"
-                ) from err
-            self._store_of[msgtype, serialization] = own
+            self._store_of[msgtype, serialization] = self._own_store(conn)
         else:
             store = standard_typestore(serialization)
             if msgtype not in store.fielddefs:
@@ -148,6 +156,44 @@ class MessageDecoder:
                     "partition carries none and it is not a standard ROS type bundled with rosbags"
                 )
             self._store_of[msgtype, serialization] = store
+
+    def _own_store(self, conn: ConnectionInfo) -> Typestore:
+        """The type store holding ``conn``'s definition, registered there if it is new."""
+        key = (conn.msgtype, conn.serialization, conn.msgdef_format, conn.msgdef)
+        store = self._registered.get(key)
+        if store is not None:
+            return store
+        what = (
+            f"the {conn.msgdef_format or 'msg'} definition of {conn.msgtype} (topic {conn.topic})"
+        )
+        try:
+            if conn.msgdef_format == "ros2idl":
+                types = types_from_idl(conn.msgdef)
+            else:
+                types = get_types_from_msg(conn.msgdef, conn.msgtype)
+        except Exception as err:
+            raise BinpipeError(f"cannot parse {what}: {err}") from err
+        store = self._stores.get(conn.serialization)
+        if store is not None:
+            try:
+                store.register(types)
+            except TypesysError:
+                # The store holds another definition of this type or of one it uses (a
+                # META record that changed it mid-stream, or two bags' types of one name):
+                # a store refuses to redefine a type, so this definition and those after it
+                # go in a fresh one; the types decoded so far keep the store they had.
+                store = None
+            except Exception as err:
+                raise BinpipeError(f"cannot register {what}: {err}") from err
+        if store is None:
+            store = get_typestore(Stores.EMPTY)
+            try:
+                store.register(types)
+            except Exception as err:
+                raise BinpipeError(f"cannot register {what}: {err}") from err
+            self._stores[conn.serialization] = store
+        self._registered[key] = store
+        return store
 
     def decode(self, message: Message) -> Any:
         """Deserialize one message; raises BinpipeError naming topic and type on failure."""
@@ -203,7 +249,13 @@ def decoded_messages(
         for rec in block:
             item = as_message(rec)
             if not isinstance(item, Message):
-                raise BinpipeError(f"expected message records, got a {len(rec)}-field record")
+                kinds = ", ".join(type(value).__name__ for value in rec) or "none"
+                raise BinpipeError(
+                    f"the DATA block at index {index} of the partition holds a record of "
+                    f"({kinds}), not a message (topic str, timestamp int, msgtype str, data "
+                    "bytes): only blocks of bag messages decode (docs/binpipe-format.md, "
+                    "section 9.1)"
+                )
             if wanted is None or item.topic in wanted:
                 yield item, decoder.decode(item)
 

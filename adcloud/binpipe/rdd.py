@@ -192,17 +192,26 @@ def _transform(
     decode: bool,
     block_bytes: int,
 ) -> Iterator[bytes]:
-    """Apply a per-record map or filter to a partition's blocks, re-encoding the output."""
+    """Apply a per-record map or filter to a partition's blocks, re-encoding the output.
+
+    Each META block is passed on where it was: after the output of the records before it
+    and ahead of the data it describes (a later META record for a topic replaces the
+    earlier one for the data after it, docs/binpipe-format.md section 9.2), so output
+    blocks never hold records from both sides of one.
+    """
     decoder = MessageDecoder()
+    source = iter(blocks)
+    meta: list[bytes] = []
 
     def outputs() -> Iterator[Record]:
-        for raw in blocks:
+        """The output of the records up to the next META block, which goes to ``meta``."""
+        for raw in source:
             block = Block.parse(memoryview(raw))
             if block.kind == BlockKind.META:
                 for rec in block:
                     decoder.add(ConnectionInfo.from_record(rec, "a META block of the stream"))
                 meta.append(bytes(raw))
-                continue
+                return
             for rec in block:
                 item = as_message(rec)
                 args: tuple[Any, ...] = (item,)
@@ -220,15 +229,11 @@ def _transform(
                 else:
                     yield from records_from(out, fn)
 
-    meta: list[bytes] = []
-    # META blocks are passed on ahead of the data they describe.
-    pending = encode_blocks(outputs(), block_bytes=block_bytes)
-    for data in pending:
-        while meta:
-            yield meta.pop(0)
-        yield data
-    while meta:
-        yield meta.pop(0)
+    while True:
+        yield from encode_blocks(outputs(), block_bytes=block_bytes)
+        if not meta:  # the input is exhausted
+            return
+        yield meta.pop()
 
 
 def _pipe_partition(
@@ -589,7 +594,20 @@ class BinPipeRDD:
                 f"from_records: num_partitions must be a whole number >= 1 or None, "
                 f"not {num_partitions!r}"
             )
-        rows = [tuple(r) for r in records]
+        rows: list[tuple[object, ...]] = []
+        for index, record in enumerate(records):
+            # a str or bytes is iterable, and would make a record of each character or byte
+            if isinstance(record, (str, bytes, bytearray, memoryview, Mapping)) or not isinstance(
+                record, Iterable
+            ):
+                shown = repr(record)
+                shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                raise BinpipeError(
+                    f"from_records: record {index} is a {type(record).__name__} ({shown}), not "
+                    "a record: give each record as a tuple of fields, e.g. (topic, timestamp, "
+                    "msgtype, data)"
+                )
+            rows.append(tuple(record))
         rdd = sc.parallelize(rows, num_partitions).mapPartitions(
             functools.partial(encode_blocks, block_bytes=block_bytes)
         )

@@ -85,3 +85,17 @@ def test_read_messages_decodes_a_bag_in_file_order(tmp_path: Path) -> None:
         cfg.camera_height,
         cfg.camera_width,
     )
+
+
+def test_damaged_cloud_layouts_name_the_field_at_fault() -> None:
+    """A row_step shorter than a row was reported as 'data' being too short (it was not),
+    and a point_step of 0 with no fields failed in NumPy ("When changing to a smaller
+    dtype ...") instead of naming the cloud."""
+    cloud = _cloud(np.zeros((4, 3)), height=2)
+    cloud.row_step = 16
+    with pytest.raises(BinpipeError, match=r"/p: PointCloud2 field 'row_step' \(16\) is less"):
+        pointcloud_array(cloud, topic="/p")
+    cloud = _cloud(np.zeros((4, 3)))
+    cloud.fields, cloud.point_step, cloud.row_step = [], 0, 0
+    with pytest.raises(BinpipeError, match=r"/p: PointCloud2 field 'point_step' is 0"):
+        pointcloud_array(cloud, topic="/p")

@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 from rosbags.highlevel import AnyReader
-from rosbags.typesys import Stores, get_typestore
+from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
-from adcloud.binpipe import BinpipeError, BinPipeRDD, Block, BlockKind, Message
+from adcloud.binpipe import BinpipeError, BinPipeRDD, Block, BlockKind, ConnectionInfo, Message
+from adcloud.binpipe.codec import encode_block
 from adcloud.binpipe.datasource import register_rosbag_source
+from adcloud.binpipe.decode import decoded_messages, meta_block
 from adcloud.binpipe.rdd import check_save_target
 from tests.processes import alive
 
@@ -378,6 +380,18 @@ def test_from_records_refuses_a_partition_count_below_one(spark: Any) -> None:
     assert BinPipeRDD.from_records(spark, [("/a", 1), ("/b", 2)], 2).count() == 2
 
 
+def test_from_records_refuses_a_record_that_is_a_string(spark: Any) -> None:
+    """A list of strings (or bytes) was distributed as one record per string, of one field
+    per character (``"/a"`` became ``("/", "a")``), with no error."""
+    for bad, kind in (("/chatter", "str"), (b"\x01\x02", "bytes"), (7, "int")):
+        with pytest.raises(BinpipeError, match=rf"record 1 is a {kind} .*tuple of fields"):
+            BinPipeRDD.from_records(spark, [("/a", 1), bad])  # type: ignore[list-item]
+    assert BinPipeRDD.from_records(spark, [["/a", 1], ("/b", 2)]).collect_records() == [
+        ("/a", 1),
+        ("/b", 2),
+    ]
+
+
 def test_the_memory_refusal_suggests_targets_a_save_takes(spark: Any) -> None:
     """The ``memory://`` refusal names places every worker process can reach."""
     rdd = BinPipeRDD.from_records(spark, [("/a", 1)])
@@ -688,3 +702,26 @@ def test_relative_paths_and_path_objects_mean_what_they_mean_here(
     rdd.save(Path("saved"))
     assert (here / "saved" / "_SUCCESS").is_file()
     assert BinPipeRDD.load(spark, Path("saved")).count() == 989
+
+
+def test_map_and_filter_keep_meta_blocks_between_the_data_they_divide(spark: Any) -> None:
+    """A partition holding two bags' records (a coalesce, a node's output) whose custom
+    type changed between them: map_records and filter merged the records on both sides of
+    the second META block into one output block, after both META blocks, so the first
+    bag's messages were decoded downstream with the second bag's definition."""
+    name = "survey_msgs/msg/Position"
+    versions = ("float64 x\nfloat64 y\n", "float64 x\nfloat64 y\nstring label\n")
+    blocks: list[bytes] = []
+    for stamp, definition in enumerate(versions):
+        store = get_typestore(Stores.EMPTY)
+        store.register(get_types_from_msg(definition, name))
+        fields = {"x": 1.0 + stamp, "y": 2.0} | ({"label": "moved"} if stamp else {})
+        data = bytes(store.serialize_ros1(store.types[name](**fields), name))
+        blocks.append(meta_block([ConnectionInfo("/pos", name, "ros1msg", definition, "", "ros1")]))
+        blocks.append(encode_block([("/pos", stamp, name, data)]))
+    rdd = BinPipeRDD(spark.sparkContext.parallelize(blocks, 1))
+    kept = rdd.filter(lambda m: True).map_records(lambda m: m)
+    decoded = [(d.x, getattr(d, "label", None)) for _, d in decoded_messages(kept.rdd.collect())]
+    assert decoded == [(1.0, None), (2.0, "moved")]
+    got = kept.map_records(lambda m, d: (m.topic, m.timestamp, d.x), decode=True)
+    assert got.collect_records() == [("/pos", 0, 1.0), ("/pos", 1, 2.0)]
