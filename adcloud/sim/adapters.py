@@ -38,11 +38,13 @@ stamps outputs with the simulated clock, which in synchronous mode is the input'
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import logging
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -544,7 +546,7 @@ def drive_pipe(
         else:
             run.exit_code = 0
     except PipeCommandError as err:
-        run.failure = str(err).split("; stderr tail:", 1)[0]
+        run.failure = str(err).split("; stderr tail:", 1)[0] + _text_on_stdout(str(err))
         run.exit_code = err.returncode
         run.stderr_tail = err.stderr_tail[-_TAIL:]
     except BinpipeError as err:
@@ -557,6 +559,26 @@ def drive_pipe(
     run.sent = feed.sent
     run.wall_s = time.monotonic() - started
     return run
+
+
+#: A block that does not start with a block's magic, as the stream reader tells it.
+_BAD_BLOCK = re.compile(r"corrupt stream at offset \d+: block magic (b'(?:[^'\\]|\\.)*')")
+
+
+def _text_on_stdout(failure: str) -> str:
+    """A hint when the bytes where a node's next output block should start are text: a
+    ``print()`` or a log handler on stdout, the usual way a pipe node breaks its stream
+    once it has started it (the stream reader tells only the bad magic)."""
+    found = _BAD_BLOCK.search(failure)
+    if found is None:
+        return ""
+    magic = ast.literal_eval(found[1])
+    if not magic or not all(32 <= b < 127 or b in b"\t\r\n" for b in magic):
+        return ""
+    return (
+        f"; the node wrote text on stdout ({magic.decode()!r}...), where its BinPipe output "
+        "goes: print and log to stderr (print(..., file=sys.stderr), logging's default)"
+    )
 
 
 def _own_python_first(extra: Sequence[tuple[str, str]]) -> dict[str, str]:

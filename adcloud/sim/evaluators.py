@@ -16,8 +16,13 @@ evaluator raises), never the job.
 
 Built-in evaluators:
 
-- ``rate`` (``topic``, ``min_hz``): the output topic is published at ``>= min_hz``
-  (a range shorter than one period at ``min_hz`` tells no rate and fails);
+- ``rate`` (``topic``, ``min_hz``): the output topic is published at ``>= min_hz``,
+  counting its outputs in the range per second of input fed in it: from the first input
+  in the range to one period (that topic's median interval) after the last, as ``N``
+  inputs at 10 Hz are 10 Hz (``rostopic hz``), not ``N`` over the ``N - 1`` periods
+  between the first and last -- a whole bag's range ends at its last message (a range
+  without inputs counts over its own length; one shorter than one period at ``min_hz``
+  tells no rate and fails);
 - ``latency`` (``max_ms``, ``stat`` = ``max``/``p95``/``p50``, ``topic`` optional): no
   output later than ``max_ms`` after its input;
 - ``detections`` (``topic``, ``cloud_topic``, ``match_m``, ``min_precision``,
@@ -107,6 +112,8 @@ class ScenarioData:
     decoder: MessageDecoder
     #: Seconds from the first input written to the last output read (NaN: no output).
     replay_wall_s: float = math.nan
+    #: The topics of ``messages`` fed to the node (the others are truth); empty: all.
+    input_topics: tuple[str, ...] = ()
 
     def in_range(self, msgs: Sequence[Message], topic: str | None = None) -> list[Message]:
         """The messages (optionally of one topic) stamped inside ``[start, end)``."""
@@ -116,6 +123,35 @@ class ScenarioData:
             for m in msgs
             if s.start <= m.timestamp < s.end and (topic is None or m.topic == topic)
         ]
+
+    def input_seconds(self) -> float:
+        """Seconds of input the node was fed in ``[start, end)``: from the first input
+        there to one period after the last (per input topic, its median interval over
+        everything fed), the latest of the topics; the range's own length when no input
+        lies in it or no input topic has a period.
+
+        ``N`` inputs at 10 Hz span ``N - 1`` periods: over that span alone a node that
+        answered each measures ``10 N / (N - 1)`` Hz, and one that dropped a frame of a
+        short bag (a whole bag's range ends at its last message) still measures 10 Hz.
+        """
+        s = self.scenario
+        fed: dict[str, list[int]] = {}
+        for m in self.messages:
+            if not self.input_topics or m.topic in self.input_topics:
+                fed.setdefault(m.topic, []).append(m.timestamp)
+        first = last = None
+        for stamps in fed.values():
+            inside = [t for t in stamps if s.start <= t < s.end]
+            if not inside:
+                continue
+            distinct = sorted(set(stamps))
+            period = float(np.median(np.diff(distinct))) if len(distinct) > 1 else 0.0
+            lo, hi = min(inside), max(inside) + period
+            first = lo if first is None else min(first, lo)
+            last = hi if last is None else max(last, hi)
+        if first is None or last is None or last <= first:
+            return s.seconds
+        return (last - first) / 1e9
 
     def decode(self, msg: Message) -> Any:
         """The rosbags message object of ``msg``; raises :class:`SimError` if undecodable."""
@@ -198,7 +234,8 @@ def _limit(
 
 
 class RateEvaluator:
-    """``rate``: an output topic is published at ``>= min_hz`` over the evaluated range."""
+    """``rate``: an output topic is published at ``>= min_hz`` over the evaluated range:
+    its outputs there per second of input fed there (:meth:`ScenarioData.input_seconds`)."""
 
     def __init__(self, topic: str, min_hz: float) -> None:
         self.name = "rate"
@@ -208,7 +245,7 @@ class RateEvaluator:
 
     def evaluate(self, data: ScenarioData) -> Evaluation:
         """Pass when the output rate reaches ``min_hz``."""
-        seconds = data.scenario.seconds
+        seconds = data.input_seconds()
         if self.min_hz > 0 and seconds * self.min_hz < 1:
             # one output over a range of one message (a bag of one cloud: 1 ns) would be
             # a rate of 1e9 Hz: shorter than one period, a range tells no rate

@@ -434,7 +434,9 @@ def run_scenario(scenario: Scenario, job: ReplayJob) -> ScenarioResult:
     # standard type (rosbags' bundled definitions).
     decoder = MessageDecoder([*conns, *run.output_connections, *guessed])
     span = run.received[-1] - run.sent[0][1] if run.received and run.sent else math.nan
-    data = ScenarioData(scenario, messages, run.outputs, _latencies(run)[0], decoder, span)
+    data = ScenarioData(
+        scenario, messages, run.outputs, _latencies(run)[0], decoder, span, job.input_topics
+    )
     evals = [_evaluate(evaluator, data) for evaluator in evaluators]
     failed = [f"{e.name}: {e.reason}" for e in evals if not e.passed]
     if failed and _elsewhere(run, job):  # a misspelt output topic reads as a silent node

@@ -88,6 +88,14 @@ _NODES = {
             return ("/obstacles", msg.timestamp + 100_000_000, "std_msgs/msg/String", b"\\0" * 4)
         run_node(fn)
     """,
+    # Answers each message, printing a debug line on stdout first (into its stream).
+    "prints.py": """
+        from adcloud.binpipe.node import run_node
+        def fn(msg):
+            print("debug: got", msg.topic, flush=True)
+            return ("/obstacles", msg.timestamp, "std_msgs/msg/String", b"\\0" * 4)
+        run_node(fn)
+    """,
     # A valid stream whose records are not messages.
     "not_messages.py": """
         from adcloud.binpipe.node import run_node

@@ -354,6 +354,68 @@ def test_rate_over_a_range_of_one_message_is_not_a_rate() -> None:
     assert ok.metrics["rate_hz[/out]"] == pytest.approx(8.0)
 
 
+def _fed(count: int, answered: list[int], end: int, period: int = _NS // 10) -> ScenarioData:
+    """``count`` inputs on /in every ``period`` from 0, the outputs answering ``answered``
+    of them, over the range ``[0, end)``."""
+    inputs = [Message("/in", k * period, "std_msgs/msg/Empty", b"") for k in range(count)]
+    outputs = [Message("/out", k * period, "std_msgs/msg/Empty", b"") for k in answered]
+    return ScenarioData(
+        Scenario("s", "x.bag", 0, end, 0),
+        inputs,
+        outputs,
+        [1.0] * len(outputs),
+        MessageDecoder(),
+        input_topics=("/in",),
+    )
+
+
+def _hz(data: ScenarioData, min_hz: float = 10) -> Evaluation:
+    return build_evaluator(EvaluatorSpec.of("rate", topic="/out", min_hz=min_hz)).evaluate(data)
+
+
+def test_rate_of_a_whole_bag_counts_the_period_after_its_last_message() -> None:
+    """A whole bag's range ends 1 ns after its last message: 5 inputs at 10 Hz span 0.4 s,
+    so a node answering each measured 12.5 Hz, and one that dropped a frame 10 Hz, passing
+    ``min_hz=10``."""
+    whole_bag = 4 * _NS // 10 + 1
+    every = _hz(_fed(5, [0, 1, 2, 3, 4], whole_bag))
+    assert every.passed, every.reason
+    assert every.metrics["rate_hz[/out]"] == pytest.approx(10.0)
+    dropped = _hz(_fed(5, [0, 1, 3, 4], whole_bag), min_hz=9)
+    assert not dropped.passed
+    assert dropped.metrics["rate_hz[/out]"] == pytest.approx(8.0)
+    assert dropped.reason == "/out at 8.00 Hz < 9 Hz"
+
+
+def test_rate_is_the_same_in_a_window_and_counts_a_node_that_stops() -> None:
+    # a window [0, 1 s) of a longer bag holds 10 inputs: 10 Hz, as over the whole bag
+    assert _hz(_fed(10, list(range(10)), _NS)).metrics["rate_hz[/out]"] == pytest.approx(10.0)
+    # inputs that stop (a sensor that dies) leave only the time they were fed
+    assert _hz(_fed(3, [0, 1, 2], _NS)).metrics["rate_hz[/out]"] == pytest.approx(10.0)
+    # a node that stops answering half-way is at half the rate
+    half = _hz(_fed(10, [0, 1, 2, 3, 4], _NS))
+    assert not half.passed
+    assert half.metrics["rate_hz[/out]"] == pytest.approx(5.0)
+
+
+def test_rate_period_comes_from_the_warm_up_and_ignores_truth_topics() -> None:
+    """One input in the range (a short window) takes its period from the warm-up inputs;
+    truth topics fed to evaluators, not the node, do not stretch the time."""
+    inputs = [Message("/in", k * _NS // 10, "std_msgs/msg/Empty", b"") for k in range(5)]
+    truth = [Message("/truth", k * _NS // 100, "std_msgs/msg/Empty", b"") for k in range(60)]
+    data = ScenarioData(
+        Scenario("s", "x.bag", 4 * _NS // 10, 4 * _NS // 10 + 1, 0),
+        sorted([*inputs, *truth], key=lambda m: m.timestamp),
+        [Message("/out", 4 * _NS // 10, "std_msgs/msg/Empty", b"")],
+        [1.0],
+        MessageDecoder(),
+        input_topics=("/in",),
+    )
+    result = _hz(data)
+    assert result.passed, result.reason
+    assert result.metrics["rate_hz[/out]"] == pytest.approx(10.0)
+
+
 def test_latency_of_only_the_start_up_output_says_so() -> None:
     """One frame: the only output is the first, whose latency is the start-up; "no output
     to measure latency on" sent the user looking for a silent node."""

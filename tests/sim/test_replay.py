@@ -62,6 +62,8 @@ def test_example_node_passes(drive: DriveResult) -> None:
     assert result.metrics["detections.recall"] == 1.0
     assert result.metrics["detections.precision"] == 1.0
     assert result.metrics["detections.truth_objects"] > 20
+    # 29 clouds at 10 Hz, each answered: 10 Hz (not 29 over the bag's 2.991 s)
+    assert result.metrics["rate.rate_hz[/obstacles]"] == pytest.approx(10.0)
     assert 0 < result.latency_p50_ms <= result.latency_p95_ms <= result.latency_max_ms
     assert result.startup_ms > 0
 
@@ -170,6 +172,20 @@ def test_garbage_output(drive: DriveResult, bad_nodes: dict[str, str]) -> None:
     assert "not a BinPipe stream" in result.reason
 
 
+def test_a_node_printing_on_stdout_is_told_to_print_to_stderr(
+    drive: DriveResult, bad_nodes: dict[str, str]
+) -> None:
+    """A print() in a pipe node lands in its BinPipe stream: the reason said only that the
+    node "closed its stdout" with a bad block magic, not what to change."""
+    result = _run(_job(drive.bag, bad_nodes["prints"]))
+    assert not result.passed
+    assert "block magic b'debu'" in result.reason
+    assert "the node wrote text on stdout ('debu'...), where its BinPipe output goes: " in (
+        result.reason
+    )
+    assert "print and log to stderr" in result.reason
+
+
 def test_records_that_are_not_messages(drive: DriveResult, bad_nodes: dict[str, str]) -> None:
     result = _run(_job(drive.bag, bad_nodes["not_messages"]))
     assert not result.passed
@@ -260,7 +276,10 @@ def test_windows_evaluate_only_their_range(drive: DriveResult) -> None:
     assert r1.passed and r2.passed, (r1.reason, r2.reason)
     # The second window is fed 0.5 s of warm-up clouds too, but counts only its own.
     assert r2.input_count > r2.output_counts["/obstacles"] - 1
-    assert r1.metrics["rate.rate_hz[/obstacles]"] == pytest.approx(14 / 1.5)
+    # each window answers every cloud of the 10 Hz LiDAR: 10 Hz, although the first holds
+    # 14 clouds (the LiDAR starts 0.1 s into the bag) and the last ends at the bag's end
+    assert r1.metrics["rate.rate_hz[/obstacles]"] == pytest.approx(10.0)
+    assert r2.metrics["rate.rate_hz[/obstacles]"] == pytest.approx(10.0)
     assert not math.isnan(r2.latency_p50_ms)
 
 
