@@ -686,9 +686,12 @@ def plan_build(
     progress: HashProgress | None = None,
 ) -> BuildPlan:
     """What :func:`build_map` would do, without Spark (e.g. to skip starting a session).
-    ``progress(bytes hashed, bytes to hash)`` follows the hashing of the new bags."""
-    mapdir = MapDir(map_uri, _mapdir_settings(settings or HdmapSettings()))
-    return mapdir.plan(bag_uris(bags), readmit=readmit, trust_mtime=trust_mtime, progress=progress)
+    ``progress(bytes hashed, bytes to hash)`` follows the hashing of the new bags.  The map
+    is closed when the plan is made; its parent version stays readable (see
+    :meth:`MapDir.close`), and :func:`build_map` reads it through the map it opens."""
+    uris = bag_uris(bags)
+    with MapDir(map_uri, _mapdir_settings(settings or HdmapSettings())) as mapdir:
+        return mapdir.plan(uris, readmit=readmit, trust_mtime=trust_mtime, progress=progress)
 
 
 def _mapdir_settings(settings: HdmapSettings) -> MapDirSettings:
@@ -729,186 +732,192 @@ def build_map(
     uris = bag_uris(bags)
     # Read the labels first: a bad label file fails now, not after the whole pipeline.
     fresh = _read_labels(labels, stages) if labels else None
-    mapdir = MapDir(map_uri, _mapdir_settings(settings))
-    timings: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    notes: list[str] = []
-    relabel = False
-    skipped: dict[str, str] = {}
-    checked: set[str] = set()  # new bags whose topics were checked already
-    if plan is None and (skip_bad_bags or fresh is not None):
-        plan = mapdir.plan(uris, readmit=readmit, trust_mtime=trust_mtime)
-    if skip_bad_bags:
-        assert plan is not None  # planned above
-        origin_known = settings.origin is not None or plan.parent is not None
-        skipped = unmappable(plan.new_drives, settings, origin_known=origin_known)
-        checked = {d.uri for d in plan.new_drives}
-        for why in skipped.values():
-            log.warning("skipped: %s", why)
-        if skipped:
-            uris = [uri for uri in uris if bag_uri(uri) not in skipped]
-            kept = tuple(d for d in plan.new_drives if d.uri not in skipped)
-            plan = dataclasses.replace(plan, new_drives=kept)
-    if plan is not None:  # else the build checks it when it opens the parent version
-        check_layout(plan, stages)
-    if fresh is not None and labels:
-        assert plan is not None  # planned above
-        if plan.parent is None:
-            _check_label_origin(labels, fresh, None, settings)
-        if plan.up_to_date and plan.parent is not None:
-            relabel = _labels_change_map(plan.parent, fresh)
-            if not relabel:
-                say(f"{map_uri}: no new drive, and the labels are in the map already")
+    # closed when the build is done: a store's map (local://, alluxio://) holds threads and
+    # files; the versions the summary holds stay readable (see MapDir.close)
+    with MapDir(map_uri, _mapdir_settings(settings)) as mapdir:
+        if plan is not None:  # made by plan_build, whose map is closed: read through this one
+            plan = mapdir.adopt(plan)
+        timings: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        notes: list[str] = []
+        relabel = False
+        skipped: dict[str, str] = {}
+        checked: set[str] = set()  # new bags whose topics were checked already
+        if plan is None and (skip_bad_bags or fresh is not None):
+            plan = mapdir.plan(uris, readmit=readmit, trust_mtime=trust_mtime)
+        if skip_bad_bags:
+            assert plan is not None  # planned above
+            origin_known = settings.origin is not None or plan.parent is not None
+            skipped = unmappable(plan.new_drives, settings, origin_known=origin_known)
+            checked = {d.uri for d in plan.new_drives}
+            for why in skipped.values():
+                log.warning("skipped: %s", why)
+            if skipped:
+                uris = [uri for uri in uris if bag_uri(uri) not in skipped]
+                kept = tuple(d for d in plan.new_drives if d.uri not in skipped)
+                plan = dataclasses.replace(plan, new_drives=kept)
+        if plan is not None:  # else the build checks it when it opens the parent version
+            check_layout(plan, stages)
+        if fresh is not None and labels:
+            assert plan is not None  # planned above
+            if plan.parent is None:
+                _check_label_origin(labels, fresh, None, settings)
+            if plan.up_to_date and plan.parent is not None:
+                relabel = _labels_change_map(plan.parent, fresh)
+                if not relabel:
+                    say(f"{map_uri}: no new drive, and the labels are in the map already")
 
-    def build(plan: BuildPlan, staging: Staging) -> None:
-        with _parent_state(staging) as (parent_root, info, files):
-            build_on(plan, staging, parent_root, info, files)
+        def build(plan: BuildPlan, staging: Staging) -> None:
+            with _parent_state(staging) as (parent_root, info, files):
+                build_on(plan, staging, parent_root, info, files)
 
-    def build_on(
-        plan: BuildPlan,
-        staging: Staging,
-        parent_root: Path | None,
-        info: dict[str, Any],
-        files: VersionFiles | None,
-    ) -> None:
-        out = staging.path
-        origin = tuple(info["origin"]) if "origin" in info else settings.origin
-        if fresh is not None and not same_origin(origin, fresh.origin):
-            # checked here, where the parent's origin is read anyway, before any Spark job
-            raise HdmapError(
-                f'{labels}: the labels\' map origin {fresh.origin} ("adcloud:origin") differs '
-                f"from the map's {origin}; labels must be in the map's frame: re-project them "
-                "to it"
-            )
-        if not plan.new_drives and parent_root is not None and fresh is not None:
-            say(f"merging labels into version {staging.version_id} (no new drive)")
-            tick = time.perf_counter()
-            if "origin" not in info:
+        def build_on(
+            plan: BuildPlan,
+            staging: Staging,
+            parent_root: Path | None,
+            info: dict[str, Any],
+            files: VersionFiles | None,
+        ) -> None:
+            out = staging.path
+            origin = tuple(info["origin"]) if "origin" in info else settings.origin
+            if fresh is not None and not same_origin(origin, fresh.origin):
+                # checked here, where the parent's origin is read anyway, before any Spark job
                 raise HdmapError(
-                    f"{map_uri}: version {plan.parent.id if plan.parent else '?'} has no "
-                    f"{_STATE_ORIGIN}; build it again from its bags to import labels into it"
+                    f'{labels}: the labels\' map origin {fresh.origin} ("adcloud:origin") differs '
+                    f"from the map's {origin}; labels must be in the map's frame: re-project them "
+                    "to it"
                 )
-            lat, lon, alt = (float(v) for v in info["origin"])
-            assert files is not None  # a parent exists
-            assert labels is not None  # fresh was read from it
-            if (parent_root / STATE_KEYFRAMES).is_dir():
-                bounds = KeyframeArchive(parent_root / STATE_KEYFRAMES).bounds
-                what = f"the drives of version {plan.parent.id if plan.parent else '?'}"
-                _check_label_area(labels, stages, bounds, what)
+            if not plan.new_drives and parent_root is not None and fresh is not None:
+                say(f"merging labels into version {staging.version_id} (no new drive)")
+                tick = time.perf_counter()
+                if "origin" not in info:
+                    raise HdmapError(
+                        f"{map_uri}: version {plan.parent.id if plan.parent else '?'} has no "
+                        f"{_STATE_ORIGIN}; build it again from its bags to import labels into it"
+                    )
+                lat, lon, alt = (float(v) for v in info["origin"])
+                assert files is not None  # a parent exists
+                assert labels is not None  # fresh was read from it
+                if (parent_root / STATE_KEYFRAMES).is_dir():
+                    bounds = KeyframeArchive(parent_root / STATE_KEYFRAMES).bounds
+                    what = f"the drives of version {plan.parent.id if plan.parent else '?'}"
+                    _check_label_area(labels, stages, bounds, what)
+                counts.update(
+                    _relabel(plan, staging, files, parent_root, (lat, lon, alt), fresh, stages)
+                )
+                timings["labels+outputs"] = time.perf_counter() - tick
+                counts["drives_new"] = 0
+                return
+            archive = None
+            if parent_root is not None and (parent_root / STATE_KEYFRAMES).is_dir():
+                archive = KeyframeArchive(parent_root / STATE_KEYFRAMES)
+            previous_traj: dict[str, Trajectory] = {}
+            if parent_root is not None:
+                carried = [
+                    f"trajectory/{p.name}" for p in sorted((parent_root / "trajectory").iterdir())
+                ]
+                staging.copy_from_parent(*carried, local=parent_root)
+                for path in sorted((parent_root / "trajectory").glob("*.tum")):
+                    previous_traj[path.stem] = Trajectory.read_tum(path)
+            # read before the pipeline runs: a record this version cannot read fails the build
+            # now, not after the whole of it
+            earlier_ties = _parent_ties(parent_root)
+            if spark is None:
+                raise HdmapError(
+                    f"{map_uri}: {len(plan.new_drives)} new drive(s) to build, and no Spark "
+                    "session was given"
+                )
+            # a tile layout the parent's tiles cannot be merged with fails here, before Spark
+            previous = (
+                KeptVersion.of(
+                    parent_root, stages.grid, stages.cloud, carry=settings.carry_tiles, files=files
+                )
+                if parent_root is not None
+                else None
+            )
+            # read before the pipeline runs: a bad file or bag fails the build now, not after it
+            unchecked = [d for d in plan.new_drives if d.uri not in checked]
+            bad = unmappable(unchecked, settings, origin_known=origin is not None)
+            if bad:
+                raise DriveDataError("; ".join(bad.values()))
+            votes = _load_votes(parent_root / _STATE_SIGN_VOTES) if parent_root is not None else []
+            exchange_dir = settings.exchange_dir or str(out / ".exchange")
+            new = [(d.name, d.uri) for d in plan.new_drives]
+            say(f"building {len(new)} new drive(s) into version {staging.version_id}")
+            result = run_pipeline(
+                spark,
+                new,
+                settings,
+                out,
+                origin=origin,
+                exchange_dir=exchange_dir,
+                previous=previous,
+                corridor_trajectories=previous_traj,
+                previous_keyframes=archive,
+                stages=stages,
+                progress=say,
+            )
+            shutil.rmtree(out / ".exchange", ignore_errors=True)
+            # a bag written to while Spark read it: its recorded hash is not of what was built
+            moved = [why for d in plan.new_drives if (why := bag_changed(d)) is not None]
+            if moved:
+                raise DriveDataError("; ".join(moved) + "; nothing written: build again")
+            archived = KeyframeArchive.write(out / STATE_KEYFRAMES, result.keyframes, carry=archive)
+            if labels and fresh is not None:  # the map's area, the new drives' included, is known
+                _check_label_area(
+                    labels, stages, archived.bounds, "the map's drives (new ones included)"
+                )
+            trajectories = {**previous_traj, **result.trajectories}
+            if parent_root is not None and (parent_root / _STATE_SIGNS).is_file():
+                old_pts, old_int = load_items(parent_root / _STATE_SIGNS)
+                result = dataclasses.replace(
+                    result,
+                    sign_points=np.concatenate([old_pts, result.sign_points]),
+                    sign_intensity=np.concatenate([old_int, result.sign_intensity]),
+                )
+            # The map's earlier drives do not move (fixed keyframes): what their builds found
+            # about their ties still holds, and the report lists it with the new drives'.
+            notes.extend(result.ties.notes())  # this build's own, for the command line
+            result = dataclasses.replace(result, ties=earlier_ties | result.ties)
+            imported = _merged_labels(parent_root, fresh)
+            tick = time.perf_counter()
+
+            def votes_for(signs: list[TrafficSign]) -> list[SignVote]:
+                assert spark is not None  # checked above
+                cameras = {name: (d.uri, d.extrinsics) for name, d in result.drives.items()}
+                votes.extend(
+                    camera_sign_votes(spark, cameras, result.trajectories, signs, stages.signs)
+                )
+                return votes
+
+            auto, published = _semantic(result, trajectories, imported, stages, votes_for)
+            (out / "state").mkdir(exist_ok=True)
+            (out / _STATE_SIGN_VOTES).write_text(json.dumps({"votes": [list(v) for v in votes]}))
             counts.update(
-                _relabel(plan, staging, files, parent_root, (lat, lon, alt), fresh, stages)
+                _write_version(
+                    out, result, trajectories, (auto, published, imported), settings, stages
+                )
             )
+            if imported is not None:
+                counts["labels_imported"] = len(imported)
+            timings.update(result.timings)
             timings["labels+outputs"] = time.perf_counter() - tick
-            counts["drives_new"] = 0
-            return
-        archive = None
-        if parent_root is not None and (parent_root / STATE_KEYFRAMES).is_dir():
-            archive = KeyframeArchive(parent_root / STATE_KEYFRAMES)
-        previous_traj: dict[str, Trajectory] = {}
-        if parent_root is not None:
-            carried = [
-                f"trajectory/{p.name}" for p in sorted((parent_root / "trajectory").iterdir())
-            ]
-            staging.copy_from_parent(*carried, local=parent_root)
-            for path in sorted((parent_root / "trajectory").glob("*.tum")):
-                previous_traj[path.stem] = Trajectory.read_tum(path)
-        # read before the pipeline runs: a record this version cannot read fails the build
-        # now, not after the whole of it
-        earlier_ties = _parent_ties(parent_root)
-        if spark is None:
-            raise HdmapError(
-                f"{map_uri}: {len(plan.new_drives)} new drive(s) to build, and no Spark session "
-                "was given"
-            )
-        # a tile layout the parent's tiles cannot be merged with fails here, before Spark
-        previous = (
-            KeptVersion.of(
-                parent_root, stages.grid, stages.cloud, carry=settings.carry_tiles, files=files
-            )
-            if parent_root is not None
-            else None
-        )
-        # read before the pipeline runs: a bad file or bag fails the build now, not after it
-        unchecked = [d for d in plan.new_drives if d.uri not in checked]
-        bad = unmappable(unchecked, settings, origin_known=origin is not None)
-        if bad:
-            raise DriveDataError("; ".join(bad.values()))
-        votes = _load_votes(parent_root / _STATE_SIGN_VOTES) if parent_root is not None else []
-        exchange_dir = settings.exchange_dir or str(out / ".exchange")
-        new = [(d.name, d.uri) for d in plan.new_drives]
-        say(f"building {len(new)} new drive(s) into version {staging.version_id}")
-        result = run_pipeline(
-            spark,
-            new,
-            settings,
-            out,
-            origin=origin,
-            exchange_dir=exchange_dir,
-            previous=previous,
-            corridor_trajectories=previous_traj,
-            previous_keyframes=archive,
-            stages=stages,
-            progress=say,
-        )
-        shutil.rmtree(out / ".exchange", ignore_errors=True)
-        # a bag written to while Spark read it: its recorded hash is not of what was built
-        moved = [why for d in plan.new_drives if (why := bag_changed(d)) is not None]
-        if moved:
-            raise DriveDataError("; ".join(moved) + "; nothing written: build again")
-        archived = KeyframeArchive.write(out / STATE_KEYFRAMES, result.keyframes, carry=archive)
-        if labels and fresh is not None:  # the map's area, the new drives' included, is known
-            _check_label_area(
-                labels, stages, archived.bounds, "the map's drives (new ones included)"
-            )
-        trajectories = {**previous_traj, **result.trajectories}
-        if parent_root is not None and (parent_root / _STATE_SIGNS).is_file():
-            old_pts, old_int = load_items(parent_root / _STATE_SIGNS)
-            result = dataclasses.replace(
-                result,
-                sign_points=np.concatenate([old_pts, result.sign_points]),
-                sign_intensity=np.concatenate([old_int, result.sign_intensity]),
-            )
-        # The map's earlier drives do not move (fixed keyframes): what their builds found
-        # about their ties still holds, and the report lists it with the new drives'.
-        notes.extend(result.ties.notes())  # this build's own, for the command line
-        result = dataclasses.replace(result, ties=earlier_ties | result.ties)
-        imported = _merged_labels(parent_root, fresh)
-        tick = time.perf_counter()
+            counts["drives_new"] = len(new)
+            counts["tiles"] = len(result.tile_keys)
+            counts["loop_closures"] = result.loop_closures
 
-        def votes_for(signs: list[TrafficSign]) -> list[SignVote]:
-            assert spark is not None  # checked above
-            cameras = {name: (d.uri, d.extrinsics) for name, d in result.drives.items()}
-            votes.extend(
-                camera_sign_votes(spark, cameras, result.trajectories, signs, stages.signs)
-            )
-            return votes
-
-        auto, published = _semantic(result, trajectories, imported, stages, votes_for)
-        (out / "state").mkdir(exist_ok=True)
-        (out / _STATE_SIGN_VOTES).write_text(json.dumps({"votes": [list(v) for v in votes]}))
-        counts.update(
-            _write_version(out, result, trajectories, (auto, published, imported), settings, stages)
+        started = time.perf_counter()
+        outcome = mapdir.update(
+            uris,
+            build,
+            settings=settings,
+            plan=plan,
+            force=relabel,
+            readmit=readmit,
+            trust_mtime=trust_mtime,
+            labels=_label_source(labels) if labels else None,
         )
-        if imported is not None:
-            counts["labels_imported"] = len(imported)
-        timings.update(result.timings)
-        timings["labels+outputs"] = time.perf_counter() - tick
-        counts["drives_new"] = len(new)
-        counts["tiles"] = len(result.tile_keys)
-        counts["loop_closures"] = result.loop_closures
-
-    started = time.perf_counter()
-    outcome = mapdir.update(
-        uris,
-        build,
-        settings=settings,
-        plan=plan,
-        force=relabel,
-        readmit=readmit,
-        trust_mtime=trust_mtime,
-        labels=_label_source(labels) if labels else None,
-    )
-    timings["total"] = time.perf_counter() - started
-    if skipped:
-        counts["bags_skipped"] = len(skipped)
-    return BuildSummary(outcome, timings, counts, skipped, notes)
+        timings["total"] = time.perf_counter() - started
+        if skipped:
+            counts["bags_skipped"] = len(skipped)
+        return BuildSummary(outcome, timings, counts, skipped, notes)

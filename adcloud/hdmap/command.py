@@ -293,21 +293,28 @@ def _in_map(plan: Any) -> int:
     return len(plan.known_drives) + len(plan.removed)
 
 
+def _local(text: str) -> Path:
+    """A local path option as the library writes it (``~`` is the home directory, as
+    :func:`adcloud.hdmap.mapdir.local_path` reads it): quoted, or as ``--out=~/x``, the
+    shell leaves the ``~`` in."""
+    return Path(text).expanduser()
+
+
 def _check_eval_outputs(report: str | None, out: str | None) -> None:
     """Refuse a ``--report`` or ``--out`` that cannot be written before the evaluation
     runs, not after it (the report and the metrics are written last)."""
     from adcloud.hdmap.errors import HdmapError  # noqa: PLC0415
 
-    if report and Path(report).exists() and not Path(report).is_dir():
+    if report and _local(report).exists() and not _local(report).is_dir():
         raise HdmapError(
             f"{report}: is a file; --report names a directory to write summary.html into"
         )
     if out:
-        if Path(out).is_dir():
+        if _local(out).is_dir():
             raise HdmapError(
                 f"{out}: is a directory; --out names the file to write the metrics (JSON) to"
             )
-        folder = Path(out).absolute().parent
+        folder = _local(out).absolute().parent
         if not folder.is_dir():
             raise HdmapError(f"{out}: no directory {folder} to write the metrics in; make it first")
 
@@ -343,7 +350,7 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
         where = Console(stderr=True, markup=False) if args.json else console
         where.print(f"report: {html}", highlight=False, soft_wrap=True)
     if args.out:
-        Path(args.out).write_text(result.to_json())
+        _local(args.out).write_text(result.to_json())
     return 0 if result.passed else 1
 
 
@@ -466,16 +473,15 @@ def _cmd_export(args: argparse.Namespace, console: Console) -> int:
     from adcloud.hdmap.build import export_map  # noqa: PLC0415
 
     version, names = export_map(args.map, args.out, version=args.version, autoware=args.autoware)
-    size = sum((Path(args.out) / rel).stat().st_size for rel in names)
+    out = _local(args.out).absolute()  # where the export went: "~/maps" in the home directory
+    size = sum((out / rel).stat().st_size for rel in names)
     console.print(
         f"version {version.id} of {args.map}: {len(names)} files ({size / 1e6:,.1f} MB) "
-        f"copied to {Path(args.out).absolute()}",
+        f"copied to {out}",
         highlight=False,
     )
     if any(rel.startswith("pointcloud_map/") for rel in names):
-        console.print(
-            f"Autoware loads it with map_path:={Path(args.out).absolute()}", highlight=False
-        )
+        console.print(f"Autoware loads it with map_path:={out}", highlight=False)
     return 0
 
 

@@ -564,7 +564,7 @@ def _resolve(
     (built on an empty map, which it is compared with)."""
     versions = mapdir.versions()
     if not versions:
-        raise HdmapError(f"{mapdir.uri}: the map has no version yet; build it first")
+        raise HdmapError(mapdir.no_version_text())  # a mistyped path, or an empty map
 
     def pick(vid: str) -> MapVersion:
         padded = version_name(vid)

@@ -357,7 +357,8 @@ def _version_dir(source: MapVersion | str | os.PathLike[str]) -> Iterator[tuple[
     with MapDir(text) as mapdir:
         found = mapdir.current()
         if found is None:
-            raise MapFormatError(f"{text}: the map has no version yet (no CURRENT); build it first")
+            # a mistyped path is told from a map no build has committed to yet
+            raise MapFormatError(mapdir.no_version_text())
         with _fetched(found) as fetched:
             yield fetched
 

@@ -83,6 +83,7 @@ import socket
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -559,14 +560,38 @@ class _FsspecFiles(_Files):
         self.fs.copy([source for source, _ in pairs], [target for _, target in pairs])
 
 
+def _close_stores(stores: list[Any]) -> None:
+    """Close and forget the stores of ``stores`` (the open one of a :class:`_StoreFiles`)."""
+    closing, stores[:] = list(stores), []
+    for store in closing:
+        store.close()
+
+
 class _StoreFiles(_Files):
-    """An adcloud store (``local://`` tiered store, ``alluxio://``)."""
+    """An adcloud store (``local://`` tiered store, ``alluxio://``).
+
+    The store holds threads, files and connections: :meth:`close` closes it.  What still
+    reads through these files afterwards -- a version or a plan that a closed
+    :class:`MapDir` returned -- opens the store again, and the store opened so is closed
+    when the last of them is gone (or when the process exits)."""
 
     def __init__(self, store: Any) -> None:
-        self.store = store
+        self._uri = str(store.uri)
+        self._guard = threading.Lock()
+        self._open: list[Any] = [store]  # the store, while it is open
+        weakref.finalize(self, _close_stores, self._open)
+
+    @property
+    def store(self) -> Any:
+        with self._guard:
+            if not self._open:
+                from adcloud.store import open_store  # noqa: PLC0415 - store URIs only
+
+                self._open.append(open_store(self._uri))
+            return self._open[0]
 
     def describe(self, path: str) -> str:
-        base = str(self.store.uri)
+        base = self._uri
         return base + path if base.endswith("://") else base.rstrip("/") + path
 
     def exists(self, path: str) -> bool:
@@ -657,7 +682,8 @@ class _StoreFiles(_Files):
         self.store.copy(source, target)
 
     def close(self) -> None:
-        self.store.close()
+        with self._guard:
+            _close_stores(self._open)
 
 
 def _locate(uri: str | os.PathLike[str], *, fsync: bool = True) -> tuple[_Files, str]:
@@ -688,6 +714,11 @@ def _locate(uri: str | os.PathLike[str], *, fsync: bool = True) -> tuple[_Files,
         raise HdmapError(
             f"cannot open {text!r}: {err}; use a local path, file://, memory://, s3://, "
             "hdfs://, local:// or alluxio:// (install the fsspec backend the scheme needs)"
+        ) from err
+    except OSError as err:  # a backend that connects as it opens (HDFS needs a JVM, libhdfs)
+        raise HdmapError(
+            f"cannot open {text!r}: {err}; check that its storage is reachable from here and "
+            "its client is set up"
         ) from err
     return _FsspecFiles(fs), str(path).rstrip("/") or "/"
 
@@ -1731,8 +1762,10 @@ class StoredParent:
 class MapDir:
     """A versioned map directory (layout and guarantees in the module docstring).
 
-    ``MapDir(uri)`` opens nothing eagerly; every method reads the directory afresh, so one
-    object may be kept across builds.  It pickles as its URI and settings.
+    ``MapDir(uri)`` reads nothing eagerly; every method reads the directory afresh, so one
+    object may be kept across builds.  It pickles as its URI and settings.  On an adcloud
+    store (``local://``, ``alluxio://``) it opens the store, which holds threads, files and
+    connections: use it in a ``with`` block (or :meth:`close` it).
     """
 
     def __init__(self, uri: str | os.PathLike[str], settings: MapDirSettings | None = None) -> None:
@@ -1756,8 +1789,25 @@ class MapDir:
 
     def close(self) -> None:
         """Release the backend's connections (a store's threads); the object stays usable
-        for nothing after that."""
+        for nothing after that.  The versions and plans it returned stay readable: a store
+        is opened again for what reads them, and closed once they are gone."""
         self._files.close()
+
+    def adopt(self, plan: BuildPlan) -> BuildPlan:
+        """``plan``, made by :meth:`plan` of another :class:`MapDir` of this map (perhaps
+        closed since), with its parent version read through this one: a build that is given
+        a plan reads the parent through the map it commits to, and what it opened is closed
+        with it.  A plan of another map is a :class:`HdmapError`."""
+        parent = plan.parent
+        if parent is None:
+            return plan
+        root = self._path(VERSIONS_DIR, parent.id)
+        if parent.uri != self._files.describe(root):
+            raise HdmapError(
+                f"the plan builds on {parent.uri}, a version of another map than {self.uri}; "
+                "plan the build for this map"
+            )
+        return dataclasses.replace(plan, parent=dataclasses.replace(parent, _files=self._files))
 
     def __enter__(self) -> Self:
         return self

@@ -562,8 +562,12 @@ def test_evaluate_map_bad_inputs(truth_dir: Path, tmp_path: Path, products: MapP
     shifted = Trajectory(far.t + 3600 * 10**9, far.matrices)
     with pytest.raises(HdmapError, match="is this the truth of that drive"):
         evaluate_map(MapProducts(trajectories={"t": shifted}), truth_dir)
-    with pytest.raises(MapFormatError, match="no version yet"):
+    # a mistyped path is not taken for a map to build first
+    with pytest.raises(MapFormatError, match="no map there"):
         load_map_products(f"file://{tmp_path / 'nothing'}")
+    (tmp_path / "new-map").mkdir()
+    with pytest.raises(MapFormatError, match="no version yet"):
+        load_map_products(f"file://{tmp_path / 'new-map'}")
 
 
 def test_a_truth_whose_poses_file_was_emptied_is_named(
