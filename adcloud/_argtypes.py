@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 __all__ = ["local_path", "number", "whole_number", "written_url"]
 
@@ -58,11 +59,12 @@ def number(
 def local_path(what: str) -> Callable[[str], str]:
     """An argparse ``type`` for ``what`` a command writes to the local disk: a path, or a
     ``file://`` URL given as its path.  Any other URL is refused: taken as a path,
-    ``s3://b/x`` would be written below ``./s3:/b/x`` of the working directory."""
+    ``s3://b/x`` would be written below ``./s3:/b/x`` of the working directory.  A leading
+    ``~`` is the home directory, as where the shell leaves it (``--out=~/x``)."""
 
     def parse(text: str) -> str:
         if "://" not in text:
-            return text
+            return str(Path(text).expanduser()) if text.startswith("~") else text
         scheme, rest = text.split("://", 1)
         if scheme.lower() == "file":
             import fsspec  # noqa: PLC0415 - keep --help fast

@@ -824,6 +824,8 @@ def test_local_path_takes_a_file_url_as_its_path() -> None:
     assert parse("out/x.bag") == "out/x.bag"
     assert parse("file:///tmp/x y.bag") == "/tmp/x y.bag"
     assert parse("FILE:///tmp/x.bag") == "/tmp/x.bag"
+    # the shell leaves the ~ of --out=~/x: it was written below ./~ of the working directory
+    assert parse("~/x.bag") == str(Path.home() / "x.bag")
 
 
 def test_verbose_shows_the_traceback_of_an_error_raised_here(
