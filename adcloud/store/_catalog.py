@@ -9,6 +9,10 @@ exactly when the transaction that references its object commits.
 Format history (``meta.schema``):
 
 - 1: files, dirs, tiers (usage kept by triggers), journal, meta.
+- 2: adds ``publishing``: under-store copies about to replace a file's (``THROUGH`` writes),
+  recorded before the copy is moved into place, so that one whose writer died before its
+  catalog row committed is finished by the next process.  A format-1 catalog is upgraded
+  in place when opened (the table is only added).
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from adcloud.store.errors import (
     StoreUnavailableError,
 )
 
-__all__ = ["Catalog", "FileRow", "JournalEntry", "descendant_range"]
+__all__ = ["Catalog", "FileRow", "JournalEntry", "Publishing", "descendant_range"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Formats this version opens (and upgrades to :data:`SCHEMA_VERSION`).
+_UPGRADABLE = (1,)
 
 #: How long a statement waits for another connection's write transaction to end.
 _BUSY_TIMEOUT_S = 60.0
@@ -86,6 +92,20 @@ CREATE TABLE IF NOT EXISTS journal (
     last_error TEXT
 );
 CREATE INDEX IF NOT EXISTS journal_file ON journal(file_id);
+CREATE TABLE IF NOT EXISTS publishing (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    path TEXT NOT NULL,
+    replaces TEXT,
+    object TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    checksum TEXT NOT NULL,
+    write_type TEXT NOT NULL,
+    ttl_ms INTEGER,
+    pinned INTEGER,
+    owner_pid INTEGER NOT NULL,
+    created_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS publishing_path ON publishing(path);
 CREATE TRIGGER IF NOT EXISTS files_usage_insert AFTER INSERT ON files
 WHEN NEW.tier IS NOT NULL BEGIN
     UPDATE tiers SET used = used + NEW.size WHERE tier = NEW.tier;
@@ -137,6 +157,30 @@ class JournalEntry(NamedTuple):
     owner_pid: int | None
     claimed_ns: int | None
     attempts: int
+
+
+class Publishing(NamedTuple):
+    """An under-store copy about to become version ``object`` of ``path``.
+
+    ``replaces`` is the version the catalog held when it was recorded (None: no file);
+    ``pinned`` None keeps the replaced version's pin.  What the catalog records once the
+    copy is in place: ``size``, ``checksum``, ``write_type``, ``ttl_ms`` (from
+    ``created_ns``)."""
+
+    seq: int
+    path: str
+    replaces: str | None
+    object: str
+    size: int
+    checksum: str
+    write_type: str
+    ttl_ms: int | None
+    pinned: int | None
+    owner_pid: int
+    created_ns: int
+
+
+_PUBLISHING_COLUMNS = ", ".join(Publishing._fields)
 
 
 def descendant_range(path: str) -> tuple[str, str]:
@@ -275,6 +319,8 @@ class Catalog:
                 c.execute(
                     "INSERT INTO meta(key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
                 )
+            elif int(row[0]) in _UPGRADABLE:
+                self.set_meta(c, "schema", str(SCHEMA_VERSION))  # the script added the tables
             elif int(row[0]) != SCHEMA_VERSION:
                 raise StoreError(
                     f"{self._path}: catalog format {row[0]} is not the supported "
@@ -547,6 +593,59 @@ class Catalog:
             conn.execute("DELETE FROM journal WHERE file_id = ?", (file_id,))
         else:
             conn.execute("DELETE FROM journal WHERE file_id = ? AND object = ?", (file_id, obj))
+
+    # -- under-store copies being published ---------------------------------------------
+
+    @_translated
+    def begin_publish(
+        self,
+        path: str,
+        *,
+        obj: str,
+        size: int,
+        checksum: str,
+        write_type: str,
+        ttl_ms: int | None,
+        pinned: bool | None,
+        now_ns: int,
+    ) -> int:
+        """Record (durably) that an under-store copy is about to become version ``obj`` of
+        ``path``; returns the record's number for :meth:`end_publish`."""
+        with self.transaction(durable=True) as c:
+            row = c.execute("SELECT object FROM files WHERE path = ?", (path,)).fetchone()
+            cur = c.execute(
+                "INSERT INTO publishing(path, replaces, object, size, checksum, write_type, "
+                "ttl_ms, pinned, owner_pid, created_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    path,
+                    None if row is None else row[0],
+                    obj,
+                    size,
+                    checksum,
+                    write_type,
+                    ttl_ms,
+                    None if pinned is None else int(pinned),
+                    os.getpid(),
+                    now_ns,
+                ),
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    @staticmethod
+    def end_publish(conn: sqlite3.Connection, seq: int) -> bool:
+        """Inside a transaction: drop record ``seq``; whether it was still there."""
+        return conn.execute("DELETE FROM publishing WHERE seq = ?", (seq,)).rowcount == 1
+
+    @_translated
+    def publishing(self, path: str | None = None) -> list[Publishing]:
+        """The recorded publishes (of ``path`` only, when given), oldest first."""
+        sql = f"SELECT {_PUBLISHING_COLUMNS} FROM publishing"
+        params: tuple[str, ...] = ()
+        if path is not None:
+            sql += " WHERE path = ?"
+            params = (path,)
+        return [Publishing(*r) for r in self.conn().execute(sql + " ORDER BY seq", params)]
 
     # -- writes (inside a transaction) -------------------------------------------------
 

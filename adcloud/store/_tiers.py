@@ -244,13 +244,18 @@ class StagingFile:
 
 
 class VerifyingReader(io.RawIOBase):
-    """Reads an object file and checks size and CRC-32 when a sequential read hits EOF."""
+    """Reads an object file and checks size and CRC-32 when a sequential read hits EOF.
+
+    A seek back to the start begins the check again (readers that peek at a header and
+    rewind, as ``torch.load`` and ``numpy.load`` do, are still verified); a seek elsewhere
+    ends it for the rest of the stream, whose size is still checked at EOF."""
 
     def __init__(self, raw: BinaryIO, key: str, size: int, crc: str | None) -> None:
         super().__init__()
         self._raw = raw
         self._key = key
         self._size = size
+        self._recorded = crc
         self._expect = crc
         self._crc = 0
         self._pos = 0
@@ -283,8 +288,12 @@ class VerifyingReader(io.RawIOBase):
         return n
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._expect = None  # random access: the running checksum no longer applies
-        self._pos = self._raw.seek(offset, whence)
+        pos = self._raw.seek(offset, whence)
+        if pos == 0:  # a fresh sequential read: check it from the start
+            self._expect, self._crc, self._checked = self._recorded, 0, False
+        elif pos != self._pos:
+            self._expect = None  # random access: the running checksum no longer applies
+        self._pos = pos
         self._past_end = self._pos > self._size
         return self._pos
 

@@ -142,6 +142,11 @@ class UfsStaging:
                 self._forget()
                 raise
 
+    @property
+    def published(self) -> bool:
+        """Whether :meth:`publish` moved the staged file to its final name."""
+        return self._published
+
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append ``data`` (CRC-32 and size are tracked)."""
         view = memoryview(data).cast("B")

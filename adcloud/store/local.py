@@ -367,6 +367,10 @@ class LocalStore(BaseStore):
         removed = self._ufs.remove_abandoned_staging(_pid_alive)
         if removed:
             log.info("removed %d under-store staging files of writers that died", removed)
+        try:
+            self._finish_publishes()
+        except StoreError as err:  # the under-store unreachable: the next sweep tries again
+            log.warning("cannot finish the writes that dead processes left: %s", err)
         boot = _boot_id()
         layout = json.dumps({t.name: str(t.dir) for t in self._tiers}, sort_keys=True)
         if self._cat.meta("boot") == boot and self._cat.meta("layout") == layout:
@@ -627,7 +631,10 @@ class LocalStore(BaseStore):
                 row = self._visible(key)
             tier = self._by_level.get(row.tier) if row.tier is not None else None
             if tier is None:
-                return self._open_ufs(row)
+                stream = self._open_ufs(row)
+                if stream is None:
+                    continue  # replaced meanwhile: read the catalog again
+                return stream
             try:
                 raw = open(tier.object_path(row.object), "rb", buffering=0)  # noqa: SIM115
             except FileNotFoundError:
@@ -639,13 +646,38 @@ class LocalStore(BaseStore):
             return cast(BinaryIO, io.BufferedReader(reader, buffer_size=1 << 20))
         raise StoreError(f"{self._rel(key)} kept changing while being opened; try again")
 
-    def _open_ufs(self, row: FileRow) -> BinaryIO:
+    def _open_ufs(self, row: FileRow) -> BinaryIO | None:
+        """A verifying read stream of ``row``'s under-store copy (None: read the catalog
+        again, see :meth:`_open_ufs_copy`)."""
         if row.persistence != PersistenceState.PERSISTED:
             raise self._lost(row)
+        stream = self._open_ufs_copy(row)
+        if stream is None:
+            return None
         self._accessed(row.id)
         expect = row.checksum if self._verifies("UFS") else None
-        raw = VerifyingReader(self._ufs.open(row.path), self._rel(row.path), row.size, expect)
+        raw = VerifyingReader(stream, self._rel(row.path), row.size, expect)
         return cast(BinaryIO, io.BufferedReader(raw, buffer_size=1 << 20))
+
+    def _open_ufs_copy(self, row: FileRow) -> BinaryIO | None:
+        """The under-store copy of the version ``row`` describes, or None when the file
+        changed since ``row`` was read (the caller reads the catalog again).
+
+        Opened under the path's stripe, which every publisher holds from moving a new copy
+        into place until its row commits: without it a reader could open the new bytes
+        while the catalog still described the old ones, and report them corrupt.  A local
+        under-store's open file keeps the bytes it opened; a remote one's are checked by
+        size and CRC-32 where reads are verified."""
+        with self._ufs_locks.hold(_stripe(row.path)):
+            abandoned = self._cat.publishing(row.path)
+            if abandoned:  # its writer died between the copy and the catalog
+                for entry in abandoned:
+                    self._finish_publish_locked(entry.seq)
+                return None
+            now = self._cat.file_by_id(row.id)
+            if now is None or now.path != row.path or now.object != row.object:
+                return None
+            return self._ufs.open(row.path)
 
     def _cached_tier(self, row: FileRow) -> Tier | None:
         """The tier holding ``row``'s bytes; None when only the under-store has them
@@ -679,7 +711,10 @@ class LocalStore(BaseStore):
             tier = self._cached_tier(row)
             want = max(0, min(length, row.size - offset))  # never allocate past the end
             if tier is None:
-                with self._ufs.open(row.path) as stream:
+                src = self._open_ufs_copy(row)
+                if src is None:
+                    continue  # replaced meanwhile: read the catalog again
+                with src as stream:
                     stream.seek(offset)
                     data = _read_full(stream, want)
                 self._accessed(row.id)
@@ -710,7 +745,10 @@ class LocalStore(BaseStore):
             tier = self._cached_tier(row)
             got = 0
             if tier is None:
-                with self._ufs.open(row.path) as stream:
+                src = self._open_ufs_copy(row)
+                if src is None:
+                    continue  # replaced meanwhile: read the catalog again
+                with src as stream:
                     stream.seek(offset)
                     raw = cast(io.RawIOBase, stream)  # files of fsspec and io have readinto
                     while got < want and (n := raw.readinto(buffer[got:])):
@@ -738,7 +776,10 @@ class LocalStore(BaseStore):
             row = self._visible(key)
             tier = self._cached_tier(row)
             if tier is None:
-                with self._ufs.open(row.path) as stream:
+                src = self._open_ufs_copy(row)
+                if src is None:
+                    continue  # replaced meanwhile: read the catalog again
+                with src as stream:
                     data = stream.read()
                 try:
                     self._verify(row, data, "UFS")
@@ -1057,11 +1098,31 @@ class LocalStore(BaseStore):
             staging.discard()
             raise
         now = time.time_ns()
+        obj = new_version_id()
         with self._ufs_locks.hold(_stripe(key)):
+            # Moving the copy into place replaces the previous version's bytes before the
+            # row that describes the new ones commits: the record lets the next process
+            # finish the row if this one dies in between (the old row would describe bytes
+            # that are gone, and every read of the file fail as corrupt).
+            try:
+                seq = self._cat.begin_publish(
+                    key,
+                    obj=obj,
+                    size=staging.size,
+                    checksum=crc_text(staging.crc),
+                    write_type=str(write_type),
+                    ttl_ms=None if ttl is None else round(ttl * 1000),
+                    pinned=pinned,
+                    now_ns=now,
+                )
+            except BaseException:
+                staging.discard()
+                raise
             try:
                 with self._cat.transaction(durable=True) as c:
                     old = self._check_target(c, key)
                     self._ensure_dirs(c, key, now)
+                    Catalog.end_publish(c, seq)
                     staging.publish()
                     self._upsert(
                         c,
@@ -1069,7 +1130,7 @@ class LocalStore(BaseStore):
                         old,
                         size=staging.size,
                         crc=staging.crc,
-                        obj=new_version_id(),
+                        obj=obj,
                         tier=None,
                         write_type=write_type,
                         persistence=PersistenceState.PERSISTED,
@@ -1079,9 +1140,100 @@ class LocalStore(BaseStore):
                         now=now,
                     )
             except BaseException:
-                staging.discard()
+                if staging.published:
+                    # the copy is in place but its row did not commit: finish it now, or
+                    # leave the record to the next sweep
+                    with contextlib.suppress(Exception):
+                        self._finish_publish_locked(seq)
+                else:
+                    staging.discard()
+                    with contextlib.suppress(Exception), self._cat.transaction() as c:
+                        Catalog.end_publish(c, seq)
                 raise
         self._unlink_object(old)
+
+    def _finish_publishes(self, path: str | None = None) -> int:
+        """Finish or drop the under-store publishes (of ``path``, when given) that their
+        writers left between moving the copy into place and committing its row (a process
+        killed there).  Returns how many were finished."""
+        done = 0
+        for entry in self._cat.publishing(path):
+            # a writer holds its path's stripe from the record to its commit: once this
+            # process holds it, a record still there is one its writer abandoned
+            with self._ufs_locks.hold(_stripe(entry.path)):
+                done += self._finish_publish_locked(entry.seq)
+        return done
+
+    def _finish_publish_locked(self, seq: int) -> int:
+        """:meth:`_finish_publishes` for record ``seq``, the path's stripe held: the row of
+        the new version is committed if the under-store holds its bytes and the file is
+        still the version the writer replaced, and the record dropped either way (1 when
+        the row was committed, else 0)."""
+        entry = next((e for e in self._cat.publishing() if e.seq == seq), None)
+        if entry is None:
+            return 0
+        in_place = self._ufs_holds(entry.path, entry.size, entry.checksum)
+        old: FileRow | None = None
+        with self._cat.transaction(durable=True) as c:
+            if not Catalog.end_publish(c, seq):
+                return 0
+            current = self._cat.file(entry.path, c)
+            if not in_place or (None if current is None else current.object) != entry.replaces:
+                log.info(
+                    "%s: a write through to the under-store (pid %d) did not finish; "
+                    "the file stays as it is",
+                    self._rel(entry.path),
+                    entry.owner_pid,
+                )
+                return 0
+            try:
+                old = self._check_target(c, entry.path)
+            except StorePreconditionError as err:
+                log.warning(
+                    "%s: not finishing the write of process %d: %s",
+                    self._rel(entry.path),
+                    entry.owner_pid,
+                    err,
+                )
+                return 0
+            self._ensure_dirs(c, entry.path, entry.created_ns)
+            self._upsert(
+                c,
+                entry.path,
+                old,
+                size=entry.size,
+                crc=int(entry.checksum.removeprefix("crc32:"), 16),
+                obj=entry.object,
+                tier=None,
+                write_type=WriteType(entry.write_type),
+                persistence=PersistenceState.PERSISTED,
+                in_ufs=True,
+                ttl=None if entry.ttl_ms is None else entry.ttl_ms / 1000,
+                pinned=None if entry.pinned is None else bool(entry.pinned),
+                now=entry.created_ns,
+            )
+        log.warning(
+            "%s: finished a write through to the under-store that process %d left between "
+            "the copy and the catalog",
+            self._rel(entry.path),
+            entry.owner_pid,
+        )
+        self._unlink_object(old)
+        return 1
+
+    def _ufs_holds(self, key: str, size: int, checksum: str) -> bool:
+        """Whether the under-store copy of ``key`` has ``size`` bytes with ``checksum``."""
+        try:
+            with self._ufs.open(key) as src:
+                crc = got = 0
+                while chunk := src.read(CHUNK):
+                    crc = crc32(chunk, crc)
+                    got += len(chunk)
+                    if got > size:
+                        return False
+        except StoreNotFoundError:
+            return False
+        return got == size and crc_text(crc) == checksum
 
     def _copy_to_tier(self, src: str, pos: int, key: str, size: int) -> str:
         """Copy a staged file into tier ``pos``'s tmp (placement chose a lower tier)."""
@@ -1135,12 +1287,14 @@ class LocalStore(BaseStore):
         """Move ``row`` out of tier ``pos``: to a lower tier, or drop it if persisted."""
         for lower in range(pos + 1, len(self._tiers)):
             if self._fit(lower, row.size):
-                return self._move(row, pos, lower)
+                return self._move(row, pos, lower, evicting=True)
         if row.persistence == PersistenceState.PERSISTED:
             return self._drop(row)
         return False
 
-    def _move(self, row: FileRow, src_pos: int, dst_pos: int) -> bool:
+    def _move(self, row: FileRow, src_pos: int, dst_pos: int, *, evicting: bool = False) -> bool:
+        """Move ``row``'s copy from tier ``src_pos`` to ``dst_pos`` if the row did not change
+        (``evicting``: nor was pinned since it was chosen)."""
         src_tier, dst_tier = self._tiers[src_pos], self._tiers[dst_pos]
         tmp = dst_tier.temp_path()
         try:
@@ -1159,7 +1313,8 @@ class LocalStore(BaseStore):
         with self._cat.transaction() as c:
             cur = c.execute(
                 "UPDATE files SET tier = ? WHERE id = ? AND object = ? AND tier = ? "
-                "AND (SELECT used FROM tiers WHERE tier = ?) + size <= ?",
+                + ("AND pinned = 0 " if evicting else "")
+                + "AND (SELECT used FROM tiers WHERE tier = ?) + size <= ?",
                 (
                     dst_tier.level,
                     row.id,
@@ -1180,11 +1335,12 @@ class LocalStore(BaseStore):
         return True
 
     def _drop(self, row: FileRow) -> bool:
-        """Forget the cached copy of a persisted file."""
+        """Forget the cached copy of a persisted file, unless it changed or was pinned since
+        ``row`` was read (eviction, ``free`` and TTL actions act on rows read earlier)."""
         with self._cat.transaction() as c:
             cur = c.execute(
                 "UPDATE files SET tier = NULL WHERE id = ? AND object = ? AND tier IS ? "
-                "AND persistence = 'PERSISTED'",
+                "AND persistence = 'PERSISTED' AND pinned = 0",
                 (row.id, row.object, row.tier),
             )
         if cur.rowcount == 1:
@@ -1608,10 +1764,13 @@ class LocalStore(BaseStore):
             if row.persistence == PersistenceState.TO_BE_PERSISTED:
                 return  # freed once persisted; clearing the TTL now would keep it cached
             with self._cat.transaction() as c:
-                c.execute(
-                    "UPDATE files SET ttl_ms = NULL, expires_ns = NULL WHERE id = ? AND object = ?",
-                    (row.id, row.object),
+                cur = c.execute(
+                    "UPDATE files SET ttl_ms = NULL, expires_ns = NULL "
+                    "WHERE id = ? AND object = ? AND expires_ns IS ?",
+                    (row.id, row.object, row.expires_ns),
                 )
+            if cur.rowcount != 1:
+                return  # replaced, given a new TTL or handled by another process meanwhile
             if row.persistence == PersistenceState.PERSISTED and not row.pinned:
                 self._drop(row)
             elif row.tier is not None:
@@ -1634,14 +1793,17 @@ class LocalStore(BaseStore):
             self._delete_ufs_copies(gone.path, [gone])
 
     def _sweep(self) -> None:
-        """Expire TTLs; remove under-store staging files of writers that died since."""
+        """Expire TTLs; remove under-store staging files of writers that died since, and
+        finish the writes they left between the under-store and the catalog."""
         for row in self._cat.expired(time.time_ns()):
             self._expire(row)
         self._ufs.remove_abandoned_staging(_pid_alive)
+        self._finish_publishes()
 
     def maintain(self) -> None:
-        """One round of background work now: persist what is pending, expire TTLs, remove the
-        staging files of dead writers, flush LRU."""
+        """One round of background work now: persist what is pending, expire TTLs, clean up
+        after dead writers (staging files; writes left between the under-store and the
+        catalog), flush LRU."""
         self._run_pending()
         self._sweep()
         self._flush_access()

@@ -74,6 +74,37 @@ def main(argv: list[str]) -> int:
         _understore.UfsStaging.write = stalled  # type: ignore[method-assign]
         store.maintain()
         return 1
+    if mode == "through-stalled":
+        # a THROUGH put that stalls (to be killed) just before or just after its copy
+        # replaces the under-store file, i.e. before its catalog row commits
+        key, size, seed, when = argv[1], int(argv[2]), int(argv[3]), argv[4]
+        from adcloud.store import _understore  # noqa: PLC0415
+
+        real_publish = _understore.UfsStaging.publish
+
+        def stalled_publish(self: _understore.UfsStaging) -> None:
+            if when == "after":
+                real_publish(self)
+            print("stalled", flush=True)
+            time.sleep(3600)
+
+        _understore.UfsStaging.publish = stalled_publish  # type: ignore[method-assign]
+        store = LocalStore("local://", background=False)
+        store.put(key, payload(seed, size), write_type=WriteType.THROUGH)
+        return 1
+    if mode == "through-writer":
+        key, size, seconds = argv[1], int(argv[2]), float(argv[3])
+        store = LocalStore("local://", background=False)
+        deadline = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < deadline:
+            store.put(key, payload(n, size), write_type=WriteType.THROUGH)
+            n += 1
+            if n == 1:
+                print("writing", flush=True)
+        store.close()
+        print(f"done {n}", flush=True)
+        return 0
     if mode == "hold-space-lock":
         store = LocalStore("local://", background=False)
         with store._space.hold():

@@ -275,15 +275,39 @@ def test_a_version_persisted_while_the_old_one_is_read_from_the_under_store_is_n
     store = make_store(promote_on_read=False)
     store.put("/a", b"old" * 100, write_type=WriteType.CACHE_THROUGH)
     store.free("/a")
-    ufs_open = store._ufs.open
+    open_copy = store._open_ufs_copy
     raced: list[str] = []
 
-    def racing(key: str) -> object:
+    def racing(row: _catalog.FileRow) -> object:
         if not raced:
-            raced.append(key)
+            raced.append(row.path)
             store.put("/a", b"new!" * 100, write_type=WriteType.CACHE_THROUGH)
-        return ufs_open(key)
+        return open_copy(row)
 
-    monkeypatch.setattr(store._ufs, "open", racing)
+    monkeypatch.setattr(store, "_open_ufs_copy", racing)
     assert store.get("/a") == b"new!" * 100
     assert raced == ["/a"]
+
+
+def test_a_stream_rewound_to_its_start_is_still_verified(
+    make_store: MakeStore, store_root: Path
+) -> None:
+    """Any seek switched the stream's CRC-32 check off, a seek back to the start too
+    (readers that rewind before or after peeking at a header): damaged bytes were read
+    without an error."""
+    store = make_store(mem_capacity="0")  # SSD: verified by default
+    data = bytes(range(256)) * (12 << 10)  # 3 MiB: past the stream's buffer
+    store.put("/ckpt.pt", data, write_type=WriteType.MUST_CACHE)
+    (obj,) = [p for p in (store_root / "ssd/objects").rglob("*") if p.is_file()]
+    damaged = bytearray(data)
+    damaged[-1] ^= 0xFF
+    obj.write_bytes(damaged)
+    for peek in (0, 2 << 20):
+        with store.open("/ckpt.pt") as stream:
+            assert len(stream.read(peek)) == peek
+            stream.seek(0)
+            with pytest.raises(StoreCorruptionError, match=r"/ckpt\.pt: read"):
+                stream.read()
+    with store.open("/ckpt.pt") as stream:  # random access: the size is still checked
+        stream.seek(100)
+        assert stream.read() == damaged[100:]
