@@ -488,8 +488,17 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
     master = next((c for c in confs if c.split("=", 1)[0].strip() == "spark.master"), None)
     if master is not None:  # spark-submit's --master wins over it, without a word
         raise ConfigError(f"--conf {master}: give the master with --master, not as a setting")
+    settings = SparkSettings.load()
     if args.master is None:  # as every other command: ADCLOUD_SPARK_MASTER, else local[*,4]
-        args.master = SparkSettings.load().master
+        args.master = settings.master
+    # ADCLOUD_SPARK_CONF goes on the submit line, below the user's own --conf: a setting of
+    # the driver JVM (a class path, packages) is read before the job starts, and in YARN's
+    # cluster mode the driver runs in a container this environment does not reach.
+    named = {c.split("=", 1)[0].strip() for c in confs}
+    confs = [
+        *(f"{key}={value}" for key, value in settings.conf_pairs().items() if key not in named),
+        *confs,
+    ]
     # the form, and yarn's Hadoop configuration, are checked for a dry run too
     check_master(args.master, reach=False)
     given = [
@@ -515,6 +524,7 @@ def _cmd_submit(args: argparse.Namespace, console: Console) -> int:
             args.fpgas_per_executor,
             executors=args.executors,
             executor_memory=args.executor_memory,
+            driver_memory=settings.driver_memory,
             deploy_mode=args.deploy_mode,
             tasks_per_device=args.tasks_per_device,
             fpga_ip_id=args.fpga_ip_id,

@@ -99,6 +99,12 @@ _LOCK_FILE = "cluster.lock"
 # SparkContext.setLogLevel takes.
 _JVM_MEMORY = re.compile(r"\s*(\d+)(?:[kmgtp]b?)?\s*", re.IGNORECASE)
 _LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
+# Where a Spark setting whose value holds a comma can be given: the commands read no settings
+# file's spark section, and adcloud submit passes its --conf values whole.
+_COMMA_VALUE_HINT = (
+    "with adcloud submit --conf 'KEY=VALUE' -- COMMAND ... (any master, local ones too), or "
+    "in the spark section of a settings file read by SparkSettings.load(file=...)"
+)
 
 
 class SparkClusterError(AdcloudError):
@@ -169,8 +175,8 @@ class SparkSettings:
                 # ADCLOUD_SPARK_CONF is split at every comma: a value holding one breaks up
                 msg = (
                     f"spark.conf: entry {entry!r} is not of the form key=value "
-                    "(ADCLOUD_SPARK_CONF: comma-separated key=value entries; a value that "
-                    "holds a comma must come from a settings file's spark section)"
+                    "(ADCLOUD_SPARK_CONF: comma-separated key=value entries; give a value "
+                    f"that holds a comma {_COMMA_VALUE_HINT})"
                 )
                 raise ConfigError(msg)
             if not key.strip().startswith("spark."):
@@ -179,8 +185,7 @@ class SparkSettings:
                 msg = (
                     f"spark.conf: entry {entry!r} is no Spark property (their keys start with "
                     "'spark.'); if it belongs to the entry before it, ADCLOUD_SPARK_CONF split "
-                    "that value at a comma: give a value that holds a comma in a settings "
-                    "file's spark section"
+                    f"that value at a comma: give a value that holds a comma {_COMMA_VALUE_HINT}"
                 )
                 raise ConfigError(msg)
             if key.strip() == "spark.master":
@@ -1289,12 +1294,22 @@ def _state_lock(state_dir: Path, *, create: bool) -> Iterator[None]:
     lock is an ``flock``, which the kernel releases when its holder dies.  Without
     ``create`` a missing ``state_dir`` is left missing (nothing to lock).
     """
-    if create:
-        state_dir.mkdir(parents=True, exist_ok=True)
-    elif not state_dir.is_dir():
+    if not create and not state_dir.is_dir():
         yield
         return
-    with (state_dir / _LOCK_FILE).open("a") as handle:
+    try:
+        if create:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        handle = (state_dir / _LOCK_FILE).open("a")
+    except OSError as err:
+        # a file in the way, a parent that cannot be created, another user's directory
+        msg = (
+            f"--state-dir {state_dir}: cannot use it to record the cluster "
+            f"({err.strerror or err}: {err.filename}); give a directory this user can create "
+            "and write (deploy/local's scripts: ADCLOUD_CLUSTER_STATE)"
+        )
+        raise SparkClusterError(msg) from err
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
         yield
 

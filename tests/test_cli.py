@@ -385,6 +385,32 @@ def test_submit_keeps_the_users_own_driver_settings(capsys: pytest.CaptureFixtur
     ]
 
 
+def test_submit_puts_the_environments_spark_settings_on_the_submit_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``ADCLOUD_SPARK_CONF`` and ``ADCLOUD_SPARK_DRIVER_MEMORY`` were left to the submitted
+    driver, which applies them after its JVM started (a driver class path is read at the
+    start) and, in YARN's cluster mode, runs in a container the environment does not reach;
+    on YARN the driver got 2g whatever the variable said.  A --conf of the user wins."""
+    monkeypatch.setenv(
+        "ADCLOUD_SPARK_CONF", "spark.driver.extraClassPath=/opt/x.jar,spark.log.level=ERROR"
+    )
+    monkeypatch.setenv("ADCLOUD_SPARK_DRIVER_MEMORY", "6g")
+    _, confs = _dry_run(capsys, "spark.log.level=INFO")
+    assert "spark.driver.extraClassPath=/opt/x.jar" in confs
+    assert [c for c in confs if c.startswith("spark.log.level=")] == ["spark.log.level=INFO"]
+    assert "spark.driver.memory=6g" in confs
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    (tmp_path / "yarn-site.xml").write_text("<configuration/>")
+    argv = ["submit", "--dry-run", "--master", "yarn", "--", "ingest", "a.bag", "--out", "o"]
+    assert main(argv) == 0
+    words = shlex.split(capsys.readouterr().out.replace("\n", ""))
+    assert words[words.index("--driver-memory") + 1] == "6g"
+    confs = [words[i + 1] for i, a in enumerate(words) if a == "--conf"]
+    assert "spark.driver.extraClassPath=/opt/x.jar" in confs
+    assert "spark.log.level=ERROR" in confs and "spark.log.level=WARN" not in confs
+
+
 @pytest.mark.parametrize(
     ("options", "says"),
     [

@@ -1034,6 +1034,10 @@ def test_a_bad_spark_conf_entry_names_the_variable() -> None:
     )
     with pytest.raises(ConfigError, match=r"entry '-Db' .*ADCLOUD_SPARK_CONF.*settings file"):
         settings.conf_pairs()
+    # no command reads a settings file's spark section: the way a command can take such a
+    # value is named too
+    with pytest.raises(ConfigError, match=r"with adcloud submit --conf 'KEY=VALUE' -- COMMAND"):
+        settings.conf_pairs()
 
 
 def test_a_spark_conf_entry_that_is_no_spark_property_is_refused() -> None:
@@ -1059,3 +1063,26 @@ def test_a_damaged_cluster_state_file_says_how_to_get_past_it(tmp_path: Path) ->
     text = str(err.value)
     assert text.startswith(f"{tmp_path / 'cluster.json'}: not a readable cluster state file")
     assert f"remove {tmp_path / 'cluster.json'} and start again" in text
+
+
+@pytest.mark.parametrize("action", ["start", "stop"])
+def test_a_state_dir_that_cannot_be_used_is_one_error_line(tmp_path: Path, action: str) -> None:
+    """``cluster start --state-dir F`` where F is a file (or under one) ended in a
+    FileExistsError traceback; the error names the directory and what to give instead."""
+    where = tmp_path / "state"
+    if action == "start":
+        where.write_text("not a directory\n")
+    else:  # a directory is there, but its lock file cannot be opened
+        where.mkdir()
+        (where / "cluster.lock").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "adcloud.spark", "cluster", action, "--state-dir", str(where)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: --state-dir {where}: cannot use it to record")
+    assert "give a directory this user can create and write" in proc.stderr
