@@ -109,11 +109,19 @@ def _settings(args: argparse.Namespace) -> Any:
     return load_settings(HdmapSettings, "hdmap", file=args.config, **overrides)
 
 
-def _session(args: argparse.Namespace) -> Any:
-    from adcloud.spark import SparkSettings, get_session  # noqa: PLC0415
+def _spark_settings(args: argparse.Namespace) -> Any:
+    """Spark's settings: the ``spark`` section of ``--config`` (beside ``hdmap``), then
+    ``ADCLOUD_SPARK_*``, then ``--master``."""
+    from adcloud.spark import SparkSettings  # noqa: PLC0415
 
-    spark_settings = SparkSettings.load(master=args.master) if args.master else SparkSettings.load()
-    return get_session(spark_settings, **{"spark.ui.showConsoleProgress": "false"})
+    overrides = {"master": args.master} if args.master else {}
+    return SparkSettings.load(file=getattr(args, "config", None), **overrides)
+
+
+def _session(args: argparse.Namespace) -> Any:
+    from adcloud.spark import get_session  # noqa: PLC0415
+
+    return get_session(_spark_settings(args), **{"spark.ui.showConsoleProgress": "false"})
 
 
 def _cmd_build(args: argparse.Namespace, console: Console) -> int:
@@ -618,7 +626,9 @@ def add_parser(subparsers: Any) -> None:
     )
     build.add_argument("--mode", choices=["memory", "files"], help="stage hand-over (memory)")
     build.add_argument("--device", help="OpenCL device address for ICP and rasterizing")
-    build.add_argument("--config", help="YAML/JSON settings file (section hdmap)")
+    build.add_argument(
+        "--config", help="YAML/JSON settings file (section hdmap; Spark's in section spark)"
+    )
     build.add_argument(
         "--merge-all-tiles",
         action="store_true",

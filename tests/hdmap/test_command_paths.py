@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -99,3 +100,22 @@ def test_a_storage_that_cannot_be_opened_is_an_error_naming_the_map(
     assert main(["hdmap", "info", "--map", "hdfs://namenode:8020/maps/city"]) == 2
     err = capsys.readouterr().err
     assert "cannot open 'hdfs://namenode:8020/maps/city': Unable to load libjvm" in err
+
+
+def test_the_build_config_files_spark_section_sets_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--config`` holds sections: its ``spark`` one was read by no command (silently), so
+    a master or executor memory written there never reached the session."""
+    from adcloud.hdmap.command import _spark_settings  # noqa: PLC0415
+
+    for name in ("ADCLOUD_SPARK_MASTER", "ADCLOUD_SPARK_EXECUTOR_MEMORY", "ADCLOUD_SPARK_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "nightly.yaml"
+    config.write_text("hdmap:\n  mode: memory\nspark:\n  master: local[3]\n  executor_memory: 3g\n")
+    args = argparse.Namespace(config=str(config), master=None)
+    settings = _spark_settings(args)
+    assert (settings.master, settings.executor_memory) == ("local[3]", "3g")
+    monkeypatch.setenv("ADCLOUD_SPARK_EXECUTOR_MEMORY", "5g")  # the environment, then --master
+    settings = _spark_settings(argparse.Namespace(config=str(config), master="local[1]"))
+    assert (settings.master, settings.executor_memory) == ("local[1]", "5g")
