@@ -123,23 +123,30 @@ def _curve_row(curve: Any) -> list[tuple[str, str]]:
 
 
 def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
+    from adcloud.train.errors import TrainError  # noqa: PLC0415
     from adcloud.train.evaluate import (  # noqa: PLC0415
         EVAL_FILE,
         PLOT_FILE,
         check_eval_target,
         evaluate_model,
+        model_inputs,
         model_task,
     )
     from adcloud.train.export import inspect_model  # noqa: PLC0415
     from adcloud.train.job import bag_uris  # noqa: PLC0415
 
-    # a missing bag, a missing or corrupt model, one of an unknown task, or an --out that is
-    # a file fails before Spark starts
+    # no bag, a missing bag, a missing or corrupt model (its program, or the input sizes its
+    # metadata records), one of an unknown task, or an --out that is a file fails before
+    # Spark starts
     if args.out:
         check_eval_target(args.out)
-    bag_uris([b for b in args.bags if b.strip()])  # raises naming a bag or glob not there
+    given = [b for b in args.bags if b.strip()]
+    if not given:  # --bags "" (an unset shell variable): no bag, not the working directory
+        raise TrainError("--bags names no bag: give at least one bag, directory or glob")
+    bag_uris(given)  # raises naming a bag or glob not there
     info = inspect_model(args.model)
     model_task(info, str(info["path"]))
+    model_inputs(info, str(info["path"]))
     spark = _session(args)
     with console.status(f"scoring {info['path']} on {spark.sparkContext.master}"):
         evaluation = evaluate_model(

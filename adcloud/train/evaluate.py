@@ -60,6 +60,7 @@ __all__ = [
     "evaluate_model",
     "input_mismatch",
     "input_shapes",
+    "model_inputs",
     "model_task",
     "score_bag_samples",
     "score_parameters",
@@ -98,9 +99,12 @@ class _Weights:
     name: str = ""
 
 
-def _input_shapes(meta: Mapping[str, Any]) -> tuple[_InputShape, ...]:
+def _input_shapes(meta: Mapping[str, Any], where: str = "the model") -> tuple[_InputShape, ...]:
     """The per-sample input sizes an export's ``metadata.json`` records (``model.inputs``
-    less the dimensions ``model.dynamic`` declares); empty when it records none."""
+    less the dimensions ``model.dynamic`` declares); empty when it records none.  Raises
+    :class:`ExportError` naming the file of the model at ``where`` when they are not what
+    an export writes (a size or a dimension that is no whole number): read as they are,
+    they would fail the scoring with a bare ValueError."""
     model = meta.get("model")
     inputs = model.get("inputs") if isinstance(model, Mapping) else None
     if not isinstance(inputs, list):
@@ -113,19 +117,44 @@ def _input_shapes(meta: Mapping[str, Any]) -> tuple[_InputShape, ...]:
     else:
         names, specs = [f"input {i}" for i in range(len(inputs))], [None] * len(inputs)
     out = []
-    for name, entry, spec in zip(names, inputs, specs, strict=True):
+    for index, (name, entry, spec) in enumerate(zip(names, inputs, specs, strict=True)):
         shape = entry.get("shape") if isinstance(entry, Mapping) else None
         if not isinstance(shape, list) or not shape:
             return ()  # not a tensor input: nothing this can check
-        if isinstance(spec, Mapping):
-            free = {int(k) for k in spec}
-        elif isinstance(spec, list):
-            free = {i for i, d in enumerate(spec) if d is not None}
-        else:
-            free = set()
-        sizes = tuple(None if i in free else int(d) for i, d in enumerate(shape))
+        try:
+            if isinstance(spec, Mapping):
+                free = {_whole(k) for k in spec}
+            elif isinstance(spec, list):
+                free = {i for i, d in enumerate(spec) if d is not None}
+            else:
+                free = set()
+            sizes = tuple(None if i in free else _whole(d) for i, d in enumerate(shape))
+        except (TypeError, ValueError) as err:
+            raise ExportError(
+                f"{where}/metadata.json: model.inputs[{index}] ({name}) is damaged: shape "
+                f"{shape!r}, dynamic dimensions {spec!r} ({err}); the scoring checks every "
+                "sample against the sizes recorded there: export the model again"
+            ) from err
         out.append((name, sizes[1:]))
     return tuple(out)
+
+
+def _whole(value: Any) -> int:
+    """``value`` (a size or a dimension index as ``metadata.json`` holds it: a number, a
+    dict key) as an int; ValueError or TypeError where it is no whole number."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"{value!r} is not a whole number")
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"{value!r} is negative")
+    return number
+
+
+def model_inputs(meta: Mapping[str, Any], where: str) -> tuple[_InputShape, ...]:
+    """The per-sample input sizes that an export's ``metadata.json`` (``meta``, of the model
+    at ``where``) records: what every sample is checked against before it is scored.
+    Raises :class:`ExportError` naming the file and the input when they are damaged."""
+    return _input_shapes(meta, where)
 
 
 def _size(sizes: Sequence[int | None]) -> str:
@@ -682,9 +711,8 @@ def evaluate_model(
         program = (directory / PROGRAM_FILE).read_bytes()
     shown = model_location(model)
     task = _counting(model_task(meta, shown))
-    weights = dataclasses.replace(
-        _broadcast(spark, "exported", program), inputs=_input_shapes(meta), name=shown
-    )
+    inputs = _input_shapes(meta, shown)  # before the broadcast: a damaged file leaves none
+    weights = dataclasses.replace(_broadcast(spark, "exported", program), inputs=inputs, name=shown)
     try:
         counts, samples = _score(spark, task, weights, bags, partitions_per_bag)
     finally:

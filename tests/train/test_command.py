@@ -11,15 +11,18 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from pyspark.sql import SparkSession
 from rich.console import Console
 
 from adcloud.errors import AdcloudError
 from adcloud.synth import DriveConfig, DriveResult, generate_drive
 from adcloud.train import command
-from adcloud.train.errors import CheckpointError, TrainError
+from adcloud.train.errors import CheckpointError, ExportError, TrainError
+from adcloud.train.export import export_model
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -215,6 +218,47 @@ def test_eval_names_a_missing_bag_before_starting_spark(
     given = [b.format(bag=train_drive.bag) for b in bags]
     with pytest.raises(AdcloudError, match=re.escape(str(tmp_path / given[-1]))):
         _call(["train", "eval", "--model", "m", "--bags", *given])
+
+
+def test_eval_names_no_bag_before_starting_spark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--bags ""`` (an unset shell variable) named no bag, was let through, and failed only
+    once Spark had started."""
+    monkeypatch.setattr(command, "_session", _no_spark)
+    with pytest.raises(TrainError, match="--bags names no bag"):
+        _call(["train", "eval", "--model", str(tmp_path / "m"), "--bags", " ", ""])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("shape", [2, "four"]), ("shape", [2, None]), ("dynamic", {"x": {"batch": {}}})],
+)
+def test_eval_names_damaged_input_sizes_in_the_metadata_before_starting_spark(
+    train_drive: DriveResult,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    field: str,
+    value: Any,
+) -> None:
+    """The input sizes recorded in metadata.json (which no checksum covers) were read as
+    they were: a size or a dimension that is no whole number ended the command in a bare
+    ValueError or TypeError traceback, once Spark had started."""
+    monkeypatch.setattr(command, "_session", _no_spark)
+    model = tmp_path / "model"
+    meta = {"task": "lidar_seg", "config": {"task_options": {}}}
+    export_model(torch.nn.Linear(4, 2), (torch.randn(2, 4),), model, meta, warmup=0, runs=1)
+    written = json.loads((model / "metadata.json").read_text())
+    if field == "shape":
+        written["model"]["inputs"][0]["shape"] = value
+    else:
+        written["model"]["dynamic"] = value
+    (model / "metadata.json").write_text(json.dumps(written))
+    with pytest.raises(ExportError) as err:
+        _call(["train", "eval", "--model", str(model), "--bags", str(train_drive.bag)])
+    said = str(err.value)
+    assert said.startswith(f"{model}/metadata.json: model.inputs[0] "), said
+    assert "is damaged" in said and "export the model again" in said
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
