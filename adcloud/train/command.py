@@ -48,11 +48,19 @@ run is refused, naming them (--set resume_changed_data=true resumes it on them a
 """
 
 
-def _session(args: argparse.Namespace) -> Any:
-    from adcloud.spark import SparkSettings, get_session  # noqa: PLC0415
+def _spark_settings(args: argparse.Namespace) -> Any:
+    """Spark's settings: the ``spark`` section of ``--config`` (beside ``train``), then
+    ``ADCLOUD_SPARK_*``, then ``--master``."""
+    from adcloud.spark import SparkSettings  # noqa: PLC0415
 
-    settings = SparkSettings.load(master=args.master) if args.master else SparkSettings.load()
-    return get_session(settings, **{"spark.ui.showConsoleProgress": "false"})
+    overrides = {"master": args.master} if args.master else {}
+    return SparkSettings.load(file=getattr(args, "config", None), **overrides)
+
+
+def _session(args: argparse.Namespace) -> Any:
+    from adcloud.spark import get_session  # noqa: PLC0415
+
+    return get_session(_spark_settings(args), **{"spark.ui.showConsoleProgress": "false"})
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -194,7 +202,9 @@ def add_parser(subparsers: Any) -> None:
         epilog=_EPILOG_RUN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("--config", help="YAML/JSON settings file (section train)")
+    run.add_argument(
+        "--config", help="YAML/JSON settings file (section train; Spark's in section spark)"
+    )
     run.add_argument(
         "--set",
         action="append",

@@ -339,3 +339,19 @@ def test_eval_refuses_an_output_that_fsspec_cannot_write(out: str, tmp_path: Pat
     ended in fsspec's ValueError traceback."""
     with pytest.raises(TrainError, match=r"--out \(out=\)"):
         _call(["train", "eval", "--model", str(tmp_path), "--bags", "b.bag", "--out", out])
+
+
+def test_the_run_config_files_spark_section_sets_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--config`` holds sections: its ``spark`` one was read by no command (silently)."""
+    from adcloud.train.command import _spark_settings  # noqa: PLC0415
+
+    for name in ("ADCLOUD_SPARK_MASTER", "ADCLOUD_SPARK_EXECUTOR_MEMORY", "ADCLOUD_SPARK_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "train.yaml"
+    config.write_text("train:\n  steps: 5\nspark:\n  master: local[3]\n  executor_memory: 3g\n")
+    settings = _spark_settings(argparse.Namespace(config=str(config), master=None))
+    assert (settings.master, settings.executor_memory) == ("local[3]", "3g")
+    settings = _spark_settings(argparse.Namespace(config=str(config), master="local[1]"))
+    assert settings.master == "local[1]"
