@@ -13,6 +13,13 @@ Format history (``meta.schema``):
   recorded before the copy is moved into place, so that one whose writer died before its
   catalog row committed is finished by the next process.  A format-1 catalog is upgraded
   in place when opened (the table is only added).
+- 3: adds ``renaming``: renames about to move an under-store copy, recorded before the
+  move, so that one whose process died before its catalog change committed is rolled back
+  by the next process (the copy moved back to where the catalog has it); and ``removing``:
+  under-store copies of files just deleted from the catalog, recorded in the transaction
+  that deletes them, so that those a process killed before removing them are removed by
+  the next one.  Format 1 and 2 catalogs are upgraded in place when opened (the tables are
+  only added).
 """
 
 from __future__ import annotations
@@ -34,11 +41,19 @@ from adcloud.store.errors import (
     StoreUnavailableError,
 )
 
-__all__ = ["Catalog", "FileRow", "JournalEntry", "Publishing", "descendant_range"]
+__all__ = [
+    "Catalog",
+    "FileRow",
+    "JournalEntry",
+    "Publishing",
+    "Removing",
+    "Renaming",
+    "descendant_range",
+]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Formats this version opens (and upgrades to :data:`SCHEMA_VERSION`).
-_UPGRADABLE = (1,)
+_UPGRADABLE = (1, 2)
 
 #: How long a statement waits for another connection's write transaction to end.
 _BUSY_TIMEOUT_S = 60.0
@@ -106,6 +121,21 @@ CREATE TABLE IF NOT EXISTS publishing (
     created_ns INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS publishing_path ON publishing(path);
+CREATE TABLE IF NOT EXISTS renaming (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    src TEXT NOT NULL,
+    dst TEXT NOT NULL,
+    ident TEXT,
+    owner_pid INTEGER NOT NULL,
+    created_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS removing (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    path TEXT NOT NULL,
+    tree INTEGER NOT NULL,
+    owner_pid INTEGER NOT NULL,
+    created_ns INTEGER NOT NULL
+);
 CREATE TRIGGER IF NOT EXISTS files_usage_insert AFTER INSERT ON files
 WHEN NEW.tier IS NOT NULL BEGIN
     UPDATE tiers SET used = used + NEW.size WHERE tier = NEW.tier;
@@ -181,6 +211,39 @@ class Publishing(NamedTuple):
 
 
 _PUBLISHING_COLUMNS = ", ".join(Publishing._fields)
+
+
+class Renaming(NamedTuple):
+    """A rename of ``src`` to ``dst`` about to move the under-store copy (a file or tree).
+
+    ``ident`` is what the under-store had at ``src`` when it was recorded (see
+    ``UnderStore.identity``; None: nothing).  The record is dropped in the transaction
+    that commits the rename, so one still there means the catalog has the file (or tree)
+    at ``src``."""
+
+    seq: int
+    src: str
+    dst: str
+    ident: str | None
+    owner_pid: int
+    created_ns: int
+
+
+_RENAMING_COLUMNS = ", ".join(Renaming._fields)
+
+
+class Removing(NamedTuple):
+    """Under-store copies to remove: of the file ``path``, or with ``tree`` of the
+    directory ``path`` and everything below it, deleted from the catalog."""
+
+    seq: int
+    path: str
+    tree: int
+    owner_pid: int
+    created_ns: int
+
+
+_REMOVING_COLUMNS = ", ".join(Removing._fields)
 
 
 def descendant_range(path: str) -> tuple[str, str]:
@@ -646,6 +709,63 @@ class Catalog:
             sql += " WHERE path = ?"
             params = (path,)
         return [Publishing(*r) for r in self.conn().execute(sql + " ORDER BY seq", params)]
+
+    # -- renames moving under-store copies ----------------------------------------------
+
+    @_translated
+    def begin_rename(self, src: str, dst: str, *, ident: str | None, now_ns: int) -> int:
+        """Record (durably) that a rename of ``src`` to ``dst`` is about to move the
+        under-store copy ``ident``; returns the record's number for :meth:`end_rename`."""
+        with self.transaction(durable=True) as c:
+            cur = c.execute(
+                "INSERT INTO renaming(src, dst, ident, owner_pid, created_ns) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (src, dst, ident, os.getpid(), now_ns),
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    @staticmethod
+    def end_rename(conn: sqlite3.Connection, seq: int) -> bool:
+        """Inside a transaction: drop record ``seq``; whether it was still there."""
+        return conn.execute("DELETE FROM renaming WHERE seq = ?", (seq,)).rowcount == 1
+
+    @_translated
+    def renaming(self) -> list[Renaming]:
+        """The recorded renames, oldest first."""
+        sql = f"SELECT {_RENAMING_COLUMNS} FROM renaming ORDER BY seq"
+        return [Renaming(*r) for r in self.conn().execute(sql)]
+
+    @_translated
+    def has_renaming(self) -> bool:
+        """Whether any rename is recorded (one statement on a table that is almost always
+        empty)."""
+        return self.conn().execute("SELECT 1 FROM renaming LIMIT 1").fetchone() is not None
+
+    # -- under-store copies of deleted files --------------------------------------------
+
+    @staticmethod
+    def begin_remove(conn: sqlite3.Connection, path: str, *, tree: bool, now_ns: int) -> int:
+        """Inside the transaction that deletes ``path``: record that its under-store copies
+        are to be removed; returns the record's number for :meth:`end_remove`."""
+        cur = conn.execute(
+            "INSERT INTO removing(path, tree, owner_pid, created_ns) VALUES (?, ?, ?, ?)",
+            (path, int(tree), os.getpid(), now_ns),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    @_translated
+    def end_remove(self, seq: int) -> None:
+        """Drop record ``seq``: its copies are gone."""
+        with self.transaction() as c:
+            c.execute("DELETE FROM removing WHERE seq = ?", (seq,))
+
+    @_translated
+    def removing(self) -> list[Removing]:
+        """The recorded removals, oldest first."""
+        sql = f"SELECT {_REMOVING_COLUMNS} FROM removing ORDER BY seq"
+        return [Removing(*r) for r in self.conn().execute(sql)]
 
     # -- writes (inside a transaction) -------------------------------------------------
 

@@ -396,6 +396,49 @@ class UnderStore:
         except OSError as err:
             raise self.error(err, src) from err
 
+    def identity(self, key: str) -> str | None:
+        """What is at ``key`` now (None: nothing): for local under-stores the device and
+        inode, which a rename keeps, so :meth:`undo_rename` can tell a copy moved from one
+        that never was; for others only that something is there."""
+        try:
+            if self.local_root is not None:
+                st = os.lstat(self.local_path(key))
+                return f"{st.st_dev}:{st.st_ino}"
+            return "present" if cast(Any, self.fs).exists(self.remote_path(key)) else None
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise self.error(err, key) from err
+
+    def undo_rename(self, src: str, dst: str, ident: str | None) -> bool:
+        """Move back to ``src`` what a :meth:`rename` of ``src`` (then ``ident``, see
+        :meth:`identity`) to ``dst`` moved, if it did; returns whether something moved.
+
+        Local under-stores tell exactly (the inode moved with the name).  Elsewhere a move
+        is taken as done when ``src`` is gone and ``dst`` is there; a tree that a move
+        (copy, then delete) left half copied stays as it is."""
+        if ident is None:
+            return False
+        if self.local_root is not None:
+            if self.identity(dst) != ident:
+                return False
+            source = self.local_path(dst)
+            try:
+                target = self.local_path(src, create_parents=True)
+                source.replace(target)
+                _fsync_dir(str(target.parent))
+            except OSError as err:
+                raise StoreError(
+                    f"under-store {self.url}: cannot move {dst} back to {src} after a rename "
+                    f"that did not finish: {err}; move it back by hand"
+                ) from err
+            return True
+        fs = cast(Any, self.fs)
+        if fs.exists(self.remote_path(src)) or not fs.exists(self.remote_path(dst)):
+            return False
+        self.rename(dst, src)
+        return True
+
 
 def _rmtree(path: Path) -> None:
     for child in path.iterdir():

@@ -35,8 +35,12 @@ Coordination
     bytes to a tier checks that tier's capacity itself, so capacities hold across processes
     without a lock on the common path.  A ``space`` lock (``flock``) serialises the writers
     that must evict to make room; 64 striped ``ufs`` locks serialise the under-store copies
-    of one path.  Access times for LRU are buffered per process and flushed at least every
-    second and before every eviction decision this process makes.
+    of one path.  Under-store changes that cannot be one step with their catalog change
+    (``THROUGH`` writes, renames, deletes) are recorded in the catalog first: a process
+    killed in between leaves the record, and the next one to open the store, sweep or touch
+    the path finishes or undoes the change, so the two agree again.  Access times for LRU
+    are buffered per process and flushed at least every second and before every eviction
+    decision this process makes.
 """
 
 from __future__ import annotations
@@ -52,12 +56,13 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Literal, NamedTuple, cast
 
 from adcloud._crc import crc32
 from adcloud.config import settings_dict
-from adcloud.store._catalog import Catalog, FileRow, descendant_range
+from adcloud.store._catalog import Catalog, FileRow, Removing, Renaming, descendant_range
 from adcloud.store._locks import LockFile
 from adcloud.store._streams import WriteStream
 from adcloud.store._tiers import (
@@ -368,7 +373,9 @@ class LocalStore(BaseStore):
         if removed:
             log.info("removed %d under-store staging files of writers that died", removed)
         try:
+            self._finish_renames()
             self._finish_publishes()
+            self._finish_removals()
         except StoreError as err:  # the under-store unreachable: the next sweep tries again
             log.warning("cannot finish the writes that dead processes left: %s", err)
         boot = _boot_id()
@@ -668,7 +675,7 @@ class LocalStore(BaseStore):
         while the catalog still described the old ones, and report them corrupt.  A local
         under-store's open file keeps the bytes it opened; a remote one's are checked by
         size and CRC-32 where reads are verified."""
-        with self._ufs_locks.hold(_stripe(row.path)):
+        with self._ufs_stripe(row.path):
             abandoned = self._cat.publishing(row.path)
             if abandoned:  # its writer died between the copy and the catalog
                 for entry in abandoned:
@@ -1099,12 +1106,12 @@ class LocalStore(BaseStore):
             raise
         now = time.time_ns()
         obj = new_version_id()
-        with self._ufs_locks.hold(_stripe(key)):
-            # Moving the copy into place replaces the previous version's bytes before the
-            # row that describes the new ones commits: the record lets the next process
-            # finish the row if this one dies in between (the old row would describe bytes
-            # that are gone, and every read of the file fail as corrupt).
-            try:
+        try:
+            with self._ufs_stripe(key):
+                # Moving the copy into place replaces the previous version's bytes
+                # before the row that describes the new ones commits: the record lets
+                # the next process finish the row if this one dies in between (the old
+                # row would describe bytes that are gone, and every read fail as corrupt).
                 seq = self._cat.begin_publish(
                     key,
                     obj=obj,
@@ -1115,41 +1122,41 @@ class LocalStore(BaseStore):
                     pinned=pinned,
                     now_ns=now,
                 )
-            except BaseException:
-                staging.discard()
-                raise
-            try:
-                with self._cat.transaction(durable=True) as c:
-                    old = self._check_target(c, key)
-                    self._ensure_dirs(c, key, now)
-                    Catalog.end_publish(c, seq)
-                    staging.publish()
-                    self._upsert(
-                        c,
-                        key,
-                        old,
-                        size=staging.size,
-                        crc=staging.crc,
-                        obj=obj,
-                        tier=None,
-                        write_type=write_type,
-                        persistence=PersistenceState.PERSISTED,
-                        in_ufs=True,
-                        ttl=ttl,
-                        pinned=pinned,
-                        now=now,
-                    )
-            except BaseException:
-                if staging.published:
-                    # the copy is in place but its row did not commit: finish it now, or
-                    # leave the record to the next sweep
-                    with contextlib.suppress(Exception):
-                        self._finish_publish_locked(seq)
-                else:
-                    staging.discard()
-                    with contextlib.suppress(Exception), self._cat.transaction() as c:
+                try:
+                    with self._cat.transaction(durable=True) as c:
+                        old = self._check_target(c, key)
+                        self._ensure_dirs(c, key, now)
                         Catalog.end_publish(c, seq)
-                raise
+                        staging.publish()
+                        self._upsert(
+                            c,
+                            key,
+                            old,
+                            size=staging.size,
+                            crc=staging.crc,
+                            obj=obj,
+                            tier=None,
+                            write_type=write_type,
+                            persistence=PersistenceState.PERSISTED,
+                            in_ufs=True,
+                            ttl=ttl,
+                            pinned=pinned,
+                            now=now,
+                        )
+                except BaseException:
+                    if staging.published:
+                        # the copy is in place but its row did not commit: finish it
+                        # now, or leave the record to the next sweep
+                        with contextlib.suppress(Exception):
+                            self._finish_publish_locked(seq)
+                    else:
+                        staging.discard()
+                        with contextlib.suppress(Exception), self._cat.transaction() as c:
+                            Catalog.end_publish(c, seq)
+                    raise
+        except BaseException:
+            staging.discard()  # nothing to do once the copy is in place
+            raise
         self._unlink_object(old)
 
     def _finish_publishes(self, path: str | None = None) -> int:
@@ -1160,7 +1167,7 @@ class LocalStore(BaseStore):
         for entry in self._cat.publishing(path):
             # a writer holds its path's stripe from the record to its commit: once this
             # process holds it, a record still there is one its writer abandoned
-            with self._ufs_locks.hold(_stripe(entry.path)):
+            with self._ufs_stripe(entry.path):
                 done += self._finish_publish_locked(entry.seq)
         return done
 
@@ -1477,7 +1484,7 @@ class LocalStore(BaseStore):
         durable = row is not None and not _memory_only(row)
         while True:
             try:
-                gone, tree = self._delete_rows(key, recursive, durable)
+                gone, tree, seq = self._delete_rows(key, recursive, durable)
                 break
             except _DurableDeleteNeededError:
                 durable = True  # not (or no longer) memory-only: delete durably
@@ -1485,6 +1492,8 @@ class LocalStore(BaseStore):
             self._unlink_object(r)
         if tree or gone[0].in_ufs:
             self._delete_ufs_copies(key, gone, tree=tree)
+        if seq is not None:
+            self._cat.end_remove(seq)
 
     def _delete_ufs_copies(
         self, key: str, gone: builtins.list[FileRow], *, tree: bool = False
@@ -1497,7 +1506,7 @@ class LocalStore(BaseStore):
         the under-store is its own, and stays.  Under the stripe locks no persist or
         THROUGH write publishes meanwhile."""
         if not tree:
-            with self._ufs_locks.hold(_stripe(key)):
+            with self._ufs_stripe(key):
                 now = self._cat.file(key)
                 if now is None or not now.in_ufs:
                     self._ufs.delete(key)
@@ -1505,6 +1514,7 @@ class LocalStore(BaseStore):
                     log.debug("%s was written again meanwhile; its under-store copy stays", key)
             return
         with self._ufs_locks.hold():
+            self._finish_renames_locked()
             now = self._cat.file(key)
             if now is not None and now.in_ufs:
                 return  # a file written through in the directory's place: the tree was gone
@@ -1517,10 +1527,32 @@ class LocalStore(BaseStore):
                 if row.in_ufs and row.path not in kept:
                     self._ufs.delete(row.path)
 
+    def _finish_removals(self) -> None:
+        """Remove the under-store copies of deleted files that processes which died (or
+        this one, on an error) left in the under-store after deleting them from the
+        catalog."""
+        for entry in self._cat.removing():
+            if entry.owner_pid != os.getpid() and _pid_alive(entry.owner_pid):
+                continue  # still on its way
+            self._finish_removal(entry)
+
+    def _finish_removal(self, entry: Removing) -> None:
+        # a tree with files written through below it since keeps them, and (which ones
+        # were deleted being no longer known) the deleted ones' copies too
+        self._delete_ufs_copies(entry.path, [], tree=bool(entry.tree))
+        self._cat.end_remove(entry.seq)
+        if entry.owner_pid != os.getpid():
+            log.info(
+                "%s: removed the under-store copies that process %d deleted but left",
+                self._rel(entry.path),
+                entry.owner_pid,
+            )
+
     def _delete_rows(
         self, key: str, recursive: bool, durable: bool
-    ) -> tuple[builtins.list[FileRow], bool]:
-        """The catalog half of :meth:`delete`: the rows removed and whether it was a tree.
+    ) -> tuple[builtins.list[FileRow], bool, int | None]:
+        """The catalog half of :meth:`delete`: the rows removed, whether it was a tree, and
+        the record of the under-store copies to remove (None: none to record).
 
         A file that lives only in the MEM tier, or a directory whose files all do, is deleted
         without waiting for the disk (``durable=False``; parameter servers delete a consumed
@@ -1557,7 +1589,12 @@ class LocalStore(BaseStore):
                 tree = True
             else:
                 raise StoreNotFoundError(f"{self._rel(key)} does not exist in {self.uri}")
-        return gone, tree
+            seq = None
+            if durable and (tree or gone[0].in_ufs):
+                # removed from the under-store after the commit: a process killed before
+                # then leaves the record for the next one to finish
+                seq = Catalog.begin_remove(c, key, tree=tree, now_ns=time.time_ns())
+        return gone, tree, seq
 
     def rename(self, src: str, dst: str) -> None:
         """Move a file or directory; ``dst`` must not exist (Alluxio semantics)."""
@@ -1570,36 +1607,102 @@ class LocalStore(BaseStore):
             self.stat(src)
             return
         now = time.time_ns()
-        with self._ufs_locks.hold(), self._cat.transaction(durable=True) as c:
-            row = self._cat.file(s, c)
-            is_dir = row is None and self._cat.dir_ctime(s, c) is not None
-            if row is None and not is_dir:
-                raise StoreNotFoundError(f"{self._rel(s)} does not exist in {self.uri}")
-            if self._cat.file(d, c) is not None or self._cat.dir_ctime(d, c) is not None:
-                raise StoreExistsError(f"{self._rel(d)} already exists")
-            self._check_target(c, d)
-            self._ensure_dirs(c, d, now)
-            if row is not None:
-                c.execute(
-                    "UPDATE files SET path = ?, parent = ?, mtime_ns = ? WHERE id = ?",
-                    (d, parent_path(d), now, row.id),
-                )
-                in_ufs = bool(row.in_ufs)
-            else:
-                lo, hi = _range(s)
-                n = len(s)
-                for table in ("files", "dirs"):
-                    c.execute(
-                        f"UPDATE {table} SET path = ? || substr(path, ?), "
-                        "parent = ? || substr(parent, ?) WHERE path > ? AND path < ?",
-                        (d, n + 1, d, n + 1, lo, hi),
+        with self._ufs_locks.hold():
+            # The under-store copy moves inside the catalog transaction, before it commits:
+            # the record lets the next process move the copy back if this one dies in
+            # between (the catalog would list the file where the under-store has nothing).
+            self._finish_renames_locked()
+            ident = self._ufs.identity(s)
+            if ident is None:  # nothing to move in the under-store
+                with self._cat.transaction(durable=True) as c:
+                    self._rename_rows(c, s, d, now)
+                return
+            seq = self._cat.begin_rename(s, d, ident=ident, now_ns=now)
+            entry = Renaming(seq, s, d, ident, os.getpid(), now)
+            try:
+                with self._cat.transaction(durable=True) as c:
+                    if self._rename_rows(c, s, d, now):
+                        self._ufs.rename(s, d)
+                    Catalog.end_rename(c, seq)
+            except BaseException:
+                # the catalog change did not commit: the copy goes back where it lists it
+                try:
+                    self._undo_rename_locked(entry)
+                except Exception as err:
+                    log.warning(
+                        "cannot undo the failed rename of %s to %s now (the next sweep "
+                        "tries again): %s",
+                        self._rel(s),
+                        self._rel(d),
+                        err,
                     )
-                c.execute(
-                    "UPDATE dirs SET path = ?, parent = ? WHERE path = ?", (d, parent_path(d), s)
-                )
-                in_ufs = True
-            if in_ufs:
-                self._ufs.rename(s, d)
+                raise
+
+    def _rename_rows(self, c: sqlite3.Connection, s: str, d: str, now: int) -> bool:
+        """Inside a transaction: the catalog half of :meth:`rename`; whether the
+        under-store copy moves too (a file's, if it has one; a directory's always)."""
+        row = self._cat.file(s, c)
+        is_dir = row is None and self._cat.dir_ctime(s, c) is not None
+        if row is None and not is_dir:
+            raise StoreNotFoundError(f"{self._rel(s)} does not exist in {self.uri}")
+        if self._cat.file(d, c) is not None or self._cat.dir_ctime(d, c) is not None:
+            raise StoreExistsError(f"{self._rel(d)} already exists")
+        self._check_target(c, d)
+        self._ensure_dirs(c, d, now)
+        if row is not None:
+            c.execute(
+                "UPDATE files SET path = ?, parent = ?, mtime_ns = ? WHERE id = ?",
+                (d, parent_path(d), now, row.id),
+            )
+            return bool(row.in_ufs)
+        lo, hi = _range(s)
+        n = len(s)
+        for table in ("files", "dirs"):
+            c.execute(
+                f"UPDATE {table} SET path = ? || substr(path, ?), "
+                "parent = ? || substr(parent, ?) WHERE path > ? AND path < ?",
+                (d, n + 1, d, n + 1, lo, hi),
+            )
+        c.execute("UPDATE dirs SET path = ?, parent = ? WHERE path = ?", (d, parent_path(d), s))
+        return True
+
+    @contextlib.contextmanager
+    def _ufs_stripe(self, key: str) -> Iterator[None]:
+        """Hold ``key``'s under-store stripe, with no rename left half done (so the
+        under-store has every file where the catalog lists it; see :meth:`rename`)."""
+        while True:
+            with self._ufs_locks.hold(_stripe(key)):
+                if not self._cat.has_renaming():
+                    yield
+                    return
+            self._finish_renames()
+
+    def _finish_renames(self) -> None:
+        """Undo the renames that processes killed mid-way left (see :meth:`rename`)."""
+        if self._cat.has_renaming():
+            with self._ufs_locks.hold():
+                self._finish_renames_locked()
+
+    def _finish_renames_locked(self) -> None:
+        """:meth:`_finish_renames` with every stripe held.  A renamer holds them all from
+        its record to its commit, which drops the record: one still there is of a rename
+        that never committed, so the catalog has the file at its old path, and the
+        under-store copy goes back there if it moved."""
+        for entry in self._cat.renaming():
+            self._undo_rename_locked(entry)
+
+    def _undo_rename_locked(self, entry: Renaming) -> None:
+        moved = self._ufs.undo_rename(entry.src, entry.dst, entry.ident)
+        with self._cat.transaction(durable=True) as c:
+            Catalog.end_rename(c, entry.seq)
+        if moved:
+            log.warning(
+                "%s: moved its under-store copy back from %s, where a rename (pid %d) that "
+                "did not finish had put it",
+                self._rel(entry.src),
+                self._rel(entry.dst),
+                entry.owner_pid,
+            )
 
     def _set(self, key: str, sql: str, params: tuple[object, ...]) -> None:
         """Run ``UPDATE files SET <sql>`` on the file ``key`` or every file below it."""
@@ -1679,7 +1782,7 @@ class LocalStore(BaseStore):
                     self._cat.drop_entries(c, file_id, obj)
                 return
             path = self._rel(row.path)
-            with self._ufs_locks.hold(_stripe(row.path)):
+            with self._ufs_stripe(row.path):
                 again = self._cat.file_by_id(file_id)
                 if again is None or again.path != row.path or again.object != obj:
                     continue
@@ -1780,6 +1883,7 @@ class LocalStore(BaseStore):
                     "pinned" if row.pinned else "never persisted (MUST_CACHE)",
                 )
             return
+        seq: int | None = None
         with self._cat.transaction(durable=True) as c:
             # the row as it is now: moved to another tier or persisted since it was read
             gone = self._cat.file_by_id(row.id, c)
@@ -1787,10 +1891,14 @@ class LocalStore(BaseStore):
                 return
             c.execute("DELETE FROM files WHERE id = ?", (row.id,))
             self._cat.drop_entries(c, row.id)
+            if gone.in_ufs:
+                seq = Catalog.begin_remove(c, gone.path, tree=False, now_ns=time.time_ns())
         log.info("TTL expired: deleted %s", gone.path)
         self._unlink_object(gone)
         if gone.in_ufs:
             self._delete_ufs_copies(gone.path, [gone])
+        if seq is not None:
+            self._cat.end_remove(seq)
 
     def _sweep(self) -> None:
         """Expire TTLs; remove under-store staging files of writers that died since, and
@@ -1798,7 +1906,9 @@ class LocalStore(BaseStore):
         for row in self._cat.expired(time.time_ns()):
             self._expire(row)
         self._ufs.remove_abandoned_staging(_pid_alive)
+        self._finish_renames()
         self._finish_publishes()
+        self._finish_removals()
 
     def maintain(self) -> None:
         """One round of background work now: persist what is pending, expire TTLs, clean up

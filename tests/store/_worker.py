@@ -92,6 +92,37 @@ def main(argv: list[str]) -> int:
         store = LocalStore("local://", background=False)
         store.put(key, payload(seed, size), write_type=WriteType.THROUGH)
         return 1
+    if mode == "rename-stalled":
+        # a rename that stalls (to be killed) just before or just after it moves the
+        # under-store copy, i.e. before its catalog change commits
+        src, dst, when = argv[1], argv[2], argv[3]
+        from adcloud.store import _understore  # noqa: PLC0415
+
+        real_rename = _understore.UnderStore.rename
+
+        def stalled_rename(self: _understore.UnderStore, s: str, d: str) -> None:
+            if when == "after":
+                real_rename(self, s, d)
+            print("stalled", flush=True)
+            time.sleep(3600)
+
+        _understore.UnderStore.rename = stalled_rename  # type: ignore[method-assign]
+        store = LocalStore("local://", background=False)
+        store.rename(src, dst)
+        return 1
+    if mode == "delete-stalled":
+        # a delete that stalls (to be killed) after its catalog change committed, before
+        # it removes the under-store copies
+        key, recursive = argv[1], argv[2] == "recursive"
+
+        def stalled_removal(self: LocalStore, *args: object, **kwargs: object) -> None:
+            print("stalled", flush=True)
+            time.sleep(3600)
+
+        LocalStore._delete_ufs_copies = stalled_removal  # type: ignore[method-assign,assignment]
+        store = LocalStore("local://", background=False)
+        store.delete(key, recursive=recursive)
+        return 1
     if mode == "through-writer":
         key, size, seconds = argv[1], int(argv[2]), float(argv[3])
         store = LocalStore("local://", background=False)
