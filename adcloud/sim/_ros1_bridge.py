@@ -13,6 +13,10 @@ arrives or the node has been idle for ``--quiet`` seconds: while the node's proc
 wait goes on (see :mod:`adcloud.sim.adapters`).  Every message received on an output topic
 is written back stamped with the simulated clock, preceded by a META record with its
 definition -- but those the bridge published itself (a topic that is input and output).
+No answer is lost to a connection still coming up or still carrying it: the first input
+waits until the nodes publishing an output topic have the bridge's connection (their bus
+information, ``getBusInfo``), and the end until all they wrote to the bridge by their bus
+statistics (``getBusStats``) has come through.
 Exit status: 0 after END and a final quiet period, non-zero (no END written) on any error.
 """
 
@@ -24,6 +28,7 @@ import struct
 import sys
 import threading
 import time
+import xmlrpc.client
 import zlib
 
 _MAGIC = b"\x89ADBP\r\n\x1a"
@@ -114,7 +119,7 @@ class Writer:
     """Thread-safe BinPipe stream writer on a binary file."""
 
     def __init__(self, out):
-        self.out, self.count, self.lock = out, 0, threading.Lock()
+        self.out, self.count, self.lock, self.closed = out, 0, threading.Lock(), False
         head = _MAGIC + struct.pack("<HH", 1, 0)
         self._emit(head + struct.pack("<I", zlib.crc32(head)))
 
@@ -123,13 +128,18 @@ class Writer:
         self.out.flush()
 
     def write(self, kind, records):
+        """Write one block; nothing once the stream is closed (a node publishing on a
+        timer answers after the end too: the stream ends with END)."""
         with self.lock:
+            if self.closed:
+                return
             self._emit(encode_block(kind, records))
             self.count += len(records)
 
     def close(self):
         with self.lock:
             self._emit(encode_block(END, [[self.count]]))
+            self.closed = True
 
 
 def _ros1_type(msgtype):
@@ -346,6 +356,113 @@ def _wait(pred, timeout, alive=None):
     return True
 
 
+#: How often (s) the bridge asks the master and the node whether an output is wired up.
+_POLL_S = 0.05
+
+
+def _publishers(master, topic, me):
+    """The nodes other than this bridge that publish ``topic``, by the master."""
+    pubs, _subs, _srvs = master.getSystemState()
+    return next((sorted(set(nodes) - {me}) for name, nodes in pubs if name == topic), [])
+
+
+def _sends_to(master, publisher, topic, me):
+    """Whether node ``publisher`` sends ``topic`` to ``me``: a connection in its own bus
+    information.  rospy counts a subscriber's connection once the publisher node agreed to
+    it by XML-RPC, before the TCP connection is up and before the publisher has it: what
+    the node publishes meanwhile is sent to nobody.  True when the node cannot tell (it is
+    gone, or has no bus information): there is nothing to wait for then."""
+    import rosgraph.masterapi  # noqa: PLC0415 - system Python only
+
+    try:
+        uri = master.lookupNode(publisher)
+        code, _msg, links = xmlrpc.client.ServerProxy(uri).getBusInfo(me)
+    except (OSError, xmlrpc.client.Error, rosgraph.masterapi.Error, ValueError):
+        return True
+    if code != 1:
+        return True
+    return any(
+        len(link) > 4 and link[1] == me and link[2] != "i" and link[4] == topic for link in links
+    )
+
+
+def _sent_to(master, publisher, topic, me):
+    """How many messages on ``topic`` node ``publisher`` has written to this bridge, by its
+    own bus statistics; None when it cannot tell (it is gone, or keeps no statistics)."""
+    import rosgraph.masterapi  # noqa: PLC0415 - system Python only
+
+    try:
+        node = xmlrpc.client.ServerProxy(master.lookupNode(publisher))
+        code, _msg, links = node.getBusInfo(me)
+        stats_code, _msg, stats = node.getBusStats(me)
+        ours = {
+            link[0]
+            for link in links
+            if len(link) > 4 and link[1] == me and link[2] != "i" and link[4] == topic
+        }
+        if code != 1 or stats_code != 1:
+            return None
+        # publishStats: [topic, (bytes,) [[connection id, bytes, messages, connected]*]]*
+        return sum(
+            conn[2]
+            for entry in stats[0]
+            if entry[0] == topic
+            for conn in entry[-1]
+            if conn[0] in ours
+        )
+    except (
+        OSError,
+        xmlrpc.client.Error,
+        rosgraph.masterapi.Error,
+        LookupError,
+        TypeError,
+        ValueError,
+    ):
+        return None
+
+
+def _drain(master, received, me, limit):
+    """Wait, up to ``limit`` s, until every message the nodes say they wrote to this bridge
+    has come through ``received`` (``{topic: count}``, a callable): an answer the node
+    sent at the end may still be in a socket or in a thread of this bridge waiting for the
+    interpreter lock, where neither the node's threads nor ours look busy.  Returns the
+    topics still short."""
+    give_up = time.monotonic() + limit
+    while True:
+        short = []
+        for topic, count in received().items():
+            sent = [_sent_to(master, n, topic, me) for n in _publishers(master, topic, me)]
+            if None not in sent and sum(sent) > count:
+                short.append(topic)
+        if not short or time.monotonic() >= give_up:
+            return short
+        time.sleep(_POLL_S)
+
+
+def _wire_outputs(master, topics, me, advertise_s, connect_s, alive):
+    """Wait until every node publishing one of ``topics`` sends it to this bridge: each
+    topic ``advertise_s`` s to be advertised (a node may advertise only when it first
+    answers: nothing to wait for then), one that is, up to ``connect_s`` s in all for its
+    connections (slow on a loaded machine).  Returns the topics not connected in time."""
+    start = time.monotonic()
+    late = []
+    for topic in topics:
+        while True:
+            now = time.monotonic()
+            publishers = _publishers(master, topic, me)
+            if not publishers and now >= start + advertise_s:
+                break
+            if publishers and all(_sends_to(master, n, topic, me) for n in publishers):
+                break
+            if alive is not None and not alive():
+                return []  # the node is gone: nothing more will connect
+            if now >= start + max(advertise_s, connect_s):
+                late.append(topic)
+                break
+            time.sleep(_POLL_S)
+    return late
+
+
 def _group_alive(pgid):
     """Whether a process of group ``pgid`` still runs (one that has exited but is not yet
     reaped, a zombie, does not count)."""
@@ -373,16 +490,19 @@ def main():
     os.dup2(2, 1)
     src = os.fdopen(os.dup(0), "rb", buffering=1 << 20)
 
-    import rospy  # noqa: PLC0415 - system Python only
+    import rosgraph  # noqa: PLC0415 - system Python only
+    import rospy  # noqa: PLC0415
     from rosgraph_msgs.msg import Clock  # noqa: PLC0415
 
     rospy.init_node("adcloud_bridge", anonymous=True, disable_signals=True)
     writer = Writer(out)
     clock_pub = rospy.Publisher("/clock", Clock, queue_size=10)
     state = {"now": 0, "outputs": 0}
+    split = [t for t in args.outputs.split(",") if t]
+    # messages received from the nodes, by resolved output topic
+    received = {rospy.resolve_name(t): 0 for t in split}
     cond = threading.Condition()
     described = set()
-    split = [t for t in args.outputs.split(",") if t]
 
     me = rospy.get_name()
 
@@ -401,6 +521,7 @@ def main():
         writer.write(DATA, [[topic, now, msgtype, msg._buff]])
         with cond:
             state["outputs"] += 1
+            received[rospy.resolve_name(topic)] += 1
             cond.notify_all()
 
     # no Nagle delay on the outputs: an answer held back by it looks like no answer
@@ -441,8 +562,21 @@ def main():
                             f"adcloud bridge: no node subscribed to {topic} "
                             f"within {args.startup_timeout} s"
                         )
-                for sub in subs:
-                    _wait(lambda s=sub: s.get_num_connections() > 0, args.output_wait)
+                late = _wire_outputs(
+                    rosgraph.Master(me),
+                    [rospy.resolve_name(t) for t in split],
+                    me,
+                    args.output_wait,
+                    args.startup_timeout,
+                    alive,
+                )
+                if late:
+                    rospy.logwarn(
+                        "the node's %s did not connect to the bridge within "
+                        "%s s; what it publishes there before they do is lost",
+                        ", ".join(late),
+                        args.startup_timeout,
+                    )
                 _wait(lambda: clock_pub.get_num_connections() > 0, args.output_wait)
                 writer.write(META, [])
             continue
@@ -467,6 +601,19 @@ def main():
         with cond:
             if state["outputs"] == seen:
                 break
+    if not gone:
+
+        def counts():
+            with cond:
+                return dict(received)
+
+        short = _drain(rosgraph.Master(me), counts, me, args.startup_timeout)
+        if short:
+            rospy.logwarn(
+                "the node's last messages on %s did not reach the bridge within %s s",
+                ", ".join(short),
+                args.startup_timeout,
+            )
     for sub in subs:
         sub.unregister()
     writer.close()

@@ -366,3 +366,30 @@ def test_a_ros2_bag_is_a_failed_scenario_not_a_failed_job(mcap_drive: DriveResul
         "(ROS 2 bags need a ROS 2 adapter)"
     )
     assert result.exit_code is None
+
+
+_LATE_PUBLISHER = """
+import runpy, sys, time
+from rospy.impl import tcpros_pubsub
+accept = tcpros_pubsub.TCPROSHandler.topic_connection_handler
+def late(self, sock, client_addr, header):
+    time.sleep(1.5)  # a loaded machine: the subscriber's connection comes up late
+    return accept(self, sock, client_addr, header)
+tcpros_pubsub.TCPROSHandler.topic_connection_handler = late
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_the_first_answer_is_not_lost_to_a_connection_still_coming_up(
+    drive: DriveResult, tmp_path: Path
+) -> None:
+    """rospy counts a subscriber's connection as soon as the publisher node agreed to it,
+    before the TCP connection is up: the bridge fed the first cloud while the node's
+    publisher had nobody to send its answer to, and 28 of 29 answers came back (on a loaded
+    machine only, where the connection takes long to come up)."""
+    node = tmp_path / "late_publisher.py"
+    node.write_text(_LATE_PUBLISHER)
+    result = _run(_job(drive.bag, f"{SYSTEM_PYTHON} {node} {_EXAMPLE}", ("/obstacles",), *DETECT))
+    assert result.passed, (result.reason, result.stderr_tail)
+    assert result.output_counts == {"/obstacles": 29}
