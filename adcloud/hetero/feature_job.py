@@ -155,21 +155,24 @@ def _partition_features(
     device = select_device(settings)
     assignment = spark_assignment(settings.resources)
     decoder = MessageDecoder()
-    pending: dict[tuple[int, int], list[tuple[int, NDArray[np.uint8]]]] = defaultdict(list)
+    # batched by the images' whole shape: a topic may switch between mono and colour
+    # encodings of one size, whose pixels do not stack (they are saved together by size)
+    pending: dict[tuple[int, ...], list[tuple[int, NDArray[np.uint8]]]] = defaultdict(list)
     done: dict[tuple[int, int], list[tuple[NDArray[np.int64], NDArray[np.float32]]]] = defaultdict(
         list
     )
     kernel_seconds = 0.0
 
-    def flush(shape: tuple[int, int]) -> None:
+    def flush(batch_shape: tuple[int, ...]) -> None:
         nonlocal kernel_seconds
-        items = pending.pop(shape, [])
+        items = pending.pop(batch_shape, [])
         if not items:
             return
         stamps = np.array([t for t, _ in items], np.int64)
         images = np.stack([image for _, image in items])
         tick = time.perf_counter()
-        done[shape].append((stamps, hog_features(images, cell=cell, bins=bins, device=device)))
+        features = hog_features(images, cell=cell, bins=bins, device=device)
+        done[(batch_shape[0], batch_shape[1])].append((stamps, features))
         kernel_seconds += time.perf_counter() - tick
 
     for raw in blocks:
@@ -192,16 +195,18 @@ def _partition_features(
                 image = image[:, :, :3]
             shape = (int(msg.height), int(msg.width))
             _check_image_size(shape, cell, topic)  # before its empty descriptors are saved
-            pending[shape].append((message.timestamp, image))
-            if len(pending[shape]) >= batch:
-                flush(shape)
-    for shape in list(pending):
-        flush(shape)
+            pending[image.shape].append((message.timestamp, image))
+            if len(pending[image.shape]) >= batch:
+                flush(image.shape)
+    for batch_shape in list(pending):
+        flush(batch_shape)
     files = []
     count = 0
     for (height, width), parts in sorted(done.items()):
         stamps = np.concatenate([s for s, _ in parts])
         features = np.concatenate([f for _, f in parts])
+        order = np.argsort(stamps, kind="stable")  # batches of both encodings interleave
+        stamps, features = stamps[order], features[order]
         name = f"part-{index:05d}-{height}x{width}.npz"
         # into the job's staging directory: the driver moves the files into place once
         # every partition is written (see extract_features)
@@ -415,9 +420,13 @@ def read_features(out: str, storage_options: dict[str, Any] | None = None) -> di
     ):
         raise HeteroError(f"{out} is not an {FORMAT} v{FORMAT_VERSION} output")
     groups: dict[str, list[tuple[NDArray[np.int64], NDArray[np.float32]]]] = defaultdict(list)
-    names = sorted(
-        posixpath.basename(url) for part in manifest["partitions"] for url in part["files"]
-    )
+    try:
+        names = sorted(
+            posixpath.basename(url) for part in manifest["partitions"] for url in part["files"]
+        )
+    except (KeyError, TypeError) as err:  # a manifest cut short or edited by hand
+        msg = f"{out}/manifest.json does not list its part files (partitions[].files): {err!r}"
+        raise HeteroError(msg) from err
     for name in names:
         try:
             with fs.open(posixpath.join(root, name), "rb") as handle:

@@ -35,23 +35,34 @@ KEY_OFFSET = 1 << (KEY_BITS - 1)
 EMPTY_KEY = np.uint64(0xFFFFFFFFFFFFFFFF)
 _KEY_MASK = np.uint64((1 << KEY_BITS) - 1)
 _HASH_MULT = np.uint64(0x9E3779B97F4A7C15)
+# Cells from an origin that float32 offsets keep safely inside the packable range.
+_REACH = KEY_OFFSET - 2
 
 
 def lattice_origin(points: NDArray[Any], cell: float) -> NDArray[np.float64]:
     """A lattice point near the cloud: the first finite point, floored to the lattice.
 
-    O(1) for clouds that start with a finite point.  Zeros when no point is finite.
+    When some finite point lies further than the packed keys reach (about 2^20 cells) from
+    that origin, while all of them would fit around the middle of their bounding box, that
+    middle floored to the lattice instead: a cloud spanning up to 2^21 cells along an axis
+    then fits whatever its first point.  Zeros when no point is finite.
     """
     xyz = points[:, :3]
-    if len(xyz) and np.isfinite(xyz[0]).all():
-        first = xyz[0].astype(np.float64)
-    else:
-        finite = np.flatnonzero(np.isfinite(xyz).all(axis=1))
-        if not len(finite):
-            return np.zeros(3)
-        first = xyz[finite[0]].astype(np.float64)
+    finite = np.isfinite(xyz).all(axis=1)
+    if not finite.any():
+        return np.zeros(3)
+    usable = xyz if finite.all() else xyz[finite]
+    first = usable[0].astype(np.float64)
     origin: NDArray[np.float64] = np.floor(first / cell) * cell
-    return origin
+    low = usable.min(axis=0).astype(np.float64)
+    high = usable.max(axis=0).astype(np.float64)
+    # a first point at one end of a long cloud left the far end out of reach: the error
+    # said the cloud spans more than 2^21 cells when it spanned barely more than half that
+    reach = np.maximum(high - origin, origin - low) / cell
+    if (reach < _REACH).all() or ((high - low) / cell >= 2 * _REACH).any():
+        return origin  # it fits as it is, or fits nowhere (far outliers stay unusable)
+    middle: NDArray[np.float64] = np.floor((low + high) / 2 / cell) * cell
+    return middle
 
 
 def local_float32(points: NDArray[Any], origin: NDArray[np.float64]) -> NDArray[np.float32]:

@@ -68,7 +68,9 @@ def partition_array(items: Iterable[Any], columns: Sequence[str] | None = None) 
     if not parts:
         return np.empty((0,))
     if len(parts) == 1:
-        return parts[0]
+        # a lone scalar is a partition of one number, not a 0-d array (which kernels
+        # cannot index and whose partition counted 0 rows)
+        return parts[0].reshape(1) if parts[0].ndim == 0 else parts[0]
     try:
         if all(p.ndim >= 1 for p in parts):
             return np.concatenate(parts, axis=0)

@@ -80,15 +80,16 @@ def write_image_bag(
     images: Sequence[np.ndarray],
     *,
     topic: str = "/camera/image_raw",
-    encoding: str = "rgb8",
+    encoding: str | Sequence[str] = "rgb8",
     pad: int = 0,
     chunk_threshold: int = 256 * 1024,
     extra_topic: bool = True,
 ) -> Path:
     """A ROS 1 bag of ``sensor_msgs/Image`` messages, 100 ms apart (plus a String topic).
 
-    ``images`` are (H, W) for mono8 or (H, W, 3) in the encoding's channel order; ``pad``
-    bytes of padding end every row (``step > width * channels``).
+    ``images`` are (H, W) for mono8 or (H, W, 3) in the encoding's channel order
+    (``encoding``: one for all, or one per image); ``pad`` bytes of padding end every row
+    (``step > width * channels``).
     """
     # imported here so that the kernel tests run where rosbags is not installed (a GPU box)
     from rosbags.rosbag1 import Writer  # noqa: PLC0415
@@ -122,7 +123,7 @@ def write_image_bag(
                 header=header,
                 height=height,
                 width=width,
-                encoding=encoding,
+                encoding=encoding if isinstance(encoding, str) else encoding[i],
                 is_bigendian=0,
                 step=width * channels + pad,
                 data=np.ascontiguousarray(rows).reshape(-1),

@@ -274,3 +274,36 @@ def test_an_image_message_that_does_not_decode_names_its_topic_and_time(
     )
     with pytest.raises(Exception, match=rf"/camera/image_raw message at {T0} ns: image step 32"):
         extract_features(spark, str(bag), str(tmp_path / "out"))
+
+
+def test_mono_and_colour_images_of_one_size_on_one_topic(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # a camera switched from rgb8 to mono8 at the same size: the task stacked (H, W, 3) and
+    # (H, W) pixels into one batch and failed with NumPy's "must have the same shape"
+    colour = smooth_images(3, 32, 40, seed=4)
+    mono = smooth_images(2, 32, 40, seed=5, color=False)
+    images = [colour[0], mono[0], colour[1], mono[1], colour[2]]
+    bag = write_image_bag(
+        tmp_path / "mixed.bag", images, encoding=["rgb8", "mono8", "rgb8", "mono8", "rgb8"]
+    )
+    result = extract_features(spark, str(bag), str(tmp_path / "out"), partitions_per_bag=1)
+    assert result.images == 5
+    stamps, features = read_features(str(tmp_path / "out"))["32x40"]
+    assert stamps.tolist() == [T0 + i * 100_000_000 for i in range(5)]
+    want = np.stack([hog_features(image, device="numpy") for image in images])
+    np.testing.assert_allclose(features, want, atol=3e-5)
+
+
+@pytest.mark.parametrize(
+    "partitions", [None, [{"partition": 0}], [["part-00000-8x8.npz"]], [{"files": 3}]]
+)
+def test_a_manifest_without_its_part_list_is_an_error_naming_it(
+    tmp_path: Path, partitions: object
+) -> None:
+    manifest: dict[str, object] = {"format": "adcloud-hog", "version": 1}
+    if partitions is not None:
+        manifest["partitions"] = partitions
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(HeteroError, match=r"manifest\.json does not list its part files"):
+        read_features(str(tmp_path))

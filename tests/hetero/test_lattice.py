@@ -12,6 +12,7 @@ from adcloud.hetero.lattice import (
     build_table,
     cell_indices,
     lattice_origin,
+    local_float32,
     pack_keys,
     table_find,
     unpack_keys,
@@ -52,3 +53,24 @@ def test_cells_are_computed_in_float32_relative_to_a_lattice_origin() -> None:
     with pytest.raises(HeteroError, match="2\\^21 cells"):
         cell_indices(np.array([[0, 0, 0], [1e7, 0, 0]], np.float32), 1.0)
     assert lattice_origin(np.full((3, 3), np.nan), 1.0).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_a_cloud_starting_at_one_end_of_its_extent_uses_the_whole_key_range() -> None:
+    # 1.5e6 cells from the first point: out of reach of an origin there (2^20 cells), but
+    # well within the 2^21 cells the keys hold about the cloud's middle
+    points = np.array([[0.0, 0.0, 0.0], [1.5e6, -1.0, 2.0], [7.0, np.nan, 0.0]])
+    origin = lattice_origin(points, 1.0)
+    np.testing.assert_allclose(origin, [750_000.0, -1.0, 1.0])
+    cells, usable = cell_indices(local_float32(points, origin), 1.0)
+    assert usable.tolist() == [True, True, False]
+    np.testing.assert_array_equal(cells[:2] + origin.astype(np.int64), [[0, 0, 0], [1.5e6, -1, 2]])
+    # clouds that fit keep the first point's origin (results stay as they were)
+    near = np.array([[10.26, -3.1, 0.0], [1e5, 0.0, 0.0]])
+    np.testing.assert_allclose(lattice_origin(near, 0.5), [10.0, -3.5, 0.0])
+    # a far outlier (a query at 1e30 m) moves no origin: the others keep their precision
+    outlier = np.array([[0.1, 0.0, 0.0], [1e30, 0.0, 0.0], [0.9, 0.0, 0.0]])
+    np.testing.assert_allclose(lattice_origin(outlier, 0.5), [0.0, 0.0, 0.0])
+    # and a cloud that does not fit anywhere still says so
+    with pytest.raises(HeteroError, match="2\\^21 cells"):
+        far = np.array([[0.0, 0.0, 0.0], [2.2e6, 0.0, 0.0]])
+        cell_indices(local_float32(far, lattice_origin(far, 1.0)), 1.0)

@@ -114,6 +114,10 @@ def test_rows_of_every_kind_become_rows() -> None:
     mixed = partition_array([rows[0], (3, 4, 5), np.ones((2, 3), np.float64)])
     assert mixed.shape == (4, 3) and mixed.dtype == np.float64
     np.testing.assert_array_equal(partition_array([1.0, 2.0]), [1.0, 2.0])  # scalars
+    # one scalar alone is a 1-D partition of one number too (it was a 0-d array)
+    for single in ([7.0], [np.float32(7.0)], [np.array(7.0)]):
+        assert partition_array(single).shape == (1,)
+        assert partition_array(single).tolist() == [7.0]
     with pytest.raises(HeteroError, match="do not stack"):
         partition_array([1.0, (1.0, 2.0, 3.0)])
     with pytest.raises(HeteroError, match="not a row of numbers"):

@@ -137,3 +137,18 @@ def test_too_large_an_extent_is_an_error(device: ComputeDevice) -> None:
         voxel_downsample(points, 1.0, device=device)
     with pytest.raises(HeteroError, match="voxel_size"):
         voxel_downsample(points, 0.0, device=device)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_cloud_longer_than_half_the_key_range_from_its_first_point(
+    device: ComputeDevice, strategy: str
+) -> None:
+    # 1.5e6 voxels from the first point to the last: it raised "spans more than 2^21
+    # voxels", although it fits the keys about its middle
+    points = np.array([[0.25, 0.5, 0.5], [1.5e6 + 0.5, 0.5, 0.5], [0.75, 0.5, 0.5]])
+    got = voxel_downsample(points, 1.0, device=device, strategy=strategy)
+    np.testing.assert_array_equal(got.counts, [2, 1])
+    np.testing.assert_allclose(got.points, [[0.5, 0.5, 0.5], [1.5e6 + 0.5, 0.5, 0.5]])
+    want = voxel_downsample(points, 1.0, device="numpy")
+    np.testing.assert_array_equal(want.counts, got.counts)
+    np.testing.assert_allclose(want.points, got.points)
