@@ -22,15 +22,22 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime
 import functools
+import io
 import logging
+import os
 import shutil
+import tempfile
 import threading
 import weakref
 from collections.abc import Callable
-from typing import IO, Any, BinaryIO, ParamSpec, TypeVar
+from glob import has_magic
+from pathlib import Path
+from typing import IO, Any, BinaryIO, ParamSpec, TypeVar, cast
 
 from fsspec.spec import AbstractFileSystem
+from fsspec.utils import isfilelike, read_block
 
 from adcloud.config import STORE_SCHEMES
 from adcloud.store.base import FileStatus, Store, locate, split_url
@@ -128,6 +135,72 @@ def _read_at(cur: _Forward, lo: int, hi: int) -> bytes:
         raise
 
 
+class _SeekableReader(io.RawIOBase):
+    """A store read stream that also seeks: it reads the store's sequential (verified)
+    stream while the reader does, and byte ranges (:meth:`StoreFileSystem.cat_file`) once
+    it has moved elsewhere.  Ranges are not checked against the file's CRC."""
+
+    def __init__(self, fs: StoreFileSystem, path: str, stream: BinaryIO, size: int) -> None:
+        super().__init__()
+        self._fs = fs
+        self._stream: BinaryIO | None = stream
+        self._pos = self._stream_pos = 0
+        self.size = size
+        self.name = path
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}.get(whence)
+        if base is None:
+            raise ValueError(f"{self.name}: invalid whence {whence!r}")
+        if base + offset < 0:
+            raise ValueError(f"{self.name}: negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._stream is not None and self._stream_pos == self._pos:
+            data = self._stream.read(len(view))
+            self._stream_pos += len(data)
+        else:
+            self._drop_stream()
+            data = self._fs.cat_file(self.name, start=self._pos, end=self._pos + len(view))
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            with contextlib.suppress(OSError, StoreError):
+                self._stream.close()
+            self._stream = None
+
+    def close(self) -> None:
+        self._drop_stream()
+        super().close()
+
+
+class _SeekableFile(io.BufferedReader):
+    """:class:`_SeekableReader` buffered, with the ``size`` fsspec files carry."""
+
+    @property
+    def size(self) -> int:
+        return cast(_SeekableReader, self.raw).size
+
+
+#: Read-ahead of a seekable reader: each refill after a seek is one ranged read.
+_SEEK_BUFFER = 1 << 20
+
+
 class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is untyped
     """fsspec's file-system interface over the store at ``store_uri`` (``local://``,
     ``local:///NAMESPACE/``, ``alluxio://HOST:PORT/``); ``options`` go to
@@ -147,6 +220,14 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         self._store: Store | None = None
         self._lock = threading.Lock()
         self._forward: dict[str, _Forward] = {}
+        scheme, _, rest = store_uri.partition("://")
+        #: what :meth:`unstrip_protocol` puts before a store path (``local://``,
+        #: ``alluxio://HOST:PORT/NAMESPACE``, ``file://``)
+        self._base = f"{scheme}://{rest.rstrip('/')}"
+        # fsspec strips the URLs it is given with ``self._strip_protocol``: this instance
+        # strips its own base, a namespace included, so that what unstrip_protocol gave
+        # opens again (the classmethod knows no namespace: it serves fsspec's class calls)
+        setattr(self, "_strip_protocol", self._strip_own_base)  # noqa: B010
         _LIVE[id(self)] = self
 
     @classmethod
@@ -173,10 +254,20 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
             text = "/" + text.split("://", 1)[1].partition("/")[2]
         return "/" + text.strip("/") if text.strip("/") else "/"
 
+    def _strip_own_base(self, path: Any) -> Any:
+        """The store path of ``path``: a store path, or a URL below this filesystem's
+        store (its namespace taken off)."""
+        if isinstance(path, list):
+            return [self._strip_own_base(p) for p in path]
+        text = str(path)
+        if text == self._base or text.startswith(self._base + "/"):
+            text = text[len(self._base) :]
+            return "/" + text.strip("/") if text.strip("/") else "/"
+        return type(self)._strip_protocol(text)
+
     def unstrip_protocol(self, name: str) -> str:
         """The full URL of the store path ``name``."""
-        base = self.store_uri if self.store_uri.endswith("://") else self.store_uri.rstrip("/")
-        return base + "/" + str(name).lstrip("/")
+        return self._base + "/" + str(name).lstrip("/")
 
     # -- reading the namespace ------------------------------------------------------------
 
@@ -289,17 +380,109 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
         path = self._strip_protocol(path)
         if mode not in ("rb", "wb"):
             raise ValueError(f"{self.unstrip_protocol(path)}: mode must be 'rb' or 'wb'")
-        return self.store.open(path, "wb" if mode == "wb" else "rb")
+        if mode == "wb":
+            return self.store.open(path, "wb")
+        stream = self.store.open(path, "rb")
+        if stream.seekable():
+            return stream
+        # pyarrow and pandas seek (a Parquet file is read from its footer): a store whose
+        # streams only go forward (alluxio://) is read in ranges once the reader seeks
+        try:
+            size = self.store.stat(path).size
+        except BaseException:
+            with contextlib.suppress(OSError, StoreError):
+                stream.close()
+            raise
+        return _SeekableFile(_SeekableReader(self, path, stream, size), _SEEK_BUFFER)
 
     @_as_os_errors
-    def get_file(self, rpath: str, lpath: str, callback: Any = None, **kwargs: Any) -> None:
-        with self.store.open(self._strip_protocol(rpath)) as src, open(lpath, "wb") as dst:  # noqa: PTH123
+    def read_block(
+        self, fn: str, offset: int, length: int | None, delimiter: bytes | None = None
+    ) -> bytes:
+        """Bytes ``[offset, offset + length)`` of ``fn``, moved to ``delimiter`` boundaries
+        as :func:`fsspec.utils.read_block` does (fsspec's own reads the size off the open
+        file, which a store stream does not carry)."""
+        path = self._strip_protocol(fn)
+        size = self.store.stat(path).size
+        if length is None or offset + length > size:
+            length = max(0, size - offset)
+        with self._open(path, "rb") as stream:
+            return bytes(read_block(stream, offset, length, delimiter))
+
+    @_as_os_errors
+    def get_file(
+        self,
+        rpath: str,
+        lpath: Any,
+        callback: Any = None,
+        outfile: IO[bytes] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Copy the file ``rpath`` to the local path (or open binary file) ``lpath``; a
+        directory ``rpath`` becomes a local directory, as fsspec's recursive ``get`` asks.
+
+        A local path appears only once the whole file has arrived: a read that breaks off
+        (a proxy gone, data failing verification) leaves neither a partial file nor a
+        temporary one, and an earlier file at ``lpath`` stays as it was.
+        """
+        path = self._strip_protocol(rpath)
+        if outfile is None and isfilelike(lpath):
+            outfile = lpath
+        if outfile is not None:
+            with self.store.open(path) as src:
+                shutil.copyfileobj(src, outfile, _COPY_BYTES)
+            return
+        target = Path(lpath)
+        if self.store.stat(path).is_dir:
+            target.mkdir(parents=True, exist_ok=True)
+            return
+        target.absolute().parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.absolute().parent)
+        part = Path(name)
+        try:
+            with self.store.open(path) as src, os.fdopen(fd, "wb") as dst:
+                shutil.copyfileobj(src, dst, _COPY_BYTES)
+            part.replace(target)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+
+    @_as_os_errors
+    def put_file(
+        self,
+        lpath: Any,
+        rpath: str,
+        callback: Any = None,
+        mode: str = "overwrite",
+        **kwargs: Any,
+    ) -> None:
+        """Copy the local file ``lpath`` to ``rpath`` (published whole, on completion); a
+        local directory becomes a store directory, as fsspec's recursive ``put`` asks.
+        ``mode="create"`` refuses an existing ``rpath``."""
+        path = self._strip_protocol(rpath)
+        if mode == "create" and self.store.exists(path):
+            raise FileExistsError(f"{self.unstrip_protocol(path)} exists")
+        if Path(lpath).is_dir():
+            self.store.mkdir(path)
+            return
+        with open(lpath, "rb") as src, self.store.open(path, "wb") as dst:  # noqa: PTH123
             shutil.copyfileobj(src, dst, _COPY_BYTES)
 
     @_as_os_errors
-    def put_file(self, lpath: str, rpath: str, callback: Any = None, **kwargs: Any) -> None:
-        with open(lpath, "rb") as src, self.store.open(self._strip_protocol(rpath), "wb") as dst:  # noqa: PTH123
-            shutil.copyfileobj(src, dst, _COPY_BYTES)
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """Copy the file ``path1`` to ``path2`` inside the store (replacing ``path2``); a
+        directory ``path1`` becomes a directory, as fsspec's recursive ``copy`` asks."""
+        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+        if self.store.stat(src).is_dir:
+            self.store.mkdir(dst)
+            return
+        self.store.copy(src, dst)
+
+    @_as_os_errors
+    def modified(self, path: str) -> datetime.datetime:
+        """When ``path`` was last modified (UTC)."""
+        mtime = self.store.stat(self._strip_protocol(path)).mtime
+        return datetime.datetime.fromtimestamp(mtime, tz=datetime.UTC)
 
     # -- changing the namespace ---------------------------------------------------------
 
@@ -328,8 +511,26 @@ class StoreFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is un
 
     @_as_os_errors
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        """Delete paths; one with glob characters (``*``, ``?``, ``[``) that names no
+        existing path is a pattern, as in fsspec (``rm("/drives/*.bag")``), and a pattern
+        that matches nothing is a ``FileNotFoundError``."""
+        targets: list[str] = []
         for one in path if isinstance(path, list) else [path]:
-            self.store.delete(self._strip_protocol(one), recursive=recursive)
+            stripped = self._strip_protocol(one)
+            if not has_magic(stripped) or self.store.exists(stripped):
+                targets.append(stripped)
+                continue
+            matches = sorted(self.glob(stripped, maxdepth=maxdepth))
+            if not matches:
+                raise FileNotFoundError(f"{self.unstrip_protocol(stripped)}: no path matches")
+            targets.extend(matches)
+        gone: list[str] = []
+        for target in targets:
+            # a match inside a directory deleted before it went with that directory
+            if any(target == g or target.startswith(g.rstrip("/") + "/") for g in gone):
+                continue
+            self.store.delete(target, recursive=recursive)
+            gone.append(target)
 
     @_as_os_errors
     def rm_file(self, path: str) -> None:
