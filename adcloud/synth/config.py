@@ -29,6 +29,43 @@ COMPRESSIONS = {"ros1": ("none", "bz2", "lz4"), "ros2": ("none",), "mcap": ("non
 _NS = 1_000_000_000
 
 
+#: Sensor rates (Hz) whose period is a whole number of nanoseconds, offered in place of
+#: one that has none (3 Hz: 333333333.3 ns).
+_WHOLE_NS_RATES = (
+    0.2,
+    0.25,
+    0.5,
+    1,
+    2,
+    2.5,
+    4,
+    5,
+    8,
+    10,
+    12.5,
+    16,
+    20,
+    25,
+    40,
+    50,
+    80,
+    100,
+    125,
+    200,
+    250,
+    400,
+    500,
+    1000,
+)
+
+
+def _nearest_rates(hz: float) -> tuple[float, ...]:
+    """The whole-nanosecond rates of :data:`_WHOLE_NS_RATES` just below and above ``hz``."""
+    below = [r for r in _WHOLE_NS_RATES if r < hz]
+    above = [r for r in _WHOLE_NS_RATES if r > hz]
+    return tuple(v for v in (below[-1] if below else None, above[0] if above else None) if v)
+
+
 def _type_problem(name: str, value: object, annotation: str) -> str | None:
     """Why ``value`` cannot be field ``name`` annotated ``annotation`` (``float``, ``int``,
     ``str``, ``bool`` or ``tuple[float, ...]``), or None.  A string where a number belongs
@@ -326,7 +363,11 @@ class DriveConfig:
             ("truth_hz", self.truth_hz),
         ):
             if hz > 0 and abs(_NS / hz - round(_NS / hz)) > 1e-6:
-                problems.append(f"{name}={hz} Hz has no whole-nanosecond period")
+                problems.append(
+                    f"{name}={hz} Hz has no whole-nanosecond period; choose "
+                    + " or ".join(f"{r:g}" for r in _nearest_rates(hz))
+                    + " Hz instead"
+                )
         if problems:
             raise SynthError("invalid synth settings: " + "; ".join(problems))
         return self

@@ -17,10 +17,12 @@ at ``k / truth_hz``; IMU at ``k / imu_hz + 1 ms``; odometry and ``/tf`` at
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import logging
 import os
 import shutil
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable
@@ -387,17 +389,26 @@ _MCAP_MAGIC = b"\x89MCAP0\r\n"
 # What rosbags' ROS 2 writer creates in a bag directory before metadata.yaml (sqlite3 with
 # its journal files, or MCAP).
 _ROS2_STORAGE_SUFFIXES = (".db3", ".db3-journal", ".db3-wal", ".db3-shm", ".mcap")
+# The files of a whole rosbag2 directory besides metadata.yaml: its storage files, split
+# (``<name>_0.db3``) or compressed per file (``.db3.zstd``) as ``ros2 bag record`` writes them.
+_ROS2_BAG_SUFFIXES = (*_ROS2_STORAGE_SUFFIXES, ".zstd")
 
 
 def _is_bag(path: Path) -> bool:
     """Whether ``path`` is a bag a drive may replace: a ROS 1 or MCAP file, or a rosbag2
-    directory (one with ``metadata.yaml``, or one that a killed writer left holding only its
-    storage file: ``metadata.yaml`` is written last)."""
+    directory (``metadata.yaml`` and storage files only, or what a killed writer left:
+    only its storage file, as ``metadata.yaml`` is written last).  Any other file in the
+    directory makes it the user's folder, not a bag: a ``metadata.yaml`` beside
+    ``results.csv`` and ``notes/`` took them all with it."""
     if path.is_dir():
+        entries = list(path.iterdir())
         if (path / "metadata.yaml").is_file():
-            return True
+            return all(
+                p.name == "metadata.yaml" or (p.is_file() and p.name.endswith(_ROS2_BAG_SUFFIXES))
+                for p in entries
+            )
         storage = {f"{path.name}{suffix}" for suffix in _ROS2_STORAGE_SUFFIXES}
-        names = {p.name for p in path.iterdir()}
+        names = {p.name for p in entries}
         return bool(names) and names <= storage
     try:
         with path.open("rb") as f:
@@ -521,6 +532,15 @@ def _user_error(err: OSError, stage: Path, bag: Path) -> OSError:
     return OSError(err.errno, err.strerror or str(err), str(name))
 
 
+def _storage_error(err: sqlite3.Error, bag: Path) -> OSError | SynthError:
+    """A failure of a ``ros2`` bag's sqlite3 storage, naming the bag: sqlite3 names no
+    file, and its "database or disk is full" reached the command line as a traceback
+    where the other formats say "<bag>: No space left on device"."""
+    if getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(bag))
+    return SynthError(f"cannot write the bag {bag} (sqlite3 storage): {err}")
+
+
 # Suffixes that name one bag layout: a name with one of them written as another layout (a
 # rosbag2 directory "m.mcap" holding "m.mcap.mcap", a ROS 1 file "d.mcap") is never what
 # the user meant, and tools that go by the suffix then fail to open it.
@@ -593,6 +613,11 @@ def generate_drive(
         if not overwrite and path.exists():
             raise _exists_already(path)
     if not bag.parent.is_dir():
+        if bag.parent.exists():
+            raise SynthError(
+                f"{bag.parent} is not a directory, so {bag.name} cannot be written in it: "
+                "choose an output in an existing directory"
+            )
         raise SynthError(f"the output directory {bag.parent} does not exist")
     for stale in _dead_leftovers(bag, "part"):
         log.info("synth: removing %s, left by a run that was killed", stale)
@@ -631,6 +656,8 @@ def generate_drive(
         if named is err:
             raise
         raise named from err
+    except sqlite3.Error as err:
+        raise _storage_error(err, bag) from err
     finally:
         _remove(stage)
     wall = time.perf_counter() - started

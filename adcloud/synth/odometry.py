@@ -39,6 +39,14 @@ class OdometrySamples:
     scale: F64
 
 
+def _fold(value: float, bound: float) -> float:
+    """``value`` reflected into ``[-bound, bound]`` at both bounds as often as it takes:
+    one reflection left a step longer than the bound outside it (a drift of 2 per sqrt(s)
+    gave scales from -1.5 to 3.1, and wheel speeds that ran backwards)."""
+    folded = (value + bound) % (4 * bound)
+    return float((folded if folded <= 2 * bound else 4 * bound - folded) - bound)
+
+
 class WheelOdometry:
     """Dead reckoning from wheel speeds; call :meth:`measure` in time order."""
 
@@ -68,6 +76,8 @@ class WheelOdometry:
             err += cfg.odom_scale_drift * np.sqrt(max(dt[i], 0.0)) * draws[i, 0]
             if abs(err) > self.scale_bound:  # reflect at the bound
                 err = np.sign(err) * (2 * self.scale_bound - abs(err))
+                if abs(err) > self.scale_bound:  # a step longer than the bound
+                    err = _fold(err, self.scale_bound)
             scale[i] = 1.0 + err
         self.scale_error = err
         speed = np.where(moving, true_speed * scale + cfg.odom_speed_noise * draws[:, 1], 0.0)

@@ -552,7 +552,14 @@ def _is_float(text: str) -> bool:
 
 def read_raster(truth: Path) -> Raster:
     """The truth raster of a truth directory (no pickle involved)."""
-    with np.load(_whole(truth) / "raster.npz", allow_pickle=False) as z:
+    path = _whole(truth) / "raster.npz"
+    if path.parent.is_dir() and not path.exists():
+        # a bare FileNotFoundError left the reader guessing whether the drive was cut short
+        raise SynthError(
+            f"{path.parent} has no raster.npz: its drive was generated without the raster "
+            "(truth_raster=False, --no-raster); generate it again with the raster on"
+        )
+    with np.load(path, allow_pickle=False) as z:
         if int(z["version"]) != TRUTH_VERSION:
             raise SynthError(f"{truth}: raster version {int(z['version'])} is not {TRUTH_VERSION}")
         origin = z["origin"]

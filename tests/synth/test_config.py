@@ -175,3 +175,22 @@ def test_numpy_scalars_make_the_drive_their_plain_values_make(tmp_path: Path) ->
     drive = generate_drive(config, tmp_path / "numpy.bag")
     written = json.loads((drive.truth / "config.json").read_text())["synth"]
     assert load_settings(DriveConfig, "synth", environ={}, **written) == config
+
+
+@pytest.mark.parametrize(
+    ("change", "offered"),
+    [
+        ({"gps_hz": 3}, "gps_hz=3 Hz has no whole-nanosecond period; choose 2.5 or 4 Hz"),
+        ({"imu_hz": 333.3}, "imu_hz=333.3 Hz has no whole-nanosecond period; choose 250 or 400"),
+        ({"camera_hz": 0.3}, "camera_hz=0.3 Hz has no whole-nanosecond period; choose 0.25 or"),
+    ],
+)
+def test_a_rate_without_a_whole_nanosecond_period_is_offered_ones_that_have_one(
+    change: dict[str, object], offered: str
+) -> None:
+    """The message said only what was wrong with the rate, not which rates work."""
+    with pytest.raises(SynthError) as info:
+        DriveConfig(**change).validate()  # type: ignore[arg-type]
+    assert offered in str(info.value)
+    rate = float(str(info.value).split("choose ")[1].split(" ")[0])
+    DriveConfig(**{next(iter(change)): rate}).validate()  # type: ignore[arg-type]

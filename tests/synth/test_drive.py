@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import re
@@ -10,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -221,6 +223,10 @@ def test_existing_output_is_refused_unless_overwrite(tmp_path: Path) -> None:
     assert again.bag.exists()
     with pytest.raises(SynthError, match="does not exist"):
         generate_drive(TINY, tmp_path / "missing" / "d.bag")
+    (tmp_path / "a-file").write_text("")
+    # a file where the directory belongs is named as such, not as a missing directory
+    with pytest.raises(SynthError, match=r"a-file is not a directory"):
+        generate_drive(TINY, tmp_path / "a-file" / "d.bag")
     with pytest.raises(SynthError, match="lidar_beams"):
         generate_drive(DriveConfig(lidar_beams=4), tmp_path / "e.bag")
 
@@ -322,6 +328,25 @@ def test_overwrite_replaces_a_drive_only(tmp_path: Path) -> None:
         generate_drive(TINY, drive.bag, overwrite=True)
     assert (precious / "notes.txt").read_text() == "important"
     assert text.read_text() == "not a bag" and (drive.truth / "my-labels.json").exists()
+
+
+def test_overwrite_keeps_a_folder_that_holds_a_metadata_yaml_among_other_files(
+    tmp_path: Path,
+) -> None:
+    """A ``metadata.yaml`` made any folder a rosbag2 bag: ``--out experiment --overwrite``
+    removed the results and notes beside it.  A real rosbag2 drive is still replaced."""
+    config = DriveConfig(**{**TINY.__dict__, "format": "mcap", "lidar": False, "camera": False})
+    folder = tmp_path / "experiment"
+    (folder / "notes").mkdir(parents=True)
+    (folder / "metadata.yaml").write_text("author: me\n")
+    (folder / "results.csv").write_text("1,2\n")
+    with pytest.raises(SynthError, match=r"experiment is not a bag .* refusing to replace it"):
+        generate_drive(config, folder, overwrite=True)
+    assert sorted(p.name for p in folder.iterdir()) == ["metadata.yaml", "notes", "results.csv"]
+    assert not (tmp_path / "experiment.truth").exists()
+    drive = generate_drive(config, tmp_path / "d")
+    again = generate_drive(config, drive.bag, overwrite=True)
+    assert sorted(p.name for p in again.bag.iterdir()) == ["d.mcap", "metadata.yaml"]
 
 
 def test_overwrite_replaces_a_link_to_a_drive_and_keeps_its_target(tmp_path: Path) -> None:
@@ -485,6 +510,47 @@ def test_a_full_disk_is_one_error_naming_the_bag_and_leaves_nothing(tmp_path: Pa
         assert list(disk.iterdir()) == []
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
+
+
+def _sqlite_full() -> sqlite3.Error:
+    """The error sqlite3 raises on a full disk (a database at its page limit)."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (x BLOB)")
+    db.execute("PRAGMA max_page_count = 2")
+    try:
+        for _ in range(10):
+            db.execute("INSERT INTO t VALUES (?)", (b"x" * 4000,))
+    except sqlite3.Error as err:
+        return err
+    finally:
+        db.close()
+    raise AssertionError("sqlite3 wrote past its page limit")
+
+
+def test_a_full_disk_under_a_ros2_bag_is_named_like_the_other_formats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sqlite3's "database or disk is full" names no file and is no OSError: the command
+    line printed a traceback where ros1 and mcap say "<bag>: No space left on device"."""
+    from adcloud.synth import writer  # noqa: PLC0415
+
+    full = _sqlite_full()
+    written = [0]
+    real = writer._Ros2.write
+
+    def write(self: Any, topic: str, t_ns: int, data: bytes) -> None:
+        written[0] += 1
+        if written[0] > 50:
+            raise full
+        real(self, topic, t_ns, data)
+
+    monkeypatch.setattr(writer._Ros2, "write", write)
+    config = DriveConfig(**{**TINY.__dict__, "format": "ros2", "lidar": False, "camera": False})
+    with pytest.raises(OSError, match="No space left") as caught:
+        generate_drive(config, tmp_path / "d")
+    assert caught.value.errno == errno.ENOSPC
+    assert caught.value.filename == str(tmp_path / "d")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_output_names_and_times_a_bag_cannot_hold_are_refused(tmp_path: Path) -> None:

@@ -232,6 +232,27 @@ def test_a_large_odometry_scale_error_is_the_one_configured(
     assert np.allclose(twist[moving, 0], 1.15 * true_speed[moving], rtol=1e-3)
 
 
+def test_a_fast_odometry_scale_drift_stays_within_its_bound(
+    tmp_path: Path, read_bag: Reader
+) -> None:
+    """A drift whose step exceeds the 5 % bound was reflected once and left outside it:
+    scales below 0 made the wheel speed run backwards while the car drove forwards."""
+    config = DriveConfig(
+        seconds=3.0,
+        lidar=False,
+        camera=False,
+        truth_raster=False,
+        odom_scale_drift=2.0,
+        odom_speed_noise=0.0,
+    )
+    drive = generate_drive(config, tmp_path / "drift.bag")
+    _, scale = _csv(drive.truth / "odom_scale.csv")
+    assert np.abs(scale[:, 0] - 1).max() <= 0.05 + 1e-12
+    assert np.ptp(scale[:, 0]) > 0.05  # it does drift, across the whole band
+    _, twist, _ = _odometry(drive, read_bag)
+    assert (twist[:, 0] >= 0).all()
+
+
 def test_gps_errors_match_the_configured_noise_and_the_outage(
     gps_drive: DriveResult, read_bag: Reader
 ) -> None:

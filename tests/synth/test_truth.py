@@ -284,3 +284,15 @@ def test_the_raster_covers_the_whole_route_at_a_low_truth_rate(tmp_path: Path) -
         & (antenna[:, 1] <= y0 + h * raster.resolution)
     )
     assert inside.all(), antenna[~inside]
+
+
+def test_reading_the_raster_of_a_drive_without_one_says_why_it_is_missing(
+    tmp_path: Path,
+) -> None:
+    """``truth_raster=False`` writes no raster.npz; ``read_raster`` raised a bare
+    FileNotFoundError, as if the drive were damaged."""
+    config = DriveConfig(seconds=0.3, lidar=False, camera=False, truth_raster=False)
+    result = generate_drive(config, tmp_path / "plain.bag")
+    assert len(read_poses(result.truth)[0]) == 30
+    with pytest.raises(SynthError, match=r"plain\.bag\.truth has no raster\.npz: .*--no-raster"):
+        read_raster(result.truth)
