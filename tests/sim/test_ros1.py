@@ -316,33 +316,43 @@ def test_a_relative_node_program_is_found_in_the_nodes_directory(
     )
 
 
+def _own_roscore(tmp_path: Path) -> tuple[int, subprocess.Popen[bytes], Any]:
+    """A roscore of the test's own on a free port: (port, process, master proxy).  Another
+    process may take the port first (a node's or a launcher's XML-RPC server of a test
+    running beside this one, answering faults): roscore then fails, and another port is
+    tried."""
+    for _ in range(3):
+        port = adapters._free_port()
+        env = adapters._ros_env(tmp_path, port, ())
+        proc = subprocess.Popen(
+            ["roscore", "-p", str(port)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        master = xmlrpc.client.ServerProxy(env["ROS_MASTER_URI"])
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if master.getPid("/test")[0] == 1:
+                    return port, proc, master
+            except (OSError, xmlrpc.client.Fault):
+                pass  # not up yet, or not a master at all
+            time.sleep(0.1)
+        adapters._stop_group(proc)
+    pytest.fail("no roscore of the test's own started on 3 free ports")
+
+
 def test_a_port_another_master_took_is_given_up_for_another(
     drive: DriveResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The port picked for a run's roscore can be taken before roscore binds it (another
     run on the same host): the run must notice the foreign master, leave it alone, and
     use a master of its own."""
-    port = adapters._free_port()
-    env = adapters._ros_env(tmp_path, port, ())
-    other = subprocess.Popen(
-        ["roscore", "-p", str(port)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    port, other, master = _own_roscore(tmp_path)
     try:
-        master = xmlrpc.client.ServerProxy(env["ROS_MASTER_URI"])
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if master.getPid("/test")[0] == 1:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the other roscore did not start"
-            time.sleep(0.1)
         picks = iter([port])  # the first pick collides, later ones are free
         real = adapters._free_port
         monkeypatch.setattr(adapters, "_free_port", lambda: next(picks, 0) or real())
