@@ -91,6 +91,26 @@ def wait_for_line(proc: subprocess.Popen[str], expected: str, timeout: float = 3
     raise AssertionError(f"worker never printed {expected!r} (exit {proc.poll()}): {err[-2000:]}")
 
 
+def kill_worker(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL a worker (a crash: nothing of it runs after) and close its pipes."""
+    import signal  # noqa: PLC0415
+
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def catalog_rows(store_root: Path, table: str) -> int:
+    """How many rows ``table`` of the store's catalog holds (read beside the store)."""
+    import sqlite3  # noqa: PLC0415
+
+    with sqlite3.connect(store_root / "catalog.sqlite") as db:
+        return int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+
 #: Opens a LocalStore on the test's store root with settings overridden.
 MakeStore = Callable[..., LocalStore]
 

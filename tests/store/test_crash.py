@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -30,16 +29,7 @@ from adcloud.store import (
     WriteType,
 )
 from tests.store._worker import check_payload, payload
-from tests.store.conftest import start_worker, wait_for_line, worker_env
-
-
-def kill(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
+from tests.store.conftest import kill_worker, start_worker, wait_for_line, worker_env
 
 
 def test_sigkill_mid_write_publishes_nothing(store_root: Path) -> None:
@@ -51,7 +41,7 @@ def test_sigkill_mid_write_publishes_nothing(store_root: Path) -> None:
         wait_for_line(proc, "writing")
         staging = list((store_root / "mem/tmp").iterdir())
         assert len(staging) == 1 and staging[0].stat().st_size >= 4 * (256 << 10)
-        kill(proc)
+        kill_worker(proc)
     store = LocalStore("local://", background=False)
     try:
         assert store.get("/ckpt/model") == b"version 1"
@@ -76,7 +66,7 @@ def test_sigkill_mid_through_write_leaves_no_staging_file_in_the_under_store(
     other = LocalStore("local://", background=False)
     other.maintain()
     assert staging.exists()
-    kill(proc)
+    kill_worker(proc)
     other.maintain()  # a long-lived process finds it without reopening the store
     other.close()
     assert not staging.exists()
@@ -109,7 +99,7 @@ def test_the_staging_registry_never_deletes_anything_but_staging_files(
 def test_sigkill_after_async_ack_loses_nothing(store_root: Path) -> None:
     proc = start_worker("async-put", "/ckpt/params.bin", str(2 << 20), "7")
     wait_for_line(proc, "acked")
-    kill(proc)
+    kill_worker(proc)
     ufs_file = store_root / "ufs/ckpt/params.bin"
     assert not ufs_file.exists()  # the killed writer had no persister thread
     store = LocalStore("local://")  # a restart: the maintainer replays the journal
@@ -130,7 +120,7 @@ def test_sigkill_mid_persist_is_finished_by_the_next_process(store_root: Path) -
     wait_for_line(proc, "persisting")
     leftovers = [p for p in (store_root / "ufs/ckpt").iterdir() if "adcloud-tmp" in p.name]
     assert len(leftovers) == 1
-    kill(proc)
+    kill_worker(proc)
     store = LocalStore("local://", background=False)
     try:
         assert store.pending_persists() == 1
@@ -145,7 +135,7 @@ def test_a_killed_lock_holder_does_not_wedge_the_store(store_root: Path) -> None
     LocalStore("local://", background=False).close()
     proc = start_worker("hold-space-lock")
     wait_for_line(proc, "locked")
-    kill(proc)
+    kill_worker(proc)
     store = LocalStore("local://", background=False)
     try:
         store.put("/after", b"fine", write_type=WriteType.MUST_CACHE)
@@ -286,7 +276,7 @@ def _serve(port: int) -> subprocess.Popen[str]:
                 probe.exists("/")
             except StoreUnavailableError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    kill(proc)
+                    kill_worker(proc)
                     pytest.fail("adcloud store serve did not start")
                 time.sleep(0.1)
             else:
@@ -313,7 +303,7 @@ def test_a_proxy_killed_mid_write_is_an_error_naming_the_path(store_root: Path) 
         client.put("/kept.bin", b"kept")
         stream = client.open(path, "wb")
         stream.write(b"x" * (64 << 10))  # one write request went through
-        kill(proc)
+        kill_worker(proc)
         with pytest.raises(StoreUnavailableError, match=re.escape(f"write {path}: cannot reach")):
             stream.write(b"y" * (64 << 10))
         with pytest.raises(StoreUnavailableError, match=re.escape("get-status /kept.bin")):
@@ -325,7 +315,7 @@ def test_a_proxy_killed_mid_write_is_an_error_naming_the_path(store_root: Path) 
     finally:
         client.close()
         if proc.poll() is None:
-            kill(proc)
+            kill_worker(proc)
     assert list((store_root / "mem/tmp").iterdir()) == []  # the killed server's staging
 
 

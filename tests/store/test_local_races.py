@@ -4,9 +4,7 @@ replaces the file, and pins racing eviction and TTL actions."""
 
 from __future__ import annotations
 
-import signal
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,21 +12,13 @@ import pytest
 
 from adcloud.store import LocalStore, PersistenceState, StoreError, WriteType, _catalog
 from tests.store._worker import check_payload, payload
-from tests.store.conftest import MakeStore, start_worker, wait_for_line
-
-
-def _kill(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
-
-
-def _publishing(store_root: Path) -> int:
-    with sqlite3.connect(store_root / "catalog.sqlite") as db:
-        return int(db.execute("SELECT COUNT(*) FROM publishing").fetchone()[0])
+from tests.store.conftest import (
+    MakeStore,
+    catalog_rows,
+    kill_worker,
+    start_worker,
+    wait_for_line,
+)
 
 
 @pytest.mark.parametrize("old_type", [WriteType.THROUGH, WriteType.CACHE_THROUGH])
@@ -42,7 +32,7 @@ def test_a_through_overwrite_killed_after_its_copy_replaced_the_old_one_is_finis
     store.put("/ckpt/m.bin", payload(1, 3000), write_type=old_type)
     proc = start_worker("through-stalled", "/ckpt/m.bin", "4000", "2", "after")
     wait_for_line(proc, "stalled")
-    _kill(proc)
+    kill_worker(proc)
     try:
         ufs = store_root / "ufs/ckpt/m.bin"
         assert ufs.read_bytes() == payload(2, 4000)  # the copy was in place
@@ -61,7 +51,7 @@ def test_a_through_overwrite_killed_after_its_copy_replaced_the_old_one_is_finis
         # the old version's cached copy went with its row
         assert [t.used for t in store.usage()] == [0, 0, 0]
         assert [p for p in (store_root / "mem/objects").rglob("*") if p.is_file()] == []
-        assert _publishing(store_root) == 0
+        assert catalog_rows(store_root, "publishing") == 0
     finally:
         store.close()
 
@@ -74,11 +64,11 @@ def test_a_through_overwrite_killed_before_its_copy_moved_keeps_the_old_version(
     store.close()
     proc = start_worker("through-stalled", "/ckpt/m.bin", "4000", "2", "before")
     wait_for_line(proc, "stalled")
-    _kill(proc)
-    assert _publishing(store_root) == 1
+    kill_worker(proc)
+    assert catalog_rows(store_root, "publishing") == 1
     store = LocalStore("local://", background=False)  # a restart cleans up after it
     try:
-        assert _publishing(store_root) == 0
+        assert catalog_rows(store_root, "publishing") == 0
         assert store.get("/ckpt/m.bin") == payload(1, 3000)
         assert store.stat("/ckpt/m.bin").size == len(payload(1, 3000))
         assert [p.name for p in (store_root / "ufs/ckpt").iterdir()] == ["m.bin"]
@@ -95,11 +85,11 @@ def test_a_newer_cached_version_is_not_replaced_by_a_dead_writers_copy(
     store.put("/m.bin", payload(1, 3000), write_type=WriteType.THROUGH)
     proc = start_worker("through-stalled", "/m.bin", "4000", "2", "after")
     wait_for_line(proc, "stalled")
-    _kill(proc)
+    kill_worker(proc)
     try:
         store.put("/m.bin", payload(3, 5000), write_type=WriteType.MUST_CACHE)
         store.maintain()
-        assert _publishing(store_root) == 0
+        assert catalog_rows(store_root, "publishing") == 0
         assert store.get("/m.bin") == payload(3, 5000)
         assert store.stat("/m.bin").persistence is PersistenceState.NOT_PERSISTED
     finally:
@@ -145,7 +135,7 @@ def test_reads_from_the_under_store_while_another_process_overwrites_the_file(
         assert int(out.split()[-1]) > 5  # the file was replaced many times meanwhile
     finally:
         if proc.poll() is None:
-            _kill(proc)
+            kill_worker(proc)
         store.close()
     assert reads > 20
 

@@ -4,36 +4,20 @@ back) for the next reader, writer or process."""
 
 from __future__ import annotations
 
-import signal
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from adcloud.store import LocalStore, StoreError, StoreNotFoundError, WriteType, _catalog
 from tests.store._worker import payload
-from tests.store.conftest import start_worker, wait_for_line
-
-
-def _kill(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
-
-
-def _renaming(store_root: Path) -> int:
-    with sqlite3.connect(store_root / "catalog.sqlite") as db:
-        return int(db.execute("SELECT COUNT(*) FROM renaming").fetchone()[0])
+from tests.store.conftest import catalog_rows, kill_worker, start_worker, wait_for_line
 
 
 def _killed_rename(src: str, dst: str, when: str) -> None:
     proc = start_worker("rename-stalled", src, dst, when)
     wait_for_line(proc, "stalled")
-    _kill(proc)
+    kill_worker(proc)
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
@@ -54,7 +38,7 @@ def test_a_file_rename_killed_before_it_committed_leaves_the_file_readable(
         assert store.read_range("/ckpt/a.bin", 8, 4) == (3000).to_bytes(4, "little")
         assert not store.exists("/ckpt/b.bin")
         assert sorted(p.name for p in (store_root / "ufs/ckpt").iterdir()) == ["a.bin"]
-        assert _renaming(store_root) == 0
+        assert catalog_rows(store_root, "renaming") == 0
         store.rename("/ckpt/a.bin", "/ckpt/b.bin")  # and the rename can be done again
         assert store.get("/ckpt/b.bin") == payload(1, 3000)
         assert sorted(p.name for p in (store_root / "ufs/ckpt").iterdir()) == ["b.bin"]
@@ -72,10 +56,10 @@ def test_a_directory_rename_killed_after_the_move_is_rolled_back_by_the_next_pro
     store.close()
     _killed_rename("/run", "/done", "after")
     assert (store_root / "ufs/done/x.bin").exists()  # the tree had moved
-    assert _renaming(store_root) == 1
+    assert catalog_rows(store_root, "renaming") == 1
     store = LocalStore("local://", background=False)  # opening the store rolls it back
     try:
-        assert _renaming(store_root) == 0
+        assert catalog_rows(store_root, "renaming") == 0
         assert not (store_root / "ufs/done").exists()
         assert store.get("/run/x.bin") == payload(1, 2000)
         assert store.get("/run/sub/y.bin") == payload(2, 1000)
@@ -97,7 +81,7 @@ def test_a_through_write_to_the_target_of_a_killed_rename_does_not_take_its_byte
         store.put("/b", payload(2, 4000), write_type=WriteType.THROUGH)
         assert store.get("/b") == payload(2, 4000)
         assert store.get("/a") == payload(1, 3000)
-        assert _renaming(store_root) == 0
+        assert catalog_rows(store_root, "renaming") == 0
     finally:
         store.close()
 
@@ -133,7 +117,7 @@ def test_a_rename_whose_commit_fails_after_the_move_is_undone(
         with pytest.raises(StoreNotFoundError):
             store.stat("/b")
         assert (store_root / "ufs/a").exists() and not (store_root / "ufs/b").exists()
-        assert _renaming(store_root) == 0
+        assert catalog_rows(store_root, "renaming") == 0
     finally:
         store.close()
 
@@ -152,7 +136,7 @@ def test_a_delete_killed_before_removing_the_under_store_copy_is_finished(
         store.put("/f.bin", payload(1, 3000), write_type=WriteType.THROUGH)
     proc = start_worker("delete-stalled", "/f.bin", "file")
     wait_for_line(proc, "stalled")
-    _kill(proc)
+    kill_worker(proc)
     assert (store_root / "ufs/f.bin").exists()
     with LocalStore("local://", background=False) as store:
         assert not (store_root / "ufs/f.bin").exists()
@@ -171,7 +155,7 @@ def test_a_tree_delete_killed_before_the_under_store_leaves_no_tree_to_block_a_r
     store.put("/g/z.bin", payload(3, 500), write_type=WriteType.THROUGH)
     proc = start_worker("delete-stalled", "/d", "recursive")
     wait_for_line(proc, "stalled")
-    _kill(proc)
+    kill_worker(proc)
     try:
         assert not store.exists("/d")
         store.maintain()  # a process that was open all along finishes it
@@ -189,7 +173,7 @@ def test_a_delete_killed_does_not_remove_a_copy_written_there_since(store_root: 
     store.put("/f.bin", payload(1, 3000), write_type=WriteType.THROUGH)
     proc = start_worker("delete-stalled", "/f.bin", "file")
     wait_for_line(proc, "stalled")
-    _kill(proc)
+    kill_worker(proc)
     try:
         store.put("/f.bin", payload(2, 4000), write_type=WriteType.THROUGH)
         store.maintain()
