@@ -30,11 +30,16 @@ it forks, as the ``gc`` documentation recommends, which also keeps the workers' 
 from writing to (and so copying) pages shared with the daemon.  A frozen object that
 later becomes garbage in a reference cycle is not freed; one left when nothing was
 imported is not frozen, so this bounds to what tasks that imported kept alive.
+
+Before it forks any worker the daemon imports the modules named in ``ADCLOUD_WORKER_IMPORTS``
+(``SparkSettings.worker_imports``), so that each worker starts with them imported.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,6 +100,27 @@ def _freeze_what_imports_built() -> None:
         _modules_frozen = len(sys.modules)
 
 
+#: What :func:`_import_requested` imported (a task can read it through ``__main__``).
+imported: list[str] = []
+
+
+def _import_requested() -> None:
+    """Import the modules of ``ADCLOUD_WORKER_IMPORTS`` (``adcloud.spark.WORKER_IMPORTS_ENV``);
+    one that fails is reported on stderr (the executor's log), and the tasks that need it
+    fail with their own import error as they would have."""
+    for name in os.environ.get("ADCLOUD_WORKER_IMPORTS", "").replace(",", " ").split():
+        try:
+            importlib.import_module(name)
+            imported.append(name)
+        except Exception as exc:  # reported here; the tasks that need it meet it again
+            print(
+                f"adcloud worker daemon: cannot import {name!r} before forking workers: "
+                f"{type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 def worker(sock: Any, authenticated: bool) -> int:
     """``pyspark.daemon.worker``, ending quietly when the JVM has closed the socket."""
     try:
@@ -108,5 +134,6 @@ def worker(sock: Any, authenticated: bool) -> int:
 _daemon.worker = worker
 
 if __name__ == "__main__":
+    _import_requested()
     _freeze_what_imports_built()  # before the forks: the workers inherit it frozen
     _daemon.manager()

@@ -202,11 +202,12 @@ def _cmd_bag_reindex(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _session(args: argparse.Namespace) -> Any:
+def _session(args: argparse.Namespace, *, worker_imports: tuple[str, ...] = ()) -> Any:
     from adcloud.spark import SparkSettings, get_session  # noqa: PLC0415
 
     master = getattr(args, "master", None)
     settings = SparkSettings.load(master=master) if master else SparkSettings.load()
+    settings = settings.importing(*worker_imports)
     # The CLI draws its own progress bars; Spark's console bar would interleave with them.
     return get_session(settings, **{"spark.ui.showConsoleProgress": "false"})
 
@@ -363,7 +364,7 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
 
     # 2. ROS bags as binary Spark partitions (adcloud.binpipe)
     bags = [Path(b) for b in args.bag] if args.bag else [drive.bag, *_demo_bags()]
-    spark = _session(args)
+    spark = _session(args, worker_imports=("torch",))  # for the training at the end
     console.rule("adcloud binpipe: ROS bags as binary Spark partitions")
     console.print(
         f"Spark {spark.version} master [bold]{escape(spark.sparkContext.master)}[/bold]",

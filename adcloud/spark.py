@@ -84,6 +84,9 @@ _MIN_JAVA = 17
 # master 4.5-5.5 s -> 1.8-2.4 s) at no cost that matters for a scheduler.
 _LIGHT_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 _LOOPBACK = "127.0.0.1"
+#: The environment variable that carries :attr:`SparkSettings.worker_imports` to the Python
+#: worker daemon (:mod:`adcloud._pyspark_daemon`).
+WORKER_IMPORTS_ENV = "ADCLOUD_WORKER_IMPORTS"
 _LOG4J2 = Path(__file__).with_name("spark_log4j2.properties")
 # Spark caches and unrolls blocks in 1 MiB chunks.  For heaps under 8 GiB G1 picks 1-2 MiB
 # regions, where a 1 MiB array is "humongous" and holds a region of its own (two, at 1 MiB),
@@ -134,6 +137,13 @@ class SparkSettings:
     executor_memory: str = "1g"
     conf: tuple[str, ...] = ()
     log_level: str = "WARN"
+    #: Modules the Python worker daemon imports before it forks the workers, so each new
+    #: worker starts with them imported (``torch`` costs every new worker ~2.5 s of a core;
+    #: a worker idle for a minute is closed, and the next task forks a new one).  For
+    #: sessions whose tasks all use them, e.g. ``("torch",)`` for training; a module that
+    #: fails to import there is reported in the executor's log and imported by the tasks
+    #: as usual.  From the environment: ``ADCLOUD_SPARK_WORKER_IMPORTS=torch,numpy``.
+    worker_imports: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Checked here, before a JVM starts: Spark itself refuses a bad memory size with a
@@ -146,6 +156,13 @@ class SparkSettings:
                 msg = (
                     f"spark.{name}: {value!r} is not a JVM memory size such as 512m or 2g "
                     f"(ADCLOUD_SPARK_{name.upper()})"
+                )
+                raise ConfigError(msg)
+        for name in self.worker_imports:
+            if not all(part.isidentifier() for part in name.split(".")):
+                msg = (
+                    f"spark.worker_imports: {name!r} is not a module name such as torch or "
+                    "adcloud.train.job (ADCLOUD_SPARK_WORKER_IMPORTS: comma-separated)"
                 )
                 raise ConfigError(msg)
         if self.log_level.upper() not in _LOG_LEVELS:
@@ -165,6 +182,12 @@ class SparkSettings:
     ) -> SparkSettings:
         """Defaults, then the ``spark`` section of ``file``, ``ADCLOUD_SPARK_*``, ``overrides``."""
         return load_settings(cls, "spark", file=file, environ=environ, **overrides)
+
+    def importing(self, *modules: str) -> SparkSettings:
+        """These settings with ``modules`` added to :attr:`worker_imports` (for a command
+        whose tasks import them, e.g. training and ``torch``)."""
+        extra = tuple(m for m in modules if m not in self.worker_imports)
+        return dataclasses.replace(self, worker_imports=(*self.worker_imports, *extra))
 
     def conf_pairs(self) -> dict[str, str]:
         """``conf`` as a mapping; raises :class:`ConfigError` for an entry without ``=``."""
@@ -274,6 +297,8 @@ def spark_conf(
         "spark.driver.memory": settings.driver_memory,
         "spark.executor.memory": settings.executor_memory,
     }
+    if settings.worker_imports:  # read by adcloud._pyspark_daemon
+        merged[f"spark.executorEnv.{WORKER_IMPORTS_ENV}"] = ",".join(settings.worker_imports)
     merged.update(settings.conf_pairs())
     merged.update({key: _conf_value(value) for key, value in (conf or {}).items()})
     # Quiet start-up (see the properties file) and G1 regions that fit Spark's cache chunks

@@ -164,7 +164,12 @@ def spark() -> Iterator[SparkSession]:
     from adcloud.spark import SparkSettings, get_session  # noqa: PLC0415
 
     settings = SparkSettings(
-        master="local[2]", app_name="adcloud-tests", driver_memory="1g", executor_memory="1g"
+        master="local[2]",
+        app_name="adcloud-tests",
+        driver_memory="1g",
+        executor_memory="1g",
+        # the training tests' workers start with torch imported (see SparkSettings)
+        worker_imports=("torch",),
     )
     session = get_session(
         settings,

@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 from adcloud.errors import ConfigError, MissingComponentError
 from adcloud.spark import (
     JAVA_INSTALL_HINT,
+    WORKER_IMPORTS_ENV,
     SparkClusterError,
     SparkSettings,
     StandaloneCluster,
@@ -103,6 +104,51 @@ def test_settings_environment_override() -> None:
     }
     explicit = SparkSettings.load(environ={"ADCLOUD_SPARK_MASTER": "local[3]"}, master="local[1]")
     assert explicit.master == "local[1]"
+
+
+def test_worker_imports_reach_the_daemon_through_the_executor_environment() -> None:
+    settings = SparkSettings.load(environ={"ADCLOUD_SPARK_WORKER_IMPORTS": "torch, numpy"})
+    assert settings.worker_imports == ("torch", "numpy")
+    conf = spark_conf(settings)
+    assert conf[f"spark.executorEnv.{WORKER_IMPORTS_ENV}"] == "torch,numpy"
+    assert not any(k.startswith("spark.executorEnv.") for k in spark_conf(SparkSettings()))
+    with pytest.raises(ConfigError, match=r"spark\.worker_imports: 'torch numpy' is not a module"):
+        SparkSettings(worker_imports=("torch numpy",))
+
+
+def test_the_daemon_imports_what_it_is_asked_to_and_reports_what_it_cannot(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys  # noqa: PLC0415
+
+    from adcloud import _pyspark_daemon  # noqa: PLC0415
+
+    monkeypatch.setattr(_pyspark_daemon, "imported", [])
+    monkeypatch.delitem(sys.modules, "wave", raising=False)
+    monkeypatch.setenv(WORKER_IMPORTS_ENV, "wave,adcloud_no_such_module")
+    _pyspark_daemon._import_requested()
+    assert _pyspark_daemon.imported == ["wave"] and "wave" in sys.modules
+    err = capsys.readouterr().err
+    assert "cannot import 'adcloud_no_such_module' before forking workers" in err
+    assert "ModuleNotFoundError" in err
+
+
+def _imported_before_fork(_: int) -> list[str]:
+    import sys  # noqa: PLC0415
+
+    daemon = sys.modules["__main__"]  # the forked daemon: python -m adcloud._pyspark_daemon
+    assert daemon.__spec__ is not None and daemon.__spec__.name == "adcloud._pyspark_daemon"
+    return list(daemon.imported)
+
+
+def test_a_session_s_worker_imports_are_imported_before_the_workers_fork(
+    spark: SparkSession,
+) -> None:
+    """The test session asks for torch (tests/conftest.py): its daemon imported it before
+    forking the worker that runs the task."""
+    assert spark.sparkContext.parallelize([0], 1).map(_imported_before_fork).collect() == [
+        ["torch"]
+    ]
 
 
 def test_settings_conf_entry_without_equals_sign_is_an_error() -> None:

@@ -54,7 +54,8 @@ def _spark_settings(args: argparse.Namespace) -> Any:
     from adcloud.spark import SparkSettings  # noqa: PLC0415
 
     overrides = {"master": args.master} if args.master else {}
-    return SparkSettings.load(file=getattr(args, "config", None), **overrides)
+    settings = SparkSettings.load(file=getattr(args, "config", None), **overrides)
+    return settings.importing("torch")  # every trainer and scorer imports it
 
 
 def _session(args: argparse.Namespace) -> Any:

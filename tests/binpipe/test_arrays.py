@@ -71,7 +71,9 @@ def test_images_skip_row_padding_and_check_sizes() -> None:
 
 
 def test_read_messages_decodes_a_bag_in_file_order(tmp_path: Path) -> None:
-    cfg = DriveConfig(seconds=1, seed=2, lidar_beams=16, lidar_columns=128, camera=True)
+    cfg = DriveConfig(
+        seconds=1, seed=2, lidar_beams=16, lidar_columns=128, camera=True, truth_raster=False
+    )
     bag = generate_drive(cfg, tmp_path / "d.bag").bag
     items = list(read_messages(str(bag), topics=["/lidar/points", "/camera/labels"]))
     assert {m.topic for m, _ in items} == {"/lidar/points", "/camera/labels"}

@@ -43,7 +43,9 @@ from tests.hdmap.bagedit import without_fix
 
 pytestmark = pytest.mark.spark
 
-SHORT = DriveConfig(seconds=20, seed=5, lidar_beams=16, lidar_columns=512, camera=False)
+SHORT = DriveConfig(
+    seconds=20, seed=5, lidar_beams=16, lidar_columns=512, camera=False, truth_raster=False
+)
 GPS_SHIFT_M = 1.5
 
 
@@ -770,7 +772,9 @@ def test_the_build_report_describes_the_whole_grid(spark: SparkSession, tmp_path
     """A build's summary.html once described only the coarse copies it draws (the tiles
     along the roads): 17 tiles and 4x the observed area for a grid of 35, where the eval
     report of the same version said 35."""
-    config = DriveConfig(seconds=10, seed=5, lidar_beams=16, lidar_columns=512, camera=False)
+    config = DriveConfig(
+        seconds=10, seed=5, lidar_beams=16, lidar_columns=512, camera=False, truth_raster=False
+    )
     drive = generate_drive(config, tmp_path / "d.bag")
     version = build_map(spark, str(drive.bag), str(tmp_path / "map")).result.version
     assert version is not None and version.path is not None
@@ -803,7 +807,9 @@ def test_a_drive_far_from_the_maps_is_named_and_labels_beside_it_are_taken(
     A drive without a GPS fix, built with them 2 km east of the map's, was held with its
     start at the map origin, silently; it is named too (:class:`UnplacedDrive`)."""
     monkeypatch.setenv("COLUMNS", "400")  # long paths on one line each
-    config = DriveConfig(seconds=6, seed=5, lidar_beams=16, lidar_columns=256, camera=False)
+    config = DriveConfig(
+        seconds=6, seed=5, lidar_beams=16, lidar_columns=256, camera=False, truth_raster=False
+    )
     lat, lon, alt = config.gps_origin
     elsewhere = DriveConfig(**{**config.__dict__, "gps_origin": (lat + 2000 / 111_000, lon, alt)})
     near = generate_drive(config, tmp_path / "near.bag")

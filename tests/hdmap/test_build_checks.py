@@ -31,7 +31,9 @@ ORIGIN = (37.3875, -122.0575, 12.0)
 @pytest.fixture(scope="module")
 def new_bag(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
     """A real 2 s drive (the build reads its topics before it starts Spark)."""
-    config = DriveConfig(seconds=2, seed=3, lidar_beams=16, lidar_columns=128, camera=False)
+    config = DriveConfig(
+        seconds=2, seed=3, lidar_beams=16, lidar_columns=128, camera=False, truth_raster=False
+    )
     return generate_drive(config, tmp_path_factory.mktemp("drive") / "new.bag")
 
 

@@ -16,7 +16,9 @@ from adcloud.hdmap.errors import DriveDataError
 from adcloud.synth import DriveConfig, generate_drive
 from tests.hdmap.bagedit import without_fix
 
-CONFIG = DriveConfig(seconds=3, seed=3, lidar_beams=16, lidar_columns=256, camera=False)
+CONFIG = DriveConfig(
+    seconds=3, seed=3, lidar_beams=16, lidar_columns=256, camera=False, truth_raster=False
+)
 
 
 @pytest.fixture(scope="module")

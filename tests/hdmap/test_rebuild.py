@@ -15,7 +15,9 @@ from tests.device_order import sums_in_any_order
 
 pytestmark = pytest.mark.spark
 
-BRIEF = DriveConfig(seconds=6, seed=5, lidar_beams=16, lidar_columns=512, camera=False)
+BRIEF = DriveConfig(
+    seconds=6, seed=5, lidar_beams=16, lidar_columns=512, camera=False, truth_raster=False
+)
 
 
 @pytest.fixture(scope="module")

@@ -142,7 +142,9 @@ def test_votes_decide_a_type_only_when_enough_views_agree_and_the_size_fits() ->
 
 #: 30 s of the seed-7 world with the camera on: the drive sees the faces of two plates (a
 #: pedestrian crossing and the tall speed limit) and the backs of others.
-CAMERA_DRIVE = DriveConfig(seconds=30, seed=7, lidar_beams=16, lidar_columns=512)
+CAMERA_DRIVE = DriveConfig(
+    seconds=30, seed=7, lidar_beams=16, lidar_columns=512, truth_raster=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +219,9 @@ def test_a_map_build_types_signs_from_the_camera_and_later_builds_keep_the_votes
     assert first.counts["signs_typed_by_camera"] == len(typed)
     # A later build adds a drive without a camera: the signs keep the types the first
     # drive's images gave, from the votes kept in the map.
-    later = DriveConfig(seconds=8, seed=7, lidar_beams=16, lidar_columns=512, camera=False)
+    later = DriveConfig(
+        seconds=8, seed=7, lidar_beams=16, lidar_columns=512, camera=False, truth_raster=False
+    )
     second = generate_drive(later, tmp_path / "second.bag")
     v2 = build_map(spark, [str(camera_drive.bag), str(second.bag)], map_uri, settings)
     assert v2.counts["drives_new"] == 1

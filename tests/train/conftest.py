@@ -23,8 +23,13 @@ from adcloud.train.config import TrainConfig
 from adcloud.train.loop import train
 from adcloud.train.task import Sample, Task, get_task
 
-TRAIN_DRIVE = DriveConfig(seconds=20, seed=6, lidar_beams=16, lidar_columns=512, camera=True)
-HELDOUT_DRIVE = DriveConfig(seconds=10, seed=5, lidar_beams=16, lidar_columns=512, camera=True)
+# (no truth raster: training reads the labels the bags carry)
+TRAIN_DRIVE = DriveConfig(
+    seconds=20, seed=6, lidar_beams=16, lidar_columns=512, camera=True, truth_raster=False
+)
+HELDOUT_DRIVE = DriveConfig(
+    seconds=10, seed=5, lidar_beams=16, lidar_columns=512, camera=True, truth_raster=False
+)
 
 
 def decoded_messages(bag: str | Path, topics: Sequence[str]) -> Iterator[tuple[str, int, Any]]:

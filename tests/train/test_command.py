@@ -347,11 +347,16 @@ def test_the_run_config_files_spark_section_sets_the_session(
     """``--config`` holds sections: its ``spark`` one was read by no command (silently)."""
     from adcloud.train.command import _spark_settings  # noqa: PLC0415
 
-    for name in ("ADCLOUD_SPARK_MASTER", "ADCLOUD_SPARK_EXECUTOR_MEMORY", "ADCLOUD_SPARK_CONF"):
-        monkeypatch.delenv(name, raising=False)
+    for name in ("MASTER", "EXECUTOR_MEMORY", "CONF", "WORKER_IMPORTS"):
+        monkeypatch.delenv(f"ADCLOUD_SPARK_{name}", raising=False)
     config = tmp_path / "train.yaml"
     config.write_text("train:\n  steps: 5\nspark:\n  master: local[3]\n  executor_memory: 3g\n")
     settings = _spark_settings(argparse.Namespace(config=str(config), master=None))
     assert (settings.master, settings.executor_memory) == ("local[3]", "3g")
     settings = _spark_settings(argparse.Namespace(config=str(config), master="local[1]"))
     assert settings.master == "local[1]"
+    # its workers start with torch imported, after what the file asks for
+    assert settings.worker_imports == ("torch",)
+    config.write_text("spark:\n  worker_imports: [numpy, torch]\n")
+    settings = _spark_settings(argparse.Namespace(config=str(config), master=None))
+    assert settings.worker_imports == ("numpy", "torch")
