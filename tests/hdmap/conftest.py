@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from adcloud.synth import DriveConfig, DriveResult, generate_drive
+from adcloud.synth import DriveConfig, DriveResult
+from tests.drives import shared_drive
 
 LOOP_DRIVE = DriveConfig(seconds=60, seed=7, lidar_beams=16, lidar_columns=512, camera=False)
 
@@ -20,4 +21,5 @@ LOOP_DRIVE = DriveConfig(seconds=60, seed=7, lidar_beams=16, lidar_columns=512, 
 @pytest.fixture(scope="session")
 def loop_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
     """The 60 s loop drive of :data:`LOOP_DRIVE` (bag and truth directory)."""
-    return generate_drive(LOOP_DRIVE, tmp_path_factory.mktemp("loop_drive") / "loop.bag")
+    out = tmp_path_factory.mktemp("loop_drive") / "loop.bag"
+    return shared_drive(LOOP_DRIVE, out, tmp_path_factory)

@@ -15,16 +15,16 @@ import pytest
 from adcloud.cli import main
 from adcloud.hdmap.loops import DriveTies, LoneDrive
 from adcloud.hdmap.mapdir import DriveRecord, Manifest, MapDir
-from adcloud.synth import DriveConfig, generate_drive
+from adcloud.synth import DriveConfig
+from tests.drives import shared_drive
 
 
 @pytest.fixture(scope="module")
 def traj_map(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(a map whose one version holds the drive's true trajectory, the drive's truth)."""
     root = tmp_path_factory.mktemp("traj_map")
-    drive = generate_drive(
-        DriveConfig(seconds=5, seed=11, lidar=False, camera=False), root / "t.bag"
-    )
+    config = DriveConfig(seconds=5, seed=11, lidar=False, camera=False)
+    drive = shared_drive(config, root / "t.bag", tmp_path_factory)
     mapdir = MapDir(root / "map")
     with mapdir.begin(None) as staged:
         (staged.path / "trajectory").mkdir()

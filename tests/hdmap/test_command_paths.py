@@ -14,16 +14,16 @@ from adcloud.cli import main
 from adcloud.hdmap.diff import diff_versions
 from adcloud.hdmap.errors import HdmapError
 from adcloud.hdmap.mapdir import Manifest, MapDir
-from adcloud.synth import DriveConfig, generate_drive
+from adcloud.synth import DriveConfig
+from tests.drives import shared_drive
 
 
 @pytest.fixture(scope="module")
 def traj_map(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(a map whose one version holds a drive's true trajectory, the drive's truth)."""
     root = tmp_path_factory.mktemp("traj_map")
-    drive = generate_drive(
-        DriveConfig(seconds=5, seed=11, lidar=False, camera=False), root / "t.bag"
-    )
+    config = DriveConfig(seconds=5, seed=11, lidar=False, camera=False)
+    drive = shared_drive(config, root / "t.bag", tmp_path_factory)
     with MapDir(root / "map") as mapdir, mapdir.begin(None) as staged:
         (staged.path / "trajectory").mkdir()
         shutil.copy(Path(drive.truth) / "poses.txt", staged.path / "trajectory" / "t.tum")

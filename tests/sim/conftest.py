@@ -17,7 +17,8 @@ import pytest
 from rosbags.rosbag1 import Writer
 
 from adcloud.sim import Evaluation, ScenarioData
-from adcloud.synth import DriveConfig, DriveResult, generate_drive
+from adcloud.synth import DriveConfig, DriveResult
+from tests.drives import shared_drive
 
 #: A 3 s drive: 16-beam LiDAR at 10 Hz (29 clouds), no camera, no raster.
 DRIVE = DriveConfig(seconds=3.0, seed=5, lidar_beams=16, camera=False, truth_raster=False)
@@ -152,14 +153,14 @@ def _no_replay_process_outlives_the_tests() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
     """:data:`DRIVE` as a ROS 1 bag."""
-    return generate_drive(DRIVE, tmp_path_factory.mktemp("sim-drive") / "drive.bag")
+    return shared_drive(DRIVE, tmp_path_factory.mktemp("sim-drive") / "drive.bag", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def mcap_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
     """:data:`DRIVE` as an MCAP bag (ROS 2 messages, CDR)."""
     config = replace(DRIVE, seconds=1.0, format="mcap")
-    return generate_drive(config, tmp_path_factory.mktemp("sim-mcap") / "drive")
+    return shared_drive(config, tmp_path_factory.mktemp("sim-mcap") / "drive", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from adcloud.binpipe import ConnectionInfo, MessageDecoder, plan_partitions, read_partition
-from adcloud.synth import DriveConfig, DriveResult, generate_drive
+from adcloud.synth import DriveConfig, DriveResult
 from adcloud.train.config import TrainConfig
 from adcloud.train.loop import train
 from adcloud.train.task import Sample, Task, get_task
+from tests.drives import shared_drive
 
 # (no truth raster: training reads the labels the bags carry)
 TRAIN_DRIVE = DriveConfig(
@@ -97,13 +98,15 @@ def fit(
 @pytest.fixture(scope="session")
 def train_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
     """The 20 s training drive (seed 6)."""
-    return generate_drive(TRAIN_DRIVE, tmp_path_factory.mktemp("train_drive") / "train.bag")
+    out = tmp_path_factory.mktemp("train_drive") / "train.bag"
+    return shared_drive(TRAIN_DRIVE, out, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def heldout_drive(tmp_path_factory: pytest.TempPathFactory) -> DriveResult:
     """The 10 s held-out drive (seed 5)."""
-    return generate_drive(HELDOUT_DRIVE, tmp_path_factory.mktemp("heldout_drive") / "heldout.bag")
+    out = tmp_path_factory.mktemp("heldout_drive") / "heldout.bag"
+    return shared_drive(HELDOUT_DRIVE, out, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
