@@ -64,6 +64,26 @@ def short_drives(tmp_path_factory: pytest.TempPathFactory) -> tuple[DriveResult,
     return first, second
 
 
+@pytest.fixture(scope="module")
+def first_map(
+    spark: SparkSession,
+    short_drives: tuple[DriveResult, DriveResult],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """The map of the 20 s drive alone, built once with the default settings (the memory
+    mode): a test that builds on it works on a copy (:func:`_copy_map`)."""
+    first, _ = short_drives
+    root = tmp_path_factory.mktemp("first_map") / "map"
+    assert build_map(spark, str(first.bag), str(root)).changed
+    return root
+
+
+def _copy_map(src: Path, dst: Path) -> Path:
+    """A copy of the map directory ``src`` with its files' times (what :func:`_tree` reads)."""
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
     return {
         str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
@@ -295,6 +315,7 @@ def _labels_without_new_drives(
 def test_new_drive_is_merged_into_the_previous_version(
     spark: SparkSession,
     short_drives: tuple[DriveResult, DriveResult],
+    first_map: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -304,9 +325,10 @@ def test_new_drive_is_merged_into_the_previous_version(
     statistics are read by the executors, not by the driver."""
     monkeypatch.setenv("COLUMNS", "400")  # long paths on one line each
     first, second = short_drives
-    map_uri = str(tmp_path / "map")
-    v1 = build_map(spark, str(first.bag), map_uri).result.version
+    map_uri = str(_copy_map(first_map, tmp_path / "map"))
+    v1 = MapDir(map_uri).current()
     assert v1 is not None and v1.path is not None
+    assert [d.name for d in v1.manifest.drives] == ["first"]
     v1_files = _tree(v1.path)
     deleted, label_file = _labels_for(v1.path, tmp_path)
     _labels_without_new_drives(first, map_uri, v1, label_file, deleted, capsys)
@@ -628,15 +650,19 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
 
 
 def test_files_mode_gives_the_same_map(
-    spark: SparkSession, short_drives: tuple[DriveResult, DriveResult], tmp_path: Path
+    spark: SparkSession,
+    short_drives: tuple[DriveResult, DriveResult],
+    first_map: Path,
+    tmp_path: Path,
 ) -> None:
     first, _ = short_drives
-    maps = {}
-    for mode in ("memory", "files"):
-        summary = build_map(spark, str(first.bag), str(tmp_path / mode), HdmapSettings(mode=mode))
-        assert summary.result.version is not None
-        maps[mode] = summary.result.version.path
-    assert maps["memory"] is not None and maps["files"] is not None
+    in_memory = MapDir(str(first_map)).current()  # the default mode's map of the drive
+    assert in_memory is not None and in_memory.path is not None
+    assert json.loads((in_memory.path / "settings.json").read_text())["hdmap"]["mode"] == "memory"
+    summary = build_map(spark, str(first.bag), str(tmp_path / "files"), HdmapSettings(mode="files"))
+    assert summary.result.version is not None
+    maps = {"memory": in_memory.path, "files": summary.result.version.path}
+    assert maps["files"] is not None
     a, b = _tree(maps["memory"]), _tree(maps["files"])
     assert a.keys() == b.keys()
     # what differs: when and how fast each build ran, and the mode in the settings
