@@ -16,7 +16,9 @@
 #   4. Byte-compiled sources and a JVM class archive for Spark (faster start-up of every
 #      Python worker and every Spark JVM).
 # Environment: PYTHON (interpreter for the venv, default python3), ADCLOUD_SKIP_APT=1 (skip
-# step 2, e.g. on a machine without Debian packages; ROS features then say what is missing).
+# step 2, e.g. on a machine without Debian packages; ROS features then say what is missing),
+# ADCLOUD_INSTALL_WITH_PIP=1 (step 3 with pip alone, e.g. where only pip's settings reach a
+# package mirror).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -126,11 +128,14 @@ else
     constraints=$(mktemp)
     trap 'rm -f "$constraints"' EXIT
     echo "$TORCH_SPEC" >"$constraints"  # nothing may swap the CPU torch for a CUDA build
-    if "$VENV/bin/python" -m pip install -q --no-compile "$UV_SPEC" >/dev/null 2>&1 &&
+    # uv does not read pip's configuration: behind a package mirror, set UV_DEFAULT_INDEX
+    # (uv's name for pip's index-url) or ADCLOUD_INSTALL_WITH_PIP=1
+    if [[ "${ADCLOUD_INSTALL_WITH_PIP:-0}" != 1 ]] &&
+        "$VENV/bin/python" -m pip install -q --no-compile "$UV_SPEC" >/dev/null 2>&1 &&
         [[ -x "$VENV/bin/uv" ]]; then
         quietly "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" -c "$constraints" -e '.[dev]'
     else
-        say "no $UV_SPEC for this machine: pip installs the packages (a few minutes)"
+        say "pip installs the packages (a few minutes)"
         quietly "$VENV/bin/python" -m pip install -q --no-compile -c "$constraints" -e '.[dev]'
     fi
     packages_present || die "the packages were installed but adcloud, pyspark or torch does not import from $VENV"

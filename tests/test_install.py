@@ -128,3 +128,35 @@ def test_bad_java_home_fails_clearly(checkout: Path, tmp_path: Path) -> None:
     proc = run_install(checkout, os.environ["PATH"], JAVA_HOME=str(tmp_path / "no-jdk"))
     assert proc.returncode != 0
     assert "has no bin/java" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("uv_runs", "env", "installer"),
+    [
+        (True, {}, "uv pip"),  # the default: uv installs the project and its dependencies
+        (False, {}, "python -m pip"),  # no uv to be had (no wheel for the machine): pip does it
+        (
+            True,
+            {"ADCLOUD_INSTALL_WITH_PIP": "1"},
+            "python -m pip",
+        ),  # asked for pip: uv is not fetched
+    ],
+)
+def test_the_packages_are_installed_by_uv_or_pip_torch_held_at_the_cpu_build(
+    checkout: Path, tmp_path: Path, uv_runs: bool, env: dict[str, str], installer: str
+) -> None:
+    bin_dir = stub_bin(tmp_path, missing=[])
+    log = tmp_path / "venv.log"
+    venv_bin = checkout / ".venv" / "bin"
+    write_script(venv_bin / "python", f'#!/bin/sh\necho "python $*" >> {log}\nexit 0\n')
+    if uv_runs:
+        write_script(venv_bin / "uv", f'#!/bin/sh\necho "uv $*" >> {log}\nexit 0\n')
+    proc = run_install(checkout, f"{bin_dir}:{os.environ['PATH']}", **env)
+    assert proc.returncode == 0, proc.stderr
+    calls = [c for c in log.read_text().splitlines() if " install " in c]
+    assert calls[0] == "python -m pip install -q --no-compile torch==2.13.0"  # torch first
+    project = [c for c in calls if c.endswith("-e .[dev]")]
+    assert len(project) == 1 and project[0].startswith(installer), calls
+    assert " -c " in project[0]  # torch held at the CPU build it has
+    fetched_uv = any("uv==" in c for c in calls)
+    assert fetched_uv == ("ADCLOUD_INSTALL_WITH_PIP" not in env), calls
