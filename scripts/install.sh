@@ -120,8 +120,7 @@ EOF
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$stamp_value" ]] && packages_present; then
     say "Python packages are up to date ($VENV)"
 else
-    # --no-compile: byte-compiling every file of every package took ~1 min; Python compiles
-    # what is imported, once, on first import
+    # --no-compile: pip byte-compiles file by file on one core; compileall below uses both
     say "installing $TORCH_SPEC (CPU) into $VENV"
     quietly "$VENV/bin/python" -m pip install -q --no-compile "$TORCH_SPEC"
     say "installing adcloud with its dependencies and dev tools (editable; first run takes a minute or more)"
@@ -138,6 +137,11 @@ else
         say "pip installs the packages (a few minutes)"
         quietly "$VENV/bin/python" -m pip install -q --no-compile -c "$constraints" -e '.[dev]'
     fi
+    # Byte-compile what was installed: where PYTHONDONTWRITEBYTECODE is set (as on some CI
+    # machines) Python writes no .pyc itself, and every process would compile torch afresh.
+    # A few files that are not Python 3 (samples inside packages) fail, as they do for pip.
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$VENV/bin/python" -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
     packages_present || die "the packages were installed but adcloud, pyspark or torch does not import from $VENV"
     echo "$stamp_value" >"$STAMP"
 fi
