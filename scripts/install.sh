@@ -10,7 +10,7 @@
 #      (through sudo when not root).
 #   3. .venv (python3 -m venv), torch==2.13.0 first with pip (the CPU wheel on this disk; any
 #      other spec pulls several GB of CUDA wheels), then `uv pip install -e '.[dev]'` with
-#      torch held at that version (uv resolves and installs the ~170 packages in ~40 s where
+#      torch held at that version (uv resolves and installs the ~170 packages in ~1 min where
 #      pip took ~3 min; where uv cannot be installed, pip does it). A stamp in .venv records
 #      the hash of pyproject.toml so unchanged dependencies are not re-resolved.
 #   4. Byte-compiled sources and a JVM class archive for Spark (faster start-up of every
