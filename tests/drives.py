@@ -55,9 +55,7 @@ def shared_drive(config: DriveConfig, out: Path, factory: pytest.TempPathFactory
             shutil.rmtree(made, ignore_errors=True)  # what a failed attempt left
             made.mkdir()
             result = generate_drive(config, made / out.name)
-            fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
-            record = {k: str(v) if isinstance(v, Path) else v for k, v in fields.items()}
-            (made / _DONE).write_text(json.dumps(record))
+            (made / _DONE).write_text(json.dumps(dataclasses.asdict(result), default=str))
     record = json.loads((made / _DONE).read_text())
     _copy(made / out.name, out)
     _copy(truth_dir_for(made / out.name), truth_dir_for(out))
