@@ -17,12 +17,11 @@ demo: install
 # Ruff first (seconds), then pytest, which exits non-zero on failures and with 5 when no test
 # was collected: any of them fails `make`. mypy --strict (~1.5 min of one core from a cold
 # cache) runs inside pytest, as tests/test_typing.py, so it shares the two cores with the
-# other tests instead of holding one while the other waits. Three pytest-xdist workers on two
-# cores: most tests use one core, and many spend part of their time waiting (for a JVM, a ROS
-# node, a timeout they test); a third worker fills those gaps (26.2 min of pytest instead of
-# 27.9 on a 2-core VM, same tests passing). tests/conftest.py groups the tests so a file's
-# tests share a worker and the cluster's tests run last, in one worker.
-PYTEST_PARALLEL ?= -n 3 --dist loadgroup --no-loadscope-reorder
+# other tests instead of holding one while the other waits. Two pytest-xdist workers keep both
+# cores busy (most tests use one); tests/conftest.py groups the tests so a file's tests share a
+# worker and the cluster's tests run last, in one worker. A third worker (-n 3) was 6% faster
+# on one 2-core VM but 6% slower on CI's, where a replay test then lost frames to the load.
+PYTEST_PARALLEL ?= -n 2 --dist loadgroup --no-loadscope-reorder
 test: install ruff
 	$(PYTHON) -m pytest -q $(PYTEST_PARALLEL) --durations=15 $(PYTEST_ARGS)
 

@@ -26,7 +26,7 @@ Markers
     ``cluster_spark`` are marked ``cluster`` automatically, so ``-m "not cluster"`` works.
 
 Parallel runs
-    ``make test`` runs the suite in three pytest-xdist worker processes (``-n 3 --dist
+    ``make test`` runs the suite in two pytest-xdist worker processes (``-n 2 --dist
     loadgroup --no-loadscope-reorder``): each worker is one process with its own sessions,
     so "one session per run" holds per worker.  Every test is put in an ``xdist_group``:
     its file (module fixtures are built once), or ``cluster`` for every test that uses

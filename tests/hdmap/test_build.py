@@ -44,14 +44,14 @@ from tests.hdmap.bagedit import without_fix
 pytestmark = pytest.mark.spark
 
 SHORT = DriveConfig(
-    seconds=20, seed=5, lidar_beams=16, lidar_columns=512, camera=False, truth_raster=False
+    seconds=12, seed=5, lidar_beams=16, lidar_columns=512, camera=False, truth_raster=False
 )
 GPS_SHIFT_M = 1.5
 
 
 @pytest.fixture(scope="module")
 def short_drives(tmp_path_factory: pytest.TempPathFactory) -> tuple[DriveResult, DriveResult]:
-    """Two drives of the same world: 20 s, and 30 s from the same start (overlapping) whose
+    """Two drives of the same world: 12 s, and 22 s from the same start (overlapping) whose
     GPS reads 1.5 m north of the first's all along (a receiver biased on another day)."""
     root = tmp_path_factory.mktemp("short")
     (root / "a").mkdir()
@@ -59,7 +59,7 @@ def short_drives(tmp_path_factory: pytest.TempPathFactory) -> tuple[DriveResult,
     first = generate_drive(SHORT, root / "a" / "first.bag")
     lat, lon, alt = SHORT.gps_origin
     biased = (lat + GPS_SHIFT_M / 111_000, lon, alt)
-    longer = DriveConfig(**{**SHORT.__dict__, "seconds": 30.0, "gps_origin": biased})
+    longer = DriveConfig(**{**SHORT.__dict__, "seconds": 22.0, "gps_origin": biased})
     second = generate_drive(longer, root / "b" / "second.bag")
     return first, second
 
@@ -70,7 +70,7 @@ def first_map(
     short_drives: tuple[DriveResult, DriveResult],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
-    """The map of the 20 s drive alone, built once with the default settings (the memory
+    """The map of the 12 s drive alone, built once with the default settings (the memory
     mode): a test that builds on it works on a copy (:func:`_copy_map`)."""
     first, _ = short_drives
     root = tmp_path_factory.mktemp("first_map") / "map"
@@ -513,7 +513,7 @@ def test_a_new_drive_rewrites_only_the_tiles_it_reaches(
     tmp_path: Path,
     s3_bucket: str,
 ) -> None:
-    """The 30 s drive's map, then the 20 s drive along its first part: the tiles out of the
+    """The 22 s drive's map, then the 12 s drive along its first part: the tiles out of the
     new drive's reach are copied into the new version as they are, and hold what a build
     merging every tile again writes."""
     first, second = short_drives

@@ -111,7 +111,9 @@ def test_a_camera_topic_without_frames_fails_its_load(camera_drive: DriveResult)
     (scenario,) = plan_scenarios(list(job.bags))
     result = run_scenario(scenario, job)
     assert not result.passed
-    assert result.reason == "frames: no frames on /camera9/image_raw"
+    # The detector may also drop frames of the real topic on a loaded machine ("; frame loss
+    # 10.0% > 5.0%" follows then): the missing topic must be named either way.
+    assert result.reason.split("; ")[0] == "frames: no frames on /camera9/image_raw"
     assert result.metrics["frames.frames"] == 10
     load = CameraLoad.of(ReplayResults(job, (result,), result.wall_s), topics)
     assert not load.passed and CameraSweep((load,), 0.05, 4.0).sustained == 0
