@@ -166,14 +166,29 @@ def resolve_steps(config: TrainConfig, shard_sizes: Sequence[int]) -> int:
     """Optimizer steps of the run: ``steps``, or ``epochs`` passes over the smallest shard.
 
     An epoch counts ``ceil(n / (batch_size // world))`` batches of the smallest shard ``n``.
+    A warm-up as long as the run is logged as a warning (the schedule never starts).
     """
     if config.epochs <= 0:
-        return config.steps
-    per_rank = config.batch_size // max(1, len(shard_sizes))
-    smallest = min(shard_sizes) if shard_sizes else 0
-    if smallest == 0:
-        raise TrainError("cannot count epochs: a trainer's shard is empty")
-    return config.epochs * math.ceil(smallest / per_rank)
+        steps = config.steps
+    else:
+        per_rank = config.batch_size // max(1, len(shard_sizes))
+        smallest = min(shard_sizes) if shard_sizes else 0
+        if smallest == 0:
+            raise TrainError("cannot count epochs: a trainer's shard is empty")
+        steps = config.epochs * math.ceil(smallest / per_rank)
+    if config.warmup_steps >= steps > 0:
+        # not an error: a short trial run of a long run's config is common, and it trains
+        log.warning(
+            "train.warmup_steps %d covers the whole run of %d step(s): the learning rate "
+            "only ramps up, to %.3g of lr %.3g at the last step, and the %s schedule never "
+            "starts; lower warmup_steps below the steps",
+            config.warmup_steps,
+            steps,
+            config.lr * steps / config.warmup_steps,
+            config.lr,
+            config.schedule,
+        )
+    return steps
 
 
 def make_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -201,6 +201,23 @@ def test_learning_rate_schedules() -> None:
     assert rates(1, schedule="cosine") == [0.1]  # a one-step run keeps lr
 
 
+def test_a_warmup_as_long_as_the_run_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """warmup_steps >= steps was accepted without a word: the run ended still warming up,
+    never reaching lr nor starting its schedule."""
+    with caplog.at_level(logging.WARNING, logger="adcloud.train.loop"):
+        assert resolve_steps(_config(steps=10, lr=0.1, warmup_steps=9), [16]) == 10
+        assert caplog.records == []
+        assert resolve_steps(_config(steps=8, lr=0.1, warmup_steps=10), [16]) == 8
+        (record,) = caplog.records
+        said = record.getMessage()
+        assert "warmup_steps 10 covers the whole run of 8 step(s)" in said
+        assert "to 0.08 of lr 0.1" in said and "lower warmup_steps" in said
+        caplog.clear()
+        # epochs resolve first: 2 epochs of ceil(10 / 4) = 3 batches are 6 steps
+        resolve_steps(_config(steps=0, epochs=2, batch_size=4, warmup_steps=6), [10])
+        assert "whole run of 6 step(s)" in caplog.records[0].getMessage()
+
+
 class _Slope:
     """loss = w (a single scalar parameter), so plain SGD moves w by exactly -lr per step."""
 
