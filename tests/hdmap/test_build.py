@@ -797,7 +797,8 @@ def _text(html_file: Path) -> str:
 def test_the_build_report_describes_the_whole_grid(first_map: Path, tmp_path: Path) -> None:
     """A build's summary.html once described only the coarse copies it draws (the tiles
     along the roads): 17 tiles and 4x the observed area for a grid of 35, where the eval
-    report of the same version said 35. (Reads the module's first map, writes beside it.)"""
+    report of the same version said 35.
+    (Reads the module's first map; its eval report goes to tmp_path.)"""
     version = MapDir(str(first_map)).current()
     assert version is not None and version.path is not None
     keys = [tuple(map(int, p.stem.split("_"))) for p in (version.path / "grid").glob("*.tif")]
