@@ -17,7 +17,9 @@ No answer is lost to a connection still coming up or still carrying it: the firs
 waits until the nodes publishing an output topic have the bridge's connection (their bus
 information, ``getBusInfo``), and the end until all they wrote to the bridge by their bus
 statistics (``getBusStats``) has come through.
-Exit status: 0 after END and a final quiet period, non-zero (no END written) on any error.
+After the last input it waits until the node has been idle for ``--quiet`` seconds, in
+either mode: what a node publishes on a wall-clock timer then does not keep it waiting.
+Exit status: 0 after END and that final wait, non-zero (no END written) on any error.
 """
 
 from __future__ import annotations
@@ -340,6 +342,39 @@ def _await(cond, state, seen, quiet, node, limit):
             return True
 
 
+def _settle(cond, state, quiet, node, limit):
+    """After the last input: wait until the node (a ``_GroupCpu``) has been idle for
+    ``quiet`` s -- whether or not outputs still arrive -- or ``limit`` s passed.  A node
+    answering its inputs computes; one that publishes on a wall-clock timer (a heartbeat,
+    its latest state at a fixed rate) is idle between its messages but never quiet, so
+    waiting for its outputs to stop would last until the time limit.  Without a node to
+    watch: until no output arrived for ``quiet`` s.  Returns False when the node is gone."""
+    if node is None:
+        while True:
+            with cond:
+                seen = state["outputs"]
+            _await(cond, state, seen, quiet, None, limit)
+            with cond:
+                if state["outputs"] == seen:
+                    return True
+    give_up = time.monotonic() + limit
+    while True:
+        used = node.seconds()
+        time.sleep(quiet)
+        node.refresh()
+        if not node.alive():
+            return False
+        if time.monotonic() >= give_up:
+            return True
+        if node.seconds() - used >= _BUSY_SHARE * quiet or not _idle(node):
+            continue
+        # an output this bridge read while this thread held the interpreter lock: let its
+        # thread finish, then look again
+        time.sleep(_SETTLE_S)
+        if _idle(node):
+            return True
+
+
 def _wait(pred, timeout, alive=None):
     """Poll ``pred`` until it holds (True) or ``timeout`` s pass (False); with ``alive``,
     also stop (False) once ``alive()`` says the node is gone, checked every 0.2 s (it
@@ -593,14 +628,12 @@ def main():
             pub.publish(cls(data))
             if args.sync and (not triggers or topic in triggers):
                 gone = not _await(cond, state, seen, args.quiet, node, args.max_wait)
-    # The last outputs: wait until the node has been quiet for one quiet period.
-    while not gone:
-        with cond:
-            seen = state["outputs"]
-        gone = not _await(cond, state, seen, max(args.quiet, 0.05), node, args.max_wait)
-        with cond:
-            if state["outputs"] == seen:
-                break
+    # The last outputs: wait until the node has been idle for one quiet period (watched
+    # in either mode here: after the last input only the node's CPU tells an answer still
+    # coming from a message its timer sends).
+    if not gone:
+        watch = node or (_GroupCpu(args.node_pgid) if args.node_pgid else None)
+        gone = not _settle(cond, state, max(args.quiet, 0.05), watch, args.max_wait)
     if not gone:
 
         def counts():

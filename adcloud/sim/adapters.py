@@ -26,7 +26,9 @@ thread of theirs is waiting for a CPU at its end (read from ``/proc``): a node s
 computing an answer -- on a slow or loaded machine, even one that got no CPU at all -- is
 waited for, up to ``timeout_s``, so outputs do not depend on machine speed; a node that
 answers nothing to some input costs one quiet period.  The ROS bridge waits the same way
-on the node's process group.
+on the node's process group, and after the last input, in either mode, until the node has
+been idle for a quiet period: outputs still arriving then do not keep the replay going (a
+node publishing on a wall-clock timer is never quiet, only idle between its messages).
 
 Latency of an output = wall time it came back minus wall time the input with the same
 timestamp (or, failing that, the latest earlier one) was written into the pipe, among

@@ -136,7 +136,8 @@ def add_parser(subparsers: Any) -> None:
         default=0.25,
         metavar="SECONDS",
         help="synchronous mode: after each input, wait for the node's answer until the node "
-        "has been idle this long (s; a node still computing is waited for, up to --timeout)",
+        "has been idle this long (s; a node still computing is waited for, up to --timeout); "
+        "a ROS node, in either mode: after the last input, until it has been idle this long",
     )
     p.add_argument(
         "--triggers",

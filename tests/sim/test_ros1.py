@@ -126,6 +126,19 @@ def test_a_node_slower_than_the_quiet_period_is_waited_for(drive: DriveResult) -
             assert result.metrics[key] == fast.metrics[key] == 1.0
 
 
+def test_a_node_publishing_on_a_wall_clock_timer_ends_with_the_input(drive: DriveResult) -> None:
+    """A node that also republishes its latest detections ten times a wall-clock second is
+    never quiet: the replay used to wait for its outputs to stop until the time limit and
+    fail every scenario. It ends when the node is idle after the last input, with every
+    answer kept."""
+    beating = f"{ROS_NODE} _heartbeat_hz:=10"
+    outputs = ("/obstacles", "/obstacles/latest")
+    result = _run(_job(drive.bag, beating, outputs, sync=False, timeout_s=60))
+    assert result.passed, (result.reason, result.stderr_tail)
+    assert result.output_counts["/obstacles"] == 29
+    assert result.output_counts["/obstacles/latest"] > 0
+
+
 @pytest.mark.skipif(not Path(RELAY).exists(), reason="topic_tools is not installed")
 def test_relay_node_nobody_here_wrote(drive: DriveResult) -> None:
     job = _job(

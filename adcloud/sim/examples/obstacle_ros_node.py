@@ -16,12 +16,15 @@ serialization itself.  Run it under the ``ros1`` adapter::
 
 ``_crash_after:=N`` makes it exit with status 3 after N clouds, ``_busy_s:=S`` makes it
 compute for S seconds of CPU time more per cloud, as a heavy detector on a slow machine
-would (both used by the tests).
+would, and ``_heartbeat_hz:=H`` makes it publish its latest detections again H times a
+second of wall-clock time on ``~heartbeat`` (default ``/obstacles/latest``), as a node
+with a ``WallTimer`` does, replay or not (all used by the tests).
 """
 
 import math
 import struct
 import sys
+import threading
 import time
 
 POSE_ARRAY_MD5 = "916c28c5764443f268b296bb671b9d97"
@@ -134,8 +137,9 @@ def main():
     max_range = float(rospy.get_param("~max_range", 40.0))
     crash_after = int(rospy.get_param("~crash_after", 0))
     busy_s = float(rospy.get_param("~busy_s", 0.0))
+    heartbeat_hz = float(rospy.get_param("~heartbeat_hz", 0.0))
     pub = rospy.Publisher(out_topic, PoseArrayRaw, queue_size=100)
-    state = {"n": 0}
+    state = {"n": 0, "last": None}
 
     def on_cloud(msg):
         sec, nsec, frame, points = parse_cloud(msg._buff)
@@ -143,14 +147,31 @@ def main():
         spent = time.process_time() + busy_s
         while time.process_time() < spent:
             pass
-        pub.publish(PoseArrayRaw(pose_array(state["n"], sec, nsec, frame, centroids)))
+        answer = pose_array(state["n"], sec, nsec, frame, centroids)
+        pub.publish(PoseArrayRaw(answer))
         state["n"] += 1
+        state["last"] = answer
         if crash_after and state["n"] >= crash_after:
             rospy.logerr("crashing on purpose after %d clouds", state["n"])
             sys.stderr.flush()
             import os  # noqa: PLC0415
 
             os._exit(3)
+
+    if heartbeat_hz > 0:
+        beat = rospy.Publisher(
+            rospy.get_param("~heartbeat", "/obstacles/latest"), PoseArrayRaw, queue_size=10
+        )
+
+        def republish():
+            # wall-clock time, not the replay's /clock (rospy.Timer would follow that)
+            while not rospy.is_shutdown():
+                last = state["last"]
+                if last is not None:
+                    beat.publish(PoseArrayRaw(last))
+                time.sleep(1.0 / heartbeat_hz)
+
+        threading.Thread(target=republish, daemon=True).start()
 
     rospy.Subscriber(rospy.get_param("~input", "/lidar/points"), rospy.AnyMsg, on_cloud)
     rospy.spin()
