@@ -8,7 +8,8 @@ BinPipe format (``docs/binpipe-format.md``).  Input: one stream whose first META
 describes the input connections and whose DATA records are messages.  For each message it
 publishes ``/clock`` at the message's time, then the message's serialized bytes on its
 topic; in synchronous mode (``--sync``), after a trigger topic, it waits until an output
-arrives or the node has been idle for ``--quiet`` seconds: while the node's process group
+(one on the ``--answers`` topics, when they are named) arrives or the node has been idle
+for ``--quiet`` seconds: while the node's process group
 (``--node-pgid``) keeps using CPU it is still answering, however slow the machine, so the
 wait goes on (see :mod:`adcloud.sim.adapters`).  Every message received on an output topic
 is written back stamped with the simulated clock, preceded by a META record with its
@@ -314,13 +315,13 @@ def _idle(node):
 
 
 def _await(cond, state, seen, quiet, node, limit):
-    """Wait until an output arrives after ``seen``, or the node (a ``_GroupCpu``, or None:
-    not watched) has been idle -- below ``_BUSY_SHARE`` of a core -- for ``quiet`` s, or
-    ``limit`` s passed.  A node with a thread waiting for a CPU is not idle, nor is one
-    that a message is still on its way to.  Returns False when the node is gone (it
-    exited or crashed: nothing more will come), else True."""
+    """Wait until an answer arrives after ``seen`` (``state["answers"]``), or the node (a
+    ``_GroupCpu``, or None: not watched) has been idle -- below ``_BUSY_SHARE`` of a core --
+    for ``quiet`` s, or ``limit`` s passed.  A node with a thread waiting for a CPU is not
+    idle, nor is one that a message is still on its way to.  Returns False when the node
+    is gone (it exited or crashed: nothing more will come), else True."""
     give_up = time.monotonic() + limit
-    arrived = lambda: state["outputs"] != seen  # noqa: E731
+    arrived = lambda: state["answers"] != seen  # noqa: E731
     while True:
         used = node.seconds() if node else 0.0
         with cond:
@@ -348,14 +349,14 @@ def _settle(cond, state, quiet, node, limit):
     answering its inputs computes; one that publishes on a wall-clock timer (a heartbeat,
     its latest state at a fixed rate) is idle between its messages but never quiet, so
     waiting for its outputs to stop would last until the time limit.  Without a node to
-    watch: until no output arrived for ``quiet`` s.  Returns False when the node is gone."""
+    watch: until no answer arrived for ``quiet`` s.  Returns False when the node is gone."""
     if node is None:
         while True:
             with cond:
-                seen = state["outputs"]
+                seen = state["answers"]
             _await(cond, state, seen, quiet, None, limit)
             with cond:
-                if state["outputs"] == seen:
+                if state["answers"] == seen:
                     return True
     give_up = time.monotonic() + limit
     while True:
@@ -513,6 +514,7 @@ def main():
     p.add_argument("--inputs", default="")
     p.add_argument("--outputs", default="")
     p.add_argument("--triggers", default="")
+    p.add_argument("--answers", default="")
     p.add_argument("--quiet", type=float, default=0.25)
     p.add_argument("--startup-timeout", type=float, default=20.0)
     p.add_argument("--output-wait", type=float, default=2.0)
@@ -532,8 +534,11 @@ def main():
     rospy.init_node("adcloud_bridge", anonymous=True, disable_signals=True)
     writer = Writer(out)
     clock_pub = rospy.Publisher("/clock", Clock, queue_size=10)
-    state = {"now": 0, "outputs": 0}
+    # outputs: messages received; answers: those on the answer topics (all outputs when
+    # none are named), the only ones that end a synchronous wait
+    state = {"now": 0, "outputs": 0, "answers": 0}
     split = [t for t in args.outputs.split(",") if t]
+    answers = {t for t in args.answers.split(",") if t}
     # messages received from the nodes, by resolved output topic
     received = {rospy.resolve_name(t): 0 for t in split}
     cond = threading.Condition()
@@ -556,6 +561,7 @@ def main():
         writer.write(DATA, [[topic, now, msgtype, msg._buff]])
         with cond:
             state["outputs"] += 1
+            state["answers"] += not answers or topic in answers
             received[rospy.resolve_name(topic)] += 1
             cond.notify_all()
 
@@ -622,7 +628,7 @@ def main():
                 continue
             with cond:
                 state["now"] = stamp
-                seen = state["outputs"]
+                seen = state["answers"]
             clock_pub.publish(Clock(clock=rospy.Time(stamp // 10**9, stamp % 10**9)))
             pub, cls = pubs[topic]
             pub.publish(cls(data))

@@ -137,8 +137,10 @@ class ReplayTiming:
 
     ``rate``: 0 = as fast as possible, else the factor on recorded time.
     ``trigger_topics``: input topics after which synchronous mode waits (empty: all
-    inputs); each must be one of the job's input topics.  The limits and the quiet period
-    are finite, at most :data:`MAX_WAIT_S`.
+    inputs); each must be one of the job's input topics.  ``answer_topics``: output topics
+    whose messages answer an input and so end its wait (empty: every output); name them
+    when the node also publishes on a timer of its own, whose messages answer nothing.
+    The limits and the quiet period are finite, at most :data:`MAX_WAIT_S`.
     """
 
     rate: float = 0.0
@@ -147,6 +149,7 @@ class ReplayTiming:
     timeout_s: float = 300.0
     startup_timeout_s: float = 20.0
     trigger_topics: tuple[str, ...] = ()
+    answer_topics: tuple[str, ...] = ()
     #: Pipe nodes: start the replay clock only when the node has written its first block
     #: (e.g. a META block announcing its outputs, written once it is loaded), waiting at
     #: most ``startup_timeout_s``.  The ROS bridge always signals readiness this way.
@@ -293,7 +296,8 @@ class _Feed:
                 return  # idle for a whole period: the node has nothing to say
 
     def output_arrived(self, n: int) -> None:
-        """A DATA block of ``n`` output messages came back (an answer)."""
+        """A DATA block came back with ``n`` answers (see ``ReplayTiming.answer_topics``;
+        0: only messages that answer nothing)."""
         with self.cond:
             self.outputs_seen += n
             self.blocks_seen += 1
@@ -484,6 +488,7 @@ def drive_pipe(
     feed = _Feed(inputs, connections, timing, wait_for_outputs, ready_signal, ready_wait_s)
     run = NodeRun()
     wanted = set(output_topics)
+    answers = set(timing.answer_topics)
     started = time.monotonic()
     if watch_group is not None:
         feed.cpu = CpuWatch(watch_group, group=True)
@@ -523,7 +528,7 @@ def drive_pipe(
                         run.output_connections.append(info)
                 feed.meta_arrived()
                 continue
-            count = 0
+            count = answered = 0
             for rec in block:
                 msg = _as_output(rec)
                 if wanted and msg.topic not in wanted:
@@ -533,6 +538,7 @@ def drive_pipe(
                 run.received.append(now)
                 held += len(msg.data)
                 count += 1
+                answered += msg.topic in answers
             if held > limit:
                 if isinstance(outputs, Generator):
                     outputs.close()  # kills the node
@@ -544,7 +550,8 @@ def drive_pipe(
                 run.outputs.clear()  # what the scenario is judged on is gone with it
                 run.received.clear()
                 break
-            feed.output_arrived(max(count, 1))
+            # a block of other topics' messages only (a timer's) answers no input
+            feed.output_arrived(answered if answers else max(count, 1))
         else:
             run.exit_code = 0
     except PipeCommandError as err:
@@ -935,6 +942,8 @@ class Ros1Adapter:
                 ",".join(output_topics),
                 "--triggers",
                 ",".join(timing.trigger_topics),
+                "--answers",
+                ",".join(timing.answer_topics),
                 "--quiet",
                 str(timing.quiet_s),
                 "--startup-timeout",

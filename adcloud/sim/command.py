@@ -147,6 +147,14 @@ def add_parser(subparsers: Any) -> None:
         "comma-separated (default: empty = all inputs)",
     )
     p.add_argument(
+        "--answers",
+        default=(),
+        type=_topics,
+        help="synchronous mode: output topics whose messages answer an input and end its "
+        "wait, comma-separated (default: empty = every output); name them when the node "
+        "also publishes on a timer of its own",
+    )
+    p.add_argument(
         "--timeout", type=_limit_seconds, default=300.0, help="per-scenario time limit, s"
     )
     p.add_argument(
@@ -313,6 +321,7 @@ def job_from_args(args: argparse.Namespace) -> ReplayJob:
             timeout_s=args.timeout,
             startup_timeout_s=args.startup_timeout,
             trigger_topics=args.triggers,
+            answer_topics=args.answers,
             max_output_mb=args.max_output_mb,
         ),
     ).validate()

@@ -105,7 +105,13 @@ class ReplayJob:
         """Return ``self`` if usable, else raise :class:`SimError` naming the problem."""
         if not self.input_topics:
             raise SimError("a replay job needs at least one input topic")
-        for topic in (*self.input_topics, *self.output_topics, *self.timing.trigger_topics):
+        timing = self.timing
+        for topic in (
+            *self.input_topics,
+            *self.output_topics,
+            *timing.trigger_topics,
+            *timing.answer_topics,
+        ):
             if not _TOPIC.match(topic):
                 raise SimError(
                     f"bad topic name {topic!r}: ROS names are like /lidar/points "
@@ -117,6 +123,13 @@ class ReplayJob:
                     f"trigger topic {topic!r} is not an input topic "
                     f"({', '.join(self.input_topics)}); synchronous mode waits only after "
                     "inputs: add it to the input topics or leave it out of the triggers"
+                )
+        for topic in timing.answer_topics:
+            if self.output_topics and topic not in self.output_topics:
+                raise SimError(
+                    f"answer topic {topic!r} is not an output topic "
+                    f"({', '.join(self.output_topics)}); only outputs answer inputs: add it "
+                    "to the output topics or leave it out of the answers"
                 )
         get_adapter(self.node.adapter)
         if self.node.adapter == "ros1" and not self.output_topics:

@@ -56,6 +56,8 @@ def test_job_from_arguments() -> None:
             "--rate",
             "1",
             "--no-sync",
+            "--answers",
+            "/b",
         ]
     )
     job = command.job_from_args(args)
@@ -67,6 +69,7 @@ def test_job_from_arguments() -> None:
     assert job.cut.window_s == 2.0
     assert job.timing.rate == 1.0
     assert not job.timing.sync
+    assert job.timing.answer_topics == ("/b",)
     assert args.func is command.run
 
 

@@ -235,6 +235,17 @@ def test_trigger_topics_must_be_input_topics(drive: DriveResult) -> None:
         replace(job, timing=ReplayTiming(trigger_topics=("/obstacles",))).validate()
 
 
+def test_answer_topics_must_be_output_topics(drive: DriveResult) -> None:
+    job = _job(drive.bag)
+    replace(job, timing=ReplayTiming(answer_topics=("/obstacles",))).validate()
+    # a pipe job without output topics takes every topic its node writes: any may answer
+    replace(job, output_topics=(), timing=ReplayTiming(answer_topics=("/tracks",))).validate()
+    with pytest.raises(SimError, match="answer topic '/tracks' is not an output topic"):
+        replace(job, timing=ReplayTiming(answer_topics=("/tracks",))).validate()
+    with pytest.raises(SimError, match="bad topic name '/tracks//2'"):
+        replace(job, timing=ReplayTiming(answer_topics=("/tracks//2",))).validate()
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("quiet_s", -0.5), ("timeout_s", 0.0), ("startup_timeout_s", -2.0)]
 )
