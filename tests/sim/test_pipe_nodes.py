@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from adcloud.binpipe.codec import Message
+from adcloud.binpipe.decode import ConnectionInfo
 from adcloud.sim import NodeSpec, ReplayJob, ReplayTiming, SimError, plan_scenarios, run_scenario
+from adcloud.sim.adapters import PipeAdapter
 from adcloud.synth import DriveResult
 
 _QUITTER = """
@@ -79,3 +82,51 @@ def test_python_in_a_node_command_is_the_task_s_python(
     result = run_scenario(scenario, job)
     assert result.passed, (result.reason, result.stderr_tail)
     assert result.output_counts == {"/obstacles": 29}
+
+
+# Per input: a status message at once, then the answer after 0.1 s of CPU, saying whether
+# the next input was already waiting on stdin then (the feeder sent it before the answer).
+_STATUS_FIRST = """
+import select, sys, time
+from adcloud.binpipe.codec import BlockKind, StreamReader, StreamWriter, as_message
+writer = StreamWriter(sys.stdout.buffer)
+for block in StreamReader(sys.stdin.buffer):
+    if block.kind != BlockKind.DATA:
+        continue
+    for rec in block:
+        stamp = as_message(rec).timestamp
+        writer.write(("/status", stamp, "std_msgs/msg/String", b"working"))
+        writer.flush_block()
+        sys.stdout.flush()
+        spent = time.process_time() + 0.1
+        while time.process_time() < spent:
+            pass
+        waiting = bool(select.select([sys.stdin], [], [], 0)[0])
+        writer.write(("/obstacles", stamp, "std_msgs/msg/String", b"late" if waiting else b"ok"))
+        writer.flush_block()
+        sys.stdout.flush()
+writer.close()
+"""
+
+
+def test_only_the_answer_topics_end_a_synchronous_wait(tmp_path: Path) -> None:
+    """A node that writes a status message before each answer: with every output ending
+    the wait, the next input is sent while the node still computes; with the answer topic
+    named, only after its answer."""
+    node = tmp_path / "status_first.py"
+    node.write_text(_STATUS_FIRST)
+    inputs = [Message("/in", 10**9 * (i + 1), "std_msgs/msg/String", b"x") for i in range(8)]
+    connections = [ConnectionInfo("/in", "std_msgs/msg/String", "", "", "", "ros1")]
+    outputs = ("/status", "/obstacles")
+
+    def answers(timing: ReplayTiming) -> list[bytes]:
+        run = PipeAdapter().run(
+            NodeSpec(f"{sys.executable} {node}"), inputs, connections, outputs, timing
+        )
+        assert run.failure is None, (run.failure, run.stderr_tail)
+        return [bytes(m.data) for m in run.outputs if m.topic == "/obstacles"]
+
+    named = answers(ReplayTiming(answer_topics=("/obstacles",), quiet_s=5.0))
+    assert named == [b"ok"] * 8
+    # every input but the last (after which the stream's end is sent) was early
+    assert answers(ReplayTiming(quiet_s=5.0))[:-1] == [b"late"] * 7
