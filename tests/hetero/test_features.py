@@ -104,3 +104,31 @@ def test_decode_image_reads_the_bytes_of_an_array_of_any_shape() -> None:
     padded = np.zeros((3, 12), np.uint8)  # one row more than the image has
     padded[:2] = rgb.reshape(2, 12)
     assert np.array_equal(decode_image(2, 4, "rgb8", 12, padded), rgb)
+
+
+def test_a_batch_over_the_kernels_pixel_index_runs_in_parts(
+    cpu_device: ComputeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gray kernel indexes a batch's pixels with an int: a batch of more than 2**31
+    pixels (a thousand 1920x1200 frames) failed with NumPy's OverflowError. It runs in
+    parts that fit -- here a limit of three 48x64 images -- with the same descriptors."""
+    from adcloud.hetero._kernels import features as kernels  # noqa: PLC0415
+
+    images = smooth_images(7, 48, 64, seed=6)
+    whole = hog_features(images, device=cpu_device)
+    launches: list[int] = []
+    hog = kernels.hog
+
+    def counted(device: object, batch: np.ndarray, *args: object) -> np.ndarray:
+        launches.append(len(batch))
+        return hog(device, batch, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels, "hog", counted)
+    monkeypatch.setattr(kernels, "MAX_PIXELS", 3 * 48 * 64 + 5)
+    parts = hog_features(images, device=cpu_device)
+    assert launches == [7, 3, 3, 1]
+    np.testing.assert_array_equal(parts, whole)
+    np.testing.assert_allclose(parts, hog_features(images, device="numpy"), atol=2e-5)
+    monkeypatch.setattr(kernels, "MAX_PIXELS", 48 * 64 - 1)
+    with pytest.raises(HeteroError, match="an image of 48x64 has more pixels than the OpenCL"):
+        hog_features(images, device=cpu_device)

@@ -8,9 +8,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from adcloud.hetero._kernels import Output, launch, launch_3d, to_device
+from adcloud.hetero.errors import HeteroError
 
 if TYPE_CHECKING:
     from adcloud.hetero.devices import OpenCLDevice
+
+#: The most pixels one launch takes: ``hog_gray`` indexes a batch's pixels with an int.
+MAX_PIXELS = 2**31 - 1
 
 
 def hog(
@@ -20,8 +24,22 @@ def hog(
     cell: int,
     bins: int,
 ) -> NDArray[np.float32]:
-    """HOG descriptors (B, D) of uint8 images (B, H, W) or (B, H, W, C>=3), C-order."""
+    """HOG descriptors (B, D) of uint8 images (B, H, W) or (B, H, W, C>=3), C-order; a
+    batch of more than :data:`MAX_PIXELS` pixels in parts that each fit."""
     count, height, width = images.shape[:3]
+    if count * height * width > MAX_PIXELS:
+        per_part = MAX_PIXELS // (height * width)
+        if per_part == 0:
+            msg = (
+                f"an image of {height}x{width} has more pixels than the OpenCL HOG kernels "
+                f"index ({MAX_PIXELS:,}): compute its features on the CPU (device='numpy')"
+            )
+            raise HeteroError(msg)
+        parts = [
+            hog(device, images[i : i + per_part], weights, cell, bins)
+            for i in range(0, count, per_part)
+        ]
+        return np.concatenate(parts)
     channels = 1 if images.ndim == 3 else images.shape[3]
     cells_y, cells_x = height // cell, width // cell
     blocks = count * max(cells_y - 1, 0) * max(cells_x - 1, 0)
