@@ -314,14 +314,18 @@ def _idle(node):
     return not _in_flight(node.members)
 
 
-def _await(cond, state, seen, quiet, node, limit):
-    """Wait until an answer arrives after ``seen`` (``state["answers"]``), or the node (a
-    ``_GroupCpu``, or None: not watched) has been idle -- below ``_BUSY_SHARE`` of a core --
-    for ``quiet`` s, or ``limit`` s passed.  A node with a thread waiting for a CPU is not
-    idle, nor is one that a message is still on its way to.  Returns False when the node
-    is gone (it exited or crashed: nothing more will come), else True."""
+def _answer_after(state, seen):
+    """Whether an answer came after the first ``seen`` (a predicate for ``_await``)."""
+    return lambda: state["answers"] != seen
+
+
+def _await(cond, arrived, quiet, node, limit):
+    """Wait until ``arrived()`` holds (checked under ``cond``: an answer came), or the node
+    (a ``_GroupCpu``, or None: not watched) has been idle -- below ``_BUSY_SHARE`` of a
+    core -- for ``quiet`` s, or ``limit`` s passed.  A node with a thread waiting for a CPU
+    is not idle, nor is one that a message is still on its way to.  Returns False when the
+    node is gone (it exited or crashed: nothing more will come), else True."""
     give_up = time.monotonic() + limit
-    arrived = lambda: state["answers"] != seen  # noqa: E731
     while True:
         used = node.seconds() if node else 0.0
         with cond:
@@ -350,30 +354,15 @@ def _settle(cond, state, quiet, node, limit):
     its latest state at a fixed rate) is idle between its messages but never quiet, so
     waiting for its outputs to stop would last until the time limit.  Without a node to
     watch: until no answer arrived for ``quiet`` s.  Returns False when the node is gone."""
-    if node is None:
-        while True:
-            with cond:
-                seen = state["answers"]
-            _await(cond, state, seen, quiet, None, limit)
-            with cond:
-                if state["answers"] == seen:
-                    return True
-    give_up = time.monotonic() + limit
+    if node is not None:
+        return _await(cond, lambda: False, quiet, node, limit)  # no message ends it
     while True:
-        used = node.seconds()
-        time.sleep(quiet)
-        node.refresh()
-        if not node.alive():
-            return False
-        if time.monotonic() >= give_up:
-            return True
-        if node.seconds() - used >= _BUSY_SHARE * quiet or not _idle(node):
-            continue
-        # an output this bridge read while this thread held the interpreter lock: let its
-        # thread finish, then look again
-        time.sleep(_SETTLE_S)
-        if _idle(node):
-            return True
+        with cond:
+            seen = state["answers"]
+        _await(cond, _answer_after(state, seen), quiet, None, limit)
+        with cond:
+            if state["answers"] == seen:
+                return True
 
 
 def _wait(pred, timeout, alive=None):
@@ -633,7 +622,8 @@ def main():
             pub, cls = pubs[topic]
             pub.publish(cls(data))
             if args.sync and (not triggers or topic in triggers):
-                gone = not _await(cond, state, seen, args.quiet, node, args.max_wait)
+                answered = _answer_after(state, seen)
+                gone = not _await(cond, answered, args.quiet, node, args.max_wait)
     # The last outputs: wait until the node has been idle for one quiet period (watched
     # in either mode here: after the last input only the node's CPU tells an answer still
     # coming from a message its timer sends).
