@@ -222,6 +222,28 @@ def test_small_heaps_get_g1_regions_that_hold_sparks_cache_chunks(
     assert own["spark.executor.extraJavaOptions"] == "-Xss4m"
 
 
+@pytest.mark.parametrize(
+    ("master", "quick"),
+    [
+        ("local[*,4]", True),
+        ("local", True),
+        ("local[2]", True),
+        ("local-cluster[2,1,1024]", False),
+        ("spark://127.0.0.1:7077", False),
+        ("yarn", False),
+    ],
+)
+def test_a_local_sessions_jvm_compiles_with_c1_alone(master: str, quick: bool) -> None:
+    """A local session is one JVM, mostly short-lived: C1 alone (C2's compiling of Spark's
+    start-up code cost as much CPU as the rest of a short session); a cluster's JVMs keep
+    both compilers, and a user's own options are theirs."""
+    conf = spark_conf(SparkSettings(master=master))
+    assert ("-XX:TieredStopAtLevel=1" in conf["spark.driver.extraJavaOptions"].split()) is quick
+    assert "Tiered" not in conf.get("spark.executor.extraJavaOptions", "")
+    own = spark_conf(SparkSettings(master=master), {"spark.driver.extraJavaOptions": "-Xss4m"})
+    assert "Tiered" not in own["spark.driver.extraJavaOptions"]
+
+
 CACHE_OVER_CAPACITY = """
 import sys
 import numpy as np
