@@ -34,7 +34,13 @@ from rosbags.typesys import Stores, get_typestore
 
 from adcloud.binpipe import BinPipeRDD
 from adcloud.binpipe.codec import encode_blocks
-from adcloud.spark import SparkSettings, StandaloneCluster, get_session, wait_for_executors
+from adcloud.spark import (
+    SparkSettings,
+    StandaloneCluster,
+    get_session,
+    spark_conf,
+    wait_for_executors,
+)
 
 RECORD = 256 * 1024
 
@@ -75,8 +81,17 @@ def _unb64_len(s: str) -> int:
 
 def bench_pipe(mb: int) -> dict[str, float]:
     """Target 1, on local[2]."""
+    settings = SparkSettings.load(master="local[2]")
+    # Both JIT compilers, as a cluster's JVMs have: Spark's own pipe (the baseline) runs in the
+    # JVM, which a local session otherwise gives C1 alone (adcloud.spark._QUICK_JIT)
+    java = spark_conf(settings)["spark.driver.extraJavaOptions"].split()
+    java = [o for o in java if not o.startswith("-XX:TieredStopAtLevel")]
     spark = get_session(
-        SparkSettings.load(master="local[2]"), **{"spark.ui.showConsoleProgress": "false"}
+        settings,
+        **{
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.extraJavaOptions": " ".join(java),
+        },
     )
     sc = spark.sparkContext
     n = mb * 1024 * 1024 // RECORD
