@@ -116,40 +116,11 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         _register_by_value(getattr(item, "module", None))
 
 
-#: Test files that mostly wait: ROS nodes replayed in real time, nodes and pipes left to run
-#: into their time limits. In collection order the two xdist workers took them side by side
-#: and left a core idle for about four minutes (60-77% of the machine busy).
-_WAITING = ("tests/sim/",)
-
-
-def _spread_waiting(items: list[pytest.Item]) -> list[pytest.Item]:
-    """``items`` with the files of :data:`_WAITING` spread evenly among the other files
-    (each file's tests stay together and in order), so that while one worker waits on one
-    of them the other has work for the cores."""
-    files: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    waiting = [f for f in files if f.startswith(_WAITING)]
-    busy = [f for f in files if not f.startswith(_WAITING)]
-    if not waiting or not busy:
-        return items
-    order: list[str] = []
-    step = len(busy) / len(waiting)
-    for i, name in enumerate(busy):
-        order.append(name)
-        order += [w for k, w in enumerate(waiting) if int((k + 0.5) * step) == i]
-    order += [w for w in waiting if w not in order]
-    return [item for name in order for item in files[name]]
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Stable: everything else keeps its order; cluster tests go last, those of the cluster
-    # session after those that use the cluster alone (see above); the files that mostly
-    # wait spread among the others.
+    # session after those that use the cluster alone (see above).
     items.sort(key=_uses_cluster)
-    alone = [item for item in items if not _uses_cluster(item)]
-    items[: len(alone)] = _spread_waiting(alone)
 
 
 @pytest.hookimpl(optionalhook=True)
