@@ -330,6 +330,10 @@ def spark_conf(
             merged[key] = options
     # PySpark's daemon without a traceback whenever an idle worker is closed (see the module).
     merged.setdefault("spark.python.daemon.module", "adcloud._pyspark_daemon")
+    # A Python worker that dies of a signal (a native library's segfault or abort: GTSAM,
+    # Open3D, torch) fails its task with the worker's Python traceback instead of only
+    # "Python worker exited unexpectedly (crashed)"; costs a small file per task.
+    merged.setdefault("spark.python.worker.faulthandler.enabled", "true")
     # Executors on this machine's loopback reach the driver there.  Left to itself the driver
     # takes its host name's address -- on many hosts a loopback one, which Spark then trades
     # for another interface's, with a warning -- and binds to it (spark.driver.bindAddress

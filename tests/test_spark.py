@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from adcloud.errors import ConfigError, MissingComponentError
@@ -287,6 +288,27 @@ def test_a_cache_larger_than_storage_memory_spills_instead_of_exhausting_the_hea
     assert proc.returncode == 0, tail
     assert "ratio 2.000000" in proc.stdout, tail
     assert "OutOfMemoryError" not in proc.stderr, tail
+
+
+def _segfault_in_native_code(i: int) -> int:
+    os.kill(os.getpid(), signal.SIGSEGV)  # as a native library's bad read ends the process
+    return i
+
+
+def test_a_worker_killed_by_a_native_crash_fails_its_task_with_the_python_traceback(
+    spark: SparkSession,
+) -> None:
+    """A segfault in a worker (a native library's bug) is reported with where Python was:
+    adcloud turns on Spark's faulthandler for Python workers, a user's setting wins."""
+    assert spark_conf(SparkSettings())["spark.python.worker.faulthandler.enabled"] == "true"
+    own = {"spark.python.worker.faulthandler.enabled": "false"}
+    assert spark_conf(SparkSettings(), own)["spark.python.worker.faulthandler.enabled"] == "false"
+    with pytest.raises(Py4JJavaError, match="exited unexpectedly") as err:
+        spark.sparkContext.parallelize([1], 1).map(_segfault_in_native_code).collect()
+    said = str(err.value)
+    assert "Segmentation fault" in said and "_segfault_in_native_code" in said, said[-3000:]
+    # the session goes on: the daemon forks a new worker for the next task
+    assert spark.sparkContext.parallelize([1, 2], 1).map(lambda x: x + 1).sum() == 5
 
 
 def test_the_worker_daemon_ends_quietly_when_spark_closed_the_socket(
