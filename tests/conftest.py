@@ -8,8 +8,8 @@ Spark
     that cluster.
 
     A Python process can hold only one SparkContext, so the two sessions cannot coexist.
-    The rule is: tests that use ``cluster_spark`` run last.  Collection moves them to the
-    end of the run (keeping their relative order); creating ``cluster_spark`` stops the
+    The rule is: tests that use ``cluster_spark`` run after every test that uses ``spark``.
+    Collection moves them there (keeping their relative order); creating ``cluster_spark`` stops the
     ``local[2]`` session, and any test that would still receive the stopped ``spark`` after
     that (one that asks for both fixtures, or one that a plugin reordered after the switch)
     errors with a message saying so instead of failing obscurely.  Session-scoped data
@@ -30,8 +30,10 @@ Parallel runs
     loadgroup --no-loadscope-reorder``): each worker is one process with its own sessions,
     so "one session per run" holds per worker.  Every test is put in an ``xdist_group``:
     its file (module fixtures are built once), or ``cluster`` for every test that uses
-    ``cluster`` or ``cluster_spark``.  That group is collected last, so the worker that
-    takes it has run all its other tests by then, and the cluster starts once.
+    ``cluster`` or ``cluster_spark``.  That group is collected after every file that uses
+    ``spark``, so the worker that takes it has run all those by then, and the cluster starts
+    once; a few files that use no Spark session (mypy, the synthesis tests) come after it,
+    for whichever worker is free.
 
 Object storage
     ``s3_server`` (session scope) is a real S3-protocol server, moto's, in a subprocess on
@@ -109,18 +111,40 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     cluster = _uses_cluster(item)
     if cluster:
         item.add_marker(pytest.mark.cluster)
-    # pytest-xdist's loadgroup: a file's tests stay together, the cluster's run last
+    # pytest-xdist's loadgroup: a file's tests stay together, the cluster's after `spark`'s
     group = "cluster" if cluster else item.nodeid.split("::", 1)[0]
     item.add_marker(pytest.mark.xdist_group(group))
     if _LOCAL_FIXTURE in fixtures or _CLUSTER_SESSION_FIXTURE in fixtures:
         _register_by_value(getattr(item, "module", None))
 
 
+#: Files that run after the cluster's tests: they use neither Spark session, so they may
+#: run in the worker that switched to the cluster, and they are CPU work that is not timed
+#: (mypy, synthesis). With the cluster's tests (a minute) last, the other worker sat idle
+#: for most of that minute; now whichever worker is free takes these.
+_AFTER_THE_CLUSTER = ("tests/test_typing.py", "tests/synth/")
+
+
+def _order(item: pytest.Item, fillers: set[str]) -> int:
+    """0: most tests; 1: ``cluster`` alone; 2: ``cluster_spark``; 3: :data:`_AFTER_THE_CLUSTER`."""
+    if item.nodeid.split("::", 1)[0] in fillers:
+        return 3
+    return _uses_cluster(item)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Stable: everything else keeps its order; cluster tests go last, those of the cluster
-    # session after those that use the cluster alone (see above).
-    items.sort(key=_uses_cluster)
+    # session after those that use the cluster alone (see above), then the files of
+    # _AFTER_THE_CLUSTER whose tests use no Spark session at all.
+    files: dict[str, bool] = {}
+    for item in items:
+        name = item.nodeid.split("::", 1)[0]
+        fixtures = getattr(item, "fixturenames", ())
+        spark_free = _LOCAL_FIXTURE not in fixtures and not _uses_cluster(item)
+        files[name] = files.get(name, True) and spark_free and name.startswith(_AFTER_THE_CLUSTER)
+    fillers = {name for name, filler in files.items() if filler}
+    items.sort(key=lambda item: _order(item, fillers))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -153,7 +177,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if _SessionSwitch.switched:
         pytest.fail(
             f"{item.nodeid} needs the local[2] `spark` session, which was stopped when "
-            "`cluster_spark` started; cluster tests must run last (see tests/conftest.py)",
+            "`cluster_spark` started; cluster tests must run after every test that uses "
+            "`spark` (see tests/conftest.py)",
             pytrace=False,
         )
 
