@@ -1,11 +1,11 @@
 """PySpark's Python worker daemon, without a traceback each time Spark closes an idle worker.
 
 Spark runs this module (``spark.python.daemon.module``, set by
-:func:`adcloud.spark.spark_conf`) instead of ``pyspark.daemon``; it is that daemon with one
-change.  Since Spark 4.1 (SPARK-54344) a worker whose final flush fails re-raises the error,
-and the daemon prints its traceback to stderr before the worker exits.  The flush also fails
-in the normal course of things: when Spark closes a reused worker that sits idle (after a
-minute without tasks, or when the application stops), that worker's last write finds the
+:func:`adcloud.spark.spark_conf`) instead of ``pyspark.daemon``; it is that daemon with the
+changes below.  Since Spark 4.1 (SPARK-54344) a worker whose final flush fails re-raises the
+error, and the daemon prints its traceback to stderr before the worker exits.  The flush also
+fails in the normal course of things: when Spark closes a reused worker that sits idle (after
+a minute without tasks, or when the application stops), that worker's last write finds the
 socket closed.  Users then saw ``BrokenPipeError`` tracebacks at the end of every job.  Here
 that error ends the worker quietly with a non-zero code, which makes the daemon close it
 just as the upstream error does; a task in flight is failed and retried by Spark as before.
@@ -30,6 +30,10 @@ it forks, as the ``gc`` documentation recommends, which also keeps the workers' 
 from writing to (and so copying) pages shared with the daemon.  A frozen object that
 later becomes garbage in a reference cycle is not freed; one left when nothing was
 imported is not frozen, so this bounds to what tasks that imported kept alive.
+
+It kills only its own workers: the pid Spark asks it to kill is signalled only while it is
+still the worker this daemon forked (see :class:`_OwnWorkersOnly`), never a process that got
+the number after the worker ended.
 
 Before it forks any worker the daemon imports the modules named in ``ADCLOUD_WORKER_IMPORTS``
 (``SparkSettings.worker_imports``), so that each worker starts with them imported.
@@ -131,7 +135,59 @@ def worker(sock: Any, authenticated: bool) -> int:
     return code
 
 
+def _ppid_and_start(pid: int) -> tuple[int, int] | None:
+    """Parent and start time (clock ticks after boot) of process ``pid``; None if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        return int(fields[1]), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class _OwnWorkersOnly:
+    """The ``os`` module as ``pyspark.daemon`` sees it, but its kill of a worker reaches only
+    the worker this daemon forked under that pid.
+
+    Spark asks the daemon to kill a worker by writing the worker's pid to it (a task killed
+    or cancelled, an idle worker closed), and the daemon kills that pid.  Its workers are
+    reaped the moment they exit (SIGCHLD ignored), so a worker that ended first no longer
+    owns its pid: once the machine's pids wrap around (32768 on many Linux hosts, a few
+    tens of minutes of a busy test run or nightly job) the kill lands on whatever process
+    got the number since -- another session's Python worker, a ROS node, a shell.  CI saw
+    two jobs in two sessions fail at the same moment with "Python worker exited
+    unexpectedly (crashed)".  Here a pid is killed only while it is still the child this
+    daemon forked: same parent, same start time.  Without ``/proc`` it kills as before.
+    """
+
+    def __init__(self) -> None:
+        self._forked: dict[int, int] = {}  # pid -> start time
+        self._checked = Path(f"/proc/{os.getpid()}/stat").exists()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def fork(self) -> int:
+        pid = os.fork()
+        if pid > 0 and self._checked:
+            found = _ppid_and_start(pid)
+            if found is not None:
+                self._forked[pid] = found[1]
+            if len(self._forked) > 4096:  # workers that ended by themselves
+                self._forked = {
+                    p: t for p, t in self._forked.items() if _ppid_and_start(p) is not None
+                }
+        return pid
+
+    def kill(self, pid: int, sig: int) -> None:
+        if self._checked and pid > 0 and pid != os.getpid():
+            started = self._forked.pop(pid, None)
+            if started is None or _ppid_and_start(pid) != (os.getpid(), started):
+                return  # that worker is gone; the pid is not ours to signal any more
+        os.kill(pid, sig)
+
+
 _daemon.worker = worker
+_daemon.os = _OwnWorkersOnly()  # type: ignore[attr-defined,assignment]
 
 if __name__ == "__main__":
     _import_requested()

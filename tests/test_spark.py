@@ -10,9 +10,11 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -379,6 +381,86 @@ def test_python_workers_freeze_what_imports_built_so_collections_stay_cheap(
             assert frozen[pid] > 100_000  # torch's objects, frozen after the first task
     walked_after = [walked for pid, _, walked, _ in after if frozen[pid] > 100_000]
     assert walked_after and max(walked_after) < 20_000, after
+
+
+@pytest.mark.parametrize(
+    ("module", "stranger_survives"),
+    [("pyspark.daemon", False), ("adcloud._pyspark_daemon", True)],
+)
+def test_the_daemon_kills_its_own_workers_only(module: str, stranger_survives: bool) -> None:
+    """Spark asks the daemon to kill a worker by writing its pid (a cancelled task, an idle
+    worker closed). PySpark's own daemon kills whatever process has that pid -- after the
+    worker ended and the machine's pids wrapped around, another session's worker; adcloud's
+    kills only a worker it forked and that is still running."""
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", module],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=python_env(SPARK_REUSE_WORKER="1"),
+    )
+    stranger = subprocess.Popen(["sleep", "60"])
+    assert daemon.stdin is not None and daemon.stdout is not None
+    try:
+        (port,) = struct.unpack(">i", daemon.stdout.read(4))
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            (worker,) = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))  # forked for us
+            assert alive(worker) and worker in children(daemon.pid)
+            # the stranger's pid first, then the worker's: once the worker is gone, the
+            # daemon has handled both
+            daemon.stdin.write(struct.pack(">ii", stranger.pid, worker))
+            daemon.stdin.flush()
+            while sock.recv(4096):
+                pass
+        deadline = time.monotonic() + 10
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(worker)
+        time.sleep(0.2)
+        assert (stranger.poll() is None) is stranger_survives
+    finally:
+        daemon.stdin.close()  # the daemon's signal to exit
+        daemon.wait(timeout=30)
+        stranger.kill()
+        stranger.wait()
+
+
+def _sleep_in_a_worker(path: str) -> int:
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(120)
+    return 0
+
+
+def test_a_cancelled_tasks_worker_is_killed_through_the_daemon(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark kills the Python worker of a cancelled task through the daemon, which kills
+    the worker it forked (the pid check of the test above lets its own workers through)."""
+    sc = spark.sparkContext
+    marker = tmp_path / "pid"
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        sc.setJobGroup("adcloud-cancel-test", "a task that sleeps", interruptOnCancel=True)
+        try:
+            sc.parallelize([str(marker)], 1).map(_sleep_in_a_worker).collect()
+        except Py4JJavaError as err:
+            failed.append(err)
+
+    job = threading.Thread(target=run)
+    job.start()
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the pid is written
+    worker = int(marker.read_text())
+    assert alive(worker)
+    sc.cancelJobGroup("adcloud-cancel-test")
+    job.join(timeout=60)
+    assert failed and "cancel" in str(failed[0]).lower()
+    deadline = time.monotonic() + 30
+    while alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(worker)
 
 
 def test_the_daemon_loads_the_installed_pyspark_instead_of_its_zipped_copy(
