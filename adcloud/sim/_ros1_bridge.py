@@ -353,16 +353,19 @@ def _settle(cond, state, quiet, node, limit):
     answering its inputs computes; one that publishes on a wall-clock timer (a heartbeat,
     its latest state at a fixed rate) is idle between its messages but never quiet, so
     waiting for its outputs to stop would last until the time limit.  Without a node to
-    watch: until no answer arrived for ``quiet`` s.  Returns False when the node is gone."""
+    watch: until no answer arrived for ``quiet`` s, or ``limit`` s passed (answers on a
+    timer would otherwise keep it waiting for ever).  Returns False when the node is gone."""
     if node is not None:
         return _await(cond, lambda: False, quiet, node, limit)  # no message ends it
-    while True:
+    give_up = time.monotonic() + limit
+    while time.monotonic() < give_up:
         with cond:
             seen = state["answers"]
         _await(cond, _answer_after(state, seen), quiet, None, limit)
         with cond:
             if state["answers"] == seen:
                 return True
+    return True
 
 
 def _wait(pred, timeout, alive=None):

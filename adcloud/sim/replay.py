@@ -117,7 +117,7 @@ class ReplayJob:
                     f"bad topic name {topic!r}: ROS names are like /lidar/points "
                     "(letters, digits, underscores; segments start with a letter)"
                 )
-        for topic in self.timing.trigger_topics:
+        for topic in timing.trigger_topics:
             if topic not in self.input_topics:
                 raise SimError(
                     f"trigger topic {topic!r} is not an input topic "
@@ -143,7 +143,7 @@ class ReplayJob:
         for spec in self.evaluators:
             build_evaluator(spec)
         self.cut.validate()
-        self.timing.validate()
+        timing.validate()
         if not self.bags and self.cut.file is None:
             raise SimError("no bags given")
         return self

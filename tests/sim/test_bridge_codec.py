@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -119,3 +121,32 @@ def test_the_bridge_sees_a_message_still_on_its_way_to_the_node(bridge: ModuleTy
         node.wait()
         for sock in (listener, stranger, stranger_end):
             sock.close()
+
+
+def test_settling_without_a_node_to_watch_ends_at_the_limit(bridge: ModuleType) -> None:
+    """After the last input, without the node's process group to watch, the bridge waits
+    until no answer came for the quiet period -- or the time limit, for a node that answers
+    on a timer (it waited for ever)."""
+    cond = threading.Condition()
+    state = {"answers": 0}
+    stop = threading.Event()
+
+    def heartbeat() -> None:  # an answer every 20 ms, more often than the quiet period
+        while not stop.wait(0.02):
+            with cond:
+                state["answers"] += 1
+                cond.notify_all()
+
+    beat = threading.Thread(target=heartbeat)
+    beat.start()
+    try:
+        started = time.monotonic()
+        assert bridge._settle(cond, state, 0.2, None, 1.0) is True
+        assert 0.9 < time.monotonic() - started < 3.0
+    finally:
+        stop.set()
+        beat.join()
+    # answers that stop: settled after one quiet period
+    started = time.monotonic()
+    assert bridge._settle(cond, state, 0.2, None, 30.0) is True
+    assert time.monotonic() - started < 2.0
