@@ -153,10 +153,11 @@ class _OwnWorkersOnly:
     reaped the moment they exit (SIGCHLD ignored), so a worker that ended first no longer
     owns its pid: once the machine's pids wrap around (32768 on many Linux hosts, a few
     tens of minutes of a busy test run or nightly job) the kill lands on whatever process
-    got the number since -- another session's Python worker, a ROS node, a shell.  CI saw
-    two jobs in two sessions fail at the same moment with "Python worker exited
-    unexpectedly (crashed)".  Here a pid is killed only while it is still the child this
-    daemon forked: same parent, same start time.  Without ``/proc`` it kills as before.
+    got the number since -- another session's Python worker, a ROS node, a shell (the
+    likely cause of two jobs in two sessions failing at the same moment on CI with "Python
+    worker exited unexpectedly (crashed)").  Here a pid is killed only while it is still the
+    child this daemon forked: same parent, same start time.  Without ``/proc`` it kills as
+    before.
     """
 
     def __init__(self) -> None:

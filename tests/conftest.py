@@ -9,9 +9,10 @@ Spark
 
     A Python process can hold only one SparkContext, so the two sessions cannot coexist.
     The rule is: tests that use ``cluster_spark`` run after every test that uses ``spark``.
-    Collection moves them there (keeping their relative order); creating ``cluster_spark`` stops the
-    ``local[2]`` session, and any test that would still receive the stopped ``spark`` after
-    that (one that asks for both fixtures, or one that a plugin reordered after the switch)
+    Collection moves them there (keeping their relative order); creating ``cluster_spark``
+    stops the ``local[2]`` session, and any test that would still receive the stopped
+    ``spark`` after that (one that asks for both fixtures, or one that a plugin reordered
+    after the switch)
     errors with a message saying so instead of failing obscurely.  Session-scoped data
     built on ``spark`` (cached RDDs, DataFrames) is therefore gone for cluster tests: build
     cluster data from ``cluster_spark``.  ``cluster`` alone (e.g. for ``spark-submit`` in a
@@ -137,8 +138,8 @@ def _order(item: pytest.Item, fillers: set[str]) -> tuple[int, int]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Stable: everything else keeps its order; cluster tests go last, those of the cluster
-    # session after those that use the cluster alone (see above), then the files of
+    # Stable: everything else keeps its order; cluster tests go after it, those of the
+    # cluster session after those that use the cluster alone (see above), then the files of
     # _AFTER_THE_CLUSTER whose tests use no Spark session at all.
     files: dict[str, bool] = {}
     for item in items:
