@@ -12,11 +12,10 @@ Spark
     Collection moves them there (keeping their relative order); creating ``cluster_spark``
     stops the ``local[2]`` session, and any test that would still receive the stopped
     ``spark`` after that (one that asks for both fixtures, or one that a plugin reordered
-    after the switch)
-    errors with a message saying so instead of failing obscurely.  Session-scoped data
-    built on ``spark`` (cached RDDs, DataFrames) is therefore gone for cluster tests: build
-    cluster data from ``cluster_spark``.  ``cluster`` alone (e.g. for ``spark-submit`` in a
-    subprocess) does not stop anything.
+    after the switch) errors with a message saying so instead of failing obscurely.
+    Session-scoped data built on ``spark`` (cached RDDs, DataFrames) is therefore gone for
+    cluster tests: build cluster data from ``cluster_spark``.  ``cluster`` alone (e.g. for
+    ``spark-submit`` in a subprocess) does not stop anything.
 
     Test modules are registered with PySpark's cloudpickle *by value*, so helper functions
     defined at module level in a test file can run inside Spark tasks (executors cannot
